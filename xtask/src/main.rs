@@ -1,0 +1,32 @@
+//! Project automation (the cargo-xtask pattern): `cargo xtask <command>`.
+//!
+//! Each command lives in its own module; this file only dispatches.
+
+use anyhow::{bail, Result};
+
+const HELP: &str = "\
+cargo xtask <command> [args]
+
+commands:
+  probe <repo-or-path> [--json]   print the MTP detection report for an artifact
+  fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout)
+  bench [options]                 MTP on/off benchmark on one loaded model
+  train-tiny [options]            train the bundled demo model
+  test                            the project's full test command (what CI runs)
+";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = args.split_first() else {
+        print!("{HELP}");
+        return Ok(());
+    };
+    match cmd.as_str() {
+        "-h" | "--help" | "help" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
+    }
+    .map(|()| drop(rest))
+}
