@@ -1,1 +1,45 @@
-//! contract
+//! # mtp-contract
+//!
+//! The shared vocabulary of the `mtp` workspace: the `speculation` request block and its
+//! validation, the per-request override rules, the response's speculation report, the typed
+//! errors, and the [`Provider`] trait every runtime implements. It does no I/O and has no
+//! heavy dependencies.
+//!
+//! ```
+//! use mtp_contract::{GenerateRequest, Speculation, plan, Lane, Plan, Sampling};
+//!
+//! // A provider default of depth 3, and one request that asks for depth 5.
+//! let default = Speculation::native_mtp().with_num_draft_tokens(3).unwrap();
+//! let req = GenerateRequest::new("Write a small LRU cache.")
+//!     .speculation(Speculation::depth(5).unwrap());
+//! let lane = Lane::Ready { drafter: "embedded".into(), default_depth: 2, output_preserving: Some(true) };
+//! match plan(Some(&default), req.speculation.as_ref(), &req.sampling, &lane).unwrap() {
+//!     Plan::Speculate { depth, .. } => assert_eq!(depth, 5),
+//!     Plan::TargetOnly { .. } => unreachable!(),
+//! }
+//! ```
+#![warn(missing_docs)]
+
+mod error;
+mod provider;
+mod reason;
+mod report;
+mod request;
+mod sampling;
+mod speculation;
+
+pub use error::ProviderError;
+pub use provider::{
+    plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
+    ProviderOptions, SpeculationStatus,
+};
+pub use reason::Reason;
+pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
+pub use request::{
+    FinishReason, GenerateRequest, GenerateResponse, Message, Metadata, Role, StreamEvent, Usage,
+};
+pub use sampling::Sampling;
+pub use speculation::{
+    resolve, ResolvedSpeculation, Source, Speculation, SpeculationError, SpeculationMode,
+    MAX_NUM_DRAFT_TOKENS, VALID_KEYS,
+};

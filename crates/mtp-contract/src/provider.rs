@@ -1,0 +1,291 @@
+//! The seam between the facade and every runtime: the [`Provider`] trait, its construction
+//! options, and the one function that decides whether a call speculates.
+
+use std::collections::BTreeMap;
+
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ProviderError;
+use crate::reason::Reason;
+use crate::report::SpeculationReport;
+use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
+use crate::sampling::Sampling;
+use crate::speculation::{resolve, ResolvedSpeculation, Speculation, SpeculationMode};
+
+/// Options given to `create_llm` (the facade) and passed to a provider factory.
+///
+/// ```
+/// use mtp_contract::{ProviderOptions, Speculation};
+/// let o = ProviderOptions::default().speculation(Speculation::native_mtp());
+/// assert!(o.speculation.is_some());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderOptions {
+    /// Provider-level speculation default.
+    #[serde(default)]
+    pub speculation: Option<Speculation>,
+    /// Base URL of an HTTP runtime.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// API key of an HTTP runtime (never logged).
+    #[serde(default, skip_serializing)]
+    pub api_key: Option<String>,
+    /// Provider-specific settings (e.g. `device`, `prompt_cache_bytes`), as strings.
+    #[serde(default)]
+    pub extra: BTreeMap<String, String>,
+}
+
+impl ProviderOptions {
+    /// Sets the speculation default.
+    pub fn speculation(mut self, s: impl Into<Speculation>) -> Self {
+        self.speculation = Some(s.into());
+        self
+    }
+    /// Sets the base URL.
+    pub fn base_url(mut self, url: impl Into<String>) -> Self {
+        self.base_url = Some(url.into());
+        self
+    }
+    /// Sets the API key.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+    /// Sets a provider-specific option.
+    pub fn extra(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.extra.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// What a runtime can do with its loaded model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Provider name (`native`, `llama-server`, …).
+    pub provider: String,
+    /// What executes (`candle-cpu`, `llama.cpp b11434`, …).
+    pub runtime: String,
+    /// Streams tokens.
+    pub streaming: bool,
+    /// Reuses prompt prefixes under `prompt_cache_key`.
+    pub prompt_cache: bool,
+    /// Accepts image input.
+    pub images: bool,
+    /// Speculation can be switched per request (false for servers configured at launch).
+    pub per_request_speculation: bool,
+}
+
+/// Whether an MTP lane is loaded, as `/speculation` in the REPL shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationStatus {
+    /// An MTP drafter is loaded (or the server shows one).
+    pub lane_loaded: bool,
+    /// The drafter (repo id, path, or `embedded`).
+    pub drafter: Option<String>,
+    /// The default depth.
+    pub num_draft_tokens: Option<u32>,
+    /// The provider default's mode.
+    pub default_mode: SpeculationMode,
+    /// Why no lane is loaded.
+    pub reason: Option<Reason>,
+    /// A sentence for the person.
+    pub message: Option<String>,
+    /// Whether greedy output is known to be preserved.
+    pub output_preserving: Option<bool>,
+}
+
+/// What a runtime knows about its drafter before a call: the input of [`plan`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lane {
+    /// A drafter is ready.
+    Ready {
+        /// Its name for reports.
+        drafter: String,
+        /// The depth to use when the request names none.
+        default_depth: u32,
+        /// Whether greedy output is known to be preserved.
+        output_preserving: Option<bool>,
+    },
+    /// No drafter can run, for this reason.
+    Unavailable {
+        /// The named reason.
+        reason: Reason,
+        /// What to do next.
+        message: String,
+    },
+}
+
+/// The decision for one call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Speculate with this drafter and depth.
+    Speculate {
+        /// The resolved settings.
+        resolved: ResolvedSpeculation,
+        /// The drafter's report name.
+        drafter: String,
+        /// Proposals per round.
+        depth: u32,
+        /// Known output preservation.
+        output_preserving: Option<bool>,
+    },
+    /// Run target-only and report why.
+    TargetOnly {
+        /// The resolved settings.
+        resolved: ResolvedSpeculation,
+        /// The named reason.
+        reason: Reason,
+        /// The sentence for the report.
+        message: String,
+    },
+}
+
+impl Plan {
+    /// The report for a target-only plan, or `None` for a speculative one (whose report is
+    /// built from its statistics with [`SpeculationReport::used`]).
+    pub fn target_only_report(&self, runtime: &str) -> Option<SpeculationReport> {
+        match self {
+            Plan::TargetOnly {
+                resolved,
+                reason,
+                message,
+            } => Some(SpeculationReport::not_used(
+                resolved,
+                runtime,
+                *reason,
+                Some(message.clone()),
+            )),
+            Plan::Speculate { .. } => None,
+        }
+    }
+}
+
+/// Decides, before any generation, whether a call speculates. Every in-process provider calls
+/// this one function so the rules live in one place:
+///
+/// 1. speculation not requested → target-only, `disabled_by_request` / `disabled_by_default`;
+/// 2. the lane is unavailable → target-only with the lane's reason, or
+///    `SpeculationUnavailable` when `require_acceleration`;
+/// 3. penalties or logit bias → target-only with `sampling_requires_target_only`, or
+///    `SpeculationUnavailable` when `require_acceleration`;
+/// 4. otherwise speculate at the request's depth, else the provider's, else the lane default.
+///
+/// ```
+/// use mtp_contract::{plan, Lane, Plan, Reason, Sampling, Speculation};
+/// let lane = Lane::Ready { drafter: "embedded".into(), default_depth: 3, output_preserving: Some(true) };
+/// let p = plan(Some(&Speculation::native_mtp()), None, &Sampling::default(), &lane).unwrap();
+/// assert!(matches!(p, Plan::Speculate { depth: 3, .. }));
+/// let pen = Sampling { presence_penalty: Some(0.5), ..Default::default() };
+/// let p = plan(Some(&Speculation::native_mtp()), None, &pen, &lane).unwrap();
+/// assert!(matches!(p, Plan::TargetOnly { reason: Reason::SamplingRequiresTargetOnly, .. }));
+/// let strict = Speculation::native_mtp().with_require_acceleration(true);
+/// assert!(plan(Some(&strict), None, &pen, &lane).is_err());
+/// ```
+pub fn plan(
+    provider_default: Option<&Speculation>,
+    request: Option<&Speculation>,
+    sampling: &Sampling,
+    lane: &Lane,
+) -> Result<Plan, ProviderError> {
+    let resolved = resolve(provider_default, request);
+    if let Some(reason) = resolved.disabled_reason() {
+        return Ok(Plan::TargetOnly {
+            message: reason.default_message().to_string(),
+            resolved,
+            reason,
+        });
+    }
+    let (drafter, default_depth, output_preserving) = match lane {
+        Lane::Ready {
+            drafter,
+            default_depth,
+            output_preserving,
+        } => (drafter.clone(), *default_depth, *output_preserving),
+        Lane::Unavailable { reason, message } => {
+            if resolved.require_acceleration {
+                return Err(ProviderError::SpeculationUnavailable {
+                    reason: *reason,
+                    message: message.clone(),
+                });
+            }
+            return Ok(Plan::TargetOnly {
+                resolved,
+                reason: *reason,
+                message: message.clone(),
+            });
+        }
+    };
+    let controls = sampling.target_only_controls();
+    if !controls.is_empty() {
+        let message = format!(
+            "MTP acceleration off: {} need target-only decoding; drop {} or pass speculation=false to make this explicit.",
+            controls.join(", "),
+            if controls.len() == 1 { "it" } else { "them" }
+        );
+        if resolved.require_acceleration {
+            return Err(ProviderError::SpeculationUnavailable {
+                reason: Reason::SamplingRequiresTargetOnly,
+                message,
+            });
+        }
+        return Ok(Plan::TargetOnly {
+            resolved,
+            reason: Reason::SamplingRequiresTargetOnly,
+            message,
+        });
+    }
+    let depth = resolved.depth_or(default_depth);
+    Ok(Plan::Speculate {
+        resolved,
+        drafter,
+        depth,
+        output_preserving,
+    })
+}
+
+/// A stream of generation events; dropping it cancels generation.
+pub type EventStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
+
+/// A runtime that generates text and reports what it really did about speculation.
+///
+/// Every runtime (native engine, HTTP servers, in-process GGUF) implements this trait; the
+/// facade hands out `Arc<dyn Provider>`.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// Provider name, e.g. `native`.
+    fn name(&self) -> &str;
+
+    /// The model as the caller named it.
+    fn model(&self) -> &str;
+
+    /// What this runtime can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Whether an MTP lane is loaded, which drafter, default depth.
+    fn speculation_status(&self) -> SpeculationStatus;
+
+    /// Generates a full response.
+    async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError>;
+
+    /// Streams deltas as tokens are accepted, then [`StreamEvent::Done`] with the report.
+    /// Dropping the stream cancels generation.
+    async fn generate_stream(&self, request: GenerateRequest) -> Result<EventStream, ProviderError>;
+
+    /// Clears the prompt cache for a key, or everything with `None`.
+    fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
+        let _ = key;
+        Err(ProviderError::Unsupported {
+            provider: self.name().to_string(),
+            what: "prompt caching".into(),
+        })
+    }
+
+    /// Releases this provider's hold on the model. Later calls fail with `Unloaded`.
+    async fn unload(&self) -> Result<(), ProviderError>;
+}
+
+/// True when the sampling asks for nothing speculation cannot honour.
+pub fn sampling_is_speculation_compatible(s: &Sampling) -> bool {
+    s.target_only_controls().is_empty()
+}
