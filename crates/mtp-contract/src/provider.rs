@@ -270,7 +270,8 @@ pub trait Provider: Send + Sync {
 
     /// Streams deltas as tokens are accepted, then [`StreamEvent::Done`] with the report.
     /// Dropping the stream cancels generation.
-    async fn generate_stream(&self, request: GenerateRequest) -> Result<EventStream, ProviderError>;
+    async fn generate_stream(&self, request: GenerateRequest)
+        -> Result<EventStream, ProviderError>;
 
     /// Clears the prompt cache for a key, or everything with `None`.
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {

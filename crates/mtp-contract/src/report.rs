@@ -73,7 +73,10 @@ impl DraftStats {
         self.drafted += other.drafted;
         self.accepted += other.accepted;
         self.rounds += other.rounds;
-        let n = self.accepted_per_position.len().max(other.accepted_per_position.len());
+        let n = self
+            .accepted_per_position
+            .len()
+            .max(other.accepted_per_position.len());
         self.accepted_per_position.resize(n, 0);
         self.drafted_per_position.resize(n, 0);
         for (i, v) in other.accepted_per_position.iter().enumerate() {

@@ -104,7 +104,10 @@ impl Sampling {
         finite("frequency_penalty", self.frequency_penalty)?;
         if let Some(t) = self.temperature {
             if t < 0.0 {
-                return Err(bad("temperature", format!("{t} is negative; use 0 for greedy or a value > 0")));
+                return Err(bad(
+                    "temperature",
+                    format!("{t} is negative; use 0 for greedy or a value > 0"),
+                ));
             }
         }
         if let Some(p) = self.top_p {
@@ -119,12 +122,18 @@ impl Sampling {
         }
         if let Some(p) = self.repetition_penalty {
             if p <= 0.0 {
-                return Err(bad("repetition_penalty", format!("{p} must be > 0 (1.0 is neutral)")));
+                return Err(bad(
+                    "repetition_penalty",
+                    format!("{p} must be > 0 (1.0 is neutral)"),
+                ));
             }
         }
         for (tok, b) in &self.logit_bias {
             if !b.is_finite() {
-                return Err(bad("logit_bias", format!("bias {b} for token {tok} is not finite")));
+                return Err(bad(
+                    "logit_bias",
+                    format!("bias {b} for token {tok} is not finite"),
+                ));
             }
         }
         Ok(())

@@ -24,7 +24,12 @@ use crate::reason::Reason;
 pub const MAX_NUM_DRAFT_TOKENS: u32 = 16;
 
 /// The keys a speculation block may contain.
-pub const VALID_KEYS: [&str; 4] = ["mode", "drafter", "num_draft_tokens", "require_acceleration"];
+pub const VALID_KEYS: [&str; 4] = [
+    "mode",
+    "drafter",
+    "num_draft_tokens",
+    "require_acceleration",
+];
 
 /// How a request wants its tokens produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
