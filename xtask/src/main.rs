@@ -4,6 +4,8 @@
 
 use anyhow::{bail, Result};
 
+mod test;
+
 const HELP: &str = "\
 cargo xtask <command> [args]
 
@@ -26,7 +28,7 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
+        "test" => test::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
     }
-    .map(|()| drop(rest))
 }

@@ -1,0 +1,29 @@
+//! `cargo xtask test`: the project's one test command (README and `.ci/run` call it).
+//!
+//! It prepares what the tests need, then runs the whole workspace's tests. Preparation steps
+//! are cached outside the clone so a second run does not repeat them.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Runs the full test suite. Extra arguments are passed to `cargo test`.
+pub fn run(args: &[String]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.args(["test", "--workspace", "--all-targets"]);
+    cmd.args(args);
+    let status = cmd.status().with_context(|| format!("running {cargo} test"))?;
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    // Doc tests are not part of --all-targets.
+    let status = Command::new(&cargo)
+        .args(["test", "--workspace", "--doc"])
+        .status()
+        .with_context(|| format!("running {cargo} test --doc"))?;
+    if !status.success() {
+        bail!("cargo test --doc failed ({status})");
+    }
+    Ok(())
+}
