@@ -16,6 +16,9 @@
 #![warn(missing_docs)]
 
 mod builtin;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod native;
 mod registry;
 
 pub use mtp_contract::*;

@@ -1,0 +1,18 @@
+//! The native in-process provider (`native`, alias `mlx`): the engine behind the contract's
+//! `Provider` trait, with per-call speculation, shared weights, a busy guard, streaming with
+//! cancellation and the prefix cache.
+
+mod backend;
+mod prefix_cache;
+mod provider;
+mod shared;
+
+pub use backend::{Backend, DrafterLane, Job, RunOutput};
+pub use prefix_cache::{
+    CacheState, Hit, PrefixCache, DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY,
+};
+pub use provider::{Loaded, NativeProvider};
+pub use shared::SharedModels;
+
+#[cfg(test)]
+mod tests;
