@@ -1,1 +1,90 @@
-//! Skeleton: see the crate README.
+//! # mtp-runtimes
+//!
+//! HTTP adapters that implement the contract's [`Provider`] trait for servers that run
+//! multi-token-prediction drafting themselves: `llama-server` (also usable as
+//! `openai-compatible`), `lmstudio`, `vllm`, and `ollama`.
+//!
+//! A request's `speculation` block cannot switch a server's drafter: MTP is a launch setting
+//! of each server. The adapters therefore report what the server *did*, from evidence:
+//! `used` is true only when the server reported proposals for the call; otherwise the report
+//! names `server_side` (the server showed no MTP lane or drafted nothing) with the exact launch
+//! flag, `not_reported` when the server said nothing either way, or `runtime_unsupported`
+//! (Ollama). See `docs/runtimes.md` for what each server reports.
+//!
+//! ```no_run
+//! use mtp_contract::{GenerateRequest, ProviderOptions, Speculation};
+//!
+//! # async fn demo() -> Result<(), mtp_contract::ProviderError> {
+//! let opts = ProviderOptions::default()
+//!     .base_url("http://127.0.0.1:8080")
+//!     .speculation(Speculation::native_mtp());
+//! let llm = mtp_runtimes::create("llama-server", "qwen3.5-9b-mtp", &opts)?;
+//! let resp = llm.generate(GenerateRequest::new("Write an LRU cache in Rust.").max_output_tokens(256)).await?;
+//! let s = &resp.metadata.speculation;
+//! println!("used={} drafted={:?} accepted={:?} reason={:?}", s.used, s.drafted, s.accepted, s.reason);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod evidence;
+mod http;
+mod options;
+mod provider;
+mod wire;
+
+pub mod prometheus;
+pub mod sse;
+
+use std::sync::Arc;
+
+use mtp_contract::{Provider, ProviderError, ProviderOptions};
+
+pub use evidence::{Evidence, ServerSpec, LLAMA_MTP_TYPE};
+pub use options::{ApiKey, HttpOptions, MetricsMode, ServerKind, EXTRA_KEYS};
+pub use provider::HttpProvider;
+
+/// The provider names this crate registers, in order.
+pub const PROVIDERS: &[&str] = &["llama-server", "openai-compatible", "lmstudio", "vllm", "ollama"];
+
+/// Creates the adapter registered under `provider_name` for `model`. No I/O happens here.
+///
+/// An unknown name is an `InvalidRequest` that lists [`PROVIDERS`].
+///
+/// ```
+/// use mtp_contract::ProviderOptions;
+/// let p = mtp_runtimes::create("ollama", "qwen3:8b", &ProviderOptions::default()).unwrap();
+/// assert_eq!(p.name(), "ollama");
+/// let err = mtp_runtimes::create("tgi", "m", &ProviderOptions::default()).unwrap_err();
+/// assert!(err.to_string().contains("llama-server"));
+/// ```
+pub fn create(
+    provider_name: &str,
+    model: &str,
+    opts: &ProviderOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let kind = ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
+        field: "provider",
+        message: format!(
+            "unknown HTTP provider `{provider_name}`; known: {}",
+            PROVIDERS.join(", ")
+        ),
+    })?;
+    Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn providers_match_kinds() {
+        let names: Vec<&str> = ServerKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, PROVIDERS);
+        for name in PROVIDERS {
+            let p = create(name, "m", &ProviderOptions::default()).unwrap();
+            assert_eq!(p.name(), *name);
+            assert_eq!(p.model(), "m");
+        }
+        assert!(create("llama-server", " ", &ProviderOptions::default()).is_err());
+    }
+}

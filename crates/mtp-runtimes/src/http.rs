@@ -1,0 +1,279 @@
+//! The transport under every adapter: one reqwest client, bounded connect retries, idle
+//! timeouts on every body read, and the mapping of failures to typed [`ProviderError`]s that
+//! name the server and the cause.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mtp_contract::ProviderError;
+use serde_json::Value;
+
+use crate::options::{HttpOptions, ServerKind};
+
+/// A connection to one server.
+#[derive(Debug)]
+pub(crate) struct Transport {
+    client: reqwest::Client,
+    pub(crate) opts: HttpOptions,
+    pub(crate) kind: ServerKind,
+    pub(crate) model: String,
+}
+
+/// What a body read produced.
+pub(crate) enum BodyRead {
+    /// The whole body.
+    Complete(Vec<u8>),
+    /// The connection broke after these bytes.
+    Cut(Vec<u8>, String),
+}
+
+impl Transport {
+    pub(crate) fn new(
+        kind: ServerKind,
+        model: String,
+        opts: HttpOptions,
+    ) -> Result<Self, ProviderError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .build()
+            .map_err(|e| ProviderError::Api {
+                provider: kind.name().into(),
+                model: model.clone(),
+                status: None,
+                message: format!("cannot build the HTTP client: {}", chain(&e)),
+            })?;
+        Ok(Transport {
+            client,
+            opts,
+            kind,
+            model,
+        })
+    }
+
+    pub(crate) fn server(&self) -> &str {
+        &self.opts.base_url
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{}", self.opts.base_url, path)
+    }
+
+    pub(crate) fn api_error(&self, status: Option<u16>, message: String) -> ProviderError {
+        ProviderError::Api {
+            provider: self.kind.name().into(),
+            model: self.model.clone(),
+            status,
+            message,
+        }
+    }
+
+    fn timeout_error(&self, what: String) -> ProviderError {
+        ProviderError::Timeout {
+            server: self.server().to_string(),
+            message: what,
+        }
+    }
+
+    /// Sends a request built by `build`, retrying only when the connection could not be
+    /// established (the request never reached the server), at most `connect_retries` times.
+    async fn send(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let mut attempt = 0u32;
+        loop {
+            let mut rb = build();
+            if let Some(key) = &self.opts.api_key {
+                rb = rb.bearer_auth(key.expose());
+            }
+            match tokio::time::timeout(self.opts.request_timeout, rb.send()).await {
+                Err(_) => {
+                    return Err(self.timeout_error(format!(
+                        "no response headers within {} ms (request_timeout_ms)",
+                        self.opts.request_timeout.as_millis()
+                    )))
+                }
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(e)) if e.is_connect() => {
+                    if attempt < self.opts.connect_retries {
+                        let backoff = Duration::from_millis(100u64 << attempt.min(5));
+                        tracing::debug!(server = %self.server(), attempt, "connect failed, retrying: {}", chain(&e));
+                        tokio::time::sleep(backoff).await;
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(ProviderError::Connection {
+                        server: self.server().to_string(),
+                        message: format!(
+                            "{} (after {} attempt{}); is the {} server running there?",
+                            chain(&e),
+                            attempt + 1,
+                            if attempt == 0 { "" } else { "s" },
+                            self.kind
+                        ),
+                    });
+                }
+                Ok(Err(e)) if e.is_timeout() => {
+                    return Err(self.timeout_error(format!("request timed out: {}", chain(&e))))
+                }
+                Ok(Err(e)) => {
+                    return Err(self.api_error(None, format!("request failed: {}", chain(&e))))
+                }
+            }
+        }
+    }
+
+    /// POSTs JSON; a non-2xx answer becomes an `Api` error carrying the server's message.
+    pub(crate) async fn post_json(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let url = self.url(path);
+        tracing::debug!(server = %self.server(), path, "POST");
+        let resp = self.send(|| self.client.post(&url).json(body)).await?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = match self.read_body(resp).await {
+            Ok(BodyRead::Complete(b)) | Ok(BodyRead::Cut(b, _)) => b,
+            Err(_) => Vec::new(),
+        };
+        let mut message = format!(
+            "HTTP {} from {}{}: {}",
+            status.as_u16(),
+            self.server(),
+            path,
+            server_message(&text)
+        );
+        if status.as_u16() == 401 || status.as_u16() == 403 {
+            message.push_str(" (check the api_key given to the provider)");
+        }
+        if status.as_u16() == 404 {
+            message.push_str(&format!(
+                " (is this a {} server, and is model `{}` served there?)",
+                self.kind, self.model
+            ));
+        }
+        Err(self.api_error(Some(status.as_u16()), message))
+    }
+
+    /// GETs a page that may not exist: `Ok(None)` for a non-2xx answer, an error only when
+    /// the server cannot be reached or stalls.
+    pub(crate) async fn get_optional(&self, path: &str) -> Result<Option<String>, ProviderError> {
+        let url = self.url(path);
+        let resp = self.send(|| self.client.get(&url)).await?;
+        if !resp.status().is_success() {
+            tracing::debug!(server = %self.server(), path, status = resp.status().as_u16(), "optional endpoint unavailable");
+            return Ok(None);
+        }
+        match self.read_body(resp).await? {
+            BodyRead::Complete(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+            BodyRead::Cut(_, _) => Ok(None),
+        }
+    }
+
+    /// Reads a whole body, allowing at most `idle_timeout` between chunks.
+    pub(crate) async fn read_body(
+        &self,
+        resp: reqwest::Response,
+    ) -> Result<BodyRead, ProviderError> {
+        let mut stream = resp.bytes_stream();
+        let mut out = Vec::new();
+        loop {
+            match tokio::time::timeout(self.opts.idle_timeout, stream.next()).await {
+                Err(_) => {
+                    return Err(self.timeout_error(format!(
+                        "the server sent nothing for {} ms while sending the response (idle_timeout_ms)",
+                        self.opts.idle_timeout.as_millis()
+                    )))
+                }
+                Ok(None) => return Ok(BodyRead::Complete(out)),
+                Ok(Some(Ok(chunk))) => out.extend_from_slice(&chunk),
+                Ok(Some(Err(e))) => return Ok(BodyRead::Cut(out, chain(&e))),
+            }
+        }
+    }
+
+    /// The body stream of a streaming response; the caller applies the idle timeout.
+    pub(crate) fn idle_timeout(&self) -> Duration {
+        self.opts.idle_timeout
+    }
+}
+
+/// An error and its sources, joined with `: ` (reqwest's own message hides the cause).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        src = inner.source();
+    }
+    s
+}
+
+/// The server's own error message from an error body: OpenAI's `{"error":{"message"}}`,
+/// Ollama's `{"error":"…"}`, vLLM's older `{"message"}`, FastAPI's `{"detail"}`, or the text.
+pub(crate) fn server_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        let found = v
+            .pointer("/error/message")
+            .or_else(|| v.get("error").filter(|e| e.is_string()))
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("detail"));
+        if let Some(m) = found {
+            return match m {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+        }
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        "(empty body)".into()
+    } else {
+        truncate(text, 400)
+    }
+}
+
+/// At most `n` characters, with an ellipsis when cut.
+pub(crate) fn truncate(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_messages() {
+        let cases: &[(&[u8], &str)] = &[
+            (
+                br#"{"error":{"code":500,"message":"model crashed","type":"server_error"}}"#,
+                "model crashed",
+            ),
+            (br#"{"error":"model 'x' not found"}"#, "model 'x' not found"),
+            (
+                br#"{"object":"error","message":"bad temp","type":"BadRequestError","code":400}"#,
+                "bad temp",
+            ),
+            (br#"{"detail":"Not Found"}"#, "Not Found"),
+            (b"plain text oops\n", "plain text oops"),
+            (b"", "(empty body)"),
+        ];
+        for (body, want) in cases {
+            assert_eq!(server_message(body), *want);
+        }
+        assert_eq!(truncate("abcdef", 3), "abc…");
+        assert_eq!(truncate("ab", 3), "ab");
+    }
+}

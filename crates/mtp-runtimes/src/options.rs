@@ -1,0 +1,358 @@
+//! Which server an adapter talks to, and the connection settings read from
+//! [`ProviderOptions`].
+
+use std::fmt;
+use std::time::Duration;
+
+use mtp_contract::{ProviderError, ProviderOptions};
+
+/// The HTTP servers this crate speaks to. Each has its own endpoints and its own evidence of
+/// speculation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServerKind {
+    /// llama.cpp's `llama-server`: `timings.draft_n`, `/props`, optional `/metrics`.
+    LlamaServer,
+    /// Any OpenAI-style server; read like llama-server where it answers the same way, but no
+    /// llama-specific request fields are sent.
+    OpenAiCompatible,
+    /// LM Studio's native REST API (`/api/v0`), whose `stats`/`usage` carry draft counters.
+    LmStudio,
+    /// vLLM's OpenAI server: per-request `metrics.speculative_decoding`, else `/metrics` deltas.
+    Vllm,
+    /// Ollama's OpenAI-compatible endpoints; it exposes no speculative decoding.
+    Ollama,
+}
+
+impl ServerKind {
+    /// Every kind, in registry order.
+    pub const ALL: [ServerKind; 5] = [
+        ServerKind::LlamaServer,
+        ServerKind::OpenAiCompatible,
+        ServerKind::LmStudio,
+        ServerKind::Vllm,
+        ServerKind::Ollama,
+    ];
+
+    /// The provider name used with `create`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::LlamaServer => "llama-server",
+            ServerKind::OpenAiCompatible => "openai-compatible",
+            ServerKind::LmStudio => "lmstudio",
+            ServerKind::Vllm => "vllm",
+            ServerKind::Ollama => "ollama",
+        }
+    }
+
+    /// Looks a provider name up.
+    pub fn from_name(name: &str) -> Option<ServerKind> {
+        ServerKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The server's usual local address.
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            ServerKind::LlamaServer | ServerKind::OpenAiCompatible => "http://127.0.0.1:8080",
+            ServerKind::LmStudio => "http://127.0.0.1:1234",
+            ServerKind::Vllm => "http://127.0.0.1:8000",
+            ServerKind::Ollama => "http://127.0.0.1:11434",
+        }
+    }
+
+    /// Path of the chat endpoint.
+    pub fn chat_path(self) -> &'static str {
+        match self {
+            ServerKind::LmStudio => "/api/v0/chat/completions",
+            _ => "/v1/chat/completions",
+        }
+    }
+
+    /// Path of the raw-prompt completion endpoint.
+    pub fn completion_path(self) -> &'static str {
+        match self {
+            ServerKind::LlamaServer => "/completion",
+            ServerKind::LmStudio => "/api/v0/completions",
+            _ => "/v1/completions",
+        }
+    }
+
+    /// The exact launch command that enables MTP on this server, for report messages.
+    ///
+    /// ```
+    /// use mtp_runtimes::ServerKind;
+    /// let hint = ServerKind::LlamaServer.launch_hint("qwen.gguf", 3);
+    /// assert!(hint.contains("--spec-type draft-mtp --spec-draft-n-max 3"));
+    /// ```
+    pub fn launch_hint(self, model: &str, depth: u32) -> String {
+        match self {
+            ServerKind::LlamaServer => format!(
+                "restart it as `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}` (the GGUF must carry the MTP head)"
+            ),
+            ServerKind::OpenAiCompatible => format!(
+                "speculation is a launch setting of the server; for llama-server use `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}`"
+            ),
+            ServerKind::LmStudio => format!(
+                "load the model with MTP drafting on: `lms load {model} --speculative-draft-mtp`"
+            ),
+            ServerKind::Vllm => format!(
+                "restart it as `vllm serve {model} --speculative-config '{{\"method\":\"mtp\",\"num_speculative_tokens\":{depth}}}'`"
+            ),
+            ServerKind::Ollama => format!(
+                "Ollama does not expose MTP drafting; serve the same GGUF with `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}` or LM Studio (`lms load {model} --speculative-draft-mtp`) and use that provider"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ServerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An API key. Its `Debug` and `Display` print `<redacted>`; the only way to the secret is
+/// [`ApiKey::expose`], used when building the `Authorization` header.
+///
+/// ```
+/// use mtp_runtimes::ApiKey;
+/// let k = ApiKey::new("sk-secret");
+/// assert_eq!(format!("{k:?}"), "ApiKey(<redacted>)");
+/// assert_eq!(k.expose(), "sk-secret");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> Self {
+        ApiKey(key.into())
+    }
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Whether to read `/metrics` around each call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsMode {
+    /// Try; stop trying once the server answers that it has no metrics endpoint.
+    Auto,
+    /// Always read (an unreachable endpoint only means no figures).
+    On,
+    /// Never read.
+    Off,
+}
+
+/// Connection settings of one adapter.
+///
+/// Read from [`ProviderOptions`]: `base_url`, `api_key`, and these `extra` keys (all optional):
+///
+/// | key | default | meaning |
+/// | --- | --- | --- |
+/// | `connect_timeout_ms` | 5000 | TCP/TLS connect limit per attempt |
+/// | `idle_timeout_ms` | 120000 | longest silence between two received chunks (per token when streaming) |
+/// | `request_timeout_ms` | 600000 | longest wait for the response headers (prompt processing included) |
+/// | `connect_retries` | 2 | extra attempts after a connect error (never after the request was sent) |
+/// | `metrics` | `auto` for vLLM, `off` otherwise | `auto`, `on` or `off`: read `/metrics` around each call |
+///
+/// ```
+/// use mtp_contract::ProviderOptions;
+/// use mtp_runtimes::{HttpOptions, ServerKind};
+/// let o = ProviderOptions::default().base_url("http://gpu:8080/v1/").extra("idle_timeout_ms", "300");
+/// let h = HttpOptions::from_provider_options(ServerKind::LlamaServer, &o).unwrap();
+/// assert_eq!(h.base_url, "http://gpu:8080");
+/// assert_eq!(h.idle_timeout.as_millis(), 300);
+/// assert!(HttpOptions::from_provider_options(ServerKind::Vllm, &ProviderOptions::default().extra("idle", "1")).is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Server root, without a trailing `/` or `/v1`.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer …`.
+    pub api_key: Option<ApiKey>,
+    /// Connect limit per attempt.
+    pub connect_timeout: Duration,
+    /// Longest silence between received chunks.
+    pub idle_timeout: Duration,
+    /// Longest wait for response headers.
+    pub request_timeout: Duration,
+    /// Extra attempts after a connect error.
+    pub connect_retries: u32,
+    /// `/metrics` policy.
+    pub metrics: MetricsMode,
+}
+
+/// The `extra` keys [`HttpOptions`] understands.
+pub const EXTRA_KEYS: [&str; 5] = [
+    "connect_timeout_ms",
+    "idle_timeout_ms",
+    "request_timeout_ms",
+    "connect_retries",
+    "metrics",
+];
+
+impl HttpOptions {
+    /// Defaults for a server kind at its usual local address.
+    pub fn new(kind: ServerKind) -> Self {
+        HttpOptions {
+            base_url: kind.default_base_url().to_string(),
+            api_key: None,
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(600),
+            connect_retries: 2,
+            metrics: if kind == ServerKind::Vllm {
+                MetricsMode::Auto
+            } else {
+                MetricsMode::Off
+            },
+        }
+    }
+
+    /// Reads the settings; an unknown `extra` key or a bad value is an `InvalidRequest`
+    /// naming it.
+    pub fn from_provider_options(
+        kind: ServerKind,
+        opts: &ProviderOptions,
+    ) -> Result<Self, ProviderError> {
+        let mut o = HttpOptions::new(kind);
+        if let Some(url) = &opts.base_url {
+            o.base_url = normalize_base_url(url)?;
+        }
+        o.api_key = opts
+            .api_key
+            .as_ref()
+            .filter(|k| !k.is_empty())
+            .map(ApiKey::new);
+        for (key, value) in &opts.extra {
+            let ms = || -> Result<Duration, ProviderError> {
+                match value.trim().parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
+                    _ => Err(bad_extra(format!(
+                        "`{key}` must be a positive number of milliseconds, got {value:?}"
+                    ))),
+                }
+            };
+            match key.as_str() {
+                "connect_timeout_ms" => o.connect_timeout = ms()?,
+                "idle_timeout_ms" => o.idle_timeout = ms()?,
+                "request_timeout_ms" => o.request_timeout = ms()?,
+                "connect_retries" => {
+                    o.connect_retries = match value.trim().parse::<u32>() {
+                        Ok(n) if n <= 10 => n,
+                        _ => {
+                            return Err(bad_extra(format!(
+                                "`connect_retries` must be an integer from 0 to 10, got {value:?}"
+                            )))
+                        }
+                    }
+                }
+                "metrics" => {
+                    o.metrics = match value.trim() {
+                        "auto" => MetricsMode::Auto,
+                        "on" | "true" => MetricsMode::On,
+                        "off" | "false" => MetricsMode::Off,
+                        _ => {
+                            return Err(bad_extra(format!(
+                                "`metrics` must be auto, on or off, got {value:?}"
+                            )))
+                        }
+                    }
+                }
+                other => {
+                    return Err(bad_extra(format!(
+                        "unknown option `{other}` for the {kind} provider; valid options are {}",
+                        EXTRA_KEYS.join(", ")
+                    )))
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn bad_extra(message: String) -> ProviderError {
+    ProviderError::InvalidRequest {
+        field: "extra",
+        message,
+    }
+}
+
+/// Checks a base URL and strips a trailing `/` and `/v1` (the adapters add the paths).
+pub(crate) fn normalize_base_url(url: &str) -> Result<String, ProviderError> {
+    let trimmed = url.trim();
+    let parsed = reqwest::Url::parse(trimmed).map_err(|e| ProviderError::InvalidRequest {
+        field: "base_url",
+        message: format!("{trimmed:?} is not a URL ({e}); use e.g. http://127.0.0.1:8080"),
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(ProviderError::InvalidRequest {
+            field: "base_url",
+            message: format!("{trimmed:?} must be an http:// or https:// URL with a host"),
+        });
+    }
+    let mut s = trimmed.trim_end_matches('/').to_string();
+    if let Some(stripped) = s.strip_suffix("/v1") {
+        s = stripped.trim_end_matches('/').to_string();
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        let cases = [
+            ("http://h:1", Some("http://h:1")),
+            ("http://h:1/", Some("http://h:1")),
+            ("http://h:1/v1", Some("http://h:1")),
+            ("https://h/api/v1/", Some("https://h/api")),
+            ("  http://h:1  ", Some("http://h:1")),
+            ("ftp://h", None),
+            ("localhost:8080", None),
+            ("", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(normalize_base_url(input).ok().as_deref(), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn extras() {
+        let base = ProviderOptions::default();
+        let ok = |k: &str, v: &str| {
+            HttpOptions::from_provider_options(ServerKind::LlamaServer, &base.clone().extra(k, v))
+        };
+        assert_eq!(ok("connect_retries", "0").unwrap().connect_retries, 0);
+        assert_eq!(ok("metrics", "on").unwrap().metrics, MetricsMode::On);
+        for (k, v) in [
+            ("connect_retries", "99"),
+            ("idle_timeout_ms", "0"),
+            ("idle_timeout_ms", "soon"),
+            ("metrics", "maybe"),
+            ("device", "cuda"),
+        ] {
+            let err = ok(k, v).unwrap_err().to_string();
+            assert!(err.contains(k), "{err}");
+        }
+        let h = HttpOptions::from_provider_options(ServerKind::Vllm, &base.api_key("sk")).unwrap();
+        assert_eq!(h.metrics, MetricsMode::Auto);
+        assert!(!format!("{h:?}").contains("sk\""));
+        assert!(format!("{h:?}").contains("<redacted>"));
+    }
+}

@@ -1,0 +1,592 @@
+//! [`HttpProvider`]: the [`Provider`] implementation shared by every server kind.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use mtp_contract::{
+    resolve, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse, Metadata,
+    Provider, ProviderError, ProviderOptions, Reason, ResolvedSpeculation, Speculation,
+    SpeculationStatus, StreamEvent, Usage,
+};
+use serde_json::Value;
+
+use crate::evidence::{self, Evidence, ServerSpec};
+use crate::http::{truncate, BodyRead, Transport};
+use crate::options::{HttpOptions, MetricsMode, ServerKind};
+use crate::prometheus::Metrics;
+use crate::sse::SseParser;
+use crate::wire::{self, Accum, Endpoint};
+
+/// An adapter for one model on one HTTP server.
+///
+/// Construct it with [`HttpProvider::new`] (or the crate's [`create`](crate::create)); it
+/// does no I/O until the first call.
+///
+/// ```
+/// use mtp_contract::{Provider, ProviderOptions};
+/// use mtp_runtimes::{HttpProvider, ServerKind};
+/// let p = HttpProvider::new(ServerKind::Vllm, "Qwen/Qwen3-8B", &ProviderOptions::default()).unwrap();
+/// assert_eq!(p.name(), "vllm");
+/// assert!(!p.capabilities().per_request_speculation);
+/// ```
+#[derive(Clone)]
+pub struct HttpProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for HttpProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpProvider")
+            .field("kind", &self.inner.t.kind)
+            .field("model", &self.inner.t.model)
+            .field("options", &self.inner.t.opts)
+            .finish()
+    }
+}
+
+struct Inner {
+    t: Transport,
+    default: Option<Speculation>,
+    /// The last server settings seen (for `speculation_status`).
+    last_spec: Mutex<Option<ServerSpec>>,
+    /// `/metrics` answered "not here" once; stop asking (metrics = auto).
+    metrics_absent: AtomicBool,
+    in_flight: AtomicUsize,
+    unloaded: AtomicBool,
+}
+
+/// What is known before the request is sent.
+struct Prepared {
+    resolved: ResolvedSpeculation,
+    spec: ServerSpec,
+    metrics_before: Option<Metrics>,
+    endpoint: Endpoint,
+    body: Value,
+    started: Instant,
+}
+
+impl HttpProvider {
+    /// An adapter for `model` on a server of `kind`, with settings from `opts` (see
+    /// [`HttpOptions`] for the `extra` keys). Fails on an empty model name, a bad base URL,
+    /// or an unknown option.
+    pub fn new(
+        kind: ServerKind,
+        model: &str,
+        opts: &ProviderOptions,
+    ) -> Result<HttpProvider, ProviderError> {
+        if model.trim().is_empty() {
+            return Err(ProviderError::InvalidRequest {
+                field: "model",
+                message: format!("the {kind} provider needs the model name the server serves"),
+            });
+        }
+        let http = HttpOptions::from_provider_options(kind, opts)?;
+        Ok(HttpProvider {
+            inner: Arc::new(Inner {
+                t: Transport::new(kind, model.to_string(), http)?,
+                default: opts.speculation.clone(),
+                last_spec: Mutex::new(None),
+                metrics_absent: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                unloaded: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The server kind.
+    pub fn kind(&self) -> ServerKind {
+        self.inner.t.kind
+    }
+
+    /// The server root this adapter talks to.
+    pub fn base_url(&self) -> &str {
+        self.inner.t.server()
+    }
+
+    /// Reads the server's launch-time speculation settings now (llama-server `/props`, vLLM
+    /// `/metrics`), remembers them for [`Provider::speculation_status`], and returns them.
+    pub async fn probe(&self) -> Result<ServerSpec, ProviderError> {
+        let (spec, _) = self.inner.server_spec(true).await?;
+        Ok(spec)
+    }
+}
+
+impl Inner {
+    fn kind(&self) -> ServerKind {
+        self.t.kind
+    }
+
+    fn metrics_wanted(&self) -> bool {
+        match self.t.opts.metrics {
+            MetricsMode::Off => false,
+            MetricsMode::On => true,
+            MetricsMode::Auto => !self.metrics_absent.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn scrape(&self) -> Result<Option<Metrics>, ProviderError> {
+        if !self.metrics_wanted() {
+            return Ok(None);
+        }
+        match self.t.get_optional("/metrics").await? {
+            Some(text) => Ok(Some(Metrics::parse(&text))),
+            None => {
+                if self.t.opts.metrics == MetricsMode::Auto {
+                    self.metrics_absent.store(true, Ordering::Relaxed);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// The launch settings and, when metrics are read, the scrape taken now. `requested`
+    /// false skips `/props` (nothing in the report depends on it then).
+    async fn server_spec(
+        &self,
+        requested: bool,
+    ) -> Result<(ServerSpec, Option<Metrics>), ProviderError> {
+        let mut spec = ServerSpec::default();
+        match self.kind() {
+            ServerKind::LlamaServer | ServerKind::OpenAiCompatible if requested => {
+                if let Some(text) = self.t.get_optional("/props").await? {
+                    match serde_json::from_str::<Value>(&text) {
+                        Ok(v) => spec = ServerSpec::from_llama_props(&v),
+                        Err(e) => tracing::debug!(server = %self.t.server(), "unreadable /props: {e}"),
+                    }
+                }
+            }
+            _ => {}
+        }
+        let metrics = match self.kind() {
+            ServerKind::Ollama | ServerKind::LmStudio => None,
+            _ => self.scrape().await?,
+        };
+        if let Some(m) = &metrics {
+            if spec.lane.is_none() {
+                spec.lane = evidence::lane_from_metrics(self.kind(), m);
+                if self.kind() == ServerKind::Vllm && spec.lane == Some(false) {
+                    spec.detail = Some("/metrics has no vllm:spec_decode counters".into());
+                }
+            }
+        }
+        if self.kind() == ServerKind::Ollama {
+            spec.lane = Some(false);
+        }
+        if let Ok(mut last) = self.last_spec.lock() {
+            *last = Some(spec.clone());
+        }
+        Ok((spec, metrics))
+    }
+
+    async fn prepare(
+        &self,
+        req: &GenerateRequest,
+        stream: bool,
+    ) -> Result<Prepared, ProviderError> {
+        if self.unloaded.load(Ordering::Relaxed) {
+            return Err(ProviderError::Unloaded {
+                model: self.t.model.clone(),
+            });
+        }
+        let kind = self.kind();
+        wire::check_request(kind, req)?;
+        let resolved = resolve(self.default.as_ref(), req.speculation.as_ref());
+        let (spec, metrics_before) = self.server_spec(resolved.requested).await?;
+        if resolved.requested && resolved.require_acceleration && spec.lane != Some(true) {
+            let reason = if kind == ServerKind::Ollama {
+                Reason::RuntimeUnsupported
+            } else {
+                Reason::ServerSide
+            };
+            return Err(ProviderError::SpeculationUnavailable {
+                reason,
+                message: evidence::unavailable_message(
+                    kind,
+                    self.t.server(),
+                    &self.t.model,
+                    &resolved,
+                    &spec,
+                ),
+            });
+        }
+        let endpoint = Endpoint::for_request(kind, req);
+        let depth = wire::requested_depth(kind, &resolved);
+        let body = wire::build_body(kind, endpoint, &self.t.model, req, stream, depth);
+        Ok(Prepared {
+            resolved,
+            spec,
+            metrics_before,
+            endpoint,
+            body,
+            started: Instant::now(),
+        })
+    }
+
+    /// Turns everything read into the final response.
+    async fn finish(
+        &self,
+        p: &Prepared,
+        acc: Accum,
+        partial: bool,
+        ttft_ms: Option<f64>,
+    ) -> GenerateResponse {
+        let kind = self.kind();
+        let mut ev: Option<Evidence> = evidence::per_request(kind, &acc, &p.spec);
+        if ev.is_none() && !partial {
+            if let Some(before) = &p.metrics_before {
+                match self.scrape().await {
+                    Ok(Some(after)) => ev = evidence::metrics_delta(kind, before, &after),
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(server = %self.t.server(), "metrics after call: {e}"),
+                }
+            }
+        }
+        let speculation =
+            evidence::build_report(kind, &self.t.model, &p.resolved, &p.spec, ev.as_ref());
+        let mut timings = evidence::timings(&acc);
+        if timings.time_to_first_token_ms.is_none() {
+            timings.time_to_first_token_ms = ttft_ms;
+        }
+        let finish_reason = if partial {
+            FinishReason::Error
+        } else {
+            acc.finish.unwrap_or(FinishReason::Stop)
+        };
+        GenerateResponse {
+            content: acc.content,
+            token_ids: acc.saw_token_ids.then_some(acc.token_ids),
+            finish_reason,
+            usage: Usage {
+                input_tokens: acc.input_tokens.unwrap_or(0),
+                output_tokens: acc.output_tokens.unwrap_or(0),
+                cached_input_tokens: acc.cached_tokens.unwrap_or(0),
+            },
+            metadata: Metadata {
+                speculation,
+                timings,
+            },
+            partial,
+        }
+    }
+
+    fn malformed(&self, what: &str, e: &serde_json::Error, text: &[u8]) -> ProviderError {
+        self.t.api_error(
+            None,
+            format!(
+                "malformed JSON in the {what} from {}: {e}; it began {:?}",
+                self.t.server(),
+                truncate(&String::from_utf8_lossy(text), 120)
+            ),
+        )
+    }
+
+    async fn generate_once(&self, req: GenerateRequest) -> Result<GenerateResponse, ProviderError> {
+        let p = self.prepare(&req, false).await?;
+        let path = p.endpoint.path(self.kind());
+        let resp = self.t.post_json(path, &p.body).await?;
+        let bytes = match self.t.read_body(resp).await? {
+            BodyRead::Complete(b) => b,
+            BodyRead::Cut(b, cause) => {
+                return Err(self.t.api_error(
+                    None,
+                    format!(
+                        "the response from {}{path} broke off after {} bytes: {cause}",
+                        self.t.server(),
+                        b.len()
+                    ),
+                ))
+            }
+        };
+        let v: Value =
+            serde_json::from_slice(&bytes).map_err(|e| self.malformed("response", &e, &bytes))?;
+        let mut acc = Accum::default();
+        acc.absorb(&v).map_err(|m| {
+            self.t.api_error(None, format!("{} reported an error: {m}", self.t.server()))
+        })?;
+        if acc.content.is_empty() && acc.finish.is_none() && !v.is_object() {
+            return Err(self.t.api_error(
+                None,
+                format!("unexpected response shape from {}{path}", self.t.server()),
+            ));
+        }
+        Ok(self.finish(&p, acc, false, None).await)
+    }
+}
+
+/// Decrements the in-flight counter when a call ends, however it ends.
+struct InFlight(Arc<Inner>);
+
+impl InFlight {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(inner.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// State of one streamed call.
+struct StreamState {
+    inner: Arc<Inner>,
+    prepared: Prepared,
+    bytes: BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    parser: SseParser,
+    acc: Accum,
+    queue: VecDeque<Result<StreamEvent, ProviderError>>,
+    finished: bool,
+    ttft_ms: Option<f64>,
+    _guard: InFlight,
+}
+
+impl StreamState {
+    async fn next_item(&mut self) -> Option<Result<StreamEvent, ProviderError>> {
+        loop {
+            if let Some(item) = self.queue.pop_front() {
+                return Some(item);
+            }
+            if self.finished {
+                return None;
+            }
+            let idle = self.inner.t.idle_timeout();
+            match tokio::time::timeout(idle, self.bytes.next()).await {
+                Err(_) => {
+                    self.finished = true;
+                    return Some(Err(ProviderError::Timeout {
+                        server: self.inner.t.server().to_string(),
+                        message: format!(
+                            "the stream went silent for {} ms (idle_timeout_ms) after {} characters",
+                            idle.as_millis(),
+                            self.acc.content.chars().count()
+                        ),
+                    }));
+                }
+                Ok(Some(Ok(chunk))) => self.take_chunk(&chunk).await,
+                Ok(Some(Err(e))) => {
+                    let cause = crate::http::chain(&e);
+                    self.end_of_input(Some(cause)).await;
+                }
+                Ok(None) => self.end_of_input(None).await,
+            }
+        }
+    }
+
+    async fn take_chunk(&mut self, chunk: &[u8]) {
+        for ev in self.parser.feed(chunk) {
+            if self.finished {
+                return;
+            }
+            if ev.is_done() {
+                self.complete().await;
+                return;
+            }
+            let v: Value = match serde_json::from_str(&ev.data) {
+                Ok(v) => v,
+                Err(e) => {
+                    let err = self.inner.malformed("stream event", &e, ev.data.as_bytes());
+                    self.queue.push_back(Err(err));
+                    self.finished = true;
+                    return;
+                }
+            };
+            match self.acc.absorb(&v) {
+                Err(m) => {
+                    let err = self.inner.t.api_error(
+                        None,
+                        format!("{} reported an error mid-stream: {m}", self.inner.t.server()),
+                    );
+                    self.queue.push_back(Err(err));
+                    self.finished = true;
+                    return;
+                }
+                Ok(piece) => {
+                    if !piece.text.is_empty() || !piece.token_ids.is_empty() {
+                        if self.ttft_ms.is_none() {
+                            self.ttft_ms =
+                                Some(self.prepared.started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                        self.queue.push_back(Ok(StreamEvent::Delta {
+                            text: piece.text,
+                            token_ids: piece.token_ids,
+                        }));
+                    }
+                }
+            }
+            if self.acc.native_stop {
+                self.complete().await;
+                return;
+            }
+        }
+    }
+
+    /// The stream ended (cleanly or with a transport error) without `[DONE]`.
+    async fn end_of_input(&mut self, cause: Option<String>) {
+        let complete = cause.is_none() && self.acc.finish.is_some() && !self.parser.has_pending();
+        if complete {
+            self.complete().await;
+            return;
+        }
+        tracing::warn!(
+            server = %self.inner.t.server(),
+            received = self.acc.content.len(),
+            "stream cut before its end: {}",
+            cause.as_deref().unwrap_or("connection closed")
+        );
+        let acc = std::mem::take(&mut self.acc);
+        let resp = self.inner.finish(&self.prepared, acc, true, self.ttft_ms).await;
+        self.queue.push_back(Ok(StreamEvent::Done(Box::new(resp))));
+        self.finished = true;
+    }
+
+    async fn complete(&mut self) {
+        let acc = std::mem::take(&mut self.acc);
+        let resp = self.inner.finish(&self.prepared, acc, false, self.ttft_ms).await;
+        self.queue.push_back(Ok(StreamEvent::Done(Box::new(resp))));
+        self.finished = true;
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for HttpProvider {
+    fn name(&self) -> &str {
+        self.inner.kind().name()
+    }
+
+    fn model(&self) -> &str {
+        &self.inner.t.model
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let runtime = self
+            .inner
+            .last_spec
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .map(|s| evidence::runtime_name(self.kind(), &s))
+            .unwrap_or_else(|| self.kind().name().to_string());
+        Capabilities {
+            provider: self.kind().name().into(),
+            runtime,
+            streaming: true,
+            prompt_cache: false,
+            images: false,
+            per_request_speculation: false,
+        }
+    }
+
+    fn speculation_status(&self) -> SpeculationStatus {
+        let kind = self.kind();
+        let resolved = resolve(self.inner.default.as_ref(), None);
+        let spec = self.inner.last_spec.lock().ok().and_then(|s| s.clone());
+        let hint = kind.launch_hint(
+            &self.inner.t.model,
+            resolved
+                .num_draft_tokens
+                .or(spec.as_ref().and_then(|s| s.n_max))
+                .unwrap_or(3),
+        );
+        let lane = spec.as_ref().and_then(|s| s.lane);
+        let (reason, message) = match (kind, lane) {
+            (ServerKind::Ollama, _) => (Some(Reason::RuntimeUnsupported), Some(format!("{hint}."))),
+            (_, Some(true)) => (
+                None,
+                Some(format!("the {kind} server shows an MTP lane (configured at launch)")),
+            ),
+            (_, Some(false)) => (
+                Some(Reason::ServerSide),
+                Some(format!("the {kind} server shows no MTP lane; {hint}")),
+            ),
+            (_, None) => (
+                Some(Reason::NotReported),
+                Some(format!(
+                    "not known yet: the {kind} server's speculative settings are read on the next call (or probe()); to enable MTP, {hint}"
+                )),
+            ),
+        };
+        SpeculationStatus {
+            lane_loaded: lane == Some(true),
+            drafter: (lane == Some(true)).then(|| "server-configured".to_string()),
+            num_draft_tokens: spec.and_then(|s| s.n_max),
+            default_mode: resolved.mode,
+            reason,
+            message,
+            output_preserving: None,
+        }
+    }
+
+    async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError> {
+        let _guard = InFlight::new(&self.inner);
+        self.inner.generate_once(request).await
+    }
+
+    async fn generate_stream(&self, request: GenerateRequest) -> Result<EventStream, ProviderError> {
+        let guard = InFlight::new(&self.inner);
+        let inner = self.inner.clone();
+        let prepared = inner.prepare(&request, true).await?;
+        let path = prepared.endpoint.path(inner.kind());
+        let resp = inner.t.post_json(path, &prepared.body).await?;
+        let is_json = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/json"));
+        if is_json {
+            // The server answered in one piece despite `stream: true`.
+            let bytes = match inner.t.read_body(resp).await? {
+                BodyRead::Complete(b) => b,
+                BodyRead::Cut(b, cause) => {
+                    return Err(inner.t.api_error(
+                        None,
+                        format!("the response broke off after {} bytes: {cause}", b.len()),
+                    ))
+                }
+            };
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| inner.malformed("response", &e, &bytes))?;
+            let mut acc = Accum::default();
+            acc.absorb(&v)
+                .map_err(|m| inner.t.api_error(None, format!("server error: {m}")))?;
+            let text = acc.content.clone();
+            let ids = acc.token_ids.clone();
+            let resp = inner.finish(&prepared, acc, false, None).await;
+            let events = vec![
+                Ok(StreamEvent::Delta {
+                    text,
+                    token_ids: ids,
+                }),
+                Ok(StreamEvent::Done(Box::new(resp))),
+            ];
+            drop(guard);
+            return Ok(futures::stream::iter(events).boxed());
+        }
+        let bytes = resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed();
+        let state = StreamState {
+            inner,
+            prepared,
+            bytes,
+            parser: SseParser::new(),
+            acc: Accum::default(),
+            queue: VecDeque::new(),
+            finished: false,
+            ttft_ms: None,
+            _guard: guard,
+        };
+        Ok(futures::stream::unfold(state, |mut s| async move {
+            s.next_item().await.map(|item| (item, s))
+        })
+        .boxed())
+    }
+
+    async fn unload(&self) -> Result<(), ProviderError> {
+        self.inner.unloaded.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,463 @@
+//! Request bodies and response parsing for the OpenAI-style endpoints and llama-server's
+//! native `/completion`. One [`Accum`] absorbs either a full response or stream chunks, so the
+//! streaming and non-streaming paths read the same fields.
+
+use mtp_contract::{FinishReason, GenerateRequest, ProviderError, ResolvedSpeculation, Role};
+use serde_json::{json, Map, Value};
+
+use crate::options::ServerKind;
+
+/// Which endpoint a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `…/chat/completions`.
+    Chat,
+    /// `…/completions` (OpenAI-style text completion).
+    Completion,
+    /// llama-server's native `/completion`.
+    Native,
+}
+
+impl Endpoint {
+    pub(crate) fn for_request(kind: ServerKind, req: &GenerateRequest) -> Endpoint {
+        match (req.raw_prompt, kind) {
+            (false, _) => Endpoint::Chat,
+            (true, ServerKind::LlamaServer) => Endpoint::Native,
+            (true, _) => Endpoint::Completion,
+        }
+    }
+
+    pub(crate) fn path(self, kind: ServerKind) -> &'static str {
+        match self {
+            Endpoint::Chat => kind.chat_path(),
+            Endpoint::Completion | Endpoint::Native => kind.completion_path(),
+        }
+    }
+}
+
+/// Checks what the HTTP adapters cannot carry before anything is sent.
+pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(), ProviderError> {
+    req.validate()?;
+    if req.has_images() {
+        return Err(ProviderError::Unsupported {
+            provider: kind.name().into(),
+            what: "image input over HTTP".into(),
+        });
+    }
+    if req.raw_prompt
+        && (req.system_prompt.is_some() || req.messages.as_ref().is_some_and(|m| !m.is_empty()))
+    {
+        return Err(ProviderError::InvalidRequest {
+            field: "raw_prompt",
+            message: "a raw prompt is sent verbatim to the completion endpoint; put the system prompt and history into the prompt text".into(),
+        });
+    }
+    if !req.raw_prompt && req.prompt.is_empty() && req.messages.as_ref().is_none_or(Vec::is_empty)
+    {
+        return Err(ProviderError::InvalidRequest {
+            field: "prompt",
+            message: "is empty and there is no history to answer".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Builds the JSON body. `depth` is the per-request depth to ask llama-server for (0 pins
+/// drafting off), `None` to leave the server's setting alone.
+pub(crate) fn build_body(
+    kind: ServerKind,
+    endpoint: Endpoint,
+    model: &str,
+    req: &GenerateRequest,
+    stream: bool,
+    depth: Option<u32>,
+) -> Value {
+    let mut b = Map::new();
+    let s = &req.sampling;
+    match endpoint {
+        Endpoint::Chat => {
+            b.insert("model".into(), model.into());
+            let mut msgs = Vec::new();
+            if let Some(sys) = &req.system_prompt {
+                msgs.push(json!({"role": "system", "content": sys}));
+            }
+            for m in req.messages.iter().flatten() {
+                msgs.push(json!({"role": role(m.role), "content": m.content}));
+            }
+            if !req.prompt.is_empty() {
+                msgs.push(json!({"role": "user", "content": req.prompt}));
+            }
+            b.insert("messages".into(), Value::Array(msgs));
+        }
+        Endpoint::Completion => {
+            b.insert("model".into(), model.into());
+            b.insert("prompt".into(), req.prompt.clone().into());
+        }
+        Endpoint::Native => {
+            b.insert("prompt".into(), req.prompt.clone().into());
+            b.insert("return_tokens".into(), true.into());
+        }
+    }
+    b.insert("stream".into(), stream.into());
+    if stream && endpoint != Endpoint::Native {
+        b.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    if let Some(n) = req.max_output_tokens {
+        let key = if endpoint == Endpoint::Native {
+            "n_predict"
+        } else {
+            "max_tokens"
+        };
+        b.insert(key.into(), n.into());
+    }
+    // The contract's unset temperature means greedy; servers default to sampling otherwise.
+    b.insert("temperature".into(), json!(s.temperature.unwrap_or(0.0)));
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            b.insert(k.into(), v);
+        }
+    };
+    put("top_p", s.top_p.map(|v| json!(v)));
+    put("top_k", s.top_k.map(|v| json!(v)));
+    put("min_p", s.min_p.map(|v| json!(v)));
+    put("seed", s.seed.map(|v| json!(v)));
+    put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
+    put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
+    let rep_key = match kind {
+        ServerKind::LlamaServer | ServerKind::LmStudio => "repeat_penalty",
+        _ => "repetition_penalty",
+    };
+    put(rep_key, s.repetition_penalty.map(|v| json!(v)));
+    if !s.logit_bias.is_empty() {
+        let map: Map<String, Value> = s
+            .logit_bias
+            .iter()
+            .map(|(t, v)| (t.to_string(), json!(v)))
+            .collect();
+        put("logit_bias", Some(Value::Object(map)));
+    }
+    if !req.stop.is_empty() {
+        put("stop", Some(json!(req.stop)));
+    }
+    if let (Some(on), Endpoint::Chat) = (req.thinking, endpoint) {
+        match kind {
+            ServerKind::LlamaServer | ServerKind::Vllm => {
+                put(
+                    "chat_template_kwargs",
+                    Some(json!({ "enable_thinking": on })),
+                );
+            }
+            other => {
+                tracing::warn!(provider = %other, "`thinking` has no portable request field on this server; it is not sent");
+            }
+        }
+    }
+    if kind == ServerKind::LlamaServer {
+        if let Some(d) = depth {
+            put("speculative.n_max", Some(json!(d)));
+        }
+    }
+    Value::Object(b)
+}
+
+fn role(r: Role) -> &'static str {
+    match r {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
+
+/// The depth to ask llama-server for: the request's explicit depth, 0 when speculation is
+/// pinned off for this call, else nothing (the server's launch setting stands).
+pub(crate) fn requested_depth(kind: ServerKind, resolved: &ResolvedSpeculation) -> Option<u32> {
+    if kind != ServerKind::LlamaServer {
+        return None;
+    }
+    if !resolved.requested {
+        return Some(0);
+    }
+    resolved.num_draft_tokens
+}
+
+/// Everything read from a response or from the chunks of a stream.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Accum {
+    pub content: String,
+    pub token_ids: Vec<u32>,
+    pub saw_token_ids: bool,
+    pub finish: Option<FinishReason>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// llama-server's `timings` (the latest one seen).
+    pub timings: Option<Value>,
+    /// LM Studio's `stats`.
+    pub stats: Option<Value>,
+    /// LM Studio draft counters found in `usage`.
+    pub usage_drafts: Option<Value>,
+    /// vLLM's `metrics.speculative_decoding`.
+    pub vllm_spec: Option<Value>,
+    /// llama-server native stream: the final chunk (`"stop": true`) arrived.
+    pub native_stop: bool,
+}
+
+/// A delta produced by one absorbed object.
+pub(crate) struct Piece {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+}
+
+impl Accum {
+    /// Reads one JSON object (a full response or one stream chunk). An `error` object is
+    /// returned as the server's message.
+    pub(crate) fn absorb(&mut self, v: &Value) -> Result<Piece, String> {
+        if let Some(e) = v.get("error") {
+            let msg = e
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .or_else(|| e.as_str().map(str::to_string))
+                .unwrap_or_else(|| e.to_string());
+            return Err(msg);
+        }
+        let mut text = String::new();
+        let mut ids = Vec::new();
+        if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+            let t = choice
+                .pointer("/delta/content")
+                .or_else(|| choice.pointer("/message/content"))
+                .or_else(|| choice.get("text"))
+                .and_then(Value::as_str);
+            if let Some(t) = t {
+                text.push_str(t);
+            }
+            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish = Some(map_finish(fr));
+            }
+        } else if let Some(t) = v.get("content").and_then(Value::as_str) {
+            // llama-server native /completion
+            text.push_str(t);
+            if let Some(toks) = v.get("tokens").and_then(Value::as_array) {
+                self.saw_token_ids = true;
+                ids.extend(toks.iter().filter_map(|t| t.as_u64()).map(|t| t as u32));
+            }
+            if v.get("stop").and_then(Value::as_bool) == Some(true) {
+                self.native_stop = true;
+                let st = v.get("stop_type").and_then(Value::as_str).unwrap_or("eos");
+                self.finish = Some(map_finish(st));
+            }
+            self.input_tokens = u64_at(v, "/tokens_evaluated").or(self.input_tokens);
+            self.output_tokens = u64_at(v, "/tokens_predicted").or(self.output_tokens);
+            self.cached_tokens = u64_at(v, "/tokens_cached").or(self.cached_tokens);
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.input_tokens = u64_at(u, "/prompt_tokens").or(self.input_tokens);
+            self.output_tokens = u64_at(u, "/completion_tokens").or(self.output_tokens);
+            self.cached_tokens =
+                u64_at(u, "/prompt_tokens_details/cached_tokens").or(self.cached_tokens);
+            if u.get("total_draft_tokens_count").is_some() {
+                self.usage_drafts = Some(u.clone());
+            }
+        }
+        if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
+            if self.cached_tokens.is_none() {
+                self.cached_tokens = u64_at(t, "/cache_n");
+            }
+            self.timings = Some(t.clone());
+        }
+        if let Some(s) = v.get("stats").filter(|s| s.is_object()) {
+            if let Some(reason) = s.get("stop_reason").and_then(Value::as_str) {
+                if self.finish.is_none() {
+                    self.finish = Some(map_finish(reason));
+                }
+            }
+            self.stats = Some(s.clone());
+        }
+        if let Some(m) = v
+            .pointer("/metrics/speculative_decoding")
+            .filter(|m| m.is_object())
+        {
+            self.vllm_spec = Some(m.clone());
+        }
+        self.content.push_str(&text);
+        self.token_ids.extend_from_slice(&ids);
+        Ok(Piece {
+            text,
+            token_ids: ids,
+        })
+    }
+}
+
+/// Maps every server's stop spelling to the contract's reason.
+pub(crate) fn map_finish(s: &str) -> FinishReason {
+    match s {
+        "length" | "limit" | "maxPredictedTokensReached" | "max_tokens" => FinishReason::Length,
+        "error" => FinishReason::Error,
+        "cancelled" | "userStopped" | "abort" => FinishReason::Cancelled,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// A non-negative integer at a JSON pointer (floats such as `12.0` included).
+pub(crate) fn u64_at(v: &Value, ptr: &str) -> Option<u64> {
+    let x = v.pointer(ptr)?;
+    x.as_u64().or_else(|| {
+        x.as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+/// A finite, non-negative number at a JSON pointer.
+pub(crate) fn f64_at(v: &Value, ptr: &str) -> Option<f64> {
+    v.pointer(ptr)?
+        .as_f64()
+        .filter(|f| f.is_finite() && *f >= 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mtp_contract::{resolve, Message, Sampling, Speculation};
+
+    #[test]
+    fn chat_body_carries_history_sampling_and_llama_fields() {
+        let req = GenerateRequest::new("next")
+            .system_prompt("be brief")
+            .messages(vec![Message::user("hi"), Message::assistant("hello")])
+            .max_output_tokens(16)
+            .thinking(false)
+            .stop("\n\n")
+            .sampling(Sampling {
+                top_k: Some(20),
+                repetition_penalty: Some(1.1),
+                seed: Some(7),
+                ..Default::default()
+            });
+        let b = build_body(
+            ServerKind::LlamaServer,
+            Endpoint::Chat,
+            "m",
+            &req,
+            true,
+            Some(4),
+        );
+        assert_eq!(b["messages"].as_array().map(Vec::len), Some(4));
+        assert_eq!(b["messages"][0]["role"], "system");
+        assert_eq!(b["messages"][3]["content"], "next");
+        assert_eq!(b["max_tokens"], 16);
+        assert_eq!(b["temperature"], 0.0);
+        assert_eq!(b["top_k"], 20);
+        assert_eq!(b["seed"], 7);
+        assert!(b["repeat_penalty"].is_number());
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
+        assert_eq!(b["speculative.n_max"], 4);
+        assert_eq!(b["stop"][0], "\n\n");
+
+        let v = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, Some(4));
+        assert!(v.get("speculative.n_max").is_none());
+        assert!(v.get("stream_options").is_none());
+        assert!(v["repetition_penalty"].is_number());
+        let o = build_body(
+            ServerKind::OpenAiCompatible,
+            Endpoint::Chat,
+            "m",
+            &req,
+            false,
+            None,
+        );
+        assert!(o.get("chat_template_kwargs").is_none());
+    }
+
+    #[test]
+    fn native_body() {
+        let req = GenerateRequest::new("raw text").raw().max_output_tokens(8);
+        let b = build_body(
+            ServerKind::LlamaServer,
+            Endpoint::Native,
+            "m",
+            &req,
+            false,
+            Some(0),
+        );
+        assert_eq!(b["prompt"], "raw text");
+        assert_eq!(b["n_predict"], 8);
+        assert_eq!(b["return_tokens"], true);
+        assert_eq!(b["speculative.n_max"], 0);
+        assert!(b.get("model").is_none());
+    }
+
+    #[test]
+    fn requested_depths() {
+        let on = Speculation::native_mtp().with_num_draft_tokens(5).unwrap();
+        let cases = [
+            (ServerKind::LlamaServer, Some(on.clone()), Some(5)),
+            (ServerKind::LlamaServer, Some(Speculation::native_mtp()), None),
+            (ServerKind::LlamaServer, Some(Speculation::off()), Some(0)),
+            (ServerKind::LlamaServer, None, Some(0)),
+            (ServerKind::Vllm, Some(on), None),
+        ];
+        for (kind, spec, want) in cases {
+            let r = resolve(None, spec.as_ref());
+            assert_eq!(requested_depth(kind, &r), want, "{kind} {spec:?}");
+        }
+    }
+
+    #[test]
+    fn request_checks() {
+        let bad = [
+            GenerateRequest::new("x").raw().system_prompt("s"),
+            GenerateRequest::new("x")
+                .raw()
+                .messages(vec![Message::user("a")]),
+            GenerateRequest::new(""),
+            GenerateRequest::new("x").messages(vec![Message {
+                images: vec!["a.png".into()],
+                ..Message::user("look")
+            }]),
+        ];
+        for r in bad {
+            assert!(check_request(ServerKind::LlamaServer, &r).is_err(), "{r:?}");
+        }
+        assert!(check_request(ServerKind::Vllm, &GenerateRequest::new("x").raw()).is_ok());
+    }
+
+    #[test]
+    fn finish_reasons() {
+        let cases = [
+            ("stop", FinishReason::Stop),
+            ("eos", FinishReason::Stop),
+            ("word", FinishReason::Stop),
+            ("eosFound", FinishReason::Stop),
+            ("length", FinishReason::Length),
+            ("limit", FinishReason::Length),
+            ("maxPredictedTokensReached", FinishReason::Length),
+            ("tool_calls", FinishReason::Stop),
+        ];
+        for (s, want) in cases {
+            assert_eq!(map_finish(s), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn absorbs_errors_and_usage() {
+        let mut a = Accum::default();
+        assert_eq!(
+            a.absorb(&json!({"error": {"message": "boom"}})).err().as_deref(),
+            Some("boom")
+        );
+        let p = a
+            .absorb(&json!({"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}))
+            .unwrap();
+        assert_eq!(p.text, "hi");
+        a.absorb(&json!({"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}))
+            .unwrap();
+        assert_eq!(
+            (a.input_tokens, a.output_tokens, a.cached_tokens),
+            (Some(3), Some(2), Some(1))
+        );
+    }
+}
