@@ -1,0 +1,235 @@
+//! The command line, as clap sees it. Flags are named after the request fields they set.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::Speculation;
+
+/// `mtp`: multi-token-prediction speculative decoding of local LLMs.
+#[derive(Debug, Parser)]
+#[command(name = "mtp", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Show detail on stderr (-v: debug, -vv: trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate one answer and print it (or, with --json, the whole response).
+    Generate(GenerateArgs),
+    /// An interactive chat (REPL) with a live tok/s and `/speculation` controls.
+    Chat(ChatArgs),
+    /// Report whether a repo or path carries an MTP head and which runtimes can run it.
+    Probe(ProbeArgs),
+    /// Measure what MTP is worth: one loaded model, speculation on vs off per call, interleaved.
+    Bench(BenchArgs),
+    /// Download, list and verify models in the Hugging Face cache.
+    Models(ModelsArgs),
+}
+
+/// Which provider and model to load, and the provider-level speculation default.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Provider (runtime) name; `mtp generate --provider help` lists the registered ones.
+    #[arg(long, default_value = "native")]
+    pub provider: String,
+    /// Model repo id or path. Without it, the bundled demo model (`models/tiny-mtp`, or
+    /// `MTP_DEFAULT_MODEL`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Provider-level speculation: `native_mtp`, `off`, `true`, `false` or a JSON block. It
+    /// decides which lane is loaded at startup.
+    #[arg(long, default_value = "native_mtp", value_parser = parse_speculation)]
+    pub speculation: Speculation,
+    /// Proposals per round (excluding the target's seed token), 1 to 16.
+    #[arg(long, value_name = "N")]
+    pub num_draft_tokens: Option<u32>,
+    /// Companion MTP drafter (repo id or path) when the runtime needs a separate one.
+    #[arg(long, value_name = "REPO|PATH")]
+    pub drafter: Option<String>,
+    /// Refuse to run unaccelerated: fail at startup when no MTP lane is loaded.
+    #[arg(long)]
+    pub require_acceleration: bool,
+    /// Base URL of an HTTP runtime (llama-server, LM Studio, vLLM, Ollama).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// API key of an HTTP runtime (never printed).
+    #[arg(long, env = "MTP_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+}
+
+/// Sampling controls (see `Sampling` in the contract).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SamplingArgs {
+    /// Softmax temperature; 0 (the default) is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass in (0, 1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Drop tokens below min_p × the top probability.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Seed for deterministic sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Repetition penalty (1.0 neutral; other values force target-only decoding).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Presence penalty (0.0 neutral; other values force target-only decoding).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty (0.0 neutral; other values force target-only decoding).
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+}
+
+/// `mtp generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Provider, model and speculation.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Upper bound on generated tokens.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_tokens: u32,
+    /// Print one JSON object: content, token_ids, finish_reason, usage, metadata.
+    #[arg(long)]
+    pub json: bool,
+    /// Use the prompt verbatim (no chat template).
+    #[arg(long)]
+    pub raw: bool,
+    /// The prompt.
+    pub prompt: String,
+}
+
+/// `mtp chat`.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// Provider, model and speculation.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Upper bound on generated tokens per answer.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_tokens: u32,
+    /// A system prompt for the whole session.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+/// `mtp probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// A repo id (`org/name`) or a local path (directory, .safetensors or .gguf file).
+    pub target: String,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `mtp bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Provider, model and speculation.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A prompt to measure (repeatable); without it, the built-in code, prose and table prompts.
+    #[arg(long = "prompt", value_name = "TEXT")]
+    pub prompts: Vec<String>,
+    /// Depths to sweep, e.g. `1,2,3`; without it, the provider's default depth only.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub depths: Vec<u32>,
+    /// Interleaved on/off repetitions per prompt and depth (medians are reported).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub reps: u32,
+    /// Tokens generated per call.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_tokens: u32,
+    /// Print the rows as JSON instead of a markdown table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `mtp models`.
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ModelsCommand,
+}
+
+/// `mtp models …`.
+#[derive(Debug, Subcommand)]
+pub enum ModelsCommand {
+    /// Fetch a model and its MTP companion (in one job) into the Hugging Face cache.
+    Download(DownloadArgs),
+    /// List installed models and whether each has its MTP head.
+    List(ListArgs),
+    /// Load an installed model and check that greedy output is sensible.
+    Verify(VerifyArgs),
+}
+
+/// `mtp models download`.
+#[derive(Debug, Args)]
+pub struct DownloadArgs {
+    /// Repo id, `org/name`.
+    pub repo: String,
+    /// The companion MTP drafter to fetch with it (else the registry's, when it names one).
+    #[arg(long, value_name = "REPO")]
+    pub drafter: Option<String>,
+    /// Revision (branch, tag or commit).
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Hub token (never printed).
+    #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `mtp models list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `mtp models verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Repo id (`org/name`, from the cache) or a local path.
+    pub repo: String,
+    /// Provider to load it with.
+    #[arg(long, default_value = "native")]
+    pub provider: String,
+    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Tokens generated per check prompt.
+    #[arg(long, value_name = "N", default_value_t = 48)]
+    pub max_tokens: u32,
+}
+
+fn parse_speculation(s: &str) -> Result<Speculation, String> {
+    s.parse::<Speculation>().map_err(|e| e.to_string())
+}

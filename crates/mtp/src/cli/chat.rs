@@ -1,0 +1,394 @@
+//! `mtp chat`: the REPL. The whole history goes with every turn under one
+//! `prompt_cache_key`, so a runtime with a prefix cache reuses it. `/speculation off` skips the
+//! drafter per call on the same loaded weights; Ctrl-C stops the current answer only.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use rustyline::error::ReadlineError;
+
+use crate::cli::args::ChatArgs;
+use crate::cli::error::CliError;
+use crate::cli::open_provider;
+use crate::cli::output::{
+    speculation_phrase, status_report, summary_line, LiveAnswer, Out, PerCall,
+};
+use crate::{
+    DraftStats, GenerateRequest, GenerateResponse, Message, Provider, ProviderError, Speculation,
+    StreamEvent,
+};
+
+const HELP: &str = "\
+commands:
+  /speculation          what is loaded: lane, drafter, depth, per-call state
+  /speculation off      skip the drafter for the next calls (the lane stays loaded)
+  /speculation on       use the drafter again (only if a lane was loaded at startup)
+  /depth N              draft N tokens per round for the next calls (/depth default resets)
+  /stats                this session's tokens, tok/s and acceptance
+  /clear                forget the history and clear the prompt cache
+  /help                 this list
+  /quit                 leave (Ctrl-D too); Ctrl-C stops the current answer";
+
+enum Lines {
+    Editor(Box<rustyline::DefaultEditor>),
+    Script(VecDeque<String>),
+}
+
+enum Read {
+    Line(String),
+    Interrupted,
+    Eof,
+}
+
+impl Lines {
+    fn read(&mut self, out: &mut Out) -> Result<Read, CliError> {
+        match self {
+            Lines::Editor(ed) => match ed.readline("> ") {
+                Ok(l) => {
+                    if !l.trim().is_empty() {
+                        let _ = ed.add_history_entry(l.as_str());
+                    }
+                    Ok(Read::Line(l))
+                }
+                Err(ReadlineError::Interrupted) => Ok(Read::Interrupted),
+                Err(ReadlineError::Eof) => Ok(Read::Eof),
+                Err(e) => Err(CliError::Readline(e.to_string())),
+            },
+            Lines::Script(q) => match q.pop_front() {
+                Some(l) => {
+                    out.line(&format!("> {l}"))?;
+                    Ok(Read::Line(l))
+                }
+                None => Ok(Read::Eof),
+            },
+        }
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    turns: u64,
+    stopped: u64,
+    tokens: u64,
+    seconds: f64,
+    speculated_turns: u64,
+    draft: DraftStats,
+    last: Option<String>,
+}
+
+struct Session {
+    llm: Arc<dyn Provider>,
+    args: ChatArgs,
+    history: Vec<Message>,
+    key: String,
+    per_call: PerCall,
+    stats: Stats,
+}
+
+pub(crate) fn run(
+    args: ChatArgs,
+    rt: &tokio::runtime::Runtime,
+    out: &mut Out,
+    input: Option<Vec<String>>,
+) -> Result<(), CliError> {
+    let (llm, model) = open_provider(&args.model)?;
+    let mut lines = match input {
+        Some(v) => Lines::Script(v.into()),
+        None => Lines::Editor(Box::new(
+            rustyline::DefaultEditor::new().map_err(|e| CliError::Readline(e.to_string()))?,
+        )),
+    };
+    let st = llm.speculation_status();
+    out.line(&format!(
+        "mtp chat · {} · {} · {}",
+        llm.name(),
+        model,
+        if st.lane_loaded {
+            format!(
+                "MTP lane loaded (drafter {}, depth {})",
+                st.drafter.as_deref().unwrap_or("?"),
+                st.num_draft_tokens
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "?".into())
+            )
+        } else {
+            format!(
+                "no MTP lane{}",
+                st.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+            )
+        }
+    ))?;
+    out.line("/help lists the commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.")?;
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    let mut s = Session {
+        llm,
+        args,
+        history: Vec::new(),
+        key: format!("mtp-chat-{}-{stamp}", std::process::id()),
+        per_call: PerCall::default(),
+        stats: Stats::default(),
+    };
+    loop {
+        let line = match lines.read(out)? {
+            Read::Line(l) => l,
+            Read::Interrupted => {
+                out.line("(Ctrl-C: nothing to stop; /quit or Ctrl-D leaves)")?;
+                continue;
+            }
+            Read::Eof => break,
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = text.strip_prefix('/') {
+            if !command(&mut s, cmd, out)? {
+                break;
+            }
+            continue;
+        }
+        rt.block_on(turn(&mut s, text.to_string(), out))?;
+    }
+    Ok(())
+}
+
+/// Handles a `/command`; false means quit.
+fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> {
+    let mut words = cmd.split_whitespace();
+    let name = words.next().unwrap_or("");
+    let arg = words.next();
+    match (name, arg) {
+        ("quit" | "exit" | "q", _) => return Ok(false),
+        ("help" | "?", _) => out.line(HELP)?,
+        ("speculation", None) => {
+            out.line(&status_report(&s.llm.speculation_status(), s.per_call))?
+        }
+        ("speculation", Some("off" | "false")) => {
+            let st = s.llm.speculation_status();
+            if st.lane_loaded {
+                s.per_call.off = true;
+                out.line("speculation off for the next calls: the lane stays loaded; the drafter is skipped.")?;
+            } else {
+                out.line("speculation is already off: no MTP lane is loaded.")?;
+            }
+        }
+        ("speculation", Some("on" | "true" | "native_mtp")) => {
+            let st = s.llm.speculation_status();
+            if st.lane_loaded {
+                s.per_call.off = false;
+                out.line("speculation on: the drafter runs again from the next call.")?;
+            } else {
+                let why = match (st.reason, &st.message) {
+                    (Some(r), Some(m)) => format!(" ({r}: {m})"),
+                    (Some(r), None) => format!(" ({r})"),
+                    (None, Some(m)) => format!(" ({m})"),
+                    (None, None) => String::new(),
+                };
+                out.line(&format!(
+                    "cannot turn speculation on: no MTP lane was loaded at startup{why}. \
+                     --speculation is a startup flag; restart with `mtp chat --speculation native_mtp` \
+                     once the drafter is available."
+                ))?;
+            }
+        }
+        ("speculation", Some(other)) => out.line(&format!(
+            "unknown /speculation argument `{other}`; use /speculation, /speculation on or /speculation off"
+        ))?,
+        ("depth", None) => out.line(&format!(
+            "draft tokens: {}",
+            match (s.per_call.depth, s.llm.speculation_status().num_draft_tokens) {
+                (Some(d), _) => format!("{d} (set with /depth)"),
+                (None, Some(d)) => format!("{d} (provider default)"),
+                (None, None) => "provider default (not reported)".into(),
+            }
+        ))?,
+        ("depth", Some("default" | "auto")) => {
+            s.per_call.depth = None;
+            out.line("draft tokens: back to the provider default.")?;
+        }
+        ("depth", Some(n)) => match n.parse::<u32>().map_err(|e| e.to_string()).and_then(|d| {
+            Speculation::depth(d).map(|_| d).map_err(|e| e.to_string())
+        }) {
+            Ok(d) => {
+                s.per_call.depth = Some(d);
+                let note = if s.llm.speculation_status().lane_loaded {
+                    ""
+                } else {
+                    " (no MTP lane is loaded, so nothing is drafted)"
+                };
+                out.line(&format!("draft tokens: {d} per round for the next calls{note}."))?;
+            }
+            Err(e) => out.line(&format!("invalid /depth `{n}`: {e}"))?,
+        },
+        ("stats", _) => out.line(&stats_text(&s.stats))?,
+        ("clear", _) => {
+            s.history.clear();
+            match s.llm.prompt_cache_clear(Some(&s.key)) {
+                Ok(()) => out.line("history cleared; the prompt cache was cleared too.")?,
+                Err(ProviderError::Unsupported { .. }) => {
+                    out.line("history cleared (this runtime keeps no prompt cache).")?
+                }
+                Err(e) => out.line(&format!("history cleared; clearing the prompt cache failed: {e}"))?,
+            }
+        }
+        _ => out.line(&format!("unknown command /{name}; /help lists the commands"))?,
+    }
+    Ok(true)
+}
+
+fn stats_text(st: &Stats) -> String {
+    let rate = if st.seconds > 0.0 {
+        format!("{:.1} tok/s", st.tokens as f64 / st.seconds)
+    } else {
+        "no answers yet".into()
+    };
+    let mut s = format!(
+        "turns {} ({} stopped) · {} tokens · {rate}\nspeculated turns {}",
+        st.turns, st.stopped, st.tokens, st.speculated_turns
+    );
+    if let Some(rate) = st.draft.acceptance_rate() {
+        s.push_str(&format!(
+            " · drafted {} · accepted {} · acceptance {:.0}% · {:.2} accepted per round",
+            st.draft.drafted,
+            st.draft.accepted,
+            rate * 100.0,
+            if st.draft.rounds > 0 {
+                st.draft.accepted as f64 / st.draft.rounds as f64
+            } else {
+                0.0
+            }
+        ));
+    }
+    if let Some(l) = &st.last {
+        s.push_str(&format!("\nlast answer: {l}"));
+    }
+    s
+}
+
+enum Outcome {
+    Done(Box<GenerateResponse>, Duration),
+    Stopped(String, u64, Duration),
+}
+
+async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliError> {
+    let mut req = GenerateRequest::new(prompt.clone())
+        .messages(s.history.clone())
+        .prompt_cache_key(s.key.clone())
+        .max_output_tokens(s.args.max_tokens)
+        .sampling(s.args.sampling.to_sampling());
+    if let Some(sys) = &s.args.system {
+        req = req.system_prompt(sys.clone());
+    }
+    if s.per_call.off {
+        req = req.speculation(Speculation::off());
+    } else if let Some(d) = s.per_call.depth {
+        req = req.speculation(Speculation::depth(d)?);
+    }
+    match stream_answer(&s.llm, req, out).await {
+        Ok(Outcome::Done(r, wall)) => {
+            out.note(&summary_line(&r, wall))?;
+            s.stats.turns += 1;
+            s.stats.tokens += r.usage.output_tokens;
+            s.stats.seconds += wall.as_secs_f64();
+            let rep = &r.metadata.speculation;
+            if rep.used {
+                s.stats.speculated_turns += 1;
+                let mut d = DraftStats {
+                    drafted: rep.drafted.unwrap_or(0),
+                    accepted: rep.accepted.unwrap_or(0),
+                    rounds: rep.rounds.unwrap_or(0),
+                    ..Default::default()
+                };
+                if let Some(p) = &rep.accepted_per_position {
+                    d.accepted_per_position = p.clone();
+                }
+                s.stats.draft.merge(&d);
+            }
+            s.stats.last = Some(speculation_phrase(rep));
+            s.history.push(Message::user(prompt));
+            s.history.push(Message::assistant(r.content.clone()));
+        }
+        Ok(Outcome::Stopped(text, tokens, wall)) => {
+            out.note(&format!("[stopped after {tokens} tokens]"))?;
+            s.stats.turns += 1;
+            s.stats.stopped += 1;
+            s.stats.tokens += tokens;
+            s.stats.seconds += wall.as_secs_f64();
+            s.history.push(Message::user(prompt));
+            s.history.push(Message::assistant(text));
+        }
+        Err(e) => {
+            // A failed turn is reported; the session goes on.
+            let e = CliError::Provider {
+                context: "this answer failed".into(),
+                source: e,
+            };
+            out.error(&e);
+        }
+    }
+    Ok(())
+}
+
+async fn stream_answer(
+    llm: &Arc<dyn Provider>,
+    req: GenerateRequest,
+    out: &mut Out,
+) -> Result<Outcome, ProviderError> {
+    let started = Instant::now();
+    let mut stream = llm.generate_stream(req).await?;
+    let mut live = LiveAnswer::start(out);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut ctrl_c => {
+                drop(stream); // cancels generation
+                let tokens = live.tokens();
+                let text = live.finish(out).map_err(io_err)?;
+                return Ok(Outcome::Stopped(text, tokens, started.elapsed()));
+            }
+            ev = stream.next() => match ev {
+                Some(Ok(StreamEvent::Delta { text, token_ids })) => {
+                    let n = if token_ids.is_empty() { 1 } else { token_ids.len() as u64 };
+                    live.push(out, &text, n).map_err(io_err)?;
+                }
+                Some(Ok(StreamEvent::Done(r))) => {
+                    let streamed = !live.text.is_empty();
+                    live.finish(out).map_err(io_err)?;
+                    if !streamed && !r.content.is_empty() {
+                        out.line(&r.content).map_err(io_err)?;
+                    }
+                    return Ok(Outcome::Done(r, started.elapsed()));
+                }
+                Some(Err(e)) => {
+                    let _ = live.finish(out);
+                    return Err(e);
+                }
+                None => {
+                    let _ = live.finish(out);
+                    return Err(ProviderError::Api {
+                        provider: llm.name().to_string(),
+                        model: llm.model().to_string(),
+                        status: None,
+                        message: "the stream ended without its final report".into(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn io_err(e: std::io::Error) -> ProviderError {
+    ProviderError::Api {
+        provider: "mtp chat".into(),
+        model: String::new(),
+        status: None,
+        message: format!("cannot write the answer: {e}"),
+    }
+}

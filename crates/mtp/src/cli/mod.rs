@@ -1,0 +1,206 @@
+//! The `mtp` command as a library: [`run`] is what the binary calls; [`run_with`] runs it with
+//! in-memory output (and scripted chat input), so tests and embedders can drive it in-process
+//! with providers they registered through [`register_provider`](crate::register_provider).
+//!
+//! ```
+//! let (io, captured) = mtp::cli::Io::captured();
+//! let code = mtp::cli::run_with(["mtp", "generate", "--provider", "nope", "hi"], io);
+//! assert_ne!(code, std::process::ExitCode::SUCCESS);
+//! assert!(captured.stderr().contains("unknown provider `nope`"));
+//! ```
+
+mod args;
+mod bench;
+mod chat;
+mod error;
+mod generate;
+pub(crate) mod hub;
+mod models;
+mod output;
+mod probe;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+
+pub use args::Cli;
+pub use bench::{bench_rows, markdown_table, BenchOptions, BenchRow};
+pub use error::CliError;
+pub use output::{Captured, Io};
+
+use args::{Command, ModelArgs, SamplingArgs};
+use output::Out;
+
+use crate::{Provider, ProviderOptions, Sampling, Speculation};
+
+/// Runs the command with the process's arguments and terminal.
+pub fn run() -> ExitCode {
+    run_with(std::env::args_os(), Io::terminal())
+}
+
+/// Runs the command with these arguments (the first is the program name) and this I/O.
+/// Exit codes: 0 success, 1 failure (one `mtp: error:` line on stderr), 2 bad usage.
+pub fn run_with<I, T>(args: I, io: Io) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let Io {
+        stdout,
+        stderr,
+        input,
+        live,
+    } = io;
+    let mut out = Out::new(stdout, stderr, live);
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let text = if live {
+                e.render().ansi().to_string()
+            } else {
+                e.render().to_string()
+            };
+            let _ = if e.use_stderr() {
+                out.note(text.trim_end())
+            } else {
+                out.line(text.trim_end())
+            };
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            out.error(&CliError::Io(e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Generate(a) => rt.block_on(generate::run(a, &mut out)),
+        Command::Chat(a) => chat::run(a, &rt, &mut out, input),
+        Command::Probe(a) => probe::run(a, &mut out),
+        Command::Bench(a) => rt.block_on(bench::run(a, &mut out)),
+        Command::Models(a) => models::run(a, &rt, &mut out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::debug!(error = ?e, "command failed");
+            out.error(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MTP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // A second run in the same process (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// The bundled demo model: `MTP_DEFAULT_MODEL`, else `models/tiny-mtp` in this workspace.
+pub fn default_model_path() -> PathBuf {
+    match std::env::var_os("MTP_DEFAULT_MODEL") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/tiny-mtp"
+        )),
+    }
+}
+
+/// The model to load: `--model`, else the bundled demo model (which must exist).
+fn model_name(m: &ModelArgs) -> Result<String, CliError> {
+    if let Some(name) = &m.model {
+        return Ok(name.clone());
+    }
+    let path = default_model_path();
+    if !path.exists() {
+        return Err(CliError::DefaultModelMissing { path });
+    }
+    let path = path.canonicalize().unwrap_or(path);
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// The provider-level speculation block the flags describe.
+fn provider_speculation(m: &ModelArgs) -> Result<Speculation, CliError> {
+    let mut s = m.speculation.clone();
+    if let Some(n) = m.num_draft_tokens {
+        s = s.with_num_draft_tokens(n)?;
+    }
+    if let Some(d) = &m.drafter {
+        s = s.with_drafter(d.clone())?;
+    }
+    if m.require_acceleration {
+        s = s.with_require_acceleration(true);
+    }
+    Ok(s)
+}
+
+/// Creates the provider the flags name; with `--require-acceleration`, refuses when no lane
+/// is loaded.
+fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError> {
+    let model = model_name(m)?;
+    let mut opts = ProviderOptions::default().speculation(provider_speculation(m)?);
+    if let Some(u) = &m.base_url {
+        opts = opts.base_url(u.clone());
+    }
+    if let Some(k) = &m.api_key {
+        opts = opts.api_key(k.clone());
+    }
+    tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
+    let llm = crate::create_llm(&m.provider, &model, opts).map_err(|source| CliError::Start {
+        provider: m.provider.clone(),
+        model: model.clone(),
+        source,
+    })?;
+    if m.require_acceleration {
+        let st = llm.speculation_status();
+        if !st.lane_loaded {
+            return Err(CliError::NoLane {
+                provider: m.provider.clone(),
+                model,
+                reason: st.reason,
+                message: st
+                    .message
+                    .unwrap_or_else(|| "the provider reports no drafter".into()),
+            });
+        }
+    }
+    Ok((llm, model))
+}
+
+impl SamplingArgs {
+    fn to_sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            ..Default::default()
+        }
+    }
+}

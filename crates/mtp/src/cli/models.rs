@@ -1,0 +1,301 @@
+//! `mtp models download|list|verify`.
+//!
+//! A download is one job: the model and its MTP companion (from `--drafter`; the registry's
+//! companion once `mtp-detect`'s registry is wired here). Every file lands in its snapshot
+//! first; the `refs/` that make a repo visible are written only when all files of both repos
+//! are there, companion first, so a model never counts as installed without its companion.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::cli::args::{DownloadArgs, ListArgs, ModelsArgs, ModelsCommand, VerifyArgs};
+use crate::cli::error::CliError;
+use crate::cli::hub::{self, HubClient, HubError};
+use crate::cli::output::{speculation_phrase, Out};
+use crate::{GenerateRequest, ProviderOptions, Sampling, Speculation};
+
+pub(crate) fn run(
+    a: ModelsArgs,
+    rt: &tokio::runtime::Runtime,
+    out: &mut Out,
+) -> Result<(), CliError> {
+    match a.command {
+        ModelsCommand::Download(d) => rt.block_on(download(d, out)),
+        ModelsCommand::List(l) => list(l, out),
+        ModelsCommand::Verify(v) => rt.block_on(verify(v, out)),
+    }
+}
+
+async fn download(a: DownloadArgs, out: &mut Out) -> Result<(), CliError> {
+    hub::validate_repo(&a.repo)?;
+    if let Some(d) = &a.drafter {
+        hub::validate_repo(d)?;
+    }
+    let cache = hub::cache_dir(a.cache_dir.as_deref());
+    let client = HubClient::from_env(a.token.clone())?;
+    let mut repos = vec![(a.repo.clone(), a.revision.clone())];
+    match &a.drafter {
+        Some(d) => repos.push((d.clone(), "main".to_string())),
+        None => out.note(&format!(
+            "note: no companion drafter given for {}; pass --drafter REPO when its MTP head ships separately",
+            a.repo
+        ))?,
+    }
+    // Plan both repos before writing anything.
+    let mut plans = Vec::new();
+    for (repo, rev) in &repos {
+        plans.push(client.plan(repo, rev).await?);
+    }
+    let started = Instant::now();
+    let mut total = 0u64;
+    for plan in &plans {
+        out.note(&format!(
+            "{} @ {} ({} files)",
+            plan.repo,
+            &plan.commit[..plan.commit.len().min(12)],
+            plan.files.len()
+        ))?;
+        for file in &plan.files {
+            let bar = out.download_bar(&format!("{}/{file}", plan.repo), None);
+            total += client.download(&cache, plan, file, &bar).await?;
+        }
+    }
+    // Visible only now: companion first, the model last.
+    for plan in plans.iter().rev() {
+        hub::write_ref(&cache, plan)?;
+    }
+    if let Some(d) = &a.drafter {
+        hub::write_companion(&cache, &a.repo, d)?;
+    }
+    out.line(&format!(
+        "installed {}{} in {} ({} bytes in {:.1} s)",
+        a.repo,
+        a.drafter
+            .as_ref()
+            .map(|d| format!(" with its MTP companion {d}"))
+            .unwrap_or_default(),
+        cache.display(),
+        total,
+        started.elapsed().as_secs_f64()
+    ))?;
+    Ok(())
+}
+
+/// One line of `mtp models list`.
+#[derive(Debug, Serialize)]
+struct Row {
+    repo: String,
+    installed: bool,
+    mtp_head: String,
+    companion: Option<String>,
+    companion_installed: Option<bool>,
+    path: Option<PathBuf>,
+}
+
+fn head_status(snapshot: &Path, companion: Option<(&str, bool)>) -> String {
+    match (hub::mtp_tensor_count(snapshot), companion) {
+        (Some(n), _) if n > 0 => format!("embedded ({n} mtp tensors)"),
+        (_, Some((c, true))) => format!("companion {c}"),
+        (_, Some((c, false))) => format!("companion {c} MISSING"),
+        (Some(_), None) => "none in the weights".into(),
+        (None, None) => "unknown (no safetensors; probe it with `mtp probe`)".into(),
+    }
+}
+
+fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
+    let cache = hub::cache_dir(a.cache_dir.as_deref());
+    let all = hub::scan(&cache)?;
+    let mut rows = Vec::new();
+    for i in &all {
+        let comp = i.companion.as_ref().map(|c| {
+            let ok = hub::installed(&cache, c).is_some_and(|x| x.snapshot.is_some());
+            (c.as_str(), ok)
+        });
+        let installed = i.snapshot.is_some() && comp.is_none_or(|(_, ok)| ok);
+        rows.push(Row {
+            repo: i.repo.clone(),
+            installed,
+            mtp_head: match &i.snapshot {
+                Some(s) => head_status(s, comp),
+                None => "–".into(),
+            },
+            companion: i.companion.clone(),
+            companion_installed: comp.map(|(_, ok)| ok),
+            path: i.snapshot.clone(),
+        });
+    }
+    if a.json {
+        let v = serde_json::to_string_pretty(&rows).map_err(|e| CliError::InvalidFlag {
+            flag: "--json",
+            message: e.to_string(),
+        })?;
+        out.line(&v)?;
+        return Ok(());
+    }
+    if rows.is_empty() {
+        out.line(&format!("no models in {}", cache.display()))?;
+        return Ok(());
+    }
+    out.line(&format!("models in {}:", cache.display()))?;
+    let w = rows.iter().map(|r| r.repo.len()).max().unwrap_or(0);
+    for r in &rows {
+        let state = if r.installed {
+            "installed"
+        } else if r.path.is_none() {
+            "incomplete (download interrupted)"
+        } else {
+            "incomplete (companion missing)"
+        };
+        out.line(&format!(
+            "  {:w$}  {:34}  MTP head: {}",
+            r.repo, state, r.mtp_head
+        ))?;
+    }
+    Ok(())
+}
+
+/// The fixed prompts of `models verify`.
+pub const VERIFY_PROMPTS: [&str; 3] = [
+    "fn main() {",
+    "The capital of France is",
+    "def fibonacci(n):",
+];
+
+/// Why greedy output looks broken, or `None` when it looks sane.
+pub fn degenerate(text: &str, token_ids: Option<&[u32]>) -> Option<String> {
+    if text.trim().is_empty() {
+        return Some("the output is empty".into());
+    }
+    if text.contains('\u{FFFD}') {
+        return Some(
+            "the output does not decode to valid UTF-8 (U+FFFD replacement characters)".into(),
+        );
+    }
+    let chars: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+    if chars.len() >= 8 {
+        let mut distinct = chars.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() <= 2 {
+            return Some(format!(
+                "the output repeats {} character(s) only",
+                distinct.len()
+            ));
+        }
+        // A short unit repeated over the whole tail.
+        let tail = &chars[chars.len().saturating_sub(32)..];
+        if tail.len() >= 16 {
+            for unit in 1..=4 {
+                if tail.iter().enumerate().all(|(i, c)| *c == tail[i % unit]) {
+                    return Some(format!(
+                        "the output ends in a repetition of a {unit}-character unit"
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(ids) = token_ids {
+        if ids.len() >= 12 {
+            let mut counts = std::collections::HashMap::new();
+            for id in ids {
+                *counts.entry(*id).or_insert(0usize) += 1;
+            }
+            let top = counts.values().copied().max().unwrap_or(0);
+            if top * 10 > ids.len() * 6 {
+                return Some(format!(
+                    "one token makes up {top} of {} output tokens",
+                    ids.len()
+                ));
+            }
+        }
+    }
+    None
+}
+
+async fn verify(a: VerifyArgs, out: &mut Out) -> Result<(), CliError> {
+    let path = Path::new(&a.repo);
+    let model = if path.exists() {
+        a.repo.clone()
+    } else {
+        hub::validate_repo(&a.repo)?;
+        let cache = hub::cache_dir(a.cache_dir.as_deref());
+        let i = hub::installed(&cache, &a.repo).ok_or_else(|| HubError::NotInstalled {
+            repo: a.repo.clone(),
+            cache: cache.clone(),
+            why: "it is not in the cache".into(),
+        })?;
+        let snap = i.snapshot.ok_or_else(|| HubError::NotInstalled {
+            repo: a.repo.clone(),
+            cache: cache.clone(),
+            why: "its download did not finish".into(),
+        })?;
+        if let Some(c) = &i.companion {
+            if hub::installed(&cache, c).and_then(|x| x.snapshot).is_none() {
+                return Err(HubError::NotInstalled {
+                    repo: a.repo.clone(),
+                    cache,
+                    why: format!("its MTP companion {c} is missing"),
+                }
+                .into());
+            }
+        }
+        snap.to_string_lossy().into_owned()
+    };
+    let llm = crate::create_llm(
+        &a.provider,
+        &model,
+        ProviderOptions::default().speculation(Speculation::native_mtp()),
+    )
+    .map_err(|source| CliError::Start {
+        provider: a.provider.clone(),
+        model: model.clone(),
+        source,
+    })?;
+    let mut failures = Vec::new();
+    for prompt in VERIFY_PROMPTS {
+        let req = GenerateRequest::new(prompt)
+            .max_output_tokens(a.max_tokens)
+            .sampling(Sampling::greedy());
+        let r = llm
+            .generate(req)
+            .await
+            .map_err(|source| CliError::Provider {
+                context: format!("verifying {} on prompt {prompt:?}", a.repo),
+                source,
+            })?;
+        let excerpt: String = r
+            .content
+            .chars()
+            .take(60)
+            .collect::<String>()
+            .replace('\n', "⏎");
+        match degenerate(&r.content, r.token_ids.as_deref()) {
+            None => out.line(&format!(
+                "ok    {prompt:?} → {excerpt:?} · {}",
+                speculation_phrase(&r.metadata.speculation)
+            ))?,
+            Some(why) => {
+                out.line(&format!("FAIL  {prompt:?} → {excerpt:?} · {why}"))?;
+                failures.push(format!("{why} on prompt {prompt:?}"));
+            }
+        }
+    }
+    if let Some(first) = failures.first() {
+        return Err(CliError::Verify {
+            model: a.repo,
+            message: format!(
+                "{} of {} prompts failed; first: {first}",
+                failures.len(),
+                VERIFY_PROMPTS.len()
+            ),
+        });
+    }
+    out.line(&format!(
+        "{} answers sensibly on {} prompts",
+        a.repo,
+        VERIFY_PROMPTS.len()
+    ))?;
+    Ok(())
+}

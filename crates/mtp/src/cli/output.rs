@@ -1,0 +1,350 @@
+//! The command's only printing module: where text, notes, errors and live displays go, and
+//! how reports are worded.
+
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::error::CliError;
+use crate::{GenerateResponse, SpeculationReport, SpeculationStatus};
+
+/// Where the command writes, and where the chat reads its lines from.
+///
+/// [`Io::terminal`] is the real process; [`Io::captured`] collects everything in memory (for
+/// tests and embedding) and can be given scripted chat input.
+pub struct Io {
+    pub(crate) stdout: Box<dyn Write + Send>,
+    pub(crate) stderr: Box<dyn Write + Send>,
+    pub(crate) input: Option<Vec<String>>,
+    pub(crate) live: bool,
+}
+
+impl Io {
+    /// The process's stdout and stderr; live displays when both are terminals.
+    pub fn terminal() -> Self {
+        Io {
+            live: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+            stdout: Box::new(std::io::stdout()),
+            stderr: Box::new(std::io::stderr()),
+            input: None,
+        }
+    }
+
+    /// In-memory stdout and stderr, read back through the returned [`Captured`].
+    ///
+    /// ```
+    /// let (io, captured) = mtp::cli::Io::captured();
+    /// let code = mtp::cli::run_with(["mtp", "--version"], io);
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
+    /// assert!(captured.stdout().starts_with("mtp "));
+    /// ```
+    pub fn captured() -> (Self, Captured) {
+        let c = Captured::default();
+        let io = Io {
+            stdout: Box::new(SharedBuf(c.out.clone())),
+            stderr: Box::new(SharedBuf(c.err.clone())),
+            input: None,
+            live: false,
+        };
+        (io, c)
+    }
+
+    /// Gives the chat these lines instead of a line editor (end of input quits).
+    pub fn with_input<I: IntoIterator<Item = S>, S: Into<String>>(mut self, lines: I) -> Self {
+        self.input = Some(lines.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+/// What an [`Io::captured`] run wrote.
+#[derive(Clone, Default)]
+pub struct Captured {
+    out: Arc<Mutex<Vec<u8>>>,
+    err: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Captured {
+    /// Everything written to stdout so far.
+    pub fn stdout(&self) -> String {
+        let b = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&b).into_owned()
+    }
+    /// Everything written to stderr so far.
+    pub fn stderr(&self) -> String {
+        let b = self.err.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&b).into_owned()
+    }
+}
+
+struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        b.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The output handle every command writes through.
+pub struct Out {
+    stdout: Box<dyn Write + Send>,
+    stderr: Box<dyn Write + Send>,
+    live: bool,
+}
+
+impl Out {
+    pub(crate) fn new(
+        stdout: Box<dyn Write + Send>,
+        stderr: Box<dyn Write + Send>,
+        live: bool,
+    ) -> Self {
+        Out {
+            stdout,
+            stderr,
+            live,
+        }
+    }
+
+    /// Writes text to stdout as is, and flushes (streamed answers).
+    pub fn text(&mut self, s: &str) -> std::io::Result<()> {
+        self.stdout.write_all(s.as_bytes())?;
+        self.stdout.flush()
+    }
+
+    /// Writes a line to stdout.
+    pub fn line(&mut self, s: &str) -> std::io::Result<()> {
+        writeln!(self.stdout, "{s}")?;
+        self.stdout.flush()
+    }
+
+    /// Writes a line to stderr (summaries, notes, warnings).
+    pub fn note(&mut self, s: &str) -> std::io::Result<()> {
+        writeln!(self.stderr, "{s}")?;
+        self.stderr.flush()
+    }
+
+    /// Prints an error as one line (what, why), plus the hint (what to do) on the same line.
+    pub fn error(&mut self, e: &CliError) {
+        let line = match e.hint() {
+            Some(h) => format!("mtp: error: {e} — {h}"),
+            None => format!("mtp: error: {e}"),
+        };
+        let _ = writeln!(self.stderr, "{line}");
+        let _ = self.stderr.flush();
+    }
+
+    /// A progress bar for a download of `total` bytes (hidden unless live).
+    pub fn download_bar(&self, name: &str, total: Option<u64>) -> ProgressBar {
+        if !self.live {
+            return ProgressBar::hidden();
+        }
+        let bar = match total {
+            Some(t) => ProgressBar::with_draw_target(Some(t), ProgressDrawTarget::stderr()),
+            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+        };
+        let style = ProgressStyle::with_template(
+            "{prefix:30!} {bar:30} {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_prefix(name.to_string());
+        bar
+    }
+}
+
+/// A streamed answer with a live tok/s. When the output is live, complete lines are printed
+/// above a status line that shows the tok/s and the current partial line; otherwise text goes
+/// straight to stdout as it arrives.
+pub struct LiveAnswer {
+    bar: Option<ProgressBar>,
+    partial: String,
+    first: Option<Instant>,
+    tokens: u64,
+    /// The whole text received.
+    pub text: String,
+}
+
+impl LiveAnswer {
+    /// Starts a live answer on `out`.
+    pub fn start(out: &Out) -> Self {
+        let bar = out.live.then(|| {
+            let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template("{prefix:.dim} {wide_msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner());
+            b.set_style(style);
+            b.set_prefix("[  …  tok/s]");
+            b.enable_steady_tick(Duration::from_millis(250));
+            b
+        });
+        LiveAnswer {
+            bar,
+            partial: String::new(),
+            first: None,
+            tokens: 0,
+            text: String::new(),
+        }
+    }
+
+    /// Tokens received so far.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The live decode rate (tokens after the first, over the time since the first).
+    pub fn tokens_per_s(&self) -> Option<f64> {
+        let first = self.first?;
+        let dt = first.elapsed().as_secs_f64();
+        (self.tokens > 1 && dt > 0.0).then(|| (self.tokens - 1) as f64 / dt)
+    }
+
+    /// Adds a delta of `tokens` tokens.
+    pub fn push(&mut self, out: &mut Out, delta: &str, tokens: u64) -> std::io::Result<()> {
+        if self.first.is_none() {
+            self.first = Some(Instant::now());
+        }
+        self.tokens += tokens;
+        self.text.push_str(delta);
+        let Some(bar) = &self.bar else {
+            return out.text(delta);
+        };
+        self.partial.push_str(delta);
+        while let Some(i) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=i).collect();
+            bar.suspend(|| out.text(&line))?;
+        }
+        if let Some(r) = self.tokens_per_s() {
+            bar.set_prefix(format!("[{r:6.1} tok/s]"));
+        }
+        let tail: String = {
+            let chars: Vec<char> = self.partial.chars().collect();
+            let keep = 60usize;
+            chars[chars.len().saturating_sub(keep)..].iter().collect()
+        };
+        bar.set_message(tail);
+        Ok(())
+    }
+
+    /// Ends the live display and prints what is left of the last line, and a newline.
+    pub fn finish(mut self, out: &mut Out) -> std::io::Result<String> {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+            out.text(&self.partial)?;
+        }
+        if !self.text.is_empty() && !self.text.ends_with('\n') {
+            out.text("\n")?;
+        }
+        Ok(self.text)
+    }
+}
+
+/// The one-line summary after an answer: tokens, tok/s, and what happened about speculation.
+pub fn summary_line(r: &GenerateResponse, wall: Duration) -> String {
+    let tokens = r.usage.output_tokens;
+    let rate = r.metadata.timings.decode_tokens_per_s.or_else(|| {
+        let s = wall.as_secs_f64();
+        (s > 0.0 && tokens > 0).then(|| tokens as f64 / s)
+    });
+    let rate = rate
+        .map(|v| format!("{v:.1} tok/s"))
+        .unwrap_or_else(|| "tok/s unknown".into());
+    let mut s = format!(
+        "[{tokens} tokens in {:.2} s · {rate} · {}",
+        wall.as_secs_f64(),
+        speculation_phrase(&r.metadata.speculation)
+    );
+    if r.usage.cached_input_tokens > 0 {
+        s.push_str(&format!(
+            " · {} prompt tokens from cache",
+            r.usage.cached_input_tokens
+        ));
+    }
+    s.push(']');
+    s
+}
+
+/// How one call's speculation report reads in a sentence.
+pub fn speculation_phrase(rep: &SpeculationReport) -> String {
+    if rep.used {
+        let depth = rep
+            .num_draft_tokens
+            .map(|d| format!("depth {d}"))
+            .unwrap_or_else(|| "depth unknown".into());
+        match (rep.acceptance_rate, rep.accepted, rep.drafted, rep.rounds) {
+            (Some(rate), Some(a), Some(d), Some(rounds)) => {
+                let per_round = if rounds > 0 {
+                    format!(", {:.2} accepted per round", a as f64 / rounds as f64)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "MTP on ({depth}): acceptance {:.0}% ({a}/{d}){per_round}",
+                    rate * 100.0
+                )
+            }
+            _ => format!(
+                "MTP on ({depth}): acceptance not reported by {}",
+                rep.runtime
+            ),
+        }
+    } else {
+        let reason = rep
+            .reason
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        match &rep.message {
+            Some(m) => format!("MTP not used ({reason}): {m}"),
+            None => format!("MTP not used ({reason})"),
+        }
+    }
+}
+
+/// The per-call state the chat is in, as `/speculation` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PerCall {
+    /// `/speculation off`: the drafter is skipped for each call.
+    pub off: bool,
+    /// `/depth N`: the per-call depth override.
+    pub depth: Option<u32>,
+}
+
+/// The `/speculation` report, in the reference's layout.
+pub fn status_report(st: &SpeculationStatus, per_call: PerCall) -> String {
+    let mut s = String::new();
+    if st.lane_loaded {
+        s.push_str("⚡ speculation: native MTP lane LOADED\n");
+        s.push_str(&format!(
+            "   drafter        : {}\n",
+            st.drafter.as_deref().unwrap_or("(not reported)")
+        ));
+        let depth = match (per_call.depth, st.num_draft_tokens) {
+            (Some(d), Some(def)) => format!("{d} (this session; provider default {def})"),
+            (Some(d), None) => format!("{d} (this session)"),
+            (None, Some(def)) => def.to_string(),
+            (None, None) => "(not reported)".into(),
+        };
+        s.push_str(&format!("   draft tokens   : {depth}\n"));
+        let state = if per_call.off {
+            "off (lane stays loaded; the drafter is skipped)"
+        } else if per_call.depth.is_some() {
+            "on (depth overridden per call)"
+        } else {
+            "auto (on)"
+        };
+        s.push_str(&format!("   per-call state : {state}"));
+    } else {
+        let reason = st.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        s.push_str(&format!("⚡ speculation: no MTP lane loaded{reason}\n"));
+        if let Some(m) = &st.message {
+            s.push_str(&format!("   why            : {m}\n"));
+        }
+        s.push_str(&format!("   startup mode   : {}\n", st.default_mode));
+        s.push_str("   per-call state : off (nothing to draft with)");
+    }
+    s
+}
