@@ -1,1 +1,59 @@
-//! Skeleton: see the crate README.
+//! # mtp-detect
+//!
+//! Proves from the artifact whether a model carries a multi-token-prediction (MTP) head,
+//! and says which runtime can run it and how to start it. Evidence comes from tensor names
+//! (a safetensors index or header, a GGUF tensor table) and GGUF header keys, never from
+//! file names or `config.json` claims; claims are reported beside the evidence, and a claim
+//! the weights contradict becomes a warning.
+//!
+//! What it reads: `config.json`, `model.safetensors.index.json`, the 8-byte length and JSON
+//! header of a safetensors file, and a prefix of a GGUF file (3 MiB, growing to 64 MiB when
+//! the metadata is longer). Never tensor data. Sources: a local path, the Hugging Face cache,
+//! or the Hub over HTTP (`HF_ENDPOINT`, `HF_TOKEN`).
+//!
+//! ```
+//! use mtp_detect::{probe_local, Runtime};
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let json = br#"{"mtp.fc.weight":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},"mtp.layers.0.mlp.up_proj.weight":{"dtype":"BF16","shape":[1],"data_offsets":[2,4]}}"#;
+//! # let mut f = (json.len() as u64).to_le_bytes().to_vec(); f.extend_from_slice(json); f.extend_from_slice(&[0; 4]);
+//! # std::fs::write(dir.path().join("model.safetensors"), f).unwrap();
+//! # std::fs::write(dir.path().join("config.json"), r#"{"model_type":"qwen3_5","text_config":{"hidden_size":64,"num_hidden_layers":4,"mtp_num_hidden_layers":1}}"#).unwrap();
+//! let report = probe_local(dir.path()).unwrap();
+//! assert!(report.mtp_head);
+//! assert_eq!(report.mtp_layers, 1);
+//! assert!(report.runtime(Runtime::Native).unwrap().can_run_mtp);
+//! println!("{}", report.to_json());
+//! ```
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod drafter;
+mod error;
+pub mod gguf;
+pub mod hub;
+pub mod probe;
+pub mod registry;
+pub mod repo;
+pub mod runtimes;
+pub mod source;
+pub mod st;
+pub mod tensors;
+
+pub use drafter::{check_drafter, DrafterError, DrafterInfo, Mismatch, MismatchField};
+pub use error::DetectError;
+pub use hub::{HubConfig, HubReader};
+pub use probe::{
+    probe, probe_async, probe_local, probe_reader, CompanionStatus, Format, ProbeOptions,
+    ProbeReport, RegistryView, Role,
+};
+pub use registry::{registry, Entry, Registry};
+pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
+pub use runtimes::{launch_command, Runtime, RuntimeSupport, Verdict};
+pub use source::{LocalReader, Reader};
+pub use tensors::{
+    classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
+    MtpStyle, MtpTensor, MtpTensorSummary,
+};
+
+/// Kept for callers that name the contract's reason type through this crate.
+pub use mtp_contract::Reason;
