@@ -240,7 +240,11 @@ pub(crate) fn lane_from_metrics(kind: ServerKind, m: &Metrics) -> Option<bool> {
 }
 
 /// Evidence from two scrapes around a call.
-pub(crate) fn metrics_delta(kind: ServerKind, before: &Metrics, after: &Metrics) -> Option<Evidence> {
+pub(crate) fn metrics_delta(
+    kind: ServerKind,
+    before: &Metrics,
+    after: &Metrics,
+) -> Option<Evidence> {
     let [drafts, tokens, accepted, per_pos] = metric_names(kind);
     let d = |name: &str| -> Option<u64> {
         let a = after.counter(name)?;
@@ -444,7 +448,9 @@ pub(crate) fn timings(acc: &Accum) -> Timings {
         t.decode_ms = t
             .decode_ms
             .or_else(|| f64_at(s, "/generation_time").map(|x| x * 1000.0));
-        t.decode_tokens_per_s = t.decode_tokens_per_s.or_else(|| f64_at(s, "/tokens_per_second"));
+        t.decode_tokens_per_s = t
+            .decode_tokens_per_s
+            .or_else(|| f64_at(s, "/tokens_per_second"));
     }
     t
 }
@@ -472,10 +478,26 @@ mod tests {
     #[test]
     fn props_shapes() {
         let cases = [
-            (json!({"default_generation_settings":{"params":{"speculative.types":"none"}}}), Some(false), None),
-            (json!({"default_generation_settings":{"params":{"speculative.types":"ngram-simple,draft-mtp"}}}), Some(true), None),
-            (json!({"default_generation_settings":{"params":{"speculative.type":"draft-mtp","speculative.n_max":4}}}), Some(true), Some(4)),
-            (json!({"default_generation_settings":{"n_ctx":4096}}), None, None),
+            (
+                json!({"default_generation_settings":{"params":{"speculative.types":"none"}}}),
+                Some(false),
+                None,
+            ),
+            (
+                json!({"default_generation_settings":{"params":{"speculative.types":"ngram-simple,draft-mtp"}}}),
+                Some(true),
+                None,
+            ),
+            (
+                json!({"default_generation_settings":{"params":{"speculative.type":"draft-mtp","speculative.n_max":4}}}),
+                Some(true),
+                Some(4),
+            ),
+            (
+                json!({"default_generation_settings":{"n_ctx":4096}}),
+                None,
+                None,
+            ),
             (json!({}), None, None),
         ];
         for (props, lane, n_max) in cases {
@@ -497,33 +519,142 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(e.accepted_per_position, Some(vec![4, 3, 3]));
-        assert_eq!(e.accepted_per_position.as_ref().map(|v| v.iter().sum::<u64>()), Some(10));
-        assert_eq!((e.drafted, e.accepted, e.rounds, e.depth), (129, 10, Some(43), Some(3)));
+        assert_eq!(
+            e.accepted_per_position
+                .as_ref()
+                .map(|v| v.iter().sum::<u64>()),
+            Some(10)
+        );
+        assert_eq!(
+            (e.drafted, e.accepted, e.rounds, e.depth),
+            (129, 10, Some(43), Some(3))
+        );
     }
+
+    /// (kind, request, server spec, response, used, reason, message must contain)
+    type Case<'a> = (
+        ServerKind,
+        &'a Speculation,
+        &'a ServerSpec,
+        &'a Accum,
+        bool,
+        Option<Reason>,
+        &'a str,
+    );
 
     #[test]
     fn report_table() {
         let on = Speculation::native_mtp();
         let off = Speculation::off();
-        let mtp = ServerSpec { types: Some(vec!["draft-mtp".into()]), lane: Some(true), ..Default::default() };
-        let none = ServerSpec { types: Some(vec!["none".into()]), lane: Some(false), detail: Some("/props speculative.types = none".into()), ..Default::default() };
+        let mtp = ServerSpec {
+            types: Some(vec!["draft-mtp".into()]),
+            lane: Some(true),
+            ..Default::default()
+        };
+        let none = ServerSpec {
+            types: Some(vec!["none".into()]),
+            lane: Some(false),
+            detail: Some("/props speculative.types = none".into()),
+            ..Default::default()
+        };
         let unknown = ServerSpec::default();
-        let drafted = acc_with(json!({"content":"x","timings":{"draft_n":12,"draft_n_accepted":9}}));
+        let drafted =
+            acc_with(json!({"content":"x","timings":{"draft_n":12,"draft_n_accepted":9}}));
         let silent = acc_with(json!({"content":"x","timings":{"predicted_n":5}}));
         let bare = acc_with(json!({"content":"x"}));
         // (kind, request, server spec, response, used, reason, message must contain)
-        let cases: Vec<(ServerKind, &Speculation, &ServerSpec, &Accum, bool, Option<Reason>, &str)> = vec![
+        let cases: Vec<Case> = vec![
             (ServerKind::LlamaServer, &on, &mtp, &drafted, true, None, ""),
-            (ServerKind::LlamaServer, &on, &none, &silent, false, Some(Reason::ServerSide), "--spec-type draft-mtp --spec-draft-n-max 3"),
-            (ServerKind::LlamaServer, &on, &mtp, &silent, false, Some(Reason::ServerSide), "has an MTP lane"),
-            (ServerKind::LlamaServer, &on, &unknown, &silent, false, Some(Reason::NotReported), "--spec-type draft-mtp"),
-            (ServerKind::LlamaServer, &on, &unknown, &bare, false, Some(Reason::NotReported), "unknown"),
-            (ServerKind::LlamaServer, &off, &mtp, &silent, false, Some(Reason::DisabledByRequest), "pinned speculation off"),
-            (ServerKind::LlamaServer, &off, &mtp, &drafted, true, None, "drafts for every request"),
-            (ServerKind::Vllm, &on, &unknown, &bare, false, Some(Reason::NotReported), "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'"),
-            (ServerKind::LmStudio, &on, &unknown, &bare, false, Some(Reason::NotReported), "lms load m --speculative-draft-mtp"),
-            (ServerKind::Ollama, &on, &unknown, &drafted, false, Some(Reason::RuntimeUnsupported), "Ollama does not expose"),
-            (ServerKind::Vllm, &off, &unknown, &bare, false, Some(Reason::DisabledByRequest), "cannot switch off"),
+            (
+                ServerKind::LlamaServer,
+                &on,
+                &none,
+                &silent,
+                false,
+                Some(Reason::ServerSide),
+                "--spec-type draft-mtp --spec-draft-n-max 3",
+            ),
+            (
+                ServerKind::LlamaServer,
+                &on,
+                &mtp,
+                &silent,
+                false,
+                Some(Reason::ServerSide),
+                "has an MTP lane",
+            ),
+            (
+                ServerKind::LlamaServer,
+                &on,
+                &unknown,
+                &silent,
+                false,
+                Some(Reason::NotReported),
+                "--spec-type draft-mtp",
+            ),
+            (
+                ServerKind::LlamaServer,
+                &on,
+                &unknown,
+                &bare,
+                false,
+                Some(Reason::NotReported),
+                "unknown",
+            ),
+            (
+                ServerKind::LlamaServer,
+                &off,
+                &mtp,
+                &silent,
+                false,
+                Some(Reason::DisabledByRequest),
+                "pinned speculation off",
+            ),
+            (
+                ServerKind::LlamaServer,
+                &off,
+                &mtp,
+                &drafted,
+                true,
+                None,
+                "drafts for every request",
+            ),
+            (
+                ServerKind::Vllm,
+                &on,
+                &unknown,
+                &bare,
+                false,
+                Some(Reason::NotReported),
+                "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'",
+            ),
+            (
+                ServerKind::LmStudio,
+                &on,
+                &unknown,
+                &bare,
+                false,
+                Some(Reason::NotReported),
+                "lms load m --speculative-draft-mtp",
+            ),
+            (
+                ServerKind::Ollama,
+                &on,
+                &unknown,
+                &drafted,
+                false,
+                Some(Reason::RuntimeUnsupported),
+                "Ollama does not expose",
+            ),
+            (
+                ServerKind::Vllm,
+                &off,
+                &unknown,
+                &bare,
+                false,
+                Some(Reason::DisabledByRequest),
+                "cannot switch off",
+            ),
         ];
         for (kind, req, spec, acc, used, reason, needle) in cases {
             let r = resolve(None, Some(req));
@@ -544,11 +675,22 @@ mod tests {
         let before = Metrics::parse("vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 30\nvllm:spec_decode_num_accepted_tokens_total 20\nvllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 9\n");
         let after = Metrics::parse("vllm:spec_decode_num_drafts_total 14\nvllm:spec_decode_num_draft_tokens_total 42\nvllm:spec_decode_num_accepted_tokens_total 27\nvllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 13\nvllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 3\n");
         let e = metrics_delta(ServerKind::Vllm, &before, &after).unwrap();
-        assert_eq!((e.drafted, e.accepted, e.rounds, e.depth), (12, 7, Some(4), Some(3)));
+        assert_eq!(
+            (e.drafted, e.accepted, e.rounds, e.depth),
+            (12, 7, Some(4), Some(3))
+        );
         assert_eq!(e.accepted_per_position, Some(vec![4, 3]));
         assert!(e.approximate);
         assert_eq!(lane_from_metrics(ServerKind::Vllm, &after), Some(true));
-        assert_eq!(lane_from_metrics(ServerKind::Vllm, &Metrics::parse("vllm:num_requests_running 0\n")), Some(false));
-        assert!(metrics_delta(ServerKind::Vllm, &Metrics::default(), &Metrics::default()).is_none());
+        assert_eq!(
+            lane_from_metrics(
+                ServerKind::Vllm,
+                &Metrics::parse("vllm:num_requests_running 0\n")
+            ),
+            Some(false)
+        );
+        assert!(
+            metrics_delta(ServerKind::Vllm, &Metrics::default(), &Metrics::default()).is_none()
+        );
     }
 }

@@ -44,7 +44,13 @@ pub use options::{ApiKey, HttpOptions, MetricsMode, ServerKind, EXTRA_KEYS};
 pub use provider::HttpProvider;
 
 /// The provider names this crate registers, in order.
-pub const PROVIDERS: &[&str] = &["llama-server", "openai-compatible", "lmstudio", "vllm", "ollama"];
+pub const PROVIDERS: &[&str] = &[
+    "llama-server",
+    "openai-compatible",
+    "lmstudio",
+    "vllm",
+    "ollama",
+];
 
 /// Creates the adapter registered under `provider_name` for `model`. No I/O happens here.
 ///
@@ -54,7 +60,7 @@ pub const PROVIDERS: &[&str] = &["llama-server", "openai-compatible", "lmstudio"
 /// use mtp_contract::ProviderOptions;
 /// let p = mtp_runtimes::create("ollama", "qwen3:8b", &ProviderOptions::default()).unwrap();
 /// assert_eq!(p.name(), "ollama");
-/// let err = mtp_runtimes::create("tgi", "m", &ProviderOptions::default()).unwrap_err();
+/// let err = mtp_runtimes::create("tgi", "m", &ProviderOptions::default()).err().unwrap();
 /// assert!(err.to_string().contains("llama-server"));
 /// ```
 pub fn create(
@@ -62,13 +68,14 @@ pub fn create(
     model: &str,
     opts: &ProviderOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let kind = ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
-        field: "provider",
-        message: format!(
-            "unknown HTTP provider `{provider_name}`; known: {}",
-            PROVIDERS.join(", ")
-        ),
-    })?;
+    let kind =
+        ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
+            field: "provider",
+            message: format!(
+                "unknown HTTP provider `{provider_name}`; known: {}",
+                PROVIDERS.join(", ")
+            ),
+        })?;
     Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
 }
 

@@ -67,7 +67,11 @@ impl Metrics {
             if s.name != name && s.name != total {
                 continue;
             }
-            if let Some(p) = s.labels.get("position").and_then(|p| p.parse::<usize>().ok()) {
+            if let Some(p) = s
+                .labels
+                .get("position")
+                .and_then(|p| p.parse::<usize>().ok())
+            {
                 *by_pos.entry(p).or_insert(0.0) += s.value;
             }
         }
@@ -177,12 +181,17 @@ mod tests {
             vllm:x{broken 1\n";
         let m = Metrics::parse(text);
         assert_eq!(m.counter("llamacpp:prompt_tokens"), Some(6886.0));
-        assert_eq!(m.counter("llamacpp:spec_decode_num_draft_tokens_total"), Some(79.0));
+        assert_eq!(
+            m.counter("llamacpp:spec_decode_num_draft_tokens_total"),
+            Some(79.0)
+        );
         assert_eq!(m.counter("vllm:spec_decode_num_draft_tokens"), Some(42.0));
         assert_eq!(m.counter("vllm:absent"), None);
-        assert_eq!(m.samples[3].labels["model_name"], "a,b}\"c");
+        assert_eq!(m.samples[2].labels["model_name"], "a,b}\"c");
         assert!(m.has_prefix("vllm:spec_decode"));
-        assert!(m.per_position("vllm:spec_decode_num_draft_tokens").is_empty());
+        assert!(m
+            .per_position("vllm:spec_decode_num_draft_tokens")
+            .is_empty());
     }
 
     #[test]

@@ -155,7 +155,9 @@ impl Inner {
                 if let Some(text) = self.t.get_optional("/props").await? {
                     match serde_json::from_str::<Value>(&text) {
                         Ok(v) => spec = ServerSpec::from_llama_props(&v),
-                        Err(e) => tracing::debug!(server = %self.t.server(), "unreadable /props: {e}"),
+                        Err(e) => {
+                            tracing::debug!(server = %self.t.server(), "unreadable /props: {e}")
+                        }
                     }
                 }
             }
@@ -305,7 +307,8 @@ impl Inner {
             serde_json::from_slice(&bytes).map_err(|e| self.malformed("response", &e, &bytes))?;
         let mut acc = Accum::default();
         acc.absorb(&v).map_err(|m| {
-            self.t.api_error(None, format!("{} reported an error: {m}", self.t.server()))
+            self.t
+                .api_error(None, format!("{} reported an error: {m}", self.t.server()))
         })?;
         if acc.content.is_empty() && acc.finish.is_none() && !v.is_object() {
             return Err(self.t.api_error(
@@ -400,7 +403,10 @@ impl StreamState {
                 Err(m) => {
                     let err = self.inner.t.api_error(
                         None,
-                        format!("{} reported an error mid-stream: {m}", self.inner.t.server()),
+                        format!(
+                            "{} reported an error mid-stream: {m}",
+                            self.inner.t.server()
+                        ),
                     );
                     self.queue.push_back(Err(err));
                     self.finished = true;
@@ -440,14 +446,20 @@ impl StreamState {
             cause.as_deref().unwrap_or("connection closed")
         );
         let acc = std::mem::take(&mut self.acc);
-        let resp = self.inner.finish(&self.prepared, acc, true, self.ttft_ms).await;
+        let resp = self
+            .inner
+            .finish(&self.prepared, acc, true, self.ttft_ms)
+            .await;
         self.queue.push_back(Ok(StreamEvent::Done(Box::new(resp))));
         self.finished = true;
     }
 
     async fn complete(&mut self) {
         let acc = std::mem::take(&mut self.acc);
-        let resp = self.inner.finish(&self.prepared, acc, false, self.ttft_ms).await;
+        let resp = self
+            .inner
+            .finish(&self.prepared, acc, false, self.ttft_ms)
+            .await;
         self.queue.push_back(Ok(StreamEvent::Done(Box::new(resp))));
         self.finished = true;
     }
@@ -527,7 +539,10 @@ impl Provider for HttpProvider {
         self.inner.generate_once(request).await
     }
 
-    async fn generate_stream(&self, request: GenerateRequest) -> Result<EventStream, ProviderError> {
+    async fn generate_stream(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<EventStream, ProviderError> {
         let guard = InFlight::new(&self.inner);
         let inner = self.inner.clone();
         let prepared = inner.prepare(&request, true).await?;

@@ -142,7 +142,10 @@ mod tests {
 
     fn byte_by_byte(input: &[u8]) -> Vec<SseEvent> {
         let mut p = SseParser::new();
-        input.iter().flat_map(|b| p.feed(std::slice::from_ref(b))).collect()
+        input
+            .iter()
+            .flat_map(|b| p.feed(std::slice::from_ref(b)))
+            .collect()
     }
 
     #[test]
@@ -164,7 +167,10 @@ mod tests {
             ("\n\n\ndata: z\n\n", &["z"]),
         ];
         for (input, want) in cases {
-            for got in [all_at_once(input.as_bytes()), byte_by_byte(input.as_bytes())] {
+            for got in [
+                all_at_once(input.as_bytes()),
+                byte_by_byte(input.as_bytes()),
+            ] {
                 let got: Vec<&str> = got.iter().map(|e| e.data.as_str()).collect();
                 assert_eq!(&got, want, "input {input:?}");
             }

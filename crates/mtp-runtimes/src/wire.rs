@@ -52,8 +52,7 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
             message: "a raw prompt is sent verbatim to the completion endpoint; put the system prompt and history into the prompt text".into(),
         });
     }
-    if !req.raw_prompt && req.prompt.is_empty() && req.messages.as_ref().is_none_or(Vec::is_empty)
-    {
+    if !req.raw_prompt && req.prompt.is_empty() && req.messages.as_ref().is_none_or(Vec::is_empty) {
         return Err(ProviderError::InvalidRequest {
             field: "prompt",
             message: "is empty and there is no history to answer".into(),
@@ -395,7 +394,11 @@ mod tests {
         let on = Speculation::native_mtp().with_num_draft_tokens(5).unwrap();
         let cases = [
             (ServerKind::LlamaServer, Some(on.clone()), Some(5)),
-            (ServerKind::LlamaServer, Some(Speculation::native_mtp()), None),
+            (
+                ServerKind::LlamaServer,
+                Some(Speculation::native_mtp()),
+                None,
+            ),
             (ServerKind::LlamaServer, Some(Speculation::off()), Some(0)),
             (ServerKind::LlamaServer, None, Some(0)),
             (ServerKind::Vllm, Some(on), None),
@@ -446,7 +449,9 @@ mod tests {
     fn absorbs_errors_and_usage() {
         let mut a = Accum::default();
         assert_eq!(
-            a.absorb(&json!({"error": {"message": "boom"}})).err().as_deref(),
+            a.absorb(&json!({"error": {"message": "boom"}}))
+                .err()
+                .as_deref(),
             Some("boom")
         );
         let p = a
