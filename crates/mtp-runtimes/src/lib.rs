@@ -79,6 +79,11 @@ pub fn create(
     Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
 }
 
+/// Compiles the README's examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

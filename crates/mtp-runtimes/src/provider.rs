@@ -247,8 +247,16 @@ impl Inner {
                 }
             }
         }
-        let speculation =
+        let mut speculation =
             evidence::build_report(kind, &self.t.model, &p.resolved, &p.spec, ev.as_ref());
+        let overlapping = self.in_flight.load(Ordering::Relaxed).saturating_sub(1);
+        if ev.as_ref().is_some_and(|e| e.approximate) && overlapping > 0 {
+            if let Some(m) = speculation.message.as_mut() {
+                m.push_str(&format!(
+                    " {overlapping} other call(s) through this provider were running at the same time."
+                ));
+            }
+        }
         let mut timings = evidence::timings(&acc);
         if timings.time_to_first_token_ms.is_none() {
             timings.time_to_first_token_ms = ttft_ms;
