@@ -318,10 +318,14 @@ impl Inner {
             self.t
                 .api_error(None, format!("{} reported an error: {m}", self.t.server()))
         })?;
-        if acc.content.is_empty() && acc.finish.is_none() && !v.is_object() {
+        if v.get("choices").is_none() && v.get("content").is_none() {
             return Err(self.t.api_error(
                 None,
-                format!("unexpected response shape from {}{path}", self.t.server()),
+                format!(
+                    "unexpected response from {}{path}: neither `choices` nor `content` in {:?}",
+                    self.t.server(),
+                    truncate(&String::from_utf8_lossy(&bytes), 120)
+                ),
             ));
         }
         Ok(self.finish(&p, acc, false, None).await)

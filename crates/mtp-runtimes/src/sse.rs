@@ -195,6 +195,40 @@ mod tests {
     }
 
     #[test]
+    fn arbitrary_bytes_never_panic_and_splitting_never_changes_events() {
+        // A small deterministic generator over an alphabet rich in SSE syntax.
+        let alphabet: &[u8] = b"data: \r\n:event[DONE]{}\"x\xc3\xa9\xff";
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as usize
+        };
+        for _ in 0..300 {
+            let len = next() % 120;
+            let input: Vec<u8> = (0..len)
+                .map(|_| alphabet[next() % alphabet.len()])
+                .collect();
+            let whole = all_at_once(&input);
+            let cut = if input.is_empty() {
+                0
+            } else {
+                next() % input.len()
+            };
+            let mut p = SseParser::new();
+            let mut split = p.feed(&input[..cut]);
+            split.extend(p.feed(&input[cut..]));
+            assert_eq!(
+                split,
+                whole,
+                "input {:?} cut at {cut}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+    }
+
+    #[test]
     fn pending_reports_a_cut_event() {
         let mut p = SseParser::new();
         assert!(p.feed(b"data: {\"partial\"").is_empty());

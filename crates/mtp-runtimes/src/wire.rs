@@ -446,6 +446,30 @@ mod tests {
     }
 
     #[test]
+    fn odd_shapes_are_ignored_not_fatal() {
+        let odd = [
+            json!(null),
+            json!([1, 2, 3]),
+            json!({"choices": null}),
+            json!({"choices": []}),
+            json!({"choices": [{"delta": {"content": 5}}]}),
+            json!({"choices": [{"finish_reason": 3}]}),
+            json!({"content": 7, "tokens": "no"}),
+            json!({"content": "x", "tokens": [-1, 1.5, "a", 9]}),
+            json!({"usage": "lots", "timings": [1], "stats": 2, "metrics": {"speculative_decoding": 1}}),
+            json!({"usage": {"prompt_tokens": -4, "completion_tokens": 1e300}}),
+        ];
+        let mut a = Accum::default();
+        for v in odd {
+            assert!(a.absorb(&v).is_ok(), "{v}");
+        }
+        assert_eq!(a.content, "x");
+        assert_eq!(a.token_ids, vec![9]);
+        assert_eq!(a.input_tokens, None);
+        assert!(a.timings.is_none() && a.stats.is_none() && a.vllm_spec.is_none());
+    }
+
+    #[test]
     fn absorbs_errors_and_usage() {
         let mut a = Accum::default();
         assert_eq!(

@@ -925,3 +925,27 @@ async fn probe_reads_props() {
     assert!(p.speculation_status().lane_loaded);
     assert_eq!(p.capabilities().runtime, "llama-server b11434-6f1c2a9");
 }
+
+#[tokio::test]
+async fn valid_json_of_the_wrong_shape_is_a_typed_error() {
+    let m = Mock::start(vec![(
+        "POST /v1/chat/completions",
+        vec![Reply::status(
+            200,
+            "application/json",
+            br#"{"detail":"proxy says hi"}"#,
+        )],
+    )])
+    .await;
+    let p = provider("openai-compatible", "m", &opts(&m.base));
+    match p.generate(req()).await {
+        Err(ProviderError::Api { message, .. }) => {
+            assert!(
+                message.contains("neither `choices` nor `content`"),
+                "{message}"
+            );
+            assert!(message.contains("proxy says hi"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
