@@ -79,8 +79,17 @@ pub struct HubReader {
     repo: RepoId,
     revision: String,
     client: reqwest::Client,
-    rt: tokio::runtime::Runtime,
+    rt: Option<tokio::runtime::Runtime>,
     bytes: AtomicU64,
+}
+
+impl Drop for HubReader {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks; inside an async context that would panic.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl fmt::Debug for HubReader {
@@ -116,21 +125,31 @@ impl HubReader {
             repo,
             revision: revision.to_string(),
             client,
-            rt,
+            rt: Some(rt),
             bytes: AtomicU64::new(0),
         })
     }
 
     /// Runs a future to completion, on a fresh thread when called from inside a runtime.
-    fn block<T: Send>(&self, fut: impl std::future::Future<Output = T> + Send) -> T {
+    fn block<T: Send>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, DetectError>> + Send,
+    ) -> Result<T, DetectError> {
+        let Some(rt) = &self.rt else {
+            return Err(DetectError::Http {
+                url: self.cfg.endpoint.clone(),
+                status: None,
+                message: "the I/O runtime is gone".into(),
+            });
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
             std::thread::scope(|s| {
-                s.spawn(|| self.rt.block_on(fut))
+                s.spawn(|| rt.block_on(fut))
                     .join()
                     .unwrap_or_else(|p| std::panic::resume_unwind(p))
             })
         } else {
-            self.rt.block_on(fut)
+            rt.block_on(fut)
         }
     }
 
