@@ -261,6 +261,17 @@ impl Inner {
         if timings.time_to_first_token_ms.is_none() {
             timings.time_to_first_token_ms = ttft_ms;
         }
+        // Servers that report no timings (vLLM, Ollama): measure decode on the client, from
+        // the first streamed token to the end.
+        if let (None, Some(first), Some(out)) =
+            (timings.decode_tokens_per_s, ttft_ms, acc.output_tokens)
+        {
+            let decode_ms = p.started.elapsed().as_secs_f64() * 1000.0 - first;
+            if out > 1 && decode_ms > 0.0 && !partial {
+                timings.decode_ms = Some(decode_ms);
+                timings.decode_tokens_per_s = Some((out - 1) as f64 / (decode_ms / 1000.0));
+            }
+        }
         let finish_reason = if partial {
             FinishReason::Error
         } else {

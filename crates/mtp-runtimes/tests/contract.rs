@@ -492,6 +492,11 @@ async fn vllm_per_request_metrics_give_exact_positions() {
         assert_eq!(s.num_draft_tokens, Some(3));
         assert_eq!(s.message, None, "exact figures need no caveat");
         assert_eq!(r.usage.input_tokens, 11742);
+        if streamed {
+            // vLLM reports no timings: measured on the client
+            assert!(r.metadata.timings.time_to_first_token_ms.is_some());
+            assert!(r.metadata.timings.decode_tokens_per_s.is_some());
+        }
     }
 }
 
