@@ -394,6 +394,14 @@ pub(crate) fn build_report(
                 spec.detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()
             )),
         ),
+        None if spec.lane == Some(true) => SpeculationReport::not_used(
+            resolved,
+            runtime,
+            mtp_contract::Reason::NotReported,
+            Some(format!(
+                "The {kind} server has an MTP lane but reported no draft statistics for this call, so whether it drafted is unknown."
+            )),
+        ),
         None => SpeculationReport::not_used(
             resolved,
             runtime,
@@ -600,6 +608,15 @@ mod tests {
                 false,
                 Some(Reason::NotReported),
                 "unknown",
+            ),
+            (
+                ServerKind::OpenAiCompatible,
+                &on,
+                &mtp,
+                &bare,
+                false,
+                Some(Reason::NotReported),
+                "has an MTP lane but reported no draft statistics",
             ),
             (
                 ServerKind::LlamaServer,
