@@ -1,7 +1,17 @@
 //! The providers this workspace ships. A runtime that is not built yet is not registered.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::registry::Factory;
 
-pub(crate) fn register_builtins(_map: &mut BTreeMap<String, Factory>) {}
+pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
+    for &name in mtp_runtimes::PROVIDERS {
+        map.insert(
+            name.to_string(),
+            Arc::new(move |model: &str, opts: &mtp_contract::ProviderOptions| {
+                mtp_runtimes::create(name, model, opts)
+            }),
+        );
+    }
+}

@@ -79,3 +79,28 @@ pub fn create_llm(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_http_providers_are_registered_and_unknown_lists_them() {
+        let names = providers();
+        for n in [
+            "llama-server",
+            "openai-compatible",
+            "lmstudio",
+            "vllm",
+            "ollama",
+        ] {
+            assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");
+        }
+        let err = create_llm("nope", "m", ProviderOptions::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("unknown provider `nope`") && msg.contains("llama-server"),
+            "{msg}"
+        );
+    }
+}
