@@ -313,6 +313,8 @@ pub(crate) fn build_report(
         Some(e) if e.drafted > 0 => {
             let drafter = if kind == ServerKind::Vllm {
                 "server speculative_config".to_string()
+            } else if let (ServerKind::LmStudio, Some(d)) = (kind, resolved.drafter.as_ref()) {
+                d.clone() // sent as `draft_model`
             } else if spec.lane == Some(true) {
                 "embedded (server draft-mtp)".to_string()
             } else {

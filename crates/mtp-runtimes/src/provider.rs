@@ -217,7 +217,17 @@ impl Inner {
         }
         let endpoint = Endpoint::for_request(kind, req);
         let depth = wire::requested_depth(kind, &resolved);
-        let body = wire::build_body(kind, endpoint, &self.t.model, req, stream, depth);
+        let mut body = wire::build_body(kind, endpoint, &self.t.model, req, stream, depth);
+        // LM Studio takes a draft model per request (`draft_model`, LM Studio 0.3.10+): the
+        // one server here where the block's `drafter` can act.
+        if let (ServerKind::LmStudio, true, Some(d), Some(obj)) = (
+            kind,
+            resolved.requested,
+            resolved.drafter.as_ref(),
+            body.as_object_mut(),
+        ) {
+            obj.insert("draft_model".into(), Value::String(d.clone()));
+        }
         Ok(Prepared {
             resolved,
             spec,

@@ -447,7 +447,12 @@ async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
         .contains("lms load granite --speculative-draft-mtp"));
     assert!((r.metadata.timings.time_to_first_token_ms.unwrap() - 111.0).abs() < 1e-6);
     assert_eq!(r.finish_reason, FinishReason::Stop);
-    let (text, done, err) = collect(&p, req()).await;
+    assert!(m.posts()[0].body.get("draft_model").is_none());
+    let drafted = Speculation::native_mtp()
+        .with_drafter("qwen3.5-0.8b")
+        .unwrap();
+    let (text, done, err) = collect(&p, req().speculation(drafted)).await;
+    assert_eq!(m.posts()[1].body["draft_model"], "qwen3.5-0.8b");
     assert!(err.is_none());
     assert_eq!(text, "Hello.");
     let done = done.unwrap();
@@ -457,6 +462,10 @@ async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
             done.metadata.speculation.accepted
         ),
         (Some(40), Some(30))
+    );
+    assert_eq!(
+        done.metadata.speculation.drafter.as_deref(),
+        Some("qwen3.5-0.8b")
     );
 }
 
