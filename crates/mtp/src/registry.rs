@@ -59,7 +59,7 @@ pub fn providers() -> Vec<String> {
 /// Creates a provider by name for a model (repo id or path) with construction options.
 ///
 /// ```
-/// let err = mtp::create_llm("no-such-runtime", "m", Default::default()).unwrap_err();
+/// let Err(err) = mtp::create_llm("no-such-runtime", "m", Default::default()) else { panic!() };
 /// assert!(err.to_string().contains("unknown provider `no-such-runtime`"));
 /// ```
 pub fn create_llm(
@@ -96,7 +96,9 @@ mod tests {
         ] {
             assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");
         }
-        let err = create_llm("nope", "m", ProviderOptions::default()).unwrap_err();
+        let Err(err) = create_llm("nope", "m", ProviderOptions::default()) else {
+            panic!("unknown provider accepted")
+        };
         let msg = err.to_string();
         assert!(
             msg.contains("unknown provider `nope`") && msg.contains("llama-server"),
