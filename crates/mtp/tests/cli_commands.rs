@@ -1,0 +1,913 @@
+//! Command-level tests of `mtp`: in-process through `mtp::cli::run_with` with the fake
+//! provider registered (generate, chat with scripted input, bench), and the real binary through
+//! `assert_cmd` for what needs no model (help, usage errors, unknown provider, missing model).
+
+#[path = "cli_fake_provider.rs"]
+mod fake;
+
+use std::process::ExitCode;
+
+use assert_cmd::Command;
+use mtp::cli::{run_with, Io};
+use predicates::prelude::*;
+use serde_json::Value;
+
+/// Runs the command in-process; returns (exit code, stdout, stderr).
+fn mtp(args: &[&str]) -> (ExitCode, String, String) {
+    fake::register();
+    let (io, c) = Io::captured();
+    let mut full = vec!["mtp"];
+    full.extend_from_slice(args);
+    let code = run_with(full, io);
+    (code, c.stdout(), c.stderr())
+}
+
+fn chat(args: &[&str], lines: &[&str]) -> (ExitCode, String, String) {
+    fake::register();
+    let (io, c) = Io::captured();
+    let mut full = vec!["mtp", "chat"];
+    full.extend_from_slice(args);
+    let code = run_with(full, io.with_input(lines.iter().copied()));
+    (code, c.stdout(), c.stderr())
+}
+
+fn requests_for(prompt: &str) -> Vec<mtp::GenerateRequest> {
+    fake::REQUESTS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.prompt == prompt)
+        .cloned()
+        .collect()
+}
+
+fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+const OK: ExitCode = ExitCode::SUCCESS;
+
+// ---------------------------------------------------------------- generate
+
+#[test]
+fn generate_streams_text_then_one_summary_line() {
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--max-tokens",
+        "10",
+        "gen-text",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(out, format!("{}\n", fake::expected_text(10)));
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("10 tokens"), "{err}");
+    assert!(lines[0].contains("tok/s"), "{err}");
+    assert!(lines[0].contains("MTP on (depth 3): acceptance"), "{err}");
+}
+
+#[test]
+fn generate_json_prints_one_object_with_the_documented_keys() {
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--max-tokens",
+        "8",
+        "--json",
+        "gen-json",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let v = json(&out);
+    assert_eq!(v["content"], fake::expected_text(8));
+    assert_eq!(v["token_ids"].as_array().unwrap().len(), 8);
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["usage"]["output_tokens"], 8);
+    let spec = &v["metadata"]["speculation"];
+    assert_eq!(spec["used"], true);
+    assert_eq!(spec["mode"], "native_mtp");
+    assert_eq!(spec["num_draft_tokens"], 3);
+    assert_eq!(spec["drafter"], "embedded");
+    assert!(
+        v["metadata"]["timings"]["decode_tokens_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(err.is_empty(), "--json writes nothing else: {err}");
+}
+
+#[test]
+fn generate_speculation_off_reports_the_reason() {
+    let (code, _out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--speculation",
+        "off",
+        "--max-tokens",
+        "4",
+        "gen-off",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(err.contains("MTP not used (disabled_by_default)"), "{err}");
+    let (_, out, _) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--speculation",
+        "false",
+        "--json",
+        "gen-off-json",
+    ]);
+    assert_eq!(json(&out)["metadata"]["speculation"]["used"], false);
+}
+
+#[test]
+fn generate_speculation_accepts_a_json_block() {
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--json",
+        "--max-tokens",
+        "6",
+        "--speculation",
+        r#"{"mode":"native_mtp","num_draft_tokens":2}"#,
+        "gen-block",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(json(&out)["metadata"]["speculation"]["num_draft_tokens"], 2);
+}
+
+#[test]
+fn generate_num_draft_tokens_and_drafter_set_the_provider_default() {
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m-depth",
+        "--num-draft-tokens",
+        "5",
+        "--drafter",
+        "org/drafter",
+        "--json",
+        "--max-tokens",
+        "12",
+        "gen-depth",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let spec = &json(&out)["metadata"]["speculation"];
+    assert_eq!(spec["num_draft_tokens"], 5);
+    assert_eq!(spec["drafter"], "org/drafter");
+    let opts = fake::OPTIONS.lock().unwrap();
+    let (_, o) = opts.iter().find(|(m, _)| m == "m-depth").unwrap();
+    let s = o.speculation.as_ref().unwrap();
+    assert_eq!(s.num_draft_tokens, Some(5));
+    assert_eq!(s.drafter.as_deref(), Some("org/drafter"));
+    assert_eq!(s.require_acceleration, None);
+}
+
+#[test]
+fn generate_passes_every_sampling_flag() {
+    let (code, _out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--min-p",
+        "0.05",
+        "--seed",
+        "7",
+        "--max-tokens",
+        "3",
+        "gen-sampling",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let r = requests_for("gen-sampling");
+    assert_eq!(r.len(), 1);
+    let s = &r[0].sampling;
+    assert_eq!(s.temperature, Some(0.7));
+    assert_eq!(s.top_p, Some(0.9));
+    assert_eq!(s.top_k, Some(40));
+    assert_eq!(s.min_p, Some(0.05));
+    assert_eq!(s.seed, Some(7));
+    assert_eq!(r[0].max_output_tokens, Some(3));
+    assert!(
+        err.contains("MTP on"),
+        "compatible sampling keeps MTP: {err}"
+    );
+}
+
+#[test]
+fn generate_penalties_run_target_only_and_say_so() {
+    for (flag, value, name) in [
+        ("--repetition-penalty", "1.2", "repetition_penalty"),
+        ("--presence-penalty", "0.5", "presence_penalty"),
+        ("--frequency-penalty", "-0.5", "frequency_penalty"),
+    ] {
+        let prompt = format!("gen-penalty-{name}");
+        let (code, _out, err) = mtp(&[
+            "generate",
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            flag,
+            value,
+            "--max-tokens",
+            "3",
+            &prompt,
+        ]);
+        assert_eq!(code, OK, "{err}");
+        assert!(
+            err.contains("MTP not used (sampling_requires_target_only)"),
+            "{err}"
+        );
+        assert!(err.contains(name), "{err}");
+    }
+}
+
+#[test]
+fn generate_require_acceleration_refuses_penalties_before_generating() {
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--require-acceleration",
+        "--repetition-penalty",
+        "1.3",
+        "gen-strict",
+    ]);
+    assert_ne!(code, OK);
+    assert!(out.is_empty(), "nothing generated: {out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("mtp: error:"), "{err}");
+    assert!(
+        err.contains("speculation unavailable (sampling_requires_target_only)"),
+        "{err}"
+    );
+    assert!(err.contains("drop --require-acceleration"), "{err}");
+}
+
+#[test]
+fn generate_require_acceleration_refuses_to_start_without_a_lane() {
+    let (code, _out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "nolane",
+        "--require-acceleration",
+        "gen-nolane",
+    ]);
+    assert_ne!(code, OK);
+    assert!(err.contains("refusing to start"), "{err}");
+    assert!(err.contains("mtp_head_not_cached"), "{err}");
+    assert!(err.contains("mtp models download fake/drafter"), "{err}");
+    assert!(requests_for("gen-nolane").is_empty());
+}
+
+#[test]
+fn generate_without_a_lane_runs_and_reports_why() {
+    let (code, _out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "nolane",
+        "--max-tokens",
+        "4",
+        "gen-nolane-ok",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(err.contains("MTP not used (mtp_head_not_cached)"), "{err}");
+}
+
+#[test]
+fn generate_base_url_and_api_key_reach_the_provider() {
+    let (code, _out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m-http",
+        "--base-url",
+        "http://127.0.0.1:1234",
+        "--api-key",
+        "secret-key",
+        "--max-tokens",
+        "2",
+        "gen-http",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let opts = fake::OPTIONS.lock().unwrap();
+    let (_, o) = opts.iter().find(|(m, _)| m == "m-http").unwrap();
+    assert_eq!(o.base_url.as_deref(), Some("http://127.0.0.1:1234"));
+    assert_eq!(o.api_key.as_deref(), Some("secret-key"));
+    assert!(!err.contains("secret-key"));
+}
+
+#[test]
+fn generate_raw_uses_the_prompt_verbatim() {
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--raw",
+        "--max-tokens",
+        "2",
+        "gen-raw",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(requests_for("gen-raw")[0].raw_prompt);
+}
+
+#[test]
+fn generate_errors_are_one_line_and_non_zero() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--model", "fail-load"], "cannot start provider `fake` for model fail-load: cannot load model fail-load: config.json is missing"),
+        (&["--model", "m", "--max-tokens", "0"], "`max_output_tokens` must be at least 1"),
+        (&["--model", "m", "--num-draft-tokens", "0"], "invalid num_draft_tokens 0"),
+        (&["--model", "m", "--num-draft-tokens", "17"], "it must be an integer from 1 to 16"),
+        (&["--model", "m", "--top-p", "1.5"], "top_p"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["generate", "--provider", "fake"];
+        args.extend_from_slice(extra);
+        args.push("gen-errors");
+        let (code, out, err) = mtp(&args);
+        assert_eq!(code, ExitCode::FAILURE, "{extra:?}");
+        assert!(out.is_empty(), "{extra:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{extra:?}: {err}");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn unknown_provider_lists_the_known_ones() {
+    let (code, _, err) = mtp(&["generate", "--provider", "nope", "--model", "m", "hi"]);
+    assert_eq!(code, ExitCode::FAILURE);
+    assert!(
+        err.contains("unknown provider `nope`; known providers:"),
+        "{err}"
+    );
+    assert!(err.contains("fake"), "{err}");
+    assert!(
+        err.contains("pass one of the known names with --provider"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_speculation_flag_is_a_usage_error() {
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--speculation",
+        "eagle",
+        "hi",
+    ]);
+    assert_eq!(code, ExitCode::from(2));
+    assert!(err.contains("unknown speculation mode `eagle`"), "{err}");
+}
+
+// ---------------------------------------------------------------- chat (scripted input)
+
+#[test]
+fn chat_speculation_report_toggle_depth_and_history() {
+    let (code, out, err) = chat(
+        &["--provider", "fake", "--model", "m", "--max-tokens", "8"],
+        &[
+            "/speculation",
+            "chat-one",
+            "/speculation off",
+            "chat-two",
+            "/speculation on",
+            "/depth 5",
+            "chat-three",
+            "/stats",
+            "/quit",
+            "never-sent",
+        ],
+    );
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.contains("⚡ speculation: native MTP lane LOADED"),
+        "{out}"
+    );
+    assert!(out.contains("   drafter        : embedded"), "{out}");
+    assert!(out.contains("   draft tokens   : 3"), "{out}");
+    assert!(out.contains("   per-call state : auto (on)"), "{out}");
+    assert!(
+        out.contains("the lane stays loaded; the drafter is skipped"),
+        "{out}"
+    );
+    assert!(
+        out.contains("speculation on: the drafter runs again"),
+        "{out}"
+    );
+    assert!(out.contains("draft tokens: 5 per round"), "{out}");
+    assert!(out.contains("turns 3 (0 stopped) · 24 tokens"), "{out}");
+    assert!(out.contains("speculated turns 2"), "{out}");
+
+    let one = &requests_for("chat-one")[0];
+    let two = &requests_for("chat-two")[0];
+    let three = &requests_for("chat-three")[0];
+    assert_eq!(one.speculation, None, "auto: the provider default");
+    assert_eq!(
+        two.speculation,
+        Some(mtp::Speculation::off()),
+        "per-call override false"
+    );
+    assert_eq!(three.speculation, Some(mtp::Speculation::depth(5).unwrap()));
+    // The full history and one cache key every turn.
+    let key = one.prompt_cache_key.clone().expect("a prompt_cache_key");
+    assert_eq!(two.prompt_cache_key.as_ref(), Some(&key));
+    assert_eq!(three.prompt_cache_key.as_ref(), Some(&key));
+    assert_eq!(one.messages.as_ref().map(Vec::len), Some(0));
+    let h = two.messages.as_ref().unwrap();
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[0].content, "chat-one");
+    assert_eq!(h[1].content, fake::expected_text(8));
+    assert_eq!(three.messages.as_ref().map(Vec::len), Some(4));
+    assert!(
+        requests_for("never-sent").is_empty(),
+        "/quit ends the session"
+    );
+
+    // Summaries per turn: on, off (disabled_by_request), on at depth 5.
+    assert!(err.contains("MTP not used (disabled_by_request)"), "{err}");
+    assert!(err.contains("MTP on (depth 5)"), "{err}");
+}
+
+#[test]
+fn chat_speculation_on_without_a_lane_says_so_plainly() {
+    let (code, out, _) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "nolane",
+            "--max-tokens",
+            "2",
+        ],
+        &[
+            "/speculation",
+            "/speculation on",
+            "/speculation off",
+            "chat-nolane",
+        ],
+    );
+    assert_eq!(code, OK);
+    assert!(
+        out.contains("⚡ speculation: no MTP lane loaded (mtp_head_not_cached)"),
+        "{out}"
+    );
+    assert!(out.contains("mtp models download fake/drafter"), "{out}");
+    assert!(
+        out.contains("cannot turn speculation on: no MTP lane was loaded at startup"),
+        "{out}"
+    );
+    assert!(
+        out.contains("speculation is already off: no MTP lane is loaded."),
+        "{out}"
+    );
+    assert_eq!(requests_for("chat-nolane")[0].speculation, None);
+}
+
+#[test]
+fn chat_speculation_off_at_startup_loads_no_lane() {
+    let (code, out, _) = chat(
+        &["--provider", "fake", "--model", "m", "--speculation", "off"],
+        &["/speculation", "/speculation on"],
+    );
+    assert_eq!(code, OK);
+    assert!(
+        out.contains("no MTP lane loaded (disabled_by_default)"),
+        "{out}"
+    );
+    assert!(out.contains("cannot turn speculation on"), "{out}");
+}
+
+#[test]
+fn chat_require_acceleration_refuses_to_start_without_a_lane() {
+    let (code, out, err) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            "--speculation",
+            "off",
+            "--require-acceleration",
+        ],
+        &["chat-refused"],
+    );
+    assert_eq!(code, ExitCode::FAILURE);
+    assert!(!out.contains("mtp chat ·"), "{out}");
+    assert!(err.contains("refusing to start"), "{err}");
+    assert!(requests_for("chat-refused").is_empty());
+}
+
+#[test]
+fn chat_clear_forgets_history_and_clears_the_prompt_cache() {
+    let (code, out, _) = chat(
+        &["--provider", "fake", "--model", "m", "--max-tokens", "2"],
+        &["chat-clear-1", "/clear", "chat-clear-2"],
+    );
+    assert_eq!(code, OK);
+    assert!(
+        out.contains("history cleared; the prompt cache was cleared too."),
+        "{out}"
+    );
+    let key = requests_for("chat-clear-1")[0]
+        .prompt_cache_key
+        .clone()
+        .unwrap();
+    assert!(fake::CLEARS.lock().unwrap().contains(&Some(key)));
+    assert_eq!(
+        requests_for("chat-clear-2")[0]
+            .messages
+            .as_ref()
+            .map(Vec::len),
+        Some(0)
+    );
+}
+
+#[test]
+fn chat_help_depth_errors_unknown_commands_and_sampling_flags() {
+    let (code, out, _) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            "--temperature",
+            "0.5",
+            "--seed",
+            "3",
+            "--system",
+            "be brief",
+            "--max-tokens",
+            "2",
+        ],
+        &[
+            "/help",
+            "/depth",
+            "/depth 0",
+            "/depth x",
+            "/depth 2",
+            "/depth default",
+            "/frobnicate",
+            "/speculation maybe",
+            "chat-flags",
+        ],
+    );
+    assert_eq!(code, OK);
+    for needle in [
+        "/speculation off",
+        "/depth N",
+        "/stats",
+        "/clear",
+        "/quit",
+        "draft tokens: 3 (provider default)",
+        "invalid /depth `0`",
+        "invalid /depth `x`",
+        "draft tokens: 2 per round",
+        "draft tokens: back to the provider default.",
+        "unknown command /frobnicate",
+        "unknown /speculation argument `maybe`",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in {out}");
+    }
+    let r = &requests_for("chat-flags")[0];
+    assert_eq!(r.sampling.temperature, Some(0.5));
+    assert_eq!(r.sampling.seed, Some(3));
+    assert_eq!(r.system_prompt.as_deref(), Some("be brief"));
+    assert_eq!(
+        r.speculation, None,
+        "/depth default went back to the provider default"
+    );
+}
+
+#[test]
+fn chat_failed_turn_is_reported_and_the_session_goes_on() {
+    let (code, out, err) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            "--require-acceleration",
+            "--repetition-penalty",
+            "1.5",
+            "--max-tokens",
+            "2",
+        ],
+        &["chat-fails", "/speculation"],
+    );
+    assert_eq!(code, OK);
+    assert!(
+        err.contains("this answer failed: speculation unavailable (sampling_requires_target_only)"),
+        "{err}"
+    );
+    assert!(out.contains("native MTP lane LOADED"), "{out}");
+}
+
+// ---------------------------------------------------------------- bench
+
+#[test]
+fn bench_prints_the_interleaved_ab_table() {
+    let (code, out, err) = mtp(&[
+        "bench",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--reps",
+        "2",
+        "--depths",
+        "1,3",
+        "--max-tokens",
+        "24",
+        "--prompt",
+        "bench-a",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.starts_with("| prompt | depth | tok/s off | tok/s on | speedup | acceptance |"),
+        "{out}"
+    );
+    let rows: Vec<&str> = out.lines().skip(2).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows[0].starts_with("| prompt 1 | 1 | 40.0 |"), "{out}");
+    assert!(rows[1].starts_with("| prompt 1 | 3 | 40.0 |"), "{out}");
+    assert!(rows.iter().all(|r| r.ends_with("| yes |")), "{out}");
+    // 1 warm-up + 2 reps on each side, per depth; on and off interleaved.
+    let reqs = requests_for("bench-a");
+    assert_eq!(reqs.len(), 2 * (2 + 4));
+    let offs = reqs
+        .iter()
+        .filter(|r| r.speculation == Some(mtp::Speculation::off()))
+        .count();
+    assert_eq!(offs, 6);
+    assert!(err.contains("2 interleaved rep(s)"), "{err}");
+}
+
+#[test]
+fn bench_json_rows_carry_speedup_acceptance_and_identity() {
+    let (code, out, err) = mtp(&[
+        "bench",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--reps",
+        "1",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let v = json(&out);
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "code, prose and table prompts");
+    for r in rows {
+        assert_eq!(r["depth"], 3);
+        assert_eq!(r["used"], true);
+        assert_eq!(r["identical"], true);
+        assert!(r["speedup"].as_f64().unwrap() > 1.0);
+        let acc = r["acceptance"].as_f64().unwrap();
+        assert!(acc > 0.5 && acc <= 1.0);
+        let eff = r["efficiency"].as_f64().unwrap();
+        assert!(
+            (eff - 0.9).abs() < 1e-9,
+            "fake speedup is 0.9 × tokens/round: {eff}"
+        );
+    }
+}
+
+#[test]
+fn bench_without_a_lane_has_nothing_to_compare() {
+    let (code, _, err) = mtp(&["bench", "--provider", "fake", "--model", "nolane"]);
+    assert_eq!(code, ExitCode::FAILURE);
+    assert!(
+        err.contains("no MTP lane is loaded (mtp_head_not_cached), so there is nothing to compare"),
+        "{err}"
+    );
+    let (code, _, err) = mtp(&["bench", "--provider", "fake", "--model", "m", "--reps", "0"]);
+    assert_eq!(code, ExitCode::FAILURE);
+    assert!(err.contains("invalid --reps"), "{err}");
+    let (code, _, err) = mtp(&[
+        "bench",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--depths",
+        "0",
+    ]);
+    assert_eq!(code, ExitCode::FAILURE);
+    assert!(err.contains("invalid num_draft_tokens 0"), "{err}");
+}
+
+#[test]
+fn markdown_table_says_when_speculation_was_not_used() {
+    let row = mtp::cli::BenchRow {
+        prompt: "p".into(),
+        depth: None,
+        tok_s_off: 10.0,
+        tok_s_on: 10.0,
+        speedup: 1.0,
+        used: false,
+        reason: Some(mtp::Reason::SamplingRequiresTargetOnly),
+        acceptance: None,
+        accepted_per_round: None,
+        tokens_per_round: None,
+        efficiency: None,
+        identical: true,
+        reps: 1,
+    };
+    let t = mtp::cli::markdown_table(&[row]);
+    assert!(t.contains("| p | default | 10.0 | 10.0 | 1.00× | not used (sampling_requires_target_only) | – | – | yes |"), "{t}");
+}
+
+// ---------------------------------------------------------------- the real binary
+
+fn bin() -> Command {
+    let mut c = Command::cargo_bin("mtp").unwrap();
+    c.env_remove("MTP_API_KEY")
+        .env_remove("HF_ENDPOINT")
+        .env_remove("HF_TOKEN");
+    c
+}
+
+#[test]
+fn binary_help_lists_every_command() {
+    bin().arg("--help").assert().success().stdout(
+        predicate::str::contains("generate")
+            .and(predicate::str::contains("chat"))
+            .and(predicate::str::contains("probe"))
+            .and(predicate::str::contains("bench"))
+            .and(predicate::str::contains("models")),
+    );
+}
+
+#[test]
+fn binary_subcommand_help_lists_the_flags() {
+    let gen_flags = [
+        "--provider",
+        "--model",
+        "--speculation",
+        "--num-draft-tokens",
+        "--drafter",
+        "--require-acceleration",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--seed",
+        "--repetition-penalty",
+        "--presence-penalty",
+        "--frequency-penalty",
+        "--max-tokens",
+        "--json",
+        "--base-url",
+        "--api-key",
+    ];
+    let out = bin()
+        .args(["generate", "--help"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    for f in gen_flags {
+        assert!(text.contains(f), "generate --help lacks {f}");
+    }
+    for (cmd, flags) in [
+        (
+            vec!["chat"],
+            vec![
+                "--speculation",
+                "--require-acceleration",
+                "--num-draft-tokens",
+                "--drafter",
+                "--system",
+            ],
+        ),
+        (
+            vec!["bench"],
+            vec!["--depths", "--reps", "--prompt", "--json"],
+        ),
+        (vec!["probe"], vec!["--json"]),
+        (
+            vec!["models", "download"],
+            vec!["--drafter", "--revision", "--cache-dir"],
+        ),
+        (vec!["models", "list"], vec!["--cache-dir", "--json"]),
+        (vec!["models", "verify"], vec!["--provider", "--max-tokens"]),
+    ] {
+        let mut args = cmd.clone();
+        args.push("--help");
+        let out = bin()
+            .args(&args)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let text = String::from_utf8(out).unwrap();
+        for f in flags {
+            assert!(text.contains(f), "{cmd:?} --help lacks {f}");
+        }
+    }
+}
+
+#[test]
+fn binary_version_and_usage_errors() {
+    bin()
+        .arg("--version")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("mtp "));
+    bin()
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("Usage"));
+    bin()
+        .args(["generate"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("<PROMPT>"));
+    bin()
+        .args(["generate", "--top-k", "many", "x"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--top-k"));
+    bin().args(["frobnicate"]).assert().code(2);
+}
+
+#[test]
+fn binary_unknown_provider_is_one_clear_line() {
+    bin()
+        .args(["generate", "--provider", "nope", "--model", "m", "hi"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("mtp: error: cannot start provider `nope` for model m: unknown provider `nope`; known providers:"));
+}
+
+#[test]
+fn binary_missing_demo_model_says_how_to_get_it() {
+    bin()
+        .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
+        .args(["generate", "hi"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "no --model given and the bundled demo model is missing at /nonexistent/tiny-mtp",
+        ))
+        .stderr(predicate::str::contains("cargo xtask train-tiny"));
+}
+
+#[test]
+fn binary_verbose_shows_detail() {
+    let out = bin()
+        .args(["-v", "generate", "--provider", "nope", "--model", "m", "hi"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("creating provider"), "{text}");
+    assert!(text.contains("command failed"), "{text}");
+}

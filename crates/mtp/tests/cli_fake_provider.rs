@@ -1,0 +1,312 @@
+//! A deterministic fake [`Provider`] for the CLI tests, registered as `fake` inside the test
+//! binaries only (never in shipped code). It follows the contract with `mtp::plan`: a lane is
+//! loaded when the provider default asks for speculation (unless the model name contains
+//! `nolane`), several tokens stream per round when speculating, and the report says what ran.
+//!
+//! Model names steer it: `slow` streams one round per 150 ms (for Ctrl-C), `nolane` loads no
+//! drafter (`mtp_head_not_cached`), `fail-load` fails to load, `garbage` answers with
+//! degenerate repetition, `empty` answers nothing.
+//!
+//! Included by the other `cli_*` tests with `#[path]`; compiled alone it tests itself.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use mtp::{
+    plan, Capabilities, DraftStats, EventStream, FinishReason, GenerateRequest, GenerateResponse,
+    Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
+    SpeculationReport, SpeculationStatus, StreamEvent, Timings, Usage,
+};
+
+/// Every request the fake received, in order (for assertions).
+pub static REQUESTS: Mutex<Vec<GenerateRequest>> = Mutex::new(Vec::new());
+/// Every provider the factory built: `(model, options)`.
+pub static OPTIONS: Mutex<Vec<(String, ProviderOptions)>> = Mutex::new(Vec::new());
+/// Every `prompt_cache_clear` key.
+pub static CLEARS: Mutex<Vec<Option<String>>> = Mutex::new(Vec::new());
+
+/// The words the fake "generates", cyclically.
+pub const WORDS: [&str; 8] = ["fn", "main", "()", "{", "println!", "(\"hi\")", ";", "}\n"];
+
+pub struct Fake {
+    model: String,
+    default: Option<mtp::Speculation>,
+    lane: Lane,
+}
+
+/// Registers the fake provider as `fake` (idempotent).
+pub fn register() {
+    mtp::register_provider(
+        "fake",
+        Arc::new(|model: &str, opts: &ProviderOptions| {
+            if model.contains("fail-load") {
+                return Err(ProviderError::ModelLoad {
+                    model: model.into(),
+                    message: "config.json is missing".into(),
+                });
+            }
+            OPTIONS
+                .lock()
+                .unwrap()
+                .push((model.to_string(), opts.clone()));
+            let wants = mtp::resolve(opts.speculation.as_ref(), None).requested;
+            let lane = if model.contains("nolane") {
+                Lane::Unavailable {
+                    reason: Reason::MtpHeadNotCached,
+                    message: "the drafter fake/drafter is not in the local cache; fetch it with `mtp models download fake/drafter`".into(),
+                }
+            } else if !wants {
+                Lane::Unavailable {
+                    reason: Reason::DisabledByDefault,
+                    message: "started with --speculation off".into(),
+                }
+            } else {
+                Lane::Ready {
+                    drafter: opts
+                        .speculation
+                        .as_ref()
+                        .and_then(|s| s.drafter.clone())
+                        .unwrap_or_else(|| "embedded".into()),
+                    default_depth: 3,
+                    output_preserving: Some(true),
+                }
+            };
+            Ok(Arc::new(Fake {
+                model: model.to_string(),
+                default: opts.speculation.clone(),
+                lane,
+            }) as Arc<dyn Provider>)
+        }),
+    );
+}
+
+/// The greedy text the fake produces for `n` tokens.
+pub fn expected_text(n: usize) -> String {
+    (0..n).map(token).collect()
+}
+
+fn token(i: usize) -> String {
+    let w = WORDS[i % WORDS.len()];
+    if w.ends_with('\n') {
+        w.to_string()
+    } else {
+        format!("{w} ")
+    }
+}
+
+struct Run {
+    chunks: Vec<(String, Vec<u32>)>,
+    response: GenerateResponse,
+}
+
+impl Fake {
+    fn prepare(&self, req: &GenerateRequest) -> Result<Run, ProviderError> {
+        req.validate()?;
+        REQUESTS.lock().unwrap().push(req.clone());
+        let p = plan(
+            self.default.as_ref(),
+            req.speculation.as_ref(),
+            &req.sampling,
+            &self.lane,
+        )?;
+        let n = if self.model.contains("empty") {
+            0
+        } else {
+            req.max_output_tokens.unwrap_or(32) as usize
+        };
+        let tokens: Vec<(String, u32)> = (0..n)
+            .map(|i| {
+                if self.model.contains("garbage") {
+                    ("a".to_string(), 0)
+                } else {
+                    (token(i), (i % WORDS.len()) as u32)
+                }
+            })
+            .collect();
+        let mut stats = DraftStats::default();
+        let (per, report) = match &p {
+            Plan::Speculate {
+                resolved,
+                drafter,
+                depth,
+                output_preserving,
+            } => {
+                let d = *depth as usize;
+                let mut produced = 0;
+                let mut round = 0;
+                while produced < n {
+                    // Every fourth round rejects the last proposal.
+                    let acc = if round % 4 == 3 { d - 1 } else { d };
+                    stats.record_round(d, acc);
+                    produced += acc + 1;
+                    round += 1;
+                }
+                let rep = SpeculationReport::used(
+                    resolved,
+                    "fake-cpu",
+                    drafter.clone(),
+                    *depth,
+                    &stats,
+                    *output_preserving,
+                );
+                (d + 1, rep)
+            }
+            Plan::TargetOnly { .. } => (1, p.target_only_report("fake-cpu").unwrap()),
+        };
+        let chunks: Vec<(String, Vec<u32>)> = tokens
+            .chunks(per.max(1))
+            .map(|c| {
+                (
+                    c.iter().map(|t| t.0.as_str()).collect(),
+                    c.iter().map(|t| t.1).collect(),
+                )
+            })
+            .collect();
+        let rate = if report.used {
+            40.0 * stats.tokens_per_round().unwrap_or(1.0) * 0.9
+        } else {
+            40.0
+        };
+        let response = GenerateResponse {
+            content: tokens.iter().map(|t| t.0.as_str()).collect(),
+            token_ids: Some(tokens.iter().map(|t| t.1).collect()),
+            finish_reason: FinishReason::Length,
+            usage: Usage {
+                input_tokens: req.prompt.len() as u64,
+                output_tokens: n as u64,
+                cached_input_tokens: req
+                    .messages
+                    .as_ref()
+                    .map(|m| m.iter().map(|m| m.content.len() as u64).sum())
+                    .unwrap_or(0),
+            },
+            metadata: Metadata {
+                speculation: report,
+                timings: Timings {
+                    decode_tokens_per_s: Some(rate),
+                    ..Default::default()
+                },
+            },
+            partial: false,
+        };
+        Ok(Run { chunks, response })
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for Fake {
+    fn name(&self) -> &str {
+        "fake"
+    }
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provider: "fake".into(),
+            runtime: "fake-cpu".into(),
+            streaming: true,
+            prompt_cache: true,
+            images: false,
+            per_request_speculation: true,
+        }
+    }
+    fn speculation_status(&self) -> SpeculationStatus {
+        match &self.lane {
+            Lane::Ready {
+                drafter,
+                default_depth,
+                output_preserving,
+            } => SpeculationStatus {
+                lane_loaded: true,
+                drafter: Some(drafter.clone()),
+                num_draft_tokens: Some(
+                    self.default
+                        .as_ref()
+                        .and_then(|s| s.num_draft_tokens)
+                        .unwrap_or(*default_depth),
+                ),
+                default_mode: SpeculationMode::NativeMtp,
+                reason: None,
+                message: None,
+                output_preserving: *output_preserving,
+            },
+            Lane::Unavailable { reason, message } => SpeculationStatus {
+                lane_loaded: false,
+                drafter: None,
+                num_draft_tokens: None,
+                default_mode: self
+                    .default
+                    .as_ref()
+                    .and_then(|s| s.mode)
+                    .unwrap_or(SpeculationMode::Off),
+                reason: Some(*reason),
+                message: Some(message.clone()),
+                output_preserving: None,
+            },
+        }
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError> {
+        Ok(self.prepare(&request)?.response)
+    }
+    async fn generate_stream(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<EventStream, ProviderError> {
+        let run = self.prepare(&request)?;
+        let delay = if self.model.contains("slow") {
+            Duration::from_millis(150)
+        } else {
+            Duration::ZERO
+        };
+        let deltas = futures::stream::iter(run.chunks).then(move |(text, ids)| async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Ok(StreamEvent::Delta {
+                text,
+                token_ids: ids,
+            })
+        });
+        let done =
+            futures::stream::once(async move { Ok(StreamEvent::Done(Box::new(run.response))) });
+        Ok(deltas.chain(done).boxed())
+    }
+    fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
+        CLEARS.lock().unwrap().push(key.map(str::to_string));
+        Ok(())
+    }
+    async fn unload(&self) -> Result<(), ProviderError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod self_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn speculating_streams_several_tokens_per_chunk_and_same_text() {
+        register();
+        let on =
+            mtp::create_llm("fake", "m", ProviderOptions::default().speculation(true)).unwrap();
+        let req = GenerateRequest::new("x").max_output_tokens(12);
+        let mut s = on.generate_stream(req.clone()).await.unwrap();
+        let first = s.next().await.unwrap().unwrap();
+        match first {
+            StreamEvent::Delta { token_ids, .. } => assert_eq!(token_ids.len(), 4),
+            other => panic!("expected a delta, got {other:?}"),
+        }
+        let a = on.generate(req.clone()).await.unwrap();
+        let b = on.generate(req.speculation(false)).await.unwrap();
+        assert_eq!(a.content, b.content);
+        assert_eq!(a.content, expected_text(12));
+        assert!(a.metadata.speculation.used);
+        assert_eq!(
+            b.metadata.speculation.reason,
+            Some(Reason::DisabledByRequest)
+        );
+    }
+}
