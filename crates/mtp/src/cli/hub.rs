@@ -28,7 +28,7 @@ pub enum HubError {
         /// The id as given.
         id: String,
         /// What is wrong.
-        why: &'static str,
+        why: String,
     },
     /// The Hub answered with an error or could not be reached.
     #[error("Hub request {url} failed: {message}")]
@@ -73,50 +73,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
     }
 }
 
-/// Checks a repo id: `org/name` or `name`, ASCII letters, digits, `-`, `_`, `.`, no `..`.
+/// Checks a repo id with `mtp-detect`'s rules (`org/name`, nothing like `../`).
 pub fn validate_repo(id: &str) -> Result<(), HubError> {
-    let bad = |why| {
-        Err(HubError::InvalidRepo {
+    mtp_detect::RepoId::parse(id)
+        .map(|_| ())
+        .map_err(|e| HubError::InvalidRepo {
             id: id.chars().take(100).collect(),
-            why,
+            why: match e {
+                mtp_detect::DetectError::InvalidRepoId { why, .. } => why,
+                other => other.to_string(),
+            },
         })
-    };
-    if id.is_empty() || id.len() > 96 {
-        return bad("it must be 1 to 96 characters");
-    }
-    let parts: Vec<&str> = id.split('/').collect();
-    if parts.len() > 2 {
-        return bad("it has more than one `/`");
-    }
-    for p in parts {
-        if p.is_empty() || p.contains("..") || p.starts_with(['.', '-']) || p.ends_with(['.', '-'])
-        {
-            return bad("a part is empty, contains `..`, or starts or ends with `.` or `-`");
-        }
-        if !p
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return bad("only ASCII letters, digits, `-`, `_` and `.` are allowed");
-        }
-    }
-    Ok(())
 }
 
 fn validate_revision(rev: &str) -> Result<(), HubError> {
-    if rev.is_empty()
-        || rev.len() > 128
-        || rev.contains("..")
-        || !rev
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return Err(HubError::InvalidRepo {
-            id: rev.chars().take(100).collect(),
-            why: "a revision may hold only ASCII letters, digits, `-`, `_` and `.`",
-        });
-    }
-    Ok(())
+    mtp_detect::repo::validate_revision(rev).map_err(|_| HubError::InvalidRepo {
+        id: rev.chars().take(100).collect(),
+        why: "a revision may hold only ASCII letters, digits, `-`, `_` and `.`".into(),
+    })
 }
 
 /// True for a relative path without `..`, absolute parts or backslashes.
@@ -128,20 +102,13 @@ pub fn is_safe_relative(p: &str) -> bool {
         && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// The Hugging Face cache directory: `--cache-dir`, `HF_HUB_CACHE`, `HF_HOME/hub`, or
-/// `~/.cache/huggingface/hub`.
+/// The Hugging Face cache directory: `--cache-dir`, else `mtp-detect`'s rule
+/// (`HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`).
 pub fn cache_dir(flag: Option<&Path>) -> PathBuf {
-    if let Some(p) = flag {
-        return p.to_path_buf();
+    match flag {
+        Some(p) => p.to_path_buf(),
+        None => mtp_detect::CacheConfig::from_env().hub_cache,
     }
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(c) = var("HF_HUB_CACHE") {
-        return PathBuf::from(c);
-    }
-    if let Some(h) = var("HF_HOME") {
-        return PathBuf::from(h).join("hub");
-    }
-    PathBuf::from(var("HOME").unwrap_or_else(|| ".".into())).join(".cache/huggingface/hub")
 }
 
 /// `models--org--name`.
@@ -355,7 +322,9 @@ impl HubClient {
             self.endpoint, plan.repo, plan.commit, file
         );
         let mut resp = self.get(&url).await?;
-        if let Some(len) = resp.content_length() {
+        // Read before the body: reqwest's figure shrinks as chunks are taken.
+        let expected = resp.content_length();
+        if let Some(len) = expected {
             bar.set_length(len);
         }
         let part = dest.with_file_name(format!(
@@ -378,7 +347,7 @@ impl HubClient {
         }
         f.flush().await.map_err(io(&part))?;
         drop(f);
-        if let Some(len) = resp.content_length() {
+        if let Some(len) = expected {
             if len != written {
                 return Err(HubError::Http {
                     url,
@@ -406,34 +375,4 @@ pub fn write_companion(cache: &Path, repo: &str, companion: &str) -> Result<(), 
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let path = dir.join(COMPANION_FILE);
     std::fs::write(&path, companion).map_err(io(&path))
-}
-
-/// Whether a snapshot carries MTP tensors, by tensor names (the safetensors index's
-/// `weight_map`, or a single file's JSON header): `Some(n)` tensors, `None` when no safetensors
-/// could be read. A stand-in until `mtp-detect`'s probe is wired here.
-pub fn mtp_tensor_count(snapshot: &Path) -> Option<usize> {
-    let is_mtp = |n: &str| n.starts_with("mtp.") || n.contains(".mtp.") || n.contains(".nextn.");
-    if let Ok(bytes) = std::fs::read(snapshot.join("model.safetensors.index.json")) {
-        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        let map = v.get("weight_map")?.as_object()?;
-        return Some(map.keys().filter(|k| is_mtp(k)).count());
-    }
-    let file = std::fs::read_dir(snapshot)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))?;
-    use std::io::Read;
-    let mut f = std::fs::File::open(&file).ok()?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).ok()?;
-    let n = u64::from_le_bytes(len);
-    let file_len = f.metadata().ok()?.len();
-    if n == 0 || n > 100 * 1024 * 1024 || n + 8 > file_len {
-        return None;
-    }
-    let mut header = vec![0u8; n as usize];
-    f.read_exact(&mut header).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&header).ok()?;
-    Some(v.as_object()?.keys().filter(|k| is_mtp(k)).count())
 }

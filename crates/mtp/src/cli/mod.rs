@@ -96,6 +96,8 @@ where
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`mtp probe … | head`): nothing left to say.
+        Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             tracing::debug!(error = ?e, "command failed");
             out.error(&e);

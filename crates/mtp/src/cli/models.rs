@@ -1,7 +1,7 @@
 //! `mtp models download|list|verify`.
 //!
-//! A download is one job: the model and its MTP companion (from `--drafter`; the registry's
-//! companion once `mtp-detect`'s registry is wired here). Every file lands in its snapshot
+//! A download is one job: the model and its MTP companion (from `--drafter`, else the
+//! `mtp-detect` registry's drafter for a listed target). Every file lands in its snapshot
 //! first; the `refs/` that make a repo visible are written only when all files of both repos
 //! are there, companion first, so a model never counts as installed without its companion.
 
@@ -35,11 +35,12 @@ async fn download(a: DownloadArgs, out: &mut Out) -> Result<(), CliError> {
     }
     let cache = hub::cache_dir(a.cache_dir.as_deref());
     let client = HubClient::from_env(a.token.clone())?;
+    let companion = a.drafter.clone().or_else(|| registry_companion(&a.repo));
     let mut repos = vec![(a.repo.clone(), a.revision.clone())];
-    match &a.drafter {
+    match &companion {
         Some(d) => repos.push((d.clone(), "main".to_string())),
         None => out.note(&format!(
-            "note: no companion drafter given for {}; pass --drafter REPO when its MTP head ships separately",
+            "note: the registry names no companion drafter for {}; pass --drafter REPO if its MTP head ships separately",
             a.repo
         ))?,
     }
@@ -66,13 +67,13 @@ async fn download(a: DownloadArgs, out: &mut Out) -> Result<(), CliError> {
     for plan in plans.iter().rev() {
         hub::write_ref(&cache, plan)?;
     }
-    if let Some(d) = &a.drafter {
+    if let Some(d) = &companion {
         hub::write_companion(&cache, &a.repo, d)?;
     }
     out.line(&format!(
         "installed {}{} in {} ({} bytes in {:.1} s)",
         a.repo,
-        a.drafter
+        companion
             .as_ref()
             .map(|d| format!(" with its MTP companion {d}"))
             .unwrap_or_default(),
@@ -94,13 +95,35 @@ struct Row {
     path: Option<PathBuf>,
 }
 
+/// The registry's companion drafter for a repo it lists as a target (exact match only: a
+/// name-prefix match could pair a GGUF with an MLX drafter).
+fn registry_companion(repo: &str) -> Option<String> {
+    use mtp_detect::registry::MatchKind;
+    match mtp_detect::registry().lookup_match(repo) {
+        Some((e, MatchKind::Target)) => e.speculation.drafter.clone(),
+        _ => None,
+    }
+}
+
+/// The MTP head as the artifact proves it (`mtp-detect`), or the companion recorded at download.
 fn head_status(snapshot: &Path, companion: Option<(&str, bool)>) -> String {
-    match (hub::mtp_tensor_count(snapshot), companion) {
-        (Some(n), _) if n > 0 => format!("embedded ({n} mtp tensors)"),
+    let report = mtp_detect::probe_local(snapshot);
+    match (&report, companion) {
+        (Ok(r), _) if r.mtp_head => format!(
+            "embedded ({} layer{}, {} tensors)",
+            r.mtp_layers,
+            if r.mtp_layers == 1 { "" } else { "s" },
+            r.mtp_tensor_count
+        ),
+        (Ok(r), _) if r.role == mtp_detect::Role::Drafter => "is a companion drafter".into(),
         (_, Some((c, true))) => format!("companion {c}"),
         (_, Some((c, false))) => format!("companion {c} MISSING"),
-        (Some(_), None) => "none in the weights".into(),
-        (None, None) => "unknown (no safetensors; probe it with `mtp probe`)".into(),
+        (Ok(r), None) => match &r.companion {
+            Some(c) if c.cached => format!("companion {} (registry)", c.repo),
+            Some(c) => format!("none here; registry companion {} not cached", c.repo),
+            None => "none in the weights".into(),
+        },
+        (Err(e), None) => format!("unknown ({e})"),
     }
 }
 

@@ -1,12 +1,26 @@
 //! `mtp probe`: the detection report of `mtp-detect` (the same as `cargo xtask probe`).
+//! A path is read locally; a repo id from the Hugging Face cache, else the Hub (`HF_ENDPOINT`).
 
 use crate::cli::args::ProbeArgs;
 use crate::cli::error::CliError;
 use crate::cli::output::Out;
 
-pub(crate) fn run(a: ProbeArgs, _out: &mut Out) -> Result<(), CliError> {
-    Err(CliError::Probe {
-        target: a.target,
-        message: "detection is not built into this version of mtp yet (crate mtp-detect)".into(),
-    })
+pub(crate) fn run(a: ProbeArgs, out: &mut Out) -> Result<(), CliError> {
+    let opts = mtp_detect::ProbeOptions::default();
+    tracing::debug!(target = %a.target, cache = %opts.cache.hub_cache.display(), hub = opts.hub.is_some(), "probing");
+    let report = mtp_detect::probe(&a.target, &opts).map_err(|e| CliError::Probe {
+        target: a.target.clone(),
+        message: e.to_string(),
+    })?;
+    if a.json {
+        let text =
+            serde_json::to_string_pretty(&report.to_json()).map_err(|e| CliError::Probe {
+                target: a.target.clone(),
+                message: e.to_string(),
+            })?;
+        out.line(&text)?;
+    } else {
+        out.text(&report.render_human())?;
+    }
+    Ok(())
 }
