@@ -1,1 +1,30 @@
-//! Skeleton: see the crate README.
+//! # mtp-engine
+//!
+//! A native [candle](https://github.com/huggingface/candle) engine for the Qwen3.5 family of
+//! hybrid models (Gated DeltaNet + gated full attention, dense or MoE), loaded from Hugging Face
+//! or MLX checkpoints (including MLX affine 4/8-bit), with exact MTP speculative decoding.
+//!
+//! See the crate README for the API tour.
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod engine;
+pub mod config;
+pub mod error;
+pub mod kernels;
+pub mod loader;
+pub mod nn;
+pub mod qwen3_5;
+pub mod qwen3_5_mtp;
+pub mod sampling;
+pub mod speculative;
+pub mod tokenizer;
+
+pub use cache::{CacheSnapshot, SeqCache};
+pub use config::ModelConfig;
+pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
+pub use qwen3_5_mtp::MtpHead;
+pub use tokenizer::{ChatMessage, TextTokenizer};
+pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
+pub use error::{Error, Result};
+pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};

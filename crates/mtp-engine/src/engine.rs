@@ -1,0 +1,334 @@
+//! The engine: a loaded target model, its optional MTP head and tokenizer, and `generate`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
+
+use crate::error::{Error, Result};
+use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
+use crate::qwen3_5_mtp::MtpHead;
+use crate::sampling::Sampler;
+use crate::speculative::{self, SpecTimings};
+use crate::tokenizer::TextTokenizer;
+
+/// Options of one `generate` call (builder style; defaults: greedy, 256 tokens, no speculation).
+///
+/// ```
+/// use mtp_engine::GenerateOptions;
+/// let o = GenerateOptions::greedy(64).num_draft_tokens(3);
+/// assert_eq!(o.max_tokens, 64);
+/// assert_eq!(o.num_draft_tokens, Some(3));
+/// ```
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling controls (the contract's type).
+    pub sampling: Sampling,
+    /// MTP proposals per round; `None` or `Some(0)` = target-only decoding.
+    pub num_draft_tokens: Option<usize>,
+    /// Extra stop token ids (the checkpoint's EOS ids are always included unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at EOS (parity tests, benchmarks).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: Sampling::default(),
+            num_draft_tokens: None,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+impl GenerateOptions {
+    /// Greedy decoding of at most `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        GenerateOptions {
+            max_tokens,
+            ..Default::default()
+        }
+    }
+
+    /// Sets the sampling controls.
+    pub fn sampling(mut self, s: Sampling) -> Self {
+        self.sampling = s;
+        self
+    }
+
+    /// Sets the speculation depth (0 = off).
+    pub fn num_draft_tokens(mut self, k: usize) -> Self {
+        self.num_draft_tokens = Some(k);
+        self
+    }
+
+    /// Keeps generating past EOS.
+    pub fn ignore_eos(mut self, yes: bool) -> Self {
+        self.ignore_eos = yes;
+        self
+    }
+}
+
+/// What speculation did in one call.
+#[derive(Debug, Clone, Default)]
+pub struct SpeculationOutcome {
+    /// True when MTP rounds ran.
+    pub used: bool,
+    /// Proposals per round requested.
+    pub num_draft_tokens: usize,
+    /// Drafted / accepted / rounds / per-position acceptance.
+    pub stats: DraftStats,
+    /// Why speculation was not used although requested (e.g. penalties, no head).
+    pub not_used_reason: Option<String>,
+}
+
+/// The result of `generate`.
+#[derive(Debug, Clone)]
+pub struct GenerationOutput {
+    /// Generated token ids (without the stop token).
+    pub tokens: Vec<u32>,
+    /// Why generation ended.
+    pub finish_reason: FinishReason,
+    /// Prefill / decode / draft / verify / rollback timings.
+    pub timings: Timings,
+    /// Speculation statistics, when speculation was requested.
+    pub speculation: Option<SpeculationOutcome>,
+    /// Prompt tokens processed.
+    pub prompt_tokens: usize,
+}
+
+/// A loaded model ready to generate.
+#[derive(Debug)]
+pub struct Engine {
+    model: Qwen35Model,
+    drafter: Option<MtpHead>,
+    tokenizer: Option<TextTokenizer>,
+    eos: Vec<u32>,
+    dir: PathBuf,
+}
+
+impl Engine {
+    /// Loads `dir` (HF or MLX layout) on `device`, with matrices in `dtype` (f32 recommended on
+    /// CPU). An embedded MTP head (`mtp.*`) is loaded when present.
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        Self::load_with_drafter(dir, None, device, dtype)
+    }
+
+    /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
+    /// that replaces any embedded head.
+    pub fn load_with_drafter(dir: &Path, drafter: Option<&Path>, device: &Device, dtype: DType) -> Result<Self> {
+        let (model, mtp) = qwen3_5::load_dir(dir, device, dtype)?;
+        let drafter = match drafter {
+            Some(d) => Some(MtpHead::load_dir(d, model.config(), dtype, device)?),
+            None if !mtp.is_empty() => Some(MtpHead::load(mtp, model.config(), dtype, device)?),
+            None => None,
+        };
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            Some(TextTokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        let mut eos = model.config().eos_token_ids.clone();
+        if let Some(t) = &tokenizer {
+            if let Some(id) = t.eos_token().and_then(|s| t.token_id(s)) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+        Ok(Engine {
+            model,
+            drafter,
+            tokenizer,
+            eos,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The target model.
+    pub fn model(&self) -> &Qwen35Model {
+        &self.model
+    }
+
+    /// The MTP head, when loaded.
+    pub fn drafter(&self) -> Option<&MtpHead> {
+        self.drafter.as_ref()
+    }
+
+    /// The tokenizer, when the checkpoint has one.
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// End-of-sequence ids.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Refuses image input: the vision tower is not loaded by this runtime.
+    pub fn check_images(&self, n_images: usize) -> Result<()> {
+        if n_images > 0 {
+            return Err(Error::Unsupported(
+                "image input (the vision tower is not loaded by the native candle engine)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Last-position logits of one forward over `prompt` (parity checks).
+    pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>> {
+        let mut cache = [self.model.new_cache()];
+        Ok(self.model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?.logits)
+    }
+
+    /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
+    /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_tokens: impl FnMut(&[u32]) -> bool,
+    ) -> Result<GenerationOutput> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        opts.sampling
+            .validate()
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        let vocab = self.model.vocab_size() as u32;
+        if let Some(t) = prompt.iter().find(|t| **t >= vocab) {
+            return Err(Error::InvalidRequest(format!("token id {t} is outside the vocabulary ({vocab})")));
+        }
+        let mut stops = opts.stop_token_ids.clone();
+        if !opts.ignore_eos {
+            stops.extend_from_slice(&self.eos);
+        }
+        let depth = opts.num_draft_tokens.unwrap_or(0);
+        let mut outcome = (depth > 0).then(|| SpeculationOutcome {
+            num_draft_tokens: depth,
+            ..Default::default()
+        });
+        let spec_ok = match (&self.drafter, outcome.as_mut()) {
+            (_, None) => false,
+            (None, Some(o)) => {
+                o.not_used_reason = Some("mtp_head_missing: the checkpoint has no MTP head and no drafter was given".into());
+                false
+            }
+            (Some(_), Some(o)) => {
+                let ctl = opts.sampling.target_only_controls();
+                if ctl.is_empty() {
+                    true
+                } else {
+                    o.not_used_reason = Some(format!("{} require target-only decoding", ctl.join(", ")));
+                    false
+                }
+            }
+        };
+        let mut sampler = Sampler::new(&opts.sampling);
+        let mut emitter = Emitter {
+            tokens: Vec::new(),
+            stops: &stops,
+            max: opts.max_tokens,
+            finish: None,
+            on_tokens: &mut on_tokens,
+        };
+        let start = Instant::now();
+        let mut timings = Timings::default();
+        let mut first_at = None;
+        if let (true, Some(head), Some(o)) = (spec_ok, &self.drafter, outcome.as_mut()) {
+            let mut st = SpecTimings::default();
+            speculative::run(&self.model, head, prompt, depth, &mut sampler, &mut emitter, &mut o.stats, &mut st, &mut first_at)?;
+            o.used = true;
+            timings.draft_ms = Some(st.draft_ms);
+            timings.verify_ms = Some(st.verify_ms);
+            timings.rollback_ms = Some(st.rollback_ms);
+            timings.prefill_ms = Some(st.prefill_ms);
+        } else {
+            let t0 = Instant::now();
+            let mut cache = [self.model.new_cache()];
+            let out = self.model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;
+            timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
+            let mut history = prompt.to_vec();
+            let mut logits = out.logits;
+            while emitter.finish.is_none() && opts.max_tokens > 0 {
+                sampler.apply_penalties(&mut logits, &history);
+                let tok = sampler.sample(&logits, emitter.tokens.len());
+                history.push(tok);
+                if first_at.is_none() {
+                    first_at = Some(Instant::now());
+                }
+                if !emitter.emit(&[tok]) {
+                    break;
+                }
+                logits = self.model.forward(&[vec![tok]], &mut cache, LogitsAt::Last)?.logits;
+            }
+        }
+        let end = Instant::now();
+        if let Some(f) = first_at {
+            timings.time_to_first_token_ms = Some((f - start).as_secs_f64() * 1e3);
+            let decode = (end - f).as_secs_f64();
+            timings.decode_ms = Some(decode * 1e3);
+            if emitter.tokens.len() > 1 && decode > 0.0 {
+                timings.decode_tokens_per_s = Some((emitter.tokens.len() - 1) as f64 / decode);
+            }
+        }
+        if let Some(p) = timings.prefill_ms {
+            if p > 0.0 {
+                timings.prefill_tokens_per_s = Some(prompt.len() as f64 / (p / 1e3));
+            }
+        }
+        let finish = emitter.finish.unwrap_or(FinishReason::Length);
+        Ok(GenerationOutput {
+            tokens: emitter.tokens,
+            finish_reason: finish,
+            timings,
+            speculation: outcome,
+            prompt_tokens: prompt.len(),
+        })
+    }
+}
+
+/// Collects accepted tokens, applies stop ids and the token budget, and calls the user callback.
+pub(crate) struct Emitter<'a> {
+    pub(crate) tokens: Vec<u32>,
+    stops: &'a [u32],
+    max: usize,
+    pub(crate) finish: Option<FinishReason>,
+    on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
+}
+
+impl Emitter<'_> {
+    /// Emits a chunk; returns false when generation must end.
+    pub(crate) fn emit(&mut self, chunk: &[u32]) -> bool {
+        let mut take = chunk.len().min(self.max.saturating_sub(self.tokens.len()));
+        if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
+            take = i;
+            self.finish = Some(FinishReason::Stop);
+        }
+        let part = &chunk[..take];
+        self.tokens.extend_from_slice(part);
+        if !part.is_empty() && !(self.on_tokens)(part) && self.finish.is_none() {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+        if self.finish.is_none() && self.tokens.len() >= self.max {
+            self.finish = Some(FinishReason::Length);
+        }
+        self.finish.is_none()
+    }
+
+    /// Tokens still allowed.
+    pub(crate) fn remaining(&self) -> usize {
+        self.max.saturating_sub(self.tokens.len())
+    }
+}

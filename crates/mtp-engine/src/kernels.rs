@@ -1,0 +1,214 @@
+//! Plain-Rust f32 kernels for the parts of the forward pass that are sequential or tiny per
+//! token: RMS norms, rotary embedding, the causal depthwise conv step, the gated delta-rule
+//! recurrence and cached attention. Matrix products stay in candle.
+
+/// `x * rsqrt(mean(x^2) + eps) * w` over each `dim`-wide row of `x`, in place (MLX
+/// `fast.rms_norm`). `w = None` means no weight.
+pub fn rms_norm_rows(x: &mut [f32], w: Option<&[f32]>, dim: usize, eps: f32) {
+    for row in x.chunks_exact_mut(dim) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        match w {
+            Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w),
+            None => row.iter_mut().for_each(|v| *v *= r),
+        }
+    }
+}
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `1 / (1 + exp(-x))`.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `log(1 + exp(x))`, computed as MLX's `logaddexp(x, 0)`.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// Rotary embedding tables: `inv_freq[i] = theta^(-2i / rot_dim)`.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    rot_dim: usize,
+}
+
+impl Rope {
+    /// Rotary embedding over the first `rot_dim` features of each head.
+    pub fn new(rot_dim: usize, theta: f64) -> Self {
+        let inv_freq = (0..rot_dim / 2)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / rot_dim as f64)) as f32)
+            .collect();
+        Rope { inv_freq, rot_dim }
+    }
+
+    /// Rotates one head vector in place at position `pos` (rotate-half pairing, as the text
+    /// positions of Qwen's interleaved multimodal rope reduce to).
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.rot_dim / 2;
+        for (i, f) in self.inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            let (s, c) = angle.sin_cos();
+            let a = x[i];
+            let b = x[i + half];
+            x[i] = a * c - b * s;
+            x[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/// One sequence's causal depthwise conv1d over `s` new time steps, followed by SiLU.
+///
+/// `state`: `[k - 1, c]`, the previous inputs (updated in place to the last `k - 1` rows of
+/// `[state; x]`). `x`: `[s, c]`. `w`: `[c, k]`. Returns `[s, c]`.
+/// With `record`, pushes the conv state after every step.
+pub fn causal_conv_silu(
+    state: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    c: usize,
+    k: usize,
+    mut record: Option<&mut Vec<Vec<f32>>>,
+) -> Vec<f32> {
+    let s = x.len() / c;
+    // full input [k - 1 + s, c]
+    let mut full = Vec::with_capacity((k - 1 + s) * c);
+    full.extend_from_slice(state);
+    full.extend_from_slice(x);
+    let mut out = vec![0f32; s * c];
+    for t in 0..s {
+        let o = &mut out[t * c..(t + 1) * c];
+        for (ch, ov) in o.iter_mut().enumerate() {
+            let wr = &w[ch * k..(ch + 1) * k];
+            let mut acc = 0f32;
+            for (j, wj) in wr.iter().enumerate() {
+                acc += full[(t + j) * c + ch] * wj;
+            }
+            *ov = silu(acc);
+        }
+        if let Some(rec) = record.as_deref_mut() {
+            rec.push(full[(t + 1) * c..(t + k) * c].to_vec());
+        }
+    }
+    state.copy_from_slice(&full[s * c..(s + k - 1) * c]);
+    out
+}
+
+/// Shapes of the gated delta rule.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaDims {
+    /// Key heads.
+    pub hk: usize,
+    /// Value heads (a multiple of `hk`).
+    pub hv: usize,
+    /// Key head width.
+    pub dk: usize,
+    /// Value head width.
+    pub dv: usize,
+}
+
+/// The gated delta rule, step form, for one sequence over `s` steps.
+///
+/// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
+/// `[s, hv]`; `state`: `[hv, dv, dk]`, updated in place. Returns `y`: `[s, hv, dv]`.
+/// Per value head: `S = g S; S += beta (v - S k) k^T; y = S q`.
+/// With `record`, pushes a copy of the state after every step (for speculative rollback).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_steps(
+    d: DeltaDims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    mut record: Option<&mut Vec<Vec<f32>>>,
+) -> Vec<f32> {
+    let s = g.len() / d.hv;
+    let rep = d.hv / d.hk;
+    let mut y = vec![0f32; s * d.hv * d.dv];
+    for t in 0..s {
+        for h in 0..d.hv {
+            let hk = h / rep;
+            let qh = &q[(t * d.hk + hk) * d.dk..(t * d.hk + hk + 1) * d.dk];
+            let kh = &k[(t * d.hk + hk) * d.dk..(t * d.hk + hk + 1) * d.dk];
+            let vh = &v[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
+            let gt = g[t * d.hv + h];
+            let bt = beta[t * d.hv + h];
+            let sh = &mut state[h * d.dv * d.dk..(h + 1) * d.dv * d.dk];
+            let yh = &mut y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
+            for (row, (yv, vv)) in sh.chunks_exact_mut(d.dk).zip(yh.iter_mut().zip(vh)) {
+                let mut kv = 0f32;
+                for (sv, kk) in row.iter_mut().zip(kh) {
+                    *sv *= gt;
+                    kv += *sv * kk;
+                }
+                let delta = (vv - kv) * bt;
+                let mut acc = 0f32;
+                for ((sv, kk), qq) in row.iter_mut().zip(kh).zip(qh) {
+                    *sv += kk * delta;
+                    acc += *sv * qq;
+                }
+                *yv = acc;
+            }
+        }
+        if let Some(rec) = record.as_deref_mut() {
+            rec.push(state.to_vec());
+        }
+    }
+    y
+}
+
+/// Causal attention of `l` new queries against a sequence's cached keys/values.
+///
+/// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
+/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    l: usize,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let t_total = keys.len() / (hkv * hd);
+    let rep = h / hkv;
+    let mut out = vec![0f32; l * h * hd];
+    let mut scores = vec![0f32; t_total];
+    for i in 0..l {
+        let visible = t_total - l + i + 1;
+        for head in 0..h {
+            let kvh = head / rep;
+            let qv = &q[(i * h + head) * hd..(i * h + head + 1) * hd];
+            let mut max = f32::NEG_INFINITY;
+            for (t, sc) in scores[..visible].iter_mut().enumerate() {
+                let kr = &keys[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
+                let dot: f32 = qv.iter().zip(kr).map(|(a, b)| a * b).sum();
+                *sc = dot * scale;
+                max = max.max(*sc);
+            }
+            let mut sum = 0f32;
+            for sc in scores[..visible].iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            let o = &mut out[(i * h + head) * hd..(i * h + head + 1) * hd];
+            for (t, sc) in scores[..visible].iter().enumerate() {
+                let p = sc / sum;
+                let vr = &values[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
+                o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,233 @@
+//! Reading checkpoints: memory-mapped safetensors (single file or sharded through
+//! `model.safetensors.index.json`), dtype conversion and MLX affine dequantization.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// The tensors of one checkpoint directory, memory-mapped; nothing is copied until a tensor is
+/// asked for.
+pub struct Checkpoint {
+    dir: PathBuf,
+    st: MmapedSafetensors,
+    shapes: BTreeMap<String, Vec<usize>>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("tensors", &self.shapes.len())
+            .finish()
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The safetensors files of a checkpoint directory: the shards named by the index when there is
+/// one, else `model.safetensors`, else every `*.safetensors` file in name order.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(io_err(&index))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| Error::Config {
+                path: index.clone(),
+                message: "no `weight_map` object".into(),
+            })?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect();
+        files.sort();
+        files.dedup();
+        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Io {
+            path: dir.join("model.safetensors"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no safetensors files"),
+        });
+    }
+    Ok(files)
+}
+
+impl Checkpoint {
+    /// Memory-maps every safetensors file of `dir` and reads their headers.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let files = safetensors_files(dir)?;
+        for f in &files {
+            if !f.is_file() {
+                return Err(Error::Io {
+                    path: f.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "shard named by the index is missing",
+                    ),
+                });
+            }
+        }
+        // SAFETY: the files are mapped read-only; like every mmap-based loader we rely on them not
+        // being truncated while the engine runs.
+        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| Error::Safetensors {
+            path: dir.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let shapes = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| (name, view.shape().to_vec()))
+            .collect();
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            st,
+            shapes,
+        })
+    }
+
+    /// The directory this checkpoint was read from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every tensor name with its shape, in name order.
+    pub fn shapes(&self) -> &BTreeMap<String, Vec<usize>> {
+        &self.shapes
+    }
+
+    /// Loads one tensor as stored (no dtype conversion), on the CPU.
+    pub fn load_raw(&self, name: &str) -> Result<Tensor> {
+        self.st
+            .load(name, &Device::Cpu)
+            .map_err(|e| Error::Safetensors {
+                path: self.dir.clone(),
+                message: format!("{name}: {e}"),
+            })
+    }
+
+    /// Loads one floating-point tensor and converts it to f32, on the CPU.
+    pub fn load_f32(&self, name: &str) -> Result<Tensor> {
+        let t = self.load_raw(name)?;
+        match t.dtype() {
+            DType::F32 => Ok(t),
+            DType::F16 | DType::BF16 | DType::F64 => Ok(t.to_dtype(DType::F32)?),
+            other => Err(Error::Safetensors {
+                path: self.dir.clone(),
+                message: format!("{name} has dtype {other:?}; expected f32, f16 or bf16"),
+            }),
+        }
+    }
+}
+
+/// Dequantizes an MLX affine-quantized matrix: `w = scales * q + biases` per group of
+/// `group_size` input columns, with `bits`-wide unsigned values packed little-endian into `u32`
+/// words. `packed`: `[..., out, in * bits / 32]` (u32); `scales`, `biases`:
+/// `[..., out, in / group_size]`. Returns f32 `[..., out, in]`.
+pub fn dequantize_affine(
+    name: &str,
+    packed: &Tensor,
+    scales: &Tensor,
+    biases: &Tensor,
+    bits: usize,
+) -> Result<Tensor> {
+    let qerr = |message: String| Error::Quantization {
+        name: name.to_string(),
+        message,
+    };
+    if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
+        return Err(qerr(format!("unsupported bit width {bits}")));
+    }
+    if packed.dtype() != DType::U32 {
+        return Err(qerr(format!("packed weight has dtype {:?}, expected u32", packed.dtype())));
+    }
+    let pdims = packed.dims().to_vec();
+    let sdims = scales.dims().to_vec();
+    if pdims.len() < 2 || sdims.len() != pdims.len() || biases.dims() != sdims.as_slice() {
+        return Err(qerr(format!(
+            "shapes do not match: weight {pdims:?}, scales {sdims:?}, biases {:?}",
+            biases.dims()
+        )));
+    }
+    let words = pdims[pdims.len() - 1];
+    let in_features = words * 32 / bits;
+    let groups = sdims[sdims.len() - 1];
+    if groups == 0 || in_features % groups != 0 || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
+    {
+        return Err(qerr(format!(
+            "weight {pdims:?} ({in_features} inputs at {bits} bits) does not fit scales {sdims:?}"
+        )));
+    }
+    let group_size = in_features / groups;
+    let rows: usize = pdims[..pdims.len() - 1].iter().product();
+    let q = packed.flatten_all()?.to_vec1::<u32>()?;
+    let s = scales.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let b = biases.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; rows * in_features];
+    let mask: u64 = (1u64 << bits) - 1;
+    for r in 0..rows {
+        let row_words = &q[r * words..(r + 1) * words];
+        let orow = &mut out[r * in_features..(r + 1) * in_features];
+        for (j, o) in orow.iter_mut().enumerate() {
+            let bit = j * bits;
+            let w = bit / 32;
+            let off = bit % 32;
+            let mut v = (row_words[w] as u64) >> off;
+            if off + bits > 32 && w + 1 < words {
+                v |= (row_words[w + 1] as u64) << (32 - off);
+            }
+            let qv = (v & mask) as f32;
+            let g = r * groups + j / group_size;
+            *o = s[g] * qv + b[g];
+        }
+    }
+    let mut shape = pdims;
+    let last = shape.len() - 1;
+    shape[last] = in_features;
+    Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequantize_4bit_row() {
+        // one row, 8 inputs at 4 bits = 1 word; values 0..8, group size 8
+        let mut word = 0u32;
+        for j in 0..8u32 {
+            word |= j << (4 * j);
+        }
+        let packed = Tensor::from_vec(vec![word], (1, 1), &Device::Cpu).unwrap();
+        let scales = Tensor::from_vec(vec![0.5f32], (1, 1), &Device::Cpu).unwrap();
+        let biases = Tensor::from_vec(vec![-1.0f32], (1, 1), &Device::Cpu).unwrap();
+        let w = dequantize_affine("t", &packed, &scales, &biases, 4).unwrap();
+        let v = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let want: Vec<f32> = (0..8).map(|j| 0.5 * j as f32 - 1.0).collect();
+        assert_eq!(v, want);
+    }
+}

@@ -1,0 +1,662 @@
+//! Building blocks shared by the target model and the MTP head: linear layers, the decoder
+//! layer (full attention or Gated DeltaNet, dense or MoE MLP) and a tensor store that names
+//! missing tensors and wrong shapes.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::cache::LayerCache;
+use crate::config::{Family, ModelConfig};
+use crate::error::{Error, Result};
+use crate::kernels::{self, DeltaDims, Rope};
+
+/// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
+pub struct Store {
+    map: HashMap<String, Tensor>,
+    model_type: String,
+    dtype: DType,
+    device: Device,
+}
+
+impl Store {
+    /// Wraps sanitized tensors; matrices are converted to `dtype` on `device` when taken.
+    pub fn new(map: HashMap<String, Tensor>, model_type: &str, dtype: DType, device: &Device) -> Self {
+        Store {
+            map,
+            model_type: model_type.to_string(),
+            dtype,
+            device: device.clone(),
+        }
+    }
+
+    /// True when the tensor exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// Names left in the store.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.map.keys()
+    }
+
+    fn take_raw(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.map.remove(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_string(),
+            model_type: self.model_type.clone(),
+        })?;
+        if t.dims() != shape {
+            return Err(Error::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                actual: t.dims().to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// A matrix (or stack of matrices) in the compute dtype, on the compute device.
+    pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.take_raw(name, shape)?;
+        Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
+    }
+
+    /// A linear layer `[out, in]`.
+    pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        Ok(Linear {
+            w: self.tensor(&format!("{name}.weight"), &[out, inp])?,
+        })
+    }
+
+    /// Several linear layers with the same input, fused into one `[sum(out), in]` matrix.
+    pub fn fused_linear(&mut self, names: &[(&str, usize)], inp: usize) -> Result<Linear> {
+        let parts = names
+            .iter()
+            .map(|(n, out)| self.take_raw(&format!("{n}.weight"), &[*out, inp]))
+            .collect::<Result<Vec<_>>>()?;
+        let w = Tensor::cat(&parts, 0)?
+            .to_dtype(self.dtype)?
+            .to_device(&self.device)?;
+        Ok(Linear { w })
+    }
+
+    /// A small f32 vector (norm weights, gates).
+    pub fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.take_raw(name, &[len])?;
+        Ok(t.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+    }
+
+    /// A small f32 matrix, flattened.
+    pub fn mat_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.take_raw(name, shape)?;
+        Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// `y = x W^T` with `W: [out, in]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub(crate) w: Tensor,
+}
+
+impl Linear {
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.w.dims()[0]
+    }
+
+    /// `x: [n, in]` (f32, row-major) → `[n, out]`.
+    ///
+    /// Up to [`SMALL_ROWS`] rows on a CPU f32 weight use [`matmul_rows`], whose result for a row
+    /// does not depend on how many rows are computed together (so a verify forward of k + 1
+    /// tokens produces bit-identical logits to k + 1 single-token forwards); larger inputs use
+    /// candle's GEMM.
+    pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let inp = self.w.dims()[1];
+        if n <= SMALL_ROWS && self.w.dtype() == DType::F32 && self.w.device().is_cpu() {
+            let (storage, layout) = self.w.storage_and_layout();
+            if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
+                (&*storage, layout.contiguous_offsets())
+            {
+                let w = &cpu.as_slice::<f32>()?[start..end];
+                return Ok(matmul_rows(x, n, w, inp));
+            }
+        }
+        let xt = Tensor::from_slice(x, (n, inp), self.w.device())?;
+        let xt = if self.w.dtype() != DType::F32 {
+            xt.to_dtype(self.w.dtype())?
+        } else {
+            xt
+        };
+        let y = xt.matmul(&self.w.t()?)?;
+        let y = if y.dtype() != DType::F32 {
+            y.to_dtype(DType::F32)?
+        } else {
+            y
+        };
+        Ok(y.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// Inputs of at most this many rows take the row-deterministic kernel.
+pub const SMALL_ROWS: usize = 32;
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // 8 independent accumulators in a fixed order: vectorises and is deterministic.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0f32;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `x [n, inp] · w[out, inp]^T` for few rows: each output feature's weight row is read once for
+/// all `n` inputs (decode is bound by weight bandwidth), parallel over blocks of outputs.
+pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let out = w.len() / inp;
+    const BLOCK: usize = 64;
+    // [out, n] in blocks, transposed to [n, out] at the end
+    let mut t = vec![0f32; out * n];
+    let work = |(bi, chunk): (usize, &mut [f32])| {
+        let o0 = bi * BLOCK;
+        for (j, dst) in chunk.chunks_exact_mut(n).enumerate() {
+            let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
+            for (r, d) in dst.iter_mut().enumerate() {
+                *d = dot(&x[r * inp..(r + 1) * inp], wr);
+            }
+        }
+    };
+    if out * inp >= 1 << 16 {
+        t.par_chunks_mut(BLOCK * n).enumerate().for_each(work);
+    } else {
+        t.chunks_mut(BLOCK * n).enumerate().for_each(work);
+    }
+    if n == 1 {
+        return t;
+    }
+    let mut y = vec![0f32; n * out];
+    for o in 0..out {
+        for r in 0..n {
+            y[r * out + o] = t[o * n + r];
+        }
+    }
+    y
+}
+
+/// Full attention with an output gate, q/k RMSNorm, GQA and partial rotary embedding.
+#[derive(Debug)]
+pub struct Attention {
+    qkv: Linear,
+    o: Linear,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    rope: Rope,
+    eps: f32,
+}
+
+/// Gated DeltaNet linear attention.
+#[derive(Debug)]
+pub struct DeltaNet {
+    /// `[qkv | z | b | a]` projections fused: `[2 key_dim + 2 value_dim + 2 hv, hidden]`.
+    proj: Linear,
+    conv_w: Vec<f32>,
+    a_exp: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm_w: Vec<f32>,
+    out: Linear,
+    dims: DeltaDims,
+    kernel: usize,
+    qk_eps: f32,
+    eps: f32,
+}
+
+/// A token mixer.
+#[derive(Debug)]
+pub enum Mixer {
+    /// Full attention.
+    Attention(Attention),
+    /// Linear attention.
+    Linear(DeltaNet),
+}
+
+/// Sparse mixture of experts with a gated shared expert.
+#[derive(Debug)]
+pub struct Moe {
+    router: Linear,
+    /// `[E, 2 I, D]`: gate rows then up rows per expert.
+    gate_up: Tensor,
+    /// `[E, D, I]`.
+    down: Tensor,
+    inter: usize,
+    top_k: usize,
+    norm_topk: bool,
+    shared_gate_up: Option<Linear>,
+    shared_down: Option<Linear>,
+    shared_gate: Option<Linear>,
+}
+
+/// The MLP of a decoder layer.
+#[derive(Debug)]
+pub enum Mlp {
+    /// SwiGLU with fused gate/up.
+    Dense {
+        /// `[2 I, D]`.
+        gate_up: Linear,
+        /// `[D, I]`.
+        down: Linear,
+    },
+    /// Sparse MoE.
+    Moe(Moe),
+}
+
+/// One decoder layer: `h = x + mixer(norm(x)); out = h + mlp(norm(h))`.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    in_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// The token mixer.
+    pub mixer: Mixer,
+    mlp: Mlp,
+    eps: f32,
+    hidden: usize,
+}
+
+impl DecoderLayer {
+    /// Builds layer `prefix` (e.g. `layers.3`) of type `full`/linear and MoE or dense.
+    pub fn load(
+        st: &mut Store,
+        cfg: &ModelConfig,
+        prefix: &str,
+        full: bool,
+        moe: bool,
+    ) -> Result<Self> {
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let eps = t.rms_norm_eps as f32;
+        let mixer = if full {
+            let hd = cfg.head_dim();
+            let (h, kvh) = (t.num_attention_heads, t.num_key_value_heads);
+            let p = format!("{prefix}.self_attn");
+            let qkv = st.fused_linear(
+                &[
+                    (&format!("{p}.q_proj"), h * hd * 2),
+                    (&format!("{p}.k_proj"), kvh * hd),
+                    (&format!("{p}.v_proj"), kvh * hd),
+                ],
+                d,
+            )?;
+            let rot = (hd as f64 * cfg.partial_rotary_factor()) as usize;
+            Mixer::Attention(Attention {
+                qkv,
+                o: st.linear(&format!("{p}.o_proj"), d, h * hd)?,
+                q_norm: st.vec(&format!("{p}.q_norm.weight"), hd)?,
+                k_norm: st.vec(&format!("{p}.k_norm.weight"), hd)?,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: hd,
+                rope: Rope::new(rot, cfg.rope_theta()),
+                eps,
+            })
+        } else {
+            let dims = DeltaDims {
+                hk: t.linear_num_key_heads,
+                hv: t.linear_num_value_heads,
+                dk: t.linear_key_head_dim,
+                dv: t.linear_value_head_dim,
+            };
+            let key_dim = dims.hk * dims.dk;
+            let value_dim = dims.hv * dims.dv;
+            let conv_dim = 2 * key_dim + value_dim;
+            let k = t.linear_conv_kernel_dim;
+            let p = format!("{prefix}.linear_attn");
+            let proj = st.fused_linear(
+                &[
+                    (&format!("{p}.in_proj_qkv"), conv_dim),
+                    (&format!("{p}.in_proj_z"), value_dim),
+                    (&format!("{p}.in_proj_b"), dims.hv),
+                    (&format!("{p}.in_proj_a"), dims.hv),
+                ],
+                d,
+            )?;
+            let a_log = st.vec(&format!("{p}.A_log"), dims.hv)?;
+            Mixer::Linear(DeltaNet {
+                proj,
+                conv_w: st.mat_f32(&format!("{p}.conv1d.weight"), &[conv_dim, k])?,
+                a_exp: a_log.iter().map(|a| a.exp()).collect(),
+                dt_bias: st.vec(&format!("{p}.dt_bias"), dims.hv)?,
+                norm_w: st.vec(&format!("{p}.norm.weight"), dims.dv)?,
+                out: st.linear(&format!("{p}.out_proj"), d, value_dim)?,
+                dims,
+                kernel: k,
+                // Qwen3.5 folds the l2norm epsilon into an RMSNorm as eps / dk; Qwen3-Next uses
+                // 1e-6 directly.
+                qk_eps: match cfg.family {
+                    Family::Qwen35 => 1e-6 / dims.dk as f32,
+                    Family::Qwen3Next => 1e-6,
+                },
+                eps,
+            })
+        };
+        let p = format!("{prefix}.mlp");
+        let mlp = if moe {
+            let e = t.num_experts;
+            let i = t.moe_intermediate_size;
+            let gate = st.tensor(&format!("{p}.switch_mlp.gate_proj.weight"), &[e, i, d])?;
+            let up = st.tensor(&format!("{p}.switch_mlp.up_proj.weight"), &[e, i, d])?;
+            let si = t.shared_expert_intermediate_size;
+            let (sgu, sd, sg) = if si > 0 {
+                (
+                    Some(st.fused_linear(
+                        &[
+                            (&format!("{p}.shared_expert.gate_proj"), si),
+                            (&format!("{p}.shared_expert.up_proj"), si),
+                        ],
+                        d,
+                    )?),
+                    Some(st.linear(&format!("{p}.shared_expert.down_proj"), d, si)?),
+                    Some(st.linear(&format!("{p}.shared_expert_gate"), 1, d)?),
+                )
+            } else {
+                (None, None, None)
+            };
+            Mlp::Moe(Moe {
+                router: st.linear(&format!("{p}.gate"), e, d)?,
+                gate_up: Tensor::cat(&[gate, up], 1)?.contiguous()?,
+                down: st.tensor(&format!("{p}.switch_mlp.down_proj.weight"), &[e, d, i])?,
+                inter: i,
+                top_k: t.num_experts_per_tok.max(1),
+                norm_topk: cfg.norm_topk_prob(),
+                shared_gate_up: sgu,
+                shared_down: sd,
+                shared_gate: sg,
+            })
+        } else {
+            let i = t.intermediate_size;
+            Mlp::Dense {
+                gate_up: st.fused_linear(
+                    &[(&format!("{p}.gate_proj"), i), (&format!("{p}.up_proj"), i)],
+                    d,
+                )?,
+                down: st.linear(&format!("{p}.down_proj"), d, i)?,
+            }
+        };
+        Ok(DecoderLayer {
+            in_norm: st.vec(&format!("{prefix}.input_layernorm.weight"), d)?,
+            post_norm: st.vec(&format!("{prefix}.post_attention_layernorm.weight"), d)?,
+            mixer,
+            mlp,
+            eps,
+            hidden: d,
+        })
+    }
+
+    /// A fresh cache for this layer.
+    pub fn new_cache(&self) -> LayerCache {
+        match &self.mixer {
+            Mixer::Attention(a) => LayerCache::Attention(crate::cache::KvCache::new(a.kv_heads, a.head_dim)),
+            Mixer::Linear(n) => {
+                let conv_dim = 2 * n.dims.hk * n.dims.dk + n.dims.hv * n.dims.dv;
+                LayerCache::Linear(crate::cache::LinearState {
+                    conv: vec![0.0; (n.kernel - 1) * conv_dim],
+                    state: vec![0.0; n.dims.hv * n.dims.dv * n.dims.dk],
+                    ..Default::default()
+                })
+            }
+        }
+    }
+
+    /// `x: [b, l, hidden]` → `[b, l, hidden]`; `caches[i]` and `positions[i]` (position of the
+    /// first new token) belong to row `i`.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        b: usize,
+        l: usize,
+        caches: &mut [&mut LayerCache],
+        positions: &[usize],
+    ) -> Result<Vec<f32>> {
+        let d = self.hidden;
+        let n = b * l;
+        let mut normed = x.to_vec();
+        kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
+        let r = match &self.mixer {
+            Mixer::Attention(a) => a.forward(&normed, b, l, caches, positions)?,
+            Mixer::Linear(m) => m.forward(&normed, b, l, caches)?,
+        };
+        let mut h: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a + b).collect();
+        let mut normed = h.clone();
+        kernels::rms_norm_rows(&mut normed, Some(&self.post_norm), d, self.eps);
+        let m = self.mlp.forward(&normed, n)?;
+        h.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+        Ok(h)
+    }
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &[f32],
+        b: usize,
+        l: usize,
+        caches: &mut [&mut LayerCache],
+        positions: &[usize],
+    ) -> Result<Vec<f32>> {
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let qkv = self.qkv.forward(x, b * l)?; // [b*l, h*2hd + 2*kvh*hd]
+        let width = h * hd * 2 + 2 * kvh * hd;
+        let mut out = vec![0f32; b * l * h * hd];
+        let scale = 1.0 / (hd as f32).sqrt();
+        for bi in 0..b {
+            let mut q = vec![0f32; l * h * hd];
+            let mut gate = vec![0f32; l * h * hd];
+            let mut k = vec![0f32; l * kvh * hd];
+            let mut v = vec![0f32; l * kvh * hd];
+            for t in 0..l {
+                let row = &qkv[(bi * l + t) * width..(bi * l + t + 1) * width];
+                // q_proj rows are [q_h, gate_h] per head
+                for head in 0..h {
+                    let src = &row[head * 2 * hd..(head + 1) * 2 * hd];
+                    q[(t * h + head) * hd..(t * h + head + 1) * hd].copy_from_slice(&src[..hd]);
+                    gate[(t * h + head) * hd..(t * h + head + 1) * hd].copy_from_slice(&src[hd..]);
+                }
+                k[t * kvh * hd..(t + 1) * kvh * hd]
+                    .copy_from_slice(&row[h * 2 * hd..h * 2 * hd + kvh * hd]);
+                v[t * kvh * hd..(t + 1) * kvh * hd].copy_from_slice(&row[h * 2 * hd + kvh * hd..]);
+            }
+            kernels::rms_norm_rows(&mut q, Some(&self.q_norm), hd, self.eps);
+            kernels::rms_norm_rows(&mut k, Some(&self.k_norm), hd, self.eps);
+            for t in 0..l {
+                let pos = positions[bi] + t;
+                for head in 0..h {
+                    self.rope.apply(&mut q[(t * h + head) * hd..(t * h + head + 1) * hd], pos);
+                }
+                for head in 0..kvh {
+                    self.rope.apply(&mut k[(t * kvh + head) * hd..(t * kvh + head + 1) * hd], pos);
+                }
+            }
+            let LayerCache::Attention(kv) = &mut *caches[bi] else {
+                return Err(Error::Unsupported("a linear-attention cache on a full-attention layer".into()));
+            };
+            kv.append(&k, &v);
+            let o = kernels::attention(&q, &kv.k, &kv.v, l, h, kvh, hd, scale);
+            let dst = &mut out[bi * l * h * hd..(bi + 1) * l * h * hd];
+            for ((d, o), g) in dst.iter_mut().zip(&o).zip(&gate) {
+                *d = o * kernels::sigmoid(*g);
+            }
+        }
+        self.o.forward(&out, b * l)
+    }
+}
+
+impl DeltaNet {
+    fn forward(&self, x: &[f32], b: usize, l: usize, caches: &mut [&mut LayerCache]) -> Result<Vec<f32>> {
+        let dm = self.dims;
+        let key_dim = dm.hk * dm.dk;
+        let value_dim = dm.hv * dm.dv;
+        let conv_dim = 2 * key_dim + value_dim;
+        let width = conv_dim + value_dim + 2 * dm.hv;
+        let proj = self.proj.forward(x, b * l)?; // [b*l, width]
+        let mut out = vec![0f32; b * l * value_dim];
+        for bi in 0..b {
+            let LayerCache::Linear(st) = &mut *caches[bi] else {
+                return Err(Error::Unsupported("a KV cache on a linear-attention layer".into()));
+            };
+            let recording = st.before.is_some();
+            let rows = &proj[bi * l * width..(bi + 1) * l * width];
+            let mut mixed = Vec::with_capacity(l * conv_dim);
+            let mut z = Vec::with_capacity(l * value_dim);
+            let mut g = Vec::with_capacity(l * dm.hv);
+            let mut beta = Vec::with_capacity(l * dm.hv);
+            for t in 0..l {
+                let r = &rows[t * width..(t + 1) * width];
+                mixed.extend_from_slice(&r[..conv_dim]);
+                z.extend_from_slice(&r[conv_dim..conv_dim + value_dim]);
+                let bb = &r[conv_dim + value_dim..conv_dim + value_dim + dm.hv];
+                let aa = &r[conv_dim + value_dim + dm.hv..];
+                for h in 0..dm.hv {
+                    beta.push(kernels::sigmoid(bb[h]));
+                    // g = exp(-exp(A_log) * softplus(a + dt_bias))
+                    g.push((-self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h])).exp());
+                }
+            }
+            let conv_out = kernels::causal_conv_silu(
+                &mut st.conv,
+                &mixed,
+                &self.conv_w,
+                conv_dim,
+                self.kernel,
+                if recording { Some(&mut st.rec_conv) } else { None },
+            );
+            // split [q | k | v] per step and normalise q, k per head
+            let mut q = Vec::with_capacity(l * key_dim);
+            let mut k = Vec::with_capacity(l * key_dim);
+            let mut v = Vec::with_capacity(l * value_dim);
+            for t in 0..l {
+                let r = &conv_out[t * conv_dim..(t + 1) * conv_dim];
+                q.extend_from_slice(&r[..key_dim]);
+                k.extend_from_slice(&r[key_dim..2 * key_dim]);
+                v.extend_from_slice(&r[2 * key_dim..]);
+            }
+            let inv = 1.0 / (dm.dk as f32).sqrt();
+            kernels::rms_norm_rows(&mut q, None, dm.dk, self.qk_eps);
+            kernels::rms_norm_rows(&mut k, None, dm.dk, self.qk_eps);
+            q.iter_mut().for_each(|x| *x *= inv * inv);
+            k.iter_mut().for_each(|x| *x *= inv);
+            let mut y = kernels::gated_delta_steps(
+                dm,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &mut st.state,
+                if recording { Some(&mut st.rec_state) } else { None },
+            );
+            // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
+            kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
+            let dst = &mut out[bi * l * value_dim..(bi + 1) * l * value_dim];
+            for ((d, y), z) in dst.iter_mut().zip(&y).zip(&z) {
+                *d = y * kernels::silu(*z);
+            }
+        }
+        self.out.forward(&out, b * l)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        match self {
+            Mlp::Dense { gate_up, down } => {
+                let i = gate_up.out_features() / 2;
+                let gu = gate_up.forward(x, n)?;
+                let act = swiglu_rows(&gu, n, i);
+                down.forward(&act, n)
+            }
+            Mlp::Moe(m) => m.forward(x, n),
+        }
+    }
+}
+
+/// `silu(gate) * up` for rows laid out `[gate (i) | up (i)]`.
+fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
+    let mut act = Vec::with_capacity(n * i);
+    for r in 0..n {
+        let row = &gu[r * 2 * i..(r + 1) * 2 * i];
+        act.extend(row[..i].iter().zip(&row[i..]).map(|(g, u)| kernels::silu(*g) * u));
+    }
+    act
+}
+
+impl Moe {
+    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let d = x.len() / n.max(1);
+        let e = self.router.out_features();
+        let logits = self.router.forward(x, n)?;
+        // per expert: (token, weight)
+        let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+        for t in 0..n {
+            let row = &logits[t * e..(t + 1) * e];
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            let probs: Vec<f32> = exps.iter().map(|v| v / sum).collect();
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]));
+            let top = &idx[..self.top_k.min(e)];
+            let tot: f32 = top.iter().map(|i| probs[*i]).sum();
+            for &ei in top {
+                let w = if self.norm_topk { probs[ei] / tot } else { probs[ei] };
+                routes[ei].push((t, w));
+            }
+        }
+        let mut out = vec![0f32; n * d];
+        let dev = self.gate_up.device();
+        for (ei, toks) in routes.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let m = toks.len();
+            let mut xs = Vec::with_capacity(m * d);
+            for (t, _) in toks {
+                xs.extend_from_slice(&x[t * d..(t + 1) * d]);
+            }
+            let gu = Linear { w: self.gate_up.get(ei)? }.forward(&xs, m)?;
+            let act = swiglu_rows(&gu, m, self.inter);
+            let y = Linear { w: self.down.get(ei)? }.forward(&act, m)?;
+            for (j, (t, w)) in toks.iter().enumerate() {
+                out[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&y[j * d..(j + 1) * d])
+                    .for_each(|(o, v)| *o += w * v);
+            }
+            let _ = dev;
+        }
+        if let (Some(gu), Some(down), Some(gate)) = (&self.shared_gate_up, &self.shared_down, &self.shared_gate) {
+            let si = gu.out_features() / 2;
+            let act = swiglu_rows(&gu.forward(x, n)?, n, si);
+            let y = down.forward(&act, n)?;
+            let gs = gate.forward(x, n)?;
+            for t in 0..n {
+                let s = kernels::sigmoid(gs[t]);
+                out[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&y[t * d..(t + 1) * d])
+                    .for_each(|(o, v)| *o += s * v);
+            }
+        }
+        Ok(out)
+    }
+}

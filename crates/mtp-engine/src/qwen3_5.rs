@@ -1,0 +1,450 @@
+//! Qwen3.5 / Qwen3.6 / Qwen3-Next hybrid language models (`qwen3_5`, `qwen3_5_text`,
+//! `qwen3_5_moe`, `qwen3_5_moe_text`, `qwen3_next`): full attention every
+//! `full_attention_interval` layers, Gated DeltaNet elsewhere, SwiGLU or sparse-MoE MLPs.
+//!
+//! Numerics follow mlx-vlm 0.7.10 `models/qwen3_5`, `qwen3_5_moe` and `qwen3_next`.
+
+use std::collections::{BTreeSet, HashMap};
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::cache::SeqCache;
+use crate::config::{Family, ModelConfig};
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::loader::{dequantize_affine, Checkpoint};
+use crate::nn::{DecoderLayer, Linear, Store};
+
+/// Which positions of a forward get LM-head logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsAt {
+    /// Only the last position of each row.
+    Last,
+    /// Every position.
+    All,
+    /// None (hidden states only).
+    None,
+}
+
+/// The result of a forward pass.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// Final-normed hidden states `[b, l, hidden]` (what the MTP head consumes).
+    pub hidden: Vec<f32>,
+    /// Logits `[b, 1 or l, vocab]` per [`LogitsAt`] (empty for `None`).
+    pub logits: Vec<f32>,
+}
+
+/// Tensors of a checkpoint after [`sanitize`]: the language model's and the MTP head's, with
+/// canonical names (`layers.N.…`, `embed_tokens.weight`, `norm.weight`, `lm_head.weight`; MTP
+/// names without the `mtp.` prefix).
+pub struct Sanitized {
+    /// Language-model tensors.
+    pub target: HashMap<String, Tensor>,
+    /// MTP-head tensors embedded in the checkpoint (`mtp.*`), already in MLX conventions.
+    pub mtp: HashMap<String, Tensor>,
+}
+
+/// RMSNorm weights stored zero-centred in Hugging Face checkpoints (used as `1 + w`).
+const SHIFTED_NORMS: [&str; 4] = [
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+];
+
+/// Where a checkpoint tensor goes.
+enum Dest {
+    Target(String),
+    Mtp(String),
+    Skip,
+}
+
+fn route(name: &str) -> Dest {
+    // Vision tower: not loaded by this runtime (image input is refused).
+    if name.contains("visual.") || name.starts_with("vision_tower") || name.contains(".vision_tower.") {
+        return Dest::Skip;
+    }
+    // HF MTP-preserving checkpoints (Qwen3.5/3.6 HF, mlx-works *-mtp): embedded head.
+    if let Some(rest) = name.strip_prefix("mtp.") {
+        return Dest::Mtp(rest.to_string());
+    }
+    for (prefix, repl) in [
+        // HF Qwen3.5 multimodal layout.
+        ("model.language_model.", ""),
+        // MLX (mlx-vlm convert) layout.
+        ("language_model.model.", ""),
+        ("language_model.lm_head.", "lm_head."),
+        ("language_model.", ""),
+        // HF text-only layouts (qwen3_5_text, qwen3_next).
+        ("model.", ""),
+    ] {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            return Dest::Target(format!("{repl}{rest}"));
+        }
+    }
+    Dest::Target(name.to_string())
+}
+
+/// Loads every tensor of `ckpt` with canonical names, dequantizing MLX affine-quantized modules
+/// (`X.weight` u32 + `X.scales` + `X.biases`) to f32. The second map says which names came in
+/// through the `mtp.` prefix.
+fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
+    let shapes = ckpt.shapes();
+    let quantized: BTreeSet<String> = shapes
+        .keys()
+        .filter_map(|k| k.strip_suffix(".scales"))
+        .filter(|m| shapes.contains_key(&format!("{m}.weight")))
+        .map(str::to_string)
+        .collect();
+    let mut out = Sanitized {
+        target: HashMap::new(),
+        mtp: HashMap::new(),
+    };
+    for name in shapes.keys() {
+        let module = name.rsplit_once('.').map(|(m, _)| m).unwrap_or("");
+        if quantized.contains(module) && (name.ends_with(".scales") || name.ends_with(".biases")) {
+            continue;
+        }
+        let dest = route(name);
+        let canonical = match &dest {
+            Dest::Target(c) | Dest::Mtp(c) => c.clone(),
+            Dest::Skip => continue,
+        };
+        let tensor = if quantized.contains(module) && name.ends_with(".weight") {
+            let canonical_module = canonical.trim_end_matches(".weight");
+            let bits = cfg.quant_bits(module, canonical_module).ok_or_else(|| Error::Quantization {
+                name: name.clone(),
+                message: "quantized tensor but config.json has no `quantization.bits`".into(),
+            })?;
+            dequantize_affine(
+                name,
+                &ckpt.load_raw(name)?,
+                &ckpt.load_raw(&format!("{module}.scales"))?,
+                &ckpt.load_raw(&format!("{module}.biases"))?,
+                bits,
+            )?
+        } else {
+            ckpt.load_f32(name)?
+        };
+        match dest {
+            Dest::Target(c) => out.target.insert(c, tensor),
+            Dest::Mtp(c) => out.mtp.insert(c, tensor),
+            Dest::Skip => None,
+        };
+    }
+    Ok(out)
+}
+
+/// Joins per-expert or fused expert tensors into `switch_mlp.{gate,up,down}_proj.weight`
+/// stacks `[E, out, in]`.
+pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usize) -> Result<()> {
+    // HF Qwen3.5-MoE (transformers 5): fused `experts.gate_up_proj` [E, 2I, D] and
+    // `experts.down_proj` [E, D, I].
+    let fused: Vec<String> = map
+        .keys()
+        .filter(|k| k.ends_with(".experts.gate_up_proj") || k.ends_with(".experts.gate_up_proj.weight"))
+        .cloned()
+        .collect();
+    for key in fused {
+        let base = key
+            .trim_end_matches(".weight")
+            .trim_end_matches(".experts.gate_up_proj")
+            .to_string();
+        let gu = map.remove(&key).ok_or_else(|| Error::MissingTensor {
+            name: key.clone(),
+            model_type: "qwen3_5_moe".into(),
+        })?;
+        let dims = gu.dims().to_vec();
+        if dims.len() != 3 || dims[1] % 2 != 0 {
+            return Err(Error::ShapeMismatch {
+                name: key,
+                expected: vec![num_experts, 0, 0],
+                actual: dims,
+            });
+        }
+        let i = dims[1] / 2;
+        map.insert(format!("{base}.switch_mlp.gate_proj.weight"), gu.narrow(1, 0, i)?.contiguous()?);
+        map.insert(format!("{base}.switch_mlp.up_proj.weight"), gu.narrow(1, i, i)?.contiguous()?);
+        for down in [format!("{base}.experts.down_proj"), format!("{base}.experts.down_proj.weight")] {
+            if let Some(t) = map.remove(&down) {
+                map.insert(format!("{base}.switch_mlp.down_proj.weight"), t);
+            }
+        }
+    }
+    // HF Qwen3-Next / older Qwen3.5-MoE: one tensor per expert `experts.{e}.{proj}.weight`.
+    let per_expert: BTreeSet<String> = map
+        .keys()
+        .filter_map(|k| k.split_once(".experts.0.").map(|(b, _)| b.to_string()))
+        .collect();
+    for base in per_expert {
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            let mut parts = Vec::with_capacity(num_experts);
+            for e in 0..num_experts {
+                let k = format!("{base}.experts.{e}.{proj}.weight");
+                parts.push(map.remove(&k).ok_or_else(|| Error::MissingTensor {
+                    name: k,
+                    model_type: "moe".into(),
+                })?);
+            }
+            map.insert(format!("{base}.switch_mlp.{proj}.weight"), Tensor::stack(&parts, 0)?);
+        }
+    }
+    Ok(())
+}
+
+/// Every checkpoint rule of this model family, in one place. Input: the raw checkpoint; output:
+/// canonical tensors in MLX conventions (norm weights used as-is, conv weight `[C, K]`, experts
+/// stacked, Gated DeltaNet projections split into `in_proj_qkv`/`in_proj_z`/`in_proj_b`/`in_proj_a`).
+pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
+    // Prefix renames (HF `model.language_model.` / MLX `language_model.model.` / text-only
+    // `model.`), vision tower dropped, MLX affine quantization dequantized: see `route` and
+    // `load_renamed`.
+    let mut s = load_renamed(ckpt, cfg)?;
+    let t = &cfg.text;
+
+    // Tied embeddings: some exports still carry an lm_head copy; the embedding is authoritative.
+    if t.tie_word_embeddings {
+        s.target.remove("lm_head.weight");
+    }
+
+    // Norm convention, decided from the conv1d weight layout only: Hugging Face checkpoints store
+    // torch conv weights [C, 1, K] *and* zero-centred RMSNorm weights (used as 1 + w); MLX
+    // conversions store [C, K, 1] with norms already shifted. The presence of `mtp.*` tensors
+    // says nothing about this (the mlx-lm double-shift bug, ml-explore/mlx-lm#1623).
+    let hf_layout = s
+        .target
+        .iter()
+        .any(|(k, v)| k.ends_with("conv1d.weight") && v.dims().last().is_some_and(|d| *d != 1));
+
+    let keys: Vec<String> = s.target.keys().cloned().collect();
+    for k in keys {
+        let Some(v) = s.target.remove(&k) else { continue };
+        let v = if k.ends_with("conv1d.weight") && v.rank() == 3 {
+            // HF torch layout [C, 1, K] and MLX layout [C, K, 1] both become [C, K].
+            let dims = v.dims().to_vec();
+            if dims[2] == 1 {
+                v.reshape((dims[0], dims[1]))?
+            } else {
+                v.reshape((dims[0], dims[2]))?
+            }
+        } else if hf_layout
+            && v.rank() == 1
+            && (k == "norm.weight" || SHIFTED_NORMS.iter().any(|s| k.ends_with(s)))
+        {
+            // HF zero-centred RMSNorm weights (Qwen3.5/3.6/Next HF layout); the gated norm of
+            // linear attention (`linear_attn.norm.weight`) is stored as-is.
+            (v + 1.0)?
+        } else {
+            v
+        };
+        s.target.insert(k, v);
+    }
+
+    // Qwen3-Next HF layout fuses the DeltaNet input projections per key head:
+    // in_proj_qkvz rows [q (dk), k (dk), v (r dv), z (r dv)] and in_proj_ba rows [b (r), a (r)]
+    // for each of the nk key heads (r = value heads per key head).
+    if cfg.family == Family::Qwen3Next {
+        split_qwen3_next_projections(&mut s.target, cfg)?;
+    }
+
+    // MoE experts: fused or per-expert HF tensors become stacked switch_mlp tensors.
+    if t.num_experts > 0 {
+        merge_experts(&mut s.target, t.num_experts)?;
+        merge_experts(&mut s.mtp, t.num_experts)?;
+    }
+
+    // Embedded MTP head (`mtp.*`, HF naming): mlx-vlm's drafter loader treats `mtp.`-prefixed
+    // tensors as HF layout and shifts their RMSNorm weights (including the head's own
+    // `pre_fc_norm_*` and final `norm`).
+    let keys: Vec<String> = s.mtp.keys().cloned().collect();
+    for k in keys {
+        if let Some(v) = s.mtp.remove(&k) {
+            let v = if v.rank() == 1 && k.ends_with("norm.weight") && !k.contains("linear_attn") {
+                (v + 1.0)?
+            } else {
+                v
+            };
+            s.mtp.insert(k, v);
+        }
+    }
+    Ok(s)
+}
+
+fn split_qwen3_next_projections(map: &mut HashMap<String, Tensor>, cfg: &ModelConfig) -> Result<()> {
+    let t = &cfg.text;
+    let (nk, dk, nv, dv) = (
+        t.linear_num_key_heads,
+        t.linear_key_head_dim,
+        t.linear_num_value_heads,
+        t.linear_value_head_dim,
+    );
+    let r = nv / nk;
+    let keys: Vec<String> = map
+        .keys()
+        .filter(|k| k.ends_with("linear_attn.in_proj_qkvz.weight"))
+        .cloned()
+        .collect();
+    for key in keys {
+        let base = key.trim_end_matches(".in_proj_qkvz.weight").to_string();
+        let Some(w) = map.remove(&key) else { continue };
+        let group = 2 * dk + 2 * r * dv;
+        let d = w.dims()[1];
+        let w = w.reshape((nk, group, d))?;
+        let q = w.narrow(1, 0, dk)?.reshape((nk * dk, d))?;
+        let k = w.narrow(1, dk, dk)?.reshape((nk * dk, d))?;
+        let v = w.narrow(1, 2 * dk, r * dv)?.reshape((nk * r * dv, d))?;
+        let z = w.narrow(1, 2 * dk + r * dv, r * dv)?.reshape((nk * r * dv, d))?;
+        map.insert(format!("{base}.in_proj_qkv.weight"), Tensor::cat(&[q, k, v], 0)?);
+        map.insert(format!("{base}.in_proj_z.weight"), z);
+        let ba_key = format!("{base}.in_proj_ba.weight");
+        let ba = map.remove(&ba_key).ok_or(Error::MissingTensor {
+            name: ba_key,
+            model_type: "qwen3_next".into(),
+        })?;
+        let ba = ba.reshape((nk, 2 * r, d))?;
+        map.insert(format!("{base}.in_proj_b.weight"), ba.narrow(1, 0, r)?.reshape((nk * r, d))?);
+        map.insert(format!("{base}.in_proj_a.weight"), ba.narrow(1, r, r)?.reshape((nk * r, d))?);
+    }
+    Ok(())
+}
+
+/// A loaded Qwen3.5-family language model.
+#[derive(Debug)]
+pub struct Qwen35Model {
+    cfg: ModelConfig,
+    embed: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>,
+    lm_head: Linear,
+    device: Device,
+}
+
+impl Qwen35Model {
+    /// Builds the model from sanitized tensors (`st` keeps whatever is not used).
+    pub fn load(cfg: &ModelConfig, st: &mut Store, device: &Device) -> Result<Self> {
+        let t = &cfg.text;
+        let embed = st.tensor("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+        let mut layers = Vec::with_capacity(t.num_hidden_layers);
+        for i in 0..t.num_hidden_layers {
+            layers.push(DecoderLayer::load(
+                st,
+                cfg,
+                &format!("layers.{i}"),
+                cfg.is_full_attention(i),
+                cfg.is_moe_layer(i),
+            )?);
+        }
+        let norm = st.vec("norm.weight", t.hidden_size)?;
+        let lm_head = if t.tie_word_embeddings {
+            Linear { w: embed.clone() }
+        } else {
+            st.linear("lm_head", t.vocab_size, t.hidden_size)?
+        };
+        Ok(Qwen35Model {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            device: device.clone(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Residual width.
+    pub fn hidden_size(&self) -> usize {
+        self.cfg.text.hidden_size
+    }
+
+    /// Vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.cfg.text.vocab_size
+    }
+
+    /// A fresh cache for one sequence.
+    pub fn new_cache(&self) -> SeqCache {
+        SeqCache::new(self.layers.iter().map(|l| l.new_cache()).collect())
+    }
+
+    /// Token embeddings `[n, hidden]`.
+    pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let idx = Tensor::from_slice(ids, ids.len(), &self.device)?;
+        let e = self.embed.index_select(&idx, 0)?.to_dtype(DType::F32)?;
+        Ok(e.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// LM head over hidden rows `[n, hidden]` → `[n, vocab]`.
+    pub fn logits(&self, hidden: &[f32], n: usize) -> Result<Vec<f32>> {
+        self.lm_head.forward(hidden, n)
+    }
+
+    /// Runs `tokens` (`b` rows of equal length) through the model, extending each row's cache.
+    /// Rows may sit at different positions.
+    pub fn forward(&self, tokens: &[Vec<u32>], caches: &mut [SeqCache], at: LogitsAt) -> Result<ForwardOutput> {
+        let b = tokens.len();
+        let l = tokens.first().map_or(0, |r| r.len());
+        if b == 0 || l == 0 {
+            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new() });
+        }
+        if caches.len() != b || tokens.iter().any(|r| r.len() != l) {
+            return Err(Error::InvalidRequest(format!(
+                "forward needs {b} caches and rows of equal length, got {} caches",
+                caches.len()
+            )));
+        }
+        let d = self.hidden_size();
+        let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
+        let mut x = self.embed(&flat)?;
+        let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut lc: Vec<&mut crate::cache::LayerCache> = caches.iter_mut().map(|c| &mut c.layers[i]).collect();
+            x = layer.forward(&x, b, l, &mut lc, &positions)?;
+        }
+        for c in caches.iter_mut() {
+            c.advance(l);
+        }
+        kernels::rms_norm_rows(&mut x, Some(&self.norm), d, self.cfg.text.rms_norm_eps as f32);
+        let logits = match at {
+            LogitsAt::None => Vec::new(),
+            LogitsAt::All => self.logits(&x, b * l)?,
+            LogitsAt::Last => {
+                let mut last = Vec::with_capacity(b * d);
+                for bi in 0..b {
+                    last.extend_from_slice(&x[((bi + 1) * l - 1) * d..(bi + 1) * l * d]);
+                }
+                self.logits(&last, b)?
+            }
+        };
+        Ok(ForwardOutput { hidden: x, logits })
+    }
+}
+
+/// Loads a checkpoint directory: config, sanitize, build. Returns the model and the embedded MTP
+/// head's tensors (empty when the checkpoint has none).
+pub fn load_dir(
+    dir: &std::path::Path,
+    device: &Device,
+    dtype: DType,
+) -> Result<(Qwen35Model, HashMap<String, Tensor>)> {
+    let cfg = ModelConfig::load(dir)?;
+    if cfg.model_type == "qwen3_5_mtp" {
+        return Err(Error::Unsupported(format!(
+            "{} is a qwen3_5_mtp drafter, not a target model; pass it as the drafter",
+            dir.display()
+        )));
+    }
+    let ckpt = Checkpoint::open(dir)?;
+    let s = sanitize(&ckpt, &cfg)?;
+    let mut st = Store::new(s.target, &cfg.model_type, dtype, device);
+    let model = Qwen35Model::load(&cfg, &mut st, device)?;
+    let left: Vec<&String> = st.names().collect();
+    if !left.is_empty() {
+        tracing::debug!(unused = ?left, "tensors not used by the language model");
+    }
+    Ok((model, s.mtp))
+}

@@ -1,0 +1,207 @@
+//! The Qwen3.5 MTP head (`qwen3_5_mtp`): `fc` over
+//! `[pre_fc_norm_embedding(embed(token)); pre_fc_norm_hidden(hidden)]`, full-attention decoder
+//! layer(s) with their own KV cache, a final `norm`, and the target's embeddings and LM head.
+//!
+//! The hidden state it consumes is the target's *final-normed* hidden state at position `p`,
+//! paired with the token at `p + 1` (mlx-vlm 0.7.10 `speculative/drafters/qwen3_5_mtp`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::cache::{KvCache, LayerCache};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::loader::Checkpoint;
+use crate::nn::{DecoderLayer, Linear, Store};
+use crate::qwen3_5::{merge_experts, Qwen35Model};
+
+/// The MTP drafter's cache: one KV cache per head layer and the next draft position.
+#[derive(Debug, Clone)]
+pub struct MtpCache {
+    layers: Vec<LayerCache>,
+    pos: usize,
+}
+
+impl MtpCache {
+    /// Entries cached (= position of the next entry).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Drops the newest `n` entries.
+    pub fn trim(&mut self, n: usize) {
+        self.pos = self.pos.saturating_sub(n);
+        for l in &mut self.layers {
+            if let LayerCache::Attention(kv) = l {
+                kv.trim_to(self.pos);
+            }
+        }
+    }
+}
+
+/// A loaded MTP head.
+#[derive(Debug)]
+pub struct MtpHead {
+    fc: Linear,
+    pre_emb: Vec<f32>,
+    pre_hidden: Vec<f32>,
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>,
+    eps: f32,
+    hidden: usize,
+    /// Draft tokens per round declared by a companion config (`block_size - 1`).
+    pub default_depth: Option<usize>,
+}
+
+/// Every checkpoint rule of a companion drafter directory (`model_type: qwen3_5_mtp`, written by
+/// `mlx_vlm.convert --mtp`, e.g. mlx-community `*-MTP-4bit`): tensors carry no prefix and are in
+/// MLX conventions (norms already shifted); `mtp.`-prefixed names (an HF export of the head
+/// alone) are shifted like embedded heads; quantized modules are dequantized; MoE experts are
+/// stacked.
+pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
+    let shapes = ckpt.shapes();
+    let mut out = HashMap::new();
+    for name in shapes.keys() {
+        let module = name.rsplit_once('.').map(|(m, _)| m).unwrap_or("");
+        let quantized = shapes.contains_key(&format!("{module}.scales"));
+        if quantized && (name.ends_with(".scales") || name.ends_with(".biases")) {
+            continue;
+        }
+        let (hf, canonical) = match name.strip_prefix("mtp.") {
+            Some(rest) => (true, rest.to_string()),
+            None => (false, name.clone()),
+        };
+        let mut t = if quantized && name.ends_with(".weight") {
+            let bits = cfg
+                .quant_bits(module, canonical.trim_end_matches(".weight"))
+                .ok_or_else(|| Error::Quantization {
+                    name: name.clone(),
+                    message: "quantized tensor but config.json has no `quantization.bits`".into(),
+                })?;
+            crate::loader::dequantize_affine(
+                name,
+                &ckpt.load_raw(name)?,
+                &ckpt.load_raw(&format!("{module}.scales"))?,
+                &ckpt.load_raw(&format!("{module}.biases"))?,
+                bits,
+            )?
+        } else {
+            ckpt.load_f32(name)?
+        };
+        if hf && t.rank() == 1 && canonical.ends_with("norm.weight") {
+            t = (t + 1.0)?;
+        }
+        out.insert(canonical, t);
+    }
+    if cfg.text.num_experts > 0 {
+        merge_experts(&mut out, cfg.text.num_experts)?;
+    }
+    Ok(out)
+}
+
+impl MtpHead {
+    /// Builds the head from sanitized tensors (names without `mtp.`), using the target's text
+    /// config for shapes.
+    pub fn load(
+        tensors: HashMap<String, Tensor>,
+        cfg: &ModelConfig,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let n_layers = (0..)
+            .take_while(|i| tensors.contains_key(&format!("layers.{i}.input_layernorm.weight")))
+            .count();
+        if n_layers == 0 {
+            return Err(Error::NoDrafter("the MTP tensors have no decoder layer".into()));
+        }
+        let mut st = Store::new(tensors, "qwen3_5_mtp", dtype, device);
+        let mut layers = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            // Every MTP layer is full attention; MoE when the target is.
+            layers.push(DecoderLayer::load(&mut st, cfg, &format!("layers.{i}"), true, t.num_experts > 0)?);
+        }
+        Ok(MtpHead {
+            fc: st.linear("fc", d, 2 * d)?,
+            pre_emb: st.vec("pre_fc_norm_embedding.weight", d)?,
+            pre_hidden: st.vec("pre_fc_norm_hidden.weight", d)?,
+            layers,
+            norm: st.vec("norm.weight", d)?,
+            eps: t.rms_norm_eps as f32,
+            hidden: d,
+            default_depth: cfg.block_size.map(|b| b.saturating_sub(1).max(1)),
+        })
+    }
+
+    /// Loads a companion drafter directory (`model_type: qwen3_5_mtp`), checking that its hidden
+    /// size matches the target's.
+    pub fn load_dir(dir: &Path, target: &ModelConfig, dtype: DType, device: &Device) -> Result<Self> {
+        let cfg = ModelConfig::load(dir)?;
+        if cfg.model_type != "qwen3_5_mtp" {
+            return Err(Error::NoDrafter(format!(
+                "{} has model_type `{}`, expected qwen3_5_mtp",
+                dir.display(),
+                cfg.model_type
+            )));
+        }
+        if cfg.text.hidden_size != target.text.hidden_size || cfg.text.vocab_size != target.text.vocab_size {
+            return Err(Error::NoDrafter(format!(
+                "{}: hidden_size {} / vocab {} do not match the target's {} / {}",
+                dir.display(),
+                cfg.text.hidden_size,
+                cfg.text.vocab_size,
+                target.text.hidden_size,
+                target.text.vocab_size
+            )));
+        }
+        let ckpt = Checkpoint::open(dir)?;
+        let tensors = sanitize(&ckpt, &cfg)?;
+        let mut head = Self::load(tensors, &cfg, dtype, device)?;
+        head.default_depth = cfg.block_size.map(|b| b.saturating_sub(1).max(1));
+        Ok(head)
+    }
+
+    /// A fresh drafter cache.
+    pub fn new_cache(&self) -> MtpCache {
+        MtpCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| match l.new_cache() {
+                    LayerCache::Attention(kv) => LayerCache::Attention(kv),
+                    LayerCache::Linear(_) => LayerCache::Attention(KvCache::default()),
+                })
+                .collect(),
+            pos: 0,
+        }
+    }
+
+    /// Runs `tokens[i]` paired with target hidden `hidden[i]` (`[n, hidden]`) through the head at
+    /// the cache's next positions; returns the head's normed hidden states `[n, hidden]`.
+    pub fn forward(&self, target: &Qwen35Model, tokens: &[u32], hidden: &[f32], cache: &mut MtpCache) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        let d = self.hidden;
+        let mut e = target.embed(tokens)?;
+        kernels::rms_norm_rows(&mut e, Some(&self.pre_emb), d, self.eps);
+        let mut h = hidden.to_vec();
+        kernels::rms_norm_rows(&mut h, Some(&self.pre_hidden), d, self.eps);
+        // [n, 2d] = [norm(embed) | norm(hidden)]
+        let mut cat = Vec::with_capacity(n * 2 * d);
+        for i in 0..n {
+            cat.extend_from_slice(&e[i * d..(i + 1) * d]);
+            cat.extend_from_slice(&h[i * d..(i + 1) * d]);
+        }
+        let mut x = self.fc.forward(&cat, n)?;
+        let positions = [cache.pos];
+        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            x = layer.forward(&x, 1, n, &mut [lc], &positions)?;
+        }
+        cache.pos += n;
+        kernels::rms_norm_rows(&mut x, Some(&self.norm), d, self.eps);
+        Ok(x)
+    }
+}

@@ -1,0 +1,258 @@
+//! Native MTP speculation as its own loop: `draft` → `verify` → `accept` → `rollback` →
+//! `update_drafter`, each a named step over [`Round`] state; statistics go to one
+//! [`DraftStats`].
+//!
+//! * Greedy: a draft is accepted when it equals the target's argmax; output is identical to
+//!   target-only greedy decoding (the verify forward's rows are computed exactly as single-token
+//!   forwards would be, see `nn::matmul_rows`).
+//! * Seeded sampling: the drafter drafts greedily; the target's token at generated position `i`
+//!   is drawn with the position-keyed uniform `u(seed, i)`, exactly as plain decoding draws it,
+//!   and accepted on equality — the text is the same as plain seeded decoding.
+//! * Unseeded sampling: standard speculative sampling. The drafter samples `d ~ q`; the target
+//!   accepts with probability `min(1, p(d) / q(d))` and on rejection resamples from
+//!   `norm(max(0, p - q))`; when all drafts pass, the bonus token is drawn from `p`.
+//!
+//! Drafter bookkeeping follows mlx-vlm 0.7.10: the drafter's entry at position `p` pairs the
+//! token at `p + 1` with the target hidden at `p`; drafter entries appended while drafting are
+//! kept for accepted drafts, the rest are trimmed, and the accepted tail plus the bonus token are
+//! fed with the verified hidden states.
+
+use std::time::Instant;
+
+use mtp_contract::DraftStats;
+
+use crate::cache::SeqCache;
+use crate::engine::Emitter;
+use crate::error::Result;
+use crate::qwen3_5::{LogitsAt, Qwen35Model};
+use crate::qwen3_5_mtp::{MtpCache, MtpHead};
+use crate::sampling::{argmax, Sampler};
+
+/// Milliseconds spent in each step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecTimings {
+    /// Prompt forward (target + drafter prefill).
+    pub prefill_ms: f64,
+    /// Drafting, including the drafter update after acceptance.
+    pub draft_ms: f64,
+    /// Verify forwards.
+    pub verify_ms: f64,
+    /// Cache rollback.
+    pub rollback_ms: f64,
+}
+
+/// The state carried between rounds.
+struct Round {
+    cache: SeqCache,
+    mcache: MtpCache,
+    /// The target's last token (first input of the next verify).
+    bonus: u32,
+    /// The drafter's next proposal and its hidden state, produced when the drafter was updated.
+    seed: u32,
+    seed_q: Option<Vec<f32>>,
+    seed_hidden: Vec<f32>,
+    /// Drafter entries appended while drafting this round.
+    appended: usize,
+}
+
+/// Proposals of one round (with their draft distributions for unseeded sampling).
+struct Drafts {
+    tokens: Vec<u32>,
+    q: Vec<Vec<f32>>,
+}
+
+fn mode_uses_q(s: &Sampler) -> bool {
+    !s.is_greedy() && !s.is_seeded()
+}
+
+/// Picks the drafter's token from its logits: argmax for greedy and seeded modes, a sample from
+/// the processed distribution otherwise.
+fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> (u32, Option<Vec<f32>>) {
+    if mode_uses_q(s) {
+        let q = s.distribution(logits);
+        let u = s.uniform(1, position);
+        (Sampler::draw(&q, u), Some(q))
+    } else {
+        (argmax(logits), None)
+    }
+}
+
+/// Step 1: draft `k` tokens (the seed plus `k - 1` recurrent head forwards).
+fn draft(model: &Qwen35Model, head: &MtpHead, r: &mut Round, k: usize, s: &mut Sampler, pos: usize) -> Result<Drafts> {
+    let mut d = Drafts {
+        tokens: vec![r.seed],
+        q: r.seed_q.take().into_iter().collect(),
+    };
+    r.appended = 0;
+    let mut h = r.seed_hidden.clone();
+    let mut tok = r.seed;
+    while d.tokens.len() < k {
+        h = head.forward(model, &[tok], &h, &mut r.mcache)?;
+        r.appended += 1;
+        let logits = model.logits(&h, 1)?;
+        let (t, q) = draft_pick(s, &logits, pos + d.tokens.len());
+        tok = t;
+        d.tokens.push(t);
+        if let Some(q) = q {
+            d.q.push(q);
+        }
+    }
+    Ok(d)
+}
+
+/// Step 2: one target forward over `[bonus, d_1 .. d_k]`, recording per-position linear states.
+fn verify(model: &Qwen35Model, r: &mut Round, d: &Drafts) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut input = Vec::with_capacity(d.tokens.len() + 1);
+    input.push(r.bonus);
+    input.extend_from_slice(&d.tokens);
+    r.cache.begin_verify();
+    let out = model.forward(&[input], std::slice::from_mut(&mut r.cache), LogitsAt::All)?;
+    Ok((out.logits, out.hidden))
+}
+
+/// Step 3: walk the drafts; returns the number accepted and the new tokens (accepted drafts plus
+/// the target's own token).
+fn accept(logits: &[f32], vocab: usize, d: &Drafts, s: &mut Sampler, pos: usize) -> (usize, Vec<u32>) {
+    let k = d.tokens.len();
+    let mut new = Vec::with_capacity(k + 1);
+    for j in 0..=k {
+        let row = &logits[j * vocab..(j + 1) * vocab];
+        if mode_uses_q(s) {
+            let p = s.distribution(row);
+            if j < k {
+                let t = d.tokens[j] as usize;
+                let q = &d.q[j];
+                let ratio = if q[t] > 0.0 { p[t] / q[t] } else { 1.0 };
+                if s.uniform(0, pos + j) < ratio.min(1.0) as f64 {
+                    new.push(d.tokens[j]);
+                    continue;
+                }
+                // residual max(0, p - q)
+                let mut res: Vec<f32> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+                let sum: f32 = res.iter().sum();
+                let t = if sum > 0.0 {
+                    res.iter_mut().for_each(|x| *x /= sum);
+                    Sampler::draw(&res, s.uniform(2, pos + j))
+                } else {
+                    Sampler::draw(&p, s.uniform(2, pos + j))
+                };
+                new.push(t);
+                return (j, new);
+            }
+            let t = Sampler::draw(&p, s.uniform(0, pos + j));
+            new.push(t);
+            return (j, new);
+        }
+        let t = s.sample(row, pos + j);
+        new.push(t);
+        if j < k && t == d.tokens[j] {
+            continue;
+        }
+        return (j, new);
+    }
+    (k, new)
+}
+
+/// Step 4: keep the verified positions of the accepted prefix plus the bonus input.
+fn rollback(r: &mut Round, accepted: usize) {
+    r.cache.commit_verify(accepted + 1);
+}
+
+/// Step 5: bring the drafter up to date with the accepted tokens and verified hidden states and
+/// produce the next seed.
+#[allow(clippy::too_many_arguments)]
+fn update_drafter(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    r: &mut Round,
+    d: &Drafts,
+    accepted: usize,
+    new: &[u32],
+    verify_hidden: &[f32],
+    s: &mut Sampler,
+    pos: usize,
+) -> Result<()> {
+    let dm = model.hidden_size();
+    let keep = accepted.min(r.appended);
+    r.mcache.trim(r.appended - keep);
+    let mut toks: Vec<u32> = d.tokens[keep..accepted].to_vec();
+    let bonus = *new.last().unwrap_or(&r.bonus);
+    toks.push(bonus);
+    let hid = &verify_hidden[keep * dm..(accepted + 1) * dm];
+    let h = head.forward(model, &toks, hid, &mut r.mcache)?;
+    let last = &h[(toks.len() - 1) * dm..];
+    let logits = model.logits(last, 1)?;
+    let (t, q) = draft_pick(s, &logits, pos);
+    r.seed = t;
+    r.seed_q = q;
+    r.seed_hidden = last.to_vec();
+    r.bonus = bonus;
+    Ok(())
+}
+
+/// Runs prefill and MTP rounds until the emitter says stop.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    prompt: &[u32],
+    depth: usize,
+    s: &mut Sampler,
+    em: &mut Emitter<'_>,
+    stats: &mut DraftStats,
+    t: &mut SpecTimings,
+    first_at: &mut Option<Instant>,
+) -> Result<()> {
+    let dm = model.hidden_size();
+    let vocab = model.vocab_size();
+    let t0 = Instant::now();
+    let mut cache = model.new_cache();
+    let out = model.forward(&[prompt.to_vec()], std::slice::from_mut(&mut cache), LogitsAt::Last)?;
+    let b = s.sample(&out.logits, 0);
+    // drafter prefill: (prompt[1..] + b) paired with the prompt's hidden states
+    let mut mcache = head.new_cache();
+    let mut shifted = prompt[1..].to_vec();
+    shifted.push(b);
+    let h = head.forward(model, &shifted, &out.hidden, &mut mcache)?;
+    let last = &h[(shifted.len() - 1) * dm..];
+    let (seed, seed_q) = draft_pick(s, &model.logits(last, 1)?, 1);
+    t.prefill_ms += t0.elapsed().as_secs_f64() * 1e3;
+    *first_at = Some(Instant::now());
+    if !em.emit(&[b]) {
+        return Ok(());
+    }
+    let mut r = Round {
+        cache,
+        mcache,
+        bonus: b,
+        seed,
+        seed_q,
+        seed_hidden: last.to_vec(),
+        appended: 0,
+    };
+    loop {
+        let k = depth.min(em.remaining());
+        if k == 0 {
+            break;
+        }
+        let pos = em.tokens.len();
+        let t1 = Instant::now();
+        let d = draft(model, head, &mut r, k, s, pos)?;
+        let t2 = Instant::now();
+        let (logits, hidden) = verify(model, &mut r, &d)?;
+        let (accepted, new) = accept(&logits, vocab, &d, s, pos);
+        let t3 = Instant::now();
+        rollback(&mut r, accepted);
+        let t4 = Instant::now();
+        stats.record_round(k, accepted);
+        update_drafter(model, head, &mut r, &d, accepted, &new, &hidden, s, pos + new.len())?;
+        let t5 = Instant::now();
+        t.draft_ms += (t2 - t1).as_secs_f64() * 1e3 + (t5 - t4).as_secs_f64() * 1e3;
+        t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
+        t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
+        if !em.emit(&new) {
+            break;
+        }
+    }
+    Ok(())
+}
