@@ -876,6 +876,49 @@ fn binary_version_and_usage_errors() {
 }
 
 #[test]
+fn binary_unknown_provider_is_checked_before_the_model() {
+    bin()
+        .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
+        .args(["generate", "--provider", "nope", "hi"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("unknown provider `nope`"))
+        .stderr(predicate::str::contains("tiny-mtp").not());
+}
+
+#[test]
+fn binary_lists_the_shipped_http_runtimes_and_reports_an_unreachable_server() {
+    bin()
+        .args(["generate", "--provider", "nope", "--model", "m", "hi"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("llama-server").and(predicate::str::contains("ollama")));
+    // Port 9 (discard) on loopback: nothing listens there.
+    bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--max-tokens",
+            "4",
+            "hi",
+        ])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains(
+            "cannot connect to http://127.0.0.1:9",
+        ))
+        .stderr(predicate::str::contains(
+            "start the server or fix --base-url",
+        ));
+}
+
+#[test]
 fn binary_unknown_provider_is_one_clear_line() {
     bin()
         .args(["generate", "--provider", "nope", "--model", "m", "hi"])
@@ -889,7 +932,7 @@ fn binary_unknown_provider_is_one_clear_line() {
 fn binary_missing_demo_model_says_how_to_get_it() {
     bin()
         .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
-        .args(["generate", "hi"])
+        .args(["generate", "--provider", "llama-server", "hi"])
         .assert()
         .code(1)
         .stderr(predicate::str::contains(
@@ -901,7 +944,17 @@ fn binary_missing_demo_model_says_how_to_get_it() {
 #[test]
 fn binary_verbose_shows_detail() {
     let out = bin()
-        .args(["-v", "generate", "--provider", "nope", "--model", "m", "hi"])
+        .args([
+            "-v",
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "hi",
+        ])
         .assert()
         .code(1)
         .get_output()
@@ -910,4 +963,22 @@ fn binary_verbose_shows_detail() {
     let text = String::from_utf8(out).unwrap();
     assert!(text.contains("creating provider"), "{text}");
     assert!(text.contains("command failed"), "{text}");
+    // Without -v, only the one error line.
+    let out = bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "hi",
+        ])
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 1);
 }

@@ -48,7 +48,10 @@ struct Repo {
 #[derive(Clone)]
 struct Hub {
     repos: Arc<BTreeMap<String, Repo>>,
+    /// Whole-file downloads.
     file_requests: Arc<AtomicUsize>,
+    /// `Range` reads (the probe's).
+    range_requests: Arc<AtomicUsize>,
 }
 
 fn hub() -> Hub {
@@ -93,6 +96,25 @@ fn hub() -> Hub {
             token: None,
         },
     );
+    // A target the embedded registry lists, whose head ships as a companion.
+    let mut listed = target(false, None);
+    listed.sha = "1111111111111111111111111111111111111111";
+    repos.insert("mlx-community/Qwen3.8-27B-4bit".to_string(), listed);
+    repos.insert(
+        "mlx-community/Qwen3.8-27B-MTP-4bit".to_string(),
+        Repo {
+            sha: "2222222222222222222222222222222222222222",
+            files: BTreeMap::from([
+                ("config.json".to_string(), drafter_cfg.to_vec()),
+                (
+                    "model.safetensors".to_string(),
+                    safetensors(&["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"]),
+                ),
+            ]),
+            broken: false,
+            token: None,
+        },
+    );
     repos.insert(
         "org/evil".to_string(),
         Repo {
@@ -105,6 +127,7 @@ fn hub() -> Hub {
     Hub {
         repos: Arc::new(repos),
         file_requests: Arc::new(AtomicUsize::new(0)),
+        range_requests: Arc::new(AtomicUsize::new(0)),
     }
 }
 
@@ -134,12 +157,41 @@ async fn revision(
         .into_response()
 }
 
+async fn tree(
+    State(h): State<Hub>,
+    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(repo) = h.repos.get(&format!("{org}/{name}")) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if !authorized(repo, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let entries: Vec<Value> = repo
+        .files
+        .iter()
+        .map(|(f, b)| json!({"type": "file", "path": f, "size": b.len()}))
+        .collect();
+    axum::Json(Value::Array(entries)).into_response()
+}
+
+/// `bytes=a-b` → (a, b).
+fn range(headers: &HeaderMap) -> Option<(usize, usize)> {
+    let v = headers
+        .get("range")?
+        .to_str()
+        .ok()?
+        .strip_prefix("bytes=")?;
+    let (a, b) = v.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
 async fn resolve(
     State(h): State<Hub>,
     UrlPath((org, name, rev, path)): UrlPath<(String, String, String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    h.file_requests.fetch_add(1, Ordering::SeqCst);
     let Some(repo) = h.repos.get(&format!("{org}/{name}")) else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -149,12 +201,28 @@ async fn resolve(
     if repo.broken {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
-    if rev != repo.sha {
+    if rev != repo.sha && rev != "main" {
         return StatusCode::NOT_FOUND.into_response();
     }
-    match repo.files.get(&path) {
-        Some(bytes) => bytes.clone().into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+    let Some(bytes) = repo.files.get(&path) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match range(&headers) {
+        Some((a, b)) if a < bytes.len() => {
+            let b = b.min(bytes.len() - 1);
+            h.range_requests.fetch_add(1, Ordering::SeqCst);
+            (
+                StatusCode::PARTIAL_CONTENT,
+                [("content-range", format!("bytes {a}-{b}/{}", bytes.len()))],
+                bytes[a..=b].to_vec(),
+            )
+                .into_response()
+        }
+        Some(_) => StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
+        None => {
+            h.file_requests.fetch_add(1, Ordering::SeqCst);
+            bytes.clone().into_response()
+        }
     }
 }
 
@@ -163,6 +231,7 @@ fn serve() -> (String, Hub) {
     let h = hub();
     let app = Router::new()
         .route("/api/models/{org}/{name}/revision/{rev}", get(revision))
+        .route("/api/models/{org}/{name}/tree/{rev}", get(tree))
         .route("/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
         .with_state(h.clone());
     let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
@@ -305,6 +374,48 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
     assert_eq!(rows[0]["installed"], true);
     assert_eq!(rows[0]["companion"], "org/model-MTP");
     assert_eq!(rows[0]["companion_installed"], true);
+}
+
+#[test]
+fn download_takes_the_registry_companion_when_the_weights_carry_no_head() {
+    let (endpoint, h) = serve();
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    bin(Some(&endpoint))
+        .args(["models", "download", "mlx-community/Qwen3.8-27B-4bit", "--cache-dir", &c])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "no MTP head in the weights; fetching the registry's companion mlx-community/Qwen3.8-27B-MTP-4bit",
+        ))
+        .stdout(predicate::str::contains(
+            "installed mlx-community/Qwen3.8-27B-4bit with its MTP companion mlx-community/Qwen3.8-27B-MTP-4bit",
+        ));
+    assert!(
+        h.range_requests.load(Ordering::SeqCst) > 0,
+        "the probe read headers by Range"
+    );
+    for (folder, sha) in [
+        (
+            "models--mlx-community--Qwen3.8-27B-4bit",
+            "1111111111111111111111111111111111111111",
+        ),
+        (
+            "models--mlx-community--Qwen3.8-27B-MTP-4bit",
+            "2222222222222222222222222222222222222222",
+        ),
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(cache.path().join(folder).join("refs/main")).unwrap(),
+            sha
+        );
+    }
+    // A model whose weights carry the head needs no companion.
+    bin(Some(&endpoint))
+        .args(["models", "download", "org/model-MTP", "--cache-dir", &c])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("installed org/model-MTP in"));
 }
 
 #[test]

@@ -340,10 +340,15 @@ async fn stream_answer(
     out: &mut Out,
 ) -> Result<Outcome, ProviderError> {
     let started = Instant::now();
-    let mut stream = llm.generate_stream(req).await?;
-    let mut live = LiveAnswer::start(out);
+    // Listen before the call: a runtime may prefill inside `generate_stream`.
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut stream = tokio::select! {
+        biased;
+        _ = &mut ctrl_c => return Ok(Outcome::Stopped(String::new(), 0, started.elapsed())),
+        s = llm.generate_stream(req) => s?,
+    };
+    let mut live = LiveAnswer::start(out);
     loop {
         tokio::select! {
             biased;

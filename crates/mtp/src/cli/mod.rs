@@ -23,7 +23,7 @@ mod output;
 mod probe;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -126,10 +126,15 @@ fn init_tracing(verbose: u8) {
 pub fn default_model_path() -> PathBuf {
     match std::env::var_os("MTP_DEFAULT_MODEL") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/tiny-mtp"
-        )),
+        _ => {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            manifest
+                .ancestors()
+                .nth(2)
+                .unwrap_or(manifest)
+                .join("models")
+                .join("tiny-mtp")
+        }
     }
 }
 
@@ -164,6 +169,18 @@ fn provider_speculation(m: &ModelArgs) -> Result<Speculation, CliError> {
 /// Creates the provider the flags name; with `--require-acceleration`, refuses when no lane
 /// is loaded.
 fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError> {
+    let known = crate::providers();
+    if !known.contains(&m.provider) {
+        // Say so before looking for a model the provider would never load.
+        return Err(CliError::Start {
+            provider: m.provider.clone(),
+            model: m.model.clone().unwrap_or_else(|| "the demo model".into()),
+            source: crate::Error::UnknownProvider {
+                name: m.provider.clone(),
+                known,
+            },
+        });
+    }
     let model = model_name(m)?;
     let mut opts = ProviderOptions::default().speculation(provider_speculation(m)?);
     if let Some(u) = &m.base_url {

@@ -35,14 +35,13 @@ async fn download(a: DownloadArgs, out: &mut Out) -> Result<(), CliError> {
     }
     let cache = hub::cache_dir(a.cache_dir.as_deref());
     let client = HubClient::from_env(a.token.clone())?;
-    let companion = a.drafter.clone().or_else(|| registry_companion(&a.repo));
+    let companion = match &a.drafter {
+        Some(d) => Some(d.clone()),
+        None => probe_companion(&a, &cache, out).await?,
+    };
     let mut repos = vec![(a.repo.clone(), a.revision.clone())];
-    match &companion {
-        Some(d) => repos.push((d.clone(), "main".to_string())),
-        None => out.note(&format!(
-            "note: the registry names no companion drafter for {}; pass --drafter REPO if its MTP head ships separately",
-            a.repo
-        ))?,
+    if let Some(d) = &companion {
+        repos.push((d.clone(), "main".to_string()));
     }
     // Plan both repos before writing anything.
     let mut plans = Vec::new();
@@ -95,14 +94,47 @@ struct Row {
     path: Option<PathBuf>,
 }
 
-/// The registry's companion drafter for a repo it lists as a target (exact match only: a
-/// name-prefix match could pair a GGUF with an MLX drafter).
-fn registry_companion(repo: &str) -> Option<String> {
-    use mtp_detect::registry::MatchKind;
-    match mtp_detect::registry().lookup_match(repo) {
-        Some((e, MatchKind::Target)) => e.speculation.drafter.clone(),
-        _ => None,
-    }
+/// The companion to fetch with a model, decided by evidence: `mtp-detect` probes the repo on
+/// the Hub (headers only); a model whose weights carry the head needs none, otherwise the
+/// registry's companion is fetched with it. A probe that fails is a note, not an error.
+async fn probe_companion(
+    a: &DownloadArgs,
+    cache: &Path,
+    out: &mut Out,
+) -> Result<Option<String>, CliError> {
+    let mut opts = mtp_detect::ProbeOptions::offline(mtp_detect::CacheConfig::new(cache));
+    opts.hub = mtp_detect::HubConfig::from_vars(|k| match k {
+        "HF_TOKEN" => a.token.clone(),
+        other => std::env::var(other).ok(),
+    });
+    let spec = if a.revision == "main" {
+        a.repo.clone()
+    } else {
+        format!("{}@{}", a.repo, a.revision)
+    };
+    let note = match mtp_detect::probe_async(spec, opts).await {
+        Ok(r) if r.mtp_head => format!("{}: MTP head embedded in the weights; no companion needed", a.repo),
+        Ok(r) if r.role == mtp_detect::Role::Drafter => format!("{} is itself a companion drafter", a.repo),
+        Ok(r) => match r.companion {
+            Some(c) => {
+                out.note(&format!(
+                    "{}: no MTP head in the weights; fetching the registry's companion {}",
+                    a.repo, c.repo
+                ))?;
+                return Ok(Some(c.repo));
+            }
+            None => format!(
+                "{}: no MTP head in the weights and no companion in the registry; pass --drafter REPO if one exists",
+                a.repo
+            ),
+        },
+        Err(e) => format!(
+            "note: could not probe {} for its MTP head ({e}); pass --drafter REPO if its head ships separately",
+            a.repo
+        ),
+    };
+    out.note(&note)?;
+    Ok(None)
 }
 
 /// The MTP head as the artifact proves it (`mtp-detect`), or the companion recorded at download.
