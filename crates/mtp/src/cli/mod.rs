@@ -8,6 +8,37 @@
 //! assert_ne!(code, std::process::ExitCode::SUCCESS);
 //! assert!(captured.stderr().contains("unknown provider `nope`"));
 //! ```
+//!
+//! ## Commands
+//!
+//! | command | what it does |
+//! | --- | --- |
+//! | `mtp generate [flags] PROMPT` | streams the answer to stdout, then one summary line on stderr (tokens, tok/s, acceptance, or the reason MTP was not used); `--json` prints the whole response instead |
+//! | `mtp chat [flags]` | the REPL: full history + one `prompt_cache_key` per session; `/speculation [on\|off]`, `/depth N`, `/stats`, `/clear`, `/help`, `/quit`; live tok/s; Ctrl-C stops the answer |
+//! | `mtp probe REPO\|PATH [--json]` | `mtp-detect`'s report; exit 1 on bad input |
+//! | `mtp bench [flags]` | one loaded model, speculation off vs on per call, interleaved A/B, medians, markdown table or `--json` |
+//! | `mtp models download\|list\|verify` | Hub → Hugging Face cache (model + companion in one job), what is installed and its head, a greedy sanity check |
+//!
+//! Flags are named after the request fields (`--num-draft-tokens`, `--top-p`, …). Without
+//! `--model`, `generate`, `chat` and `bench` load the bundled demo model
+//! ([`default_model_path`]). `--speculation` (default `native_mtp`) is the provider-level
+//! default and decides which lane is loaded; `--require-acceleration` refuses to start when the
+//! provider shows no lane.
+//!
+//! ## Output and errors
+//!
+//! Everything is written through the `output` module (the only one that prints). An error is
+//! one line on stderr, `mtp: error: <what>: <why> — <what to do>`, with exit code 1; usage
+//! errors exit 2. `-v`/`-vv` (or `MTP_LOG`) add `tracing` detail on stderr.
+//!
+//! ## How it is tested
+//!
+//! `tests/cli_fake_provider.rs` is a deterministic provider registered as `fake` inside the
+//! test binaries only. `tests/cli_commands.rs` runs every command in-process through
+//! [`run_with`] and the real binary (`assert_cmd`) for what needs no model;
+//! `tests/cli_models.rs` downloads from a local server in the Hub's URL layout;
+//! `tests/cli_repl.rs` re-executes its own test binary as the REPL inside a pseudo-terminal
+//! (`expectrl`) for `/speculation` and Ctrl-C.
 
 // A command fails at most once and prints its error; the error's size does not matter.
 #![allow(clippy::result_large_err)]

@@ -175,7 +175,7 @@ impl LiveAnswer {
     pub fn start(out: &Out) -> Self {
         let bar = out.live.then(|| {
             let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{prefix:.dim} {wide_msg}")
+            let style = ProgressStyle::with_template("{prefix:.dim} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner());
             b.set_style(style);
             b.set_prefix("[  …  tok/s]");
@@ -223,7 +223,7 @@ impl LiveAnswer {
         }
         let tail: String = {
             let chars: Vec<char> = self.partial.chars().collect();
-            let keep = 60usize;
+            let keep = 50usize;
             chars[chars.len().saturating_sub(keep)..].iter().collect()
         };
         bar.set_message(tail);
