@@ -138,9 +138,12 @@ where
 }
 
 fn init_tracing(verbose: u8) {
+    // -v: this workspace's crates at debug (not the HTTP stack's chatter); -vv: everything.
     let default = match verbose {
         0 => "warn",
-        1 => "debug",
+        1 => {
+            "warn,mtp=debug,mtp_contract=debug,mtp_detect=debug,mtp_engine=debug,mtp_runtimes=debug"
+        }
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MTP_LOG")
@@ -149,6 +152,7 @@ fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
