@@ -146,8 +146,14 @@ pub struct ModelConfig {
 
 fn eos_list(v: Option<&serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -196,7 +202,9 @@ impl ModelConfig {
         if text.head_dim.is_none() {
             text.head_dim = Some(text.hidden_size / text.num_attention_heads.max(1));
         }
-        if text.linear_num_key_heads == 0 || text.linear_num_value_heads % text.linear_num_key_heads != 0 {
+        if text.linear_num_key_heads == 0
+            || text.linear_num_value_heads % text.linear_num_key_heads != 0
+        {
             return Err(Error::Config {
                 path: path.to_path_buf(),
                 message: format!(
@@ -216,7 +224,10 @@ impl ModelConfig {
                 eos.push(e);
             }
         }
-        let block_size = v.get("block_size").and_then(|b| b.as_u64()).map(|b| b as usize);
+        let block_size = v
+            .get("block_size")
+            .and_then(|b| b.as_u64())
+            .map(|b| b as usize);
         Ok(ModelConfig {
             model_type,
             family,
@@ -284,7 +295,13 @@ impl ModelConfig {
         let q = self.quantization.as_ref()?;
         let obj = q.as_object()?;
         for (k, v) in obj {
-            if k == module || (!canonical_module.is_empty() && k.ends_with(canonical_module) && k.len() > canonical_module.len() && k.as_bytes()[k.len() - canonical_module.len() - 1] == b'.') || k == canonical_module {
+            if k == module
+                || (!canonical_module.is_empty()
+                    && k.ends_with(canonical_module)
+                    && k.len() > canonical_module.len()
+                    && k.as_bytes()[k.len() - canonical_module.len() - 1] == b'.')
+                || k == canonical_module
+            {
                 if let Some(b) = v.get("bits").and_then(|b| b.as_u64()) {
                     return Some(b as usize);
                 }

@@ -122,7 +122,12 @@ impl Engine {
 
     /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
     /// that replaces any embedded head.
-    pub fn load_with_drafter(dir: &Path, drafter: Option<&Path>, device: &Device, dtype: DType) -> Result<Self> {
+    pub fn load_with_drafter(
+        dir: &Path,
+        drafter: Option<&Path>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
         let (model, mtp) = qwen3_5::load_dir(dir, device, dtype)?;
         let drafter = match drafter {
             Some(d) => Some(MtpHead::load_dir(d, model.config(), dtype, device)?),
@@ -189,7 +194,10 @@ impl Engine {
     /// Last-position logits of one forward over `prompt` (parity checks).
     pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>> {
         let mut cache = [self.model.new_cache()];
-        Ok(self.model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?.logits)
+        Ok(self
+            .model
+            .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?
+            .logits)
     }
 
     /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
@@ -208,7 +216,9 @@ impl Engine {
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let vocab = self.model.vocab_size() as u32;
         if let Some(t) = prompt.iter().find(|t| **t >= vocab) {
-            return Err(Error::InvalidRequest(format!("token id {t} is outside the vocabulary ({vocab})")));
+            return Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            )));
         }
         let mut stops = opts.stop_token_ids.clone();
         if !opts.ignore_eos {
@@ -222,7 +232,10 @@ impl Engine {
         let spec_ok = match (&self.drafter, outcome.as_mut()) {
             (_, None) => false,
             (None, Some(o)) => {
-                o.not_used_reason = Some("mtp_head_missing: the checkpoint has no MTP head and no drafter was given".into());
+                o.not_used_reason = Some(
+                    "mtp_head_missing: the checkpoint has no MTP head and no drafter was given"
+                        .into(),
+                );
                 false
             }
             (Some(_), Some(o)) => {
@@ -230,7 +243,8 @@ impl Engine {
                 if ctl.is_empty() {
                     true
                 } else {
-                    o.not_used_reason = Some(format!("{} require target-only decoding", ctl.join(", ")));
+                    o.not_used_reason =
+                        Some(format!("{} require target-only decoding", ctl.join(", ")));
                     false
                 }
             }
@@ -248,7 +262,17 @@ impl Engine {
         let mut first_at = None;
         if let (true, Some(head), Some(o)) = (spec_ok, &self.drafter, outcome.as_mut()) {
             let mut st = SpecTimings::default();
-            speculative::run(&self.model, head, prompt, depth, &mut sampler, &mut emitter, &mut o.stats, &mut st, &mut first_at)?;
+            speculative::run(
+                &self.model,
+                head,
+                prompt,
+                depth,
+                &mut sampler,
+                &mut emitter,
+                &mut o.stats,
+                &mut st,
+                &mut first_at,
+            )?;
             o.used = true;
             timings.draft_ms = Some(st.draft_ms);
             timings.verify_ms = Some(st.verify_ms);
@@ -257,7 +281,9 @@ impl Engine {
         } else {
             let t0 = Instant::now();
             let mut cache = [self.model.new_cache()];
-            let out = self.model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;
+            let out = self
+                .model
+                .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;
             timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
             let mut history = prompt.to_vec();
             let mut logits = out.logits;
@@ -271,7 +297,10 @@ impl Engine {
                 if !emitter.emit(&[tok]) {
                     break;
                 }
-                logits = self.model.forward(&[vec![tok]], &mut cache, LogitsAt::Last)?.logits;
+                logits = self
+                    .model
+                    .forward(&[vec![tok]], &mut cache, LogitsAt::Last)?
+                    .logits;
             }
         }
         let end = Instant::now();

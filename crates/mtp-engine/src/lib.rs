@@ -8,8 +8,8 @@
 #![warn(missing_docs)]
 
 pub mod cache;
-pub mod engine;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod loader;
@@ -23,8 +23,8 @@ pub mod tokenizer;
 pub use cache::{CacheSnapshot, SeqCache};
 pub use config::ModelConfig;
 pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
+pub use error::{Error, Result};
+pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
+pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
 pub use tokenizer::{ChatMessage, TextTokenizer};
-pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
-pub use error::{Error, Result};
-pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};

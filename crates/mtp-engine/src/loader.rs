@@ -163,7 +163,10 @@ pub fn dequantize_affine(
         return Err(qerr(format!("unsupported bit width {bits}")));
     }
     if packed.dtype() != DType::U32 {
-        return Err(qerr(format!("packed weight has dtype {:?}, expected u32", packed.dtype())));
+        return Err(qerr(format!(
+            "packed weight has dtype {:?}, expected u32",
+            packed.dtype()
+        )));
     }
     let pdims = packed.dims().to_vec();
     let sdims = scales.dims().to_vec();
@@ -176,7 +179,9 @@ pub fn dequantize_affine(
     let words = pdims[pdims.len() - 1];
     let in_features = words * 32 / bits;
     let groups = sdims[sdims.len() - 1];
-    if groups == 0 || in_features % groups != 0 || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
+    if groups == 0
+        || in_features % groups != 0
+        || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
     {
         return Err(qerr(format!(
             "weight {pdims:?} ({in_features} inputs at {bits} bits) does not fit scales {sdims:?}"
@@ -185,8 +190,14 @@ pub fn dequantize_affine(
     let group_size = in_features / groups;
     let rows: usize = pdims[..pdims.len() - 1].iter().product();
     let q = packed.flatten_all()?.to_vec1::<u32>()?;
-    let s = scales.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let b = biases.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let s = scales
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let b = biases
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let mut out = vec![0f32; rows * in_features];
     let mask: u64 = (1u64 << bits) - 1;
     for r in 0..rows {

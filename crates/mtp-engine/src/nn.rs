@@ -21,7 +21,12 @@ pub struct Store {
 
 impl Store {
     /// Wraps sanitized tensors; matrices are converted to `dtype` on `device` when taken.
-    pub fn new(map: HashMap<String, Tensor>, model_type: &str, dtype: DType, device: &Device) -> Self {
+    pub fn new(
+        map: HashMap<String, Tensor>,
+        model_type: &str,
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
         Store {
             map,
             model_type: model_type.to_string(),
@@ -406,7 +411,9 @@ impl DecoderLayer {
     /// A fresh cache for this layer.
     pub fn new_cache(&self) -> LayerCache {
         match &self.mixer {
-            Mixer::Attention(a) => LayerCache::Attention(crate::cache::KvCache::new(a.kv_heads, a.head_dim)),
+            Mixer::Attention(a) => {
+                LayerCache::Attention(crate::cache::KvCache::new(a.kv_heads, a.head_dim))
+            }
             Mixer::Linear(n) => {
                 let conv_dim = 2 * n.dims.hk * n.dims.dk + n.dims.hv * n.dims.dv;
                 LayerCache::Linear(crate::cache::LinearState {
@@ -481,14 +488,20 @@ impl Attention {
             for t in 0..l {
                 let pos = positions[bi] + t;
                 for head in 0..h {
-                    self.rope.apply(&mut q[(t * h + head) * hd..(t * h + head + 1) * hd], pos);
+                    self.rope
+                        .apply(&mut q[(t * h + head) * hd..(t * h + head + 1) * hd], pos);
                 }
                 for head in 0..kvh {
-                    self.rope.apply(&mut k[(t * kvh + head) * hd..(t * kvh + head + 1) * hd], pos);
+                    self.rope.apply(
+                        &mut k[(t * kvh + head) * hd..(t * kvh + head + 1) * hd],
+                        pos,
+                    );
                 }
             }
             let LayerCache::Attention(kv) = &mut *caches[bi] else {
-                return Err(Error::Unsupported("a linear-attention cache on a full-attention layer".into()));
+                return Err(Error::Unsupported(
+                    "a linear-attention cache on a full-attention layer".into(),
+                ));
             };
             kv.append(&k, &v);
             let o = kernels::attention(&q, &kv.k, &kv.v, l, h, kvh, hd, scale);
@@ -502,7 +515,13 @@ impl Attention {
 }
 
 impl DeltaNet {
-    fn forward(&self, x: &[f32], b: usize, l: usize, caches: &mut [&mut LayerCache]) -> Result<Vec<f32>> {
+    fn forward(
+        &self,
+        x: &[f32],
+        b: usize,
+        l: usize,
+        caches: &mut [&mut LayerCache],
+    ) -> Result<Vec<f32>> {
         let dm = self.dims;
         let key_dim = dm.hk * dm.dk;
         let value_dim = dm.hv * dm.dv;
@@ -512,7 +531,9 @@ impl DeltaNet {
         let mut out = vec![0f32; b * l * value_dim];
         for bi in 0..b {
             let LayerCache::Linear(st) = &mut *caches[bi] else {
-                return Err(Error::Unsupported("a KV cache on a linear-attention layer".into()));
+                return Err(Error::Unsupported(
+                    "a KV cache on a linear-attention layer".into(),
+                ));
             };
             let recording = st.before.is_some();
             let rows = &proj[bi * l * width..(bi + 1) * l * width];
@@ -538,7 +559,11 @@ impl DeltaNet {
                 &self.conv_w,
                 conv_dim,
                 self.kernel,
-                if recording { Some(&mut st.rec_conv) } else { None },
+                if recording {
+                    Some(&mut st.rec_conv)
+                } else {
+                    None
+                },
             );
             // split [q | k | v] per step and normalise q, k per head
             let mut q = Vec::with_capacity(l * key_dim);
@@ -563,7 +588,11 @@ impl DeltaNet {
                 &g,
                 &beta,
                 &mut st.state,
-                if recording { Some(&mut st.rec_state) } else { None },
+                if recording {
+                    Some(&mut st.rec_state)
+                } else {
+                    None
+                },
             );
             // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
             kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
@@ -595,7 +624,12 @@ fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
     let mut act = Vec::with_capacity(n * i);
     for r in 0..n {
         let row = &gu[r * 2 * i..(r + 1) * 2 * i];
-        act.extend(row[..i].iter().zip(&row[i..]).map(|(g, u)| kernels::silu(*g) * u));
+        act.extend(
+            row[..i]
+                .iter()
+                .zip(&row[i..])
+                .map(|(g, u)| kernels::silu(*g) * u),
+        );
     }
     act
 }
@@ -618,7 +652,11 @@ impl Moe {
             let top = &idx[..self.top_k.min(e)];
             let tot: f32 = top.iter().map(|i| probs[*i]).sum();
             for &ei in top {
-                let w = if self.norm_topk { probs[ei] / tot } else { probs[ei] };
+                let w = if self.norm_topk {
+                    probs[ei] / tot
+                } else {
+                    probs[ei]
+                };
                 routes[ei].push((t, w));
             }
         }
@@ -633,9 +671,15 @@ impl Moe {
             for (t, _) in toks {
                 xs.extend_from_slice(&x[t * d..(t + 1) * d]);
             }
-            let gu = Linear { w: self.gate_up.get(ei)? }.forward(&xs, m)?;
+            let gu = Linear {
+                w: self.gate_up.get(ei)?,
+            }
+            .forward(&xs, m)?;
             let act = swiglu_rows(&gu, m, self.inter);
-            let y = Linear { w: self.down.get(ei)? }.forward(&act, m)?;
+            let y = Linear {
+                w: self.down.get(ei)?,
+            }
+            .forward(&act, m)?;
             for (j, (t, w)) in toks.iter().enumerate() {
                 out[t * d..(t + 1) * d]
                     .iter_mut()
@@ -644,7 +688,9 @@ impl Moe {
             }
             let _ = dev;
         }
-        if let (Some(gu), Some(down), Some(gate)) = (&self.shared_gate_up, &self.shared_down, &self.shared_gate) {
+        if let (Some(gu), Some(down), Some(gate)) =
+            (&self.shared_gate_up, &self.shared_down, &self.shared_gate)
+        {
             let si = gu.out_features() / 2;
             let act = swiglu_rows(&gu.forward(x, n)?, n, si);
             let y = down.forward(&act, n)?;

@@ -62,7 +62,10 @@ enum Dest {
 
 fn route(name: &str) -> Dest {
     // Vision tower: not loaded by this runtime (image input is refused).
-    if name.contains("visual.") || name.starts_with("vision_tower") || name.contains(".vision_tower.") {
+    if name.contains("visual.")
+        || name.starts_with("vision_tower")
+        || name.contains(".vision_tower.")
+    {
         return Dest::Skip;
     }
     // HF MTP-preserving checkpoints (Qwen3.5/3.6 HF, mlx-works *-mtp): embedded head.
@@ -113,10 +116,13 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         };
         let tensor = if quantized.contains(module) && name.ends_with(".weight") {
             let canonical_module = canonical.trim_end_matches(".weight");
-            let bits = cfg.quant_bits(module, canonical_module).ok_or_else(|| Error::Quantization {
-                name: name.clone(),
-                message: "quantized tensor but config.json has no `quantization.bits`".into(),
-            })?;
+            let bits =
+                cfg.quant_bits(module, canonical_module)
+                    .ok_or_else(|| Error::Quantization {
+                        name: name.clone(),
+                        message: "quantized tensor but config.json has no `quantization.bits`"
+                            .into(),
+                    })?;
             dequantize_affine(
                 name,
                 &ckpt.load_raw(name)?,
@@ -143,7 +149,9 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
     // `experts.down_proj` [E, D, I].
     let fused: Vec<String> = map
         .keys()
-        .filter(|k| k.ends_with(".experts.gate_up_proj") || k.ends_with(".experts.gate_up_proj.weight"))
+        .filter(|k| {
+            k.ends_with(".experts.gate_up_proj") || k.ends_with(".experts.gate_up_proj.weight")
+        })
         .cloned()
         .collect();
     for key in fused {
@@ -164,9 +172,18 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
             });
         }
         let i = dims[1] / 2;
-        map.insert(format!("{base}.switch_mlp.gate_proj.weight"), gu.narrow(1, 0, i)?.contiguous()?);
-        map.insert(format!("{base}.switch_mlp.up_proj.weight"), gu.narrow(1, i, i)?.contiguous()?);
-        for down in [format!("{base}.experts.down_proj"), format!("{base}.experts.down_proj.weight")] {
+        map.insert(
+            format!("{base}.switch_mlp.gate_proj.weight"),
+            gu.narrow(1, 0, i)?.contiguous()?,
+        );
+        map.insert(
+            format!("{base}.switch_mlp.up_proj.weight"),
+            gu.narrow(1, i, i)?.contiguous()?,
+        );
+        for down in [
+            format!("{base}.experts.down_proj"),
+            format!("{base}.experts.down_proj.weight"),
+        ] {
             if let Some(t) = map.remove(&down) {
                 map.insert(format!("{base}.switch_mlp.down_proj.weight"), t);
             }
@@ -187,7 +204,10 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
                     model_type: "moe".into(),
                 })?);
             }
-            map.insert(format!("{base}.switch_mlp.{proj}.weight"), Tensor::stack(&parts, 0)?);
+            map.insert(
+                format!("{base}.switch_mlp.{proj}.weight"),
+                Tensor::stack(&parts, 0)?,
+            );
         }
     }
     Ok(())
@@ -219,7 +239,9 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
 
     let keys: Vec<String> = s.target.keys().cloned().collect();
     for k in keys {
-        let Some(v) = s.target.remove(&k) else { continue };
+        let Some(v) = s.target.remove(&k) else {
+            continue;
+        };
         let v = if k.ends_with("conv1d.weight") && v.rank() == 3 {
             // HF torch layout [C, 1, K] and MLX layout [C, K, 1] both become [C, K].
             let dims = v.dims().to_vec();
@@ -260,7 +282,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     let keys: Vec<String> = s.mtp.keys().cloned().collect();
     for k in keys {
         if let Some(v) = s.mtp.remove(&k) {
-            let v = if v.rank() == 1 && k.ends_with("norm.weight") && !k.contains("linear_attn") {
+            let v = if v.rank() == 1 && is_mtp_norm(&k) {
                 (v + 1.0)?
             } else {
                 v
@@ -271,7 +293,19 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     Ok(s)
 }
 
-fn split_qwen3_next_projections(map: &mut HashMap<String, Tensor>, cfg: &ModelConfig) -> Result<()> {
+/// RMSNorm weights of an MTP head stored zero-centred in HF layout (mlx-vlm's
+/// `_QWEN_MTP_NORM_SUFFIXES`): the decoder layers' norms, the final `norm` and both `pre_fc_norm_*`.
+pub(crate) fn is_mtp_norm(k: &str) -> bool {
+    !k.contains("linear_attn")
+        && (k.ends_with("norm.weight")
+            || k.ends_with("pre_fc_norm_embedding.weight")
+            || k.ends_with("pre_fc_norm_hidden.weight"))
+}
+
+fn split_qwen3_next_projections(
+    map: &mut HashMap<String, Tensor>,
+    cfg: &ModelConfig,
+) -> Result<()> {
     let t = &cfg.text;
     let (nk, dk, nv, dv) = (
         t.linear_num_key_heads,
@@ -294,8 +328,13 @@ fn split_qwen3_next_projections(map: &mut HashMap<String, Tensor>, cfg: &ModelCo
         let q = w.narrow(1, 0, dk)?.reshape((nk * dk, d))?;
         let k = w.narrow(1, dk, dk)?.reshape((nk * dk, d))?;
         let v = w.narrow(1, 2 * dk, r * dv)?.reshape((nk * r * dv, d))?;
-        let z = w.narrow(1, 2 * dk + r * dv, r * dv)?.reshape((nk * r * dv, d))?;
-        map.insert(format!("{base}.in_proj_qkv.weight"), Tensor::cat(&[q, k, v], 0)?);
+        let z = w
+            .narrow(1, 2 * dk + r * dv, r * dv)?
+            .reshape((nk * r * dv, d))?;
+        map.insert(
+            format!("{base}.in_proj_qkv.weight"),
+            Tensor::cat(&[q, k, v], 0)?,
+        );
         map.insert(format!("{base}.in_proj_z.weight"), z);
         let ba_key = format!("{base}.in_proj_ba.weight");
         let ba = map.remove(&ba_key).ok_or(Error::MissingTensor {
@@ -303,8 +342,14 @@ fn split_qwen3_next_projections(map: &mut HashMap<String, Tensor>, cfg: &ModelCo
             model_type: "qwen3_next".into(),
         })?;
         let ba = ba.reshape((nk, 2 * r, d))?;
-        map.insert(format!("{base}.in_proj_b.weight"), ba.narrow(1, 0, r)?.reshape((nk * r, d))?);
-        map.insert(format!("{base}.in_proj_a.weight"), ba.narrow(1, r, r)?.reshape((nk * r, d))?);
+        map.insert(
+            format!("{base}.in_proj_b.weight"),
+            ba.narrow(1, 0, r)?.reshape((nk * r, d))?,
+        );
+        map.insert(
+            format!("{base}.in_proj_a.weight"),
+            ba.narrow(1, r, r)?.reshape((nk * r, d))?,
+        );
     }
     Ok(())
 }
@@ -385,11 +430,19 @@ impl Qwen35Model {
 
     /// Runs `tokens` (`b` rows of equal length) through the model, extending each row's cache.
     /// Rows may sit at different positions.
-    pub fn forward(&self, tokens: &[Vec<u32>], caches: &mut [SeqCache], at: LogitsAt) -> Result<ForwardOutput> {
+    pub fn forward(
+        &self,
+        tokens: &[Vec<u32>],
+        caches: &mut [SeqCache],
+        at: LogitsAt,
+    ) -> Result<ForwardOutput> {
         let b = tokens.len();
         let l = tokens.first().map_or(0, |r| r.len());
         if b == 0 || l == 0 {
-            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new() });
+            return Ok(ForwardOutput {
+                hidden: Vec::new(),
+                logits: Vec::new(),
+            });
         }
         if caches.len() != b || tokens.iter().any(|r| r.len() != l) {
             return Err(Error::InvalidRequest(format!(
@@ -402,13 +455,19 @@ impl Qwen35Model {
         let mut x = self.embed(&flat)?;
         let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
         for (i, layer) in self.layers.iter().enumerate() {
-            let mut lc: Vec<&mut crate::cache::LayerCache> = caches.iter_mut().map(|c| &mut c.layers[i]).collect();
+            let mut lc: Vec<&mut crate::cache::LayerCache> =
+                caches.iter_mut().map(|c| &mut c.layers[i]).collect();
             x = layer.forward(&x, b, l, &mut lc, &positions)?;
         }
         for c in caches.iter_mut() {
             c.advance(l);
         }
-        kernels::rms_norm_rows(&mut x, Some(&self.norm), d, self.cfg.text.rms_norm_eps as f32);
+        kernels::rms_norm_rows(
+            &mut x,
+            Some(&self.norm),
+            d,
+            self.cfg.text.rms_norm_eps as f32,
+        );
         let logits = match at {
             LogitsAt::None => Vec::new(),
             LogitsAt::All => self.logits(&x, b * l)?,

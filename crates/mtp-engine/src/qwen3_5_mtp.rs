@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::Checkpoint;
 use crate::nn::{DecoderLayer, Linear, Store};
-use crate::qwen3_5::{merge_experts, Qwen35Model};
+use crate::qwen3_5::{is_mtp_norm, merge_experts, Qwen35Model};
 
 /// The MTP drafter's cache: one KV cache per head layer and the next draft position.
 #[derive(Debug, Clone)]
@@ -91,7 +91,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
         } else {
             ckpt.load_f32(name)?
         };
-        if hf && t.rank() == 1 && canonical.ends_with("norm.weight") {
+        if hf && t.rank() == 1 && is_mtp_norm(&canonical) {
             t = (t + 1.0)?;
         }
         out.insert(canonical, t);
@@ -117,13 +117,21 @@ impl MtpHead {
             .take_while(|i| tensors.contains_key(&format!("layers.{i}.input_layernorm.weight")))
             .count();
         if n_layers == 0 {
-            return Err(Error::NoDrafter("the MTP tensors have no decoder layer".into()));
+            return Err(Error::NoDrafter(
+                "the MTP tensors have no decoder layer".into(),
+            ));
         }
         let mut st = Store::new(tensors, "qwen3_5_mtp", dtype, device);
         let mut layers = Vec::with_capacity(n_layers);
         for i in 0..n_layers {
             // Every MTP layer is full attention; MoE when the target is.
-            layers.push(DecoderLayer::load(&mut st, cfg, &format!("layers.{i}"), true, t.num_experts > 0)?);
+            layers.push(DecoderLayer::load(
+                &mut st,
+                cfg,
+                &format!("layers.{i}"),
+                true,
+                t.num_experts > 0,
+            )?);
         }
         Ok(MtpHead {
             fc: st.linear("fc", d, 2 * d)?,
@@ -139,7 +147,12 @@ impl MtpHead {
 
     /// Loads a companion drafter directory (`model_type: qwen3_5_mtp`), checking that its hidden
     /// size matches the target's.
-    pub fn load_dir(dir: &Path, target: &ModelConfig, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn load_dir(
+        dir: &Path,
+        target: &ModelConfig,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let cfg = ModelConfig::load(dir)?;
         if cfg.model_type != "qwen3_5_mtp" {
             return Err(Error::NoDrafter(format!(
@@ -148,7 +161,9 @@ impl MtpHead {
                 cfg.model_type
             )));
         }
-        if cfg.text.hidden_size != target.text.hidden_size || cfg.text.vocab_size != target.text.vocab_size {
+        if cfg.text.hidden_size != target.text.hidden_size
+            || cfg.text.vocab_size != target.text.vocab_size
+        {
             return Err(Error::NoDrafter(format!(
                 "{}: hidden_size {} / vocab {} do not match the target's {} / {}",
                 dir.display(),
@@ -182,7 +197,13 @@ impl MtpHead {
 
     /// Runs `tokens[i]` paired with target hidden `hidden[i]` (`[n, hidden]`) through the head at
     /// the cache's next positions; returns the head's normed hidden states `[n, hidden]`.
-    pub fn forward(&self, target: &Qwen35Model, tokens: &[u32], hidden: &[f32], cache: &mut MtpCache) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        target: &Qwen35Model,
+        tokens: &[u32],
+        hidden: &[f32],
+        cache: &mut MtpCache,
+    ) -> Result<Vec<f32>> {
         let n = tokens.len();
         let d = self.hidden;
         let mut e = target.embed(tokens)?;

@@ -78,7 +78,9 @@ impl Sampler {
                 *counts.entry(*t).or_default() += 1;
             }
             for (t, c) in counts {
-                let Some(l) = logits.get_mut(t as usize) else { continue };
+                let Some(l) = logits.get_mut(t as usize) else {
+                    continue;
+                };
                 if let Some(r) = p.repetition_penalty.filter(|r| *r != 1.0) {
                     *l = if *l < 0.0 { *l * r } else { *l / r };
                 }
@@ -216,7 +218,9 @@ mod tests {
             ..Default::default()
         };
         let logits = [1.0, 1.0, 1.0, 1.0];
-        let a: Vec<u32> = (0..16).map(|i| Sampler::new(&p).sample(&logits, i)).collect();
+        let a: Vec<u32> = (0..16)
+            .map(|i| Sampler::new(&p).sample(&logits, i))
+            .collect();
         let mut s = Sampler::new(&p);
         let b: Vec<u32> = (0..16).map(|i| s.sample(&logits, i)).collect();
         assert_eq!(a, b);

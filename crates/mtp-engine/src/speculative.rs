@@ -78,7 +78,14 @@ fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> (u32, Option<
 }
 
 /// Step 1: draft `k` tokens (the seed plus `k - 1` recurrent head forwards).
-fn draft(model: &Qwen35Model, head: &MtpHead, r: &mut Round, k: usize, s: &mut Sampler, pos: usize) -> Result<Drafts> {
+fn draft(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    r: &mut Round,
+    k: usize,
+    s: &mut Sampler,
+    pos: usize,
+) -> Result<Drafts> {
     let mut d = Drafts {
         tokens: vec![r.seed],
         q: r.seed_q.take().into_iter().collect(),
@@ -112,7 +119,13 @@ fn verify(model: &Qwen35Model, r: &mut Round, d: &Drafts) -> Result<(Vec<f32>, V
 
 /// Step 3: walk the drafts; returns the number accepted and the new tokens (accepted drafts plus
 /// the target's own token).
-fn accept(logits: &[f32], vocab: usize, d: &Drafts, s: &mut Sampler, pos: usize) -> (usize, Vec<u32>) {
+fn accept(
+    logits: &[f32],
+    vocab: usize,
+    d: &Drafts,
+    s: &mut Sampler,
+    pos: usize,
+) -> (usize, Vec<u32>) {
     let k = d.tokens.len();
     let mut new = Vec::with_capacity(k + 1);
     for j in 0..=k {
@@ -207,7 +220,11 @@ pub(crate) fn run(
     let vocab = model.vocab_size();
     let t0 = Instant::now();
     let mut cache = model.new_cache();
-    let out = model.forward(&[prompt.to_vec()], std::slice::from_mut(&mut cache), LogitsAt::Last)?;
+    let out = model.forward(
+        &[prompt.to_vec()],
+        std::slice::from_mut(&mut cache),
+        LogitsAt::Last,
+    )?;
     let b = s.sample(&out.logits, 0);
     // drafter prefill: (prompt[1..] + b) paired with the prompt's hidden states
     let mut mcache = head.new_cache();
@@ -245,7 +262,17 @@ pub(crate) fn run(
         rollback(&mut r, accepted);
         let t4 = Instant::now();
         stats.record_round(k, accepted);
-        update_drafter(model, head, &mut r, &d, accepted, &new, &hidden, s, pos + new.len())?;
+        update_drafter(
+            model,
+            head,
+            &mut r,
+            &d,
+            accepted,
+            &new,
+            &hidden,
+            s,
+            pos + new.len(),
+        )?;
         let t5 = Instant::now();
         t.draft_ms += (t2 - t1).as_secs_f64() * 1e3 + (t5 - t4).as_secs_f64() * 1e3;
         t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;

@@ -46,7 +46,10 @@ impl std::fmt::Debug for TextTokenizer {
 fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     match v? {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        serde_json::Value::Object(o) => o
+            .get("content")
+            .and_then(|c| c.as_str())
+            .map(str::to_string),
         _ => None,
     }
 }
@@ -126,22 +129,44 @@ impl TextTokenizer {
     /// Renders the chat template with `add_generation_prompt = true`; `thinking` becomes the
     /// template's `enable_thinking` variable when given. Without a template the user contents
     /// are joined by newlines.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], thinking: Option<bool>) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        thinking: Option<bool>,
+    ) -> Result<String> {
         let Some(src) = &self.template else {
-            return Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"));
+            return Ok(messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"));
         };
         let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_template("chat", src)
             .map_err(|e| Error::Template(e.to_string()))?;
-        let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
+        let tmpl = env
+            .get_template("chat")
+            .map_err(|e| Error::Template(e.to_string()))?;
         let mut ctx = std::collections::BTreeMap::<&str, minijinja::Value>::new();
         ctx.insert("messages", minijinja::Value::from_serialize(messages));
         ctx.insert("add_generation_prompt", true.into());
-        ctx.insert("bos_token", self.bos_token.clone().unwrap_or_default().into());
-        ctx.insert("eos_token", self.eos_token.clone().unwrap_or_default().into());
+        ctx.insert(
+            "bos_token",
+            self.bos_token.clone().unwrap_or_default().into(),
+        );
+        ctx.insert(
+            "eos_token",
+            self.eos_token.clone().unwrap_or_default().into(),
+        );
         if let Some(t) = thinking {
             ctx.insert("enable_thinking", t.into());
         }

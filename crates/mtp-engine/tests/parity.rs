@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use mtp_engine::{Engine, GenerateOptions};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 struct Golden {
@@ -23,7 +25,13 @@ fn golden(name: &str) -> Golden {
         v[k].as_array()
             .expect(k)
             .iter()
-            .map(|r| r.as_array().expect("row").iter().map(|x| x.as_u64().expect("id") as u32).collect())
+            .map(|r| {
+                r.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|x| x.as_u64().expect("id") as u32)
+                    .collect()
+            })
             .collect()
     };
     Golden {
@@ -32,7 +40,13 @@ fn golden(name: &str) -> Golden {
             .as_array()
             .expect("first_logits")
             .iter()
-            .map(|r| r.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
+            .map(|r| {
+                r.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|x| x.as_f64().expect("f") as f32)
+                    .collect()
+            })
             .collect(),
         off: ids("off"),
     }
@@ -40,8 +54,12 @@ fn golden(name: &str) -> Golden {
 
 fn check(name: &str) {
     let g = golden(name);
-    let engine = Engine::load(&fixture(name), &candle_core::Device::Cpu, candle_core::DType::F32)
-        .expect("load");
+    let engine = Engine::load(
+        &fixture(name),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .expect("load");
     let mut worst = 0f32;
     for (i, ids) in g.prompt_ids.iter().enumerate() {
         let logits = engine.prompt_logits(ids).expect("logits");
@@ -55,9 +73,15 @@ fn check(name: &str) {
         assert!(delta < 1e-3, "{name} prompt {i}: max |logit delta| {delta}");
         let opts = GenerateOptions::greedy(g.off[i].len()).ignore_eos(true);
         let out = engine.generate(ids, &opts, |_| true).expect("generate");
-        assert_eq!(out.tokens, g.off[i], "{name} prompt {i}: greedy tokens differ");
+        assert_eq!(
+            out.tokens, g.off[i],
+            "{name} prompt {i}: greedy tokens differ"
+        );
     }
-    eprintln!("{name}: max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical", g.prompt_ids.len());
+    eprintln!(
+        "{name}: max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical",
+        g.prompt_ids.len()
+    );
 }
 
 #[test]
