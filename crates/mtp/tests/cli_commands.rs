@@ -435,6 +435,12 @@ fn chat_speculation_report_toggle_depth_and_history() {
     assert!(out.contains("draft tokens: 5 per round"), "{out}");
     assert!(out.contains("turns 3 (0 stopped) · 24 tokens"), "{out}");
     assert!(out.contains("speculated turns 2"), "{out}");
+    // Depth 3 then 5; the fake rejects the last proposal every fourth round.
+    assert!(
+        out.contains("acceptance by draft position: 1: 100%, 2: 100%, 3: "),
+        "{out}"
+    );
+    assert!(out.contains(", 5: "), "{out}");
 
     let one = &requests_for("chat-one")[0];
     let two = &requests_for("chat-two")[0];

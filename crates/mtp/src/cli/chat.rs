@@ -264,6 +264,21 @@ fn stats_text(st: &Stats) -> String {
             }
         ));
     }
+    let per_position: Vec<String> = st
+        .draft
+        .accepted_per_position
+        .iter()
+        .zip(&st.draft.drafted_per_position)
+        .enumerate()
+        .filter(|(_, (_, d))| **d > 0)
+        .map(|(i, (a, d))| format!("{}: {:.0}%", i + 1, 100.0 * *a as f64 / *d as f64))
+        .collect();
+    if !per_position.is_empty() {
+        s.push_str(&format!(
+            "\nacceptance by draft position: {}",
+            per_position.join(", ")
+        ));
+    }
     if let Some(l) = &st.last {
         s.push_str(&format!("\nlast answer: {l}"));
     }
@@ -305,7 +320,14 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
                     ..Default::default()
                 };
                 if let Some(p) = &rep.accepted_per_position {
+                    // Depth is fixed per call: every round proposed each of its positions.
+                    let depth = rep
+                        .num_draft_tokens
+                        .map_or(p.len(), |k| k as usize)
+                        .max(p.len());
                     d.accepted_per_position = p.clone();
+                    d.accepted_per_position.resize(depth, 0);
+                    d.drafted_per_position = vec![d.rounds; depth];
                 }
                 s.stats.draft.merge(&d);
             }
