@@ -232,7 +232,10 @@ fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError>
     })?;
     if m.require_acceleration {
         let st = llm.speculation_status();
-        if !st.lane_loaded {
+        // A server that has not shown its settings yet (`not_reported`) is not refused here:
+        // the provider default carries `require_acceleration`, so each call fails rather
+        // than run unaccelerated.
+        if !st.lane_loaded && st.reason != Some(crate::Reason::NotReported) {
             return Err(CliError::NoLane {
                 provider: m.provider.clone(),
                 model,

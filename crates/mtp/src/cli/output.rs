@@ -275,12 +275,14 @@ pub fn speculation_phrase(rep: &SpeculationReport) -> String {
             .num_draft_tokens
             .map(|d| format!("depth {d}"))
             .unwrap_or_else(|| "depth unknown".into());
-        match (rep.acceptance_rate, rep.accepted, rep.drafted, rep.rounds) {
-            (Some(rate), Some(a), Some(d), Some(rounds)) => {
-                let per_round = if rounds > 0 {
-                    format!(", {:.2} accepted per round", a as f64 / rounds as f64)
-                } else {
-                    String::new()
+        match (rep.acceptance_rate, rep.accepted, rep.drafted) {
+            (Some(rate), Some(a), Some(d)) => {
+                // Servers report drafted/accepted but not always rounds.
+                let per_round = match rep.rounds {
+                    Some(rounds) if rounds > 0 => {
+                        format!(", {:.2} accepted per round", a as f64 / rounds as f64)
+                    }
+                    _ => String::new(),
                 };
                 format!(
                     "MTP on ({depth}): acceptance {:.0}% ({a}/{d}){per_round}",

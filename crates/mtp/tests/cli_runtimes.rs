@@ -1,0 +1,195 @@
+//! The real binary against a shipped HTTP runtime: `--provider llama-server --base-url` with a
+//! local stand-in server that replays the response shapes recorded for `mtp-runtimes`'
+//! contract tests (`crates/mtp-runtimes/tests/fixtures/llama_server`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use assert_cmd::Command;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../mtp-runtimes/tests/fixtures/llama_server")
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
+}
+
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(HeaderMap, Value)>>>);
+
+async fn props() -> Response {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from(fixture("props_mtp.json")))
+        .unwrap()
+}
+
+async fn chat(State(seen): State<Seen>, headers: HeaderMap, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let stream = v["stream"] == true;
+    seen.0.lock().unwrap().push((headers, v));
+    let (ct, body) = if stream {
+        ("text/event-stream", fixture("chat_stream.sse"))
+    } else {
+        ("application/json", fixture("chat.json"))
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", ct)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+fn serve() -> (String, Seen) {
+    let seen = Seen::default();
+    let app = Router::new()
+        .route("/props", get(props))
+        .route("/v1/chat/completions", post(chat))
+        .with_state(seen.clone());
+    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    (format!("http://{}", rx.recv().unwrap()), seen)
+}
+
+fn bin() -> Command {
+    let mut c = Command::cargo_bin("mtp").unwrap();
+    c.env_remove("MTP_API_KEY");
+    c
+}
+
+#[test]
+fn generate_streams_from_llama_server_and_reports_its_draft_counts() {
+    let (url, seen) = serve();
+    bin()
+        .env("MTP_API_KEY", "sk-from-env")
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "qwen35-mtp",
+            "--base-url",
+            &url,
+            "--max-tokens",
+            "64",
+            "def fib",
+        ])
+        .assert()
+        .success()
+        .stdout("def fib(n):\n    a, b = 0, 1 — “π”\n")
+        .stderr(predicate::str::contains("665 tokens"))
+        .stderr(predicate::str::contains("MTP on").and(predicate::str::contains("(515/604)")))
+        .stderr(predicate::str::contains("804 prompt tokens from cache"));
+    let seen = seen.0.lock().unwrap();
+    let (headers, body) = &seen[0];
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["max_tokens"], 64);
+    assert_eq!(
+        headers.get("authorization").and_then(|v| v.to_str().ok()),
+        Some("Bearer sk-from-env"),
+        "--api-key falls back to MTP_API_KEY"
+    );
+}
+
+#[test]
+fn generate_json_from_llama_server() {
+    let (url, _seen) = serve();
+    let out = bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "qwen35-mtp",
+            "--base-url",
+            &url,
+            "--json",
+            "def fib",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert!(v["content"].as_str().is_some_and(|c| !c.is_empty()));
+    assert_eq!(v["metadata"]["speculation"]["used"], true);
+    for key in ["token_ids", "finish_reason", "usage"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert!(v["metadata"]["timings"].is_object());
+}
+
+#[test]
+fn require_acceleration_is_enforced_per_call_when_the_server_has_not_shown_its_lane() {
+    let (url, seen) = serve();
+    // The stand-in shows an MTP lane, so the call goes through: the flag travels with the
+    // provider default instead of refusing at startup on a status that is not known yet.
+    bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "qwen35-mtp",
+            "--base-url",
+            &url,
+            "--require-acceleration",
+            "def fib",
+        ])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("MTP on"));
+    assert_eq!(seen.0.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn chat_with_llama_server_reports_the_servers_lane() {
+    let (url, seen) = serve();
+    bin()
+        .args([
+            "chat",
+            "--provider",
+            "llama-server",
+            "--model",
+            "qwen35-mtp",
+            "--base-url",
+            &url,
+        ])
+        .write_stdin("/speculation\nfirst\nsecond\n/speculation\n/quit\n")
+        .assert()
+        .success()
+        // Before any call the server's settings are unknown, and the report says so; after
+        // a call the lane the server showed is reported.
+        .stdout(predicate::str::contains(
+            "⚡ speculation: no MTP lane loaded (not_reported)",
+        ))
+        .stdout(predicate::str::contains("def fib(n):"))
+        .stdout(predicate::str::contains(
+            "⚡ speculation: native MTP lane LOADED\n   drafter        : server-configured",
+        ));
+    let seen = seen.0.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    // The second turn carries the first exchange.
+    let msgs = seen[1].1["messages"].as_array().unwrap();
+    assert!(msgs.len() >= 3, "{msgs:?}");
+}
