@@ -123,6 +123,12 @@ impl Out {
         self.stdout.flush()
     }
 
+    /// Writes raw text to stderr and flushes (the live status line).
+    pub fn status(&mut self, s: &str) -> std::io::Result<()> {
+        self.stderr.write_all(s.as_bytes())?;
+        self.stderr.flush()
+    }
+
     /// Writes a line to stderr (summaries, notes, warnings).
     pub fn note(&mut self, s: &str) -> std::io::Result<()> {
         writeln!(self.stderr, "{s}")?;
@@ -158,34 +164,43 @@ impl Out {
     }
 }
 
-/// A streamed answer with a live tok/s. When the output is live, complete lines are printed
-/// above a status line that shows the tok/s and the current partial line; otherwise text goes
-/// straight to stdout as it arrives.
+/// A streamed answer with a live tok/s. When the output is live, complete lines are printed as
+/// they arrive and a status line below them shows the tok/s and the line in progress; otherwise
+/// text goes straight to stdout as it arrives.
+///
+/// The status line is drawn by hand, always shorter than the terminal, so that the `^C` a
+/// terminal echoes on Ctrl-C stays on that line and is cleared with it (a full-width bar
+/// would wrap and leave a stale copy behind).
 pub struct LiveAnswer {
-    bar: Option<ProgressBar>,
+    live: bool,
+    width: usize,
     partial: String,
     first: Option<Instant>,
+    drawn: Option<Instant>,
+    first_tokens: u64,
     tokens: u64,
     /// The whole text received.
     pub text: String,
 }
 
+/// Clears the current terminal line.
+const CLEAR_LINE: &str = "\r\x1b[2K";
+
 impl LiveAnswer {
     /// Starts a live answer on `out`.
     pub fn start(out: &Out) -> Self {
-        let bar = out.live.then(|| {
-            let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{prefix:.dim} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner());
-            b.set_style(style);
-            b.set_prefix("[  …  tok/s]");
-            b.enable_steady_tick(Duration::from_millis(250));
-            b
-        });
+        let width = if out.live {
+            console::Term::stderr().size().1 as usize
+        } else {
+            0
+        };
         LiveAnswer {
-            bar,
+            live: out.live && width >= 20,
+            width,
             partial: String::new(),
             first: None,
+            drawn: None,
+            first_tokens: 0,
             tokens: 0,
             text: String::new(),
         }
@@ -196,44 +211,58 @@ impl LiveAnswer {
         self.tokens
     }
 
-    /// The live decode rate (tokens after the first, over the time since the first).
+    /// The live decode rate: tokens after the first delta, over the time since it arrived.
     pub fn tokens_per_s(&self) -> Option<f64> {
         let first = self.first?;
         let dt = first.elapsed().as_secs_f64();
-        (self.tokens > 1 && dt > 0.0).then(|| (self.tokens - 1) as f64 / dt)
+        let after = self.tokens.saturating_sub(self.first_tokens);
+        (after > 0 && dt > 0.0).then(|| after as f64 / dt)
+    }
+
+    fn status(&self) -> String {
+        let rate = self
+            .tokens_per_s()
+            .map(|r| format!("[{r:6.1} tok/s]"))
+            .unwrap_or_else(|| "[   …   tok/s]".into());
+        // Keep the line strictly narrower than the terminal.
+        let room = self.width.saturating_sub(rate.chars().count() + 2);
+        let chars: Vec<char> = self.partial.chars().filter(|c| !c.is_control()).collect();
+        let tail: String = chars[chars.len().saturating_sub(room)..].iter().collect();
+        format!("\x1b[2m{rate}\x1b[0m {tail}")
     }
 
     /// Adds a delta of `tokens` tokens.
     pub fn push(&mut self, out: &mut Out, delta: &str, tokens: u64) -> std::io::Result<()> {
         if self.first.is_none() {
             self.first = Some(Instant::now());
+            self.first_tokens = tokens;
         }
         self.tokens += tokens;
         self.text.push_str(delta);
-        let Some(bar) = &self.bar else {
+        if !self.live {
             return out.text(delta);
-        };
+        }
         self.partial.push_str(delta);
+        let mut lines = String::new();
         while let Some(i) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=i).collect();
-            bar.suspend(|| out.text(&line))?;
+            lines.extend(self.partial.drain(..=i));
         }
-        if let Some(r) = self.tokens_per_s() {
-            bar.set_prefix(format!("[{r:6.1} tok/s]"));
+        let due = self
+            .drawn
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(50));
+        if lines.is_empty() && !due {
+            return Ok(());
         }
-        let tail: String = {
-            let chars: Vec<char> = self.partial.chars().collect();
-            let keep = 50usize;
-            chars[chars.len().saturating_sub(keep)..].iter().collect()
-        };
-        bar.set_message(tail);
-        Ok(())
+        out.status(CLEAR_LINE)?;
+        out.text(&lines)?;
+        self.drawn = Some(Instant::now());
+        out.status(&self.status())
     }
 
     /// Ends the live display and prints what is left of the last line, and a newline.
-    pub fn finish(mut self, out: &mut Out) -> std::io::Result<String> {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
+    pub fn finish(self, out: &mut Out) -> std::io::Result<String> {
+        if self.live {
+            out.status(CLEAR_LINE)?;
             out.text(&self.partial)?;
         }
         if !self.text.is_empty() && !self.text.ends_with('\n') {
