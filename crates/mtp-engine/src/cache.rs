@@ -108,6 +108,11 @@ impl SeqCache {
         self.pos
     }
 
+    /// Bytes held by the cached keys, values and linear states.
+    pub fn bytes(&self) -> usize {
+        layers_bytes(&self.layers)
+    }
+
     pub(crate) fn advance(&mut self, n: usize) {
         self.pos += n;
     }
@@ -189,4 +194,16 @@ impl SeqCache {
         }
         self.pos = start + keep;
     }
+}
+
+/// Bytes held by a list of layer caches (f32 elements).
+pub(crate) fn layers_bytes(layers: &[LayerCache]) -> usize {
+    layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Attention(kv) => kv.k.len() + kv.v.len(),
+            LayerCache::Linear(s) => s.conv.len() + s.state.len(),
+        })
+        .sum::<usize>()
+        * std::mem::size_of::<f32>()
 }

@@ -9,6 +9,7 @@ use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
 use crate::error::{Error, Result};
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::MtpHead;
+use crate::resume::{PromptState, ResumableOutput};
 use crate::sampling::Sampler;
 use crate::speculative::{self, SpecTimings};
 use crate::tokenizer::TextTokenizer;
@@ -120,6 +121,12 @@ impl Engine {
         Self::load_with_drafter(dir, None, device, dtype)
     }
 
+    /// Loads only the target model: any embedded MTP head is left unloaded (speculation off).
+    pub fn load_target_only(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let (model, _mtp) = qwen3_5::load_dir(dir, device, dtype)?;
+        Self::assemble(dir, model, None)
+    }
+
     /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
     /// that replaces any embedded head.
     pub fn load_with_drafter(
@@ -134,6 +141,10 @@ impl Engine {
             None if !mtp.is_empty() => Some(MtpHead::load(mtp, model.config(), dtype, device)?),
             None => None,
         };
+        Self::assemble(dir, model, drafter)
+    }
+
+    fn assemble(dir: &Path, model: Qwen35Model, drafter: Option<MtpHead>) -> Result<Self> {
         let tokenizer = if dir.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(dir)?)
         } else {
@@ -208,6 +219,24 @@ impl Engine {
         opts: &GenerateOptions,
         mut on_tokens: impl FnMut(&[u32]) -> bool,
     ) -> Result<GenerationOutput> {
+        Ok(self
+            .generate_resumable(prompt, None, false, opts, &mut on_tokens)?
+            .output)
+    }
+
+    /// [`Engine::generate`] for a prefix cache: resumes from `resume` (a state taken after a
+    /// prefix of `prompt`) and, with `checkpoint`, returns the state after the whole prompt.
+    /// A state that covers the whole prompt, or one without the drafter's cache when this call
+    /// speculates, is not used (the prompt is computed in full); `computed_prompt_tokens` says
+    /// what was computed. Output is the same with or without a resumed state.
+    pub fn generate_resumable(
+        &self,
+        prompt: &[u32],
+        resume: Option<&PromptState>,
+        checkpoint: bool,
+        opts: &GenerateOptions,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<ResumableOutput> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
@@ -220,6 +249,8 @@ impl Engine {
                 "token id {t} is outside the vocabulary ({vocab})"
             )));
         }
+        let mut prompt_state = None;
+        let mut computed = prompt.len();
         let mut stops = opts.stop_token_ids.clone();
         if !opts.ignore_eos {
             stops.extend_from_slice(&self.eos);
@@ -255,7 +286,7 @@ impl Engine {
             stops: &stops,
             max: opts.max_tokens,
             finish: None,
-            on_tokens: &mut on_tokens,
+            on_tokens,
         };
         let start = Instant::now();
         let mut timings = Timings::default();
@@ -280,10 +311,23 @@ impl Engine {
             timings.prefill_ms = Some(st.prefill_ms);
         } else {
             let t0 = Instant::now();
-            let mut cache = [self.model.new_cache()];
-            let out = self
-                .model
-                .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;
+            let resume = resume.filter(|st| st.tokens < prompt.len());
+            let start = resume.map_or(0, |st| st.tokens);
+            let mut cache = [resume.map_or_else(|| self.model.new_cache(), |st| st.cache.clone())];
+            let out =
+                self.model
+                    .forward(&[prompt[start..].to_vec()], &mut cache, LogitsAt::Last)?;
+            computed = prompt.len() - start;
+            if checkpoint {
+                let dm = self.model.hidden_size();
+                let rows = out.hidden.len() / dm.max(1);
+                prompt_state = Some(PromptState {
+                    cache: cache[0].clone(),
+                    mcache: None,
+                    last_hidden: out.hidden[(rows.saturating_sub(1)) * dm..].to_vec(),
+                    tokens: prompt.len(),
+                });
+            }
             timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
             let mut history = prompt.to_vec();
             let mut logits = out.logits;
@@ -314,16 +358,20 @@ impl Engine {
         }
         if let Some(p) = timings.prefill_ms {
             if p > 0.0 {
-                timings.prefill_tokens_per_s = Some(prompt.len() as f64 / (p / 1e3));
+                timings.prefill_tokens_per_s = Some(computed as f64 / (p / 1e3));
             }
         }
         let finish = emitter.finish.unwrap_or(FinishReason::Length);
-        Ok(GenerationOutput {
-            tokens: emitter.tokens,
-            finish_reason: finish,
-            timings,
-            speculation: outcome,
-            prompt_tokens: prompt.len(),
+        Ok(ResumableOutput {
+            output: GenerationOutput {
+                tokens: emitter.tokens,
+                finish_reason: finish,
+                timings,
+                speculation: outcome,
+                prompt_tokens: prompt.len(),
+            },
+            computed_prompt_tokens: computed,
+            prompt_state,
         })
     }
 }

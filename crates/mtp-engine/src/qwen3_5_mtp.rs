@@ -31,6 +31,11 @@ impl MtpCache {
         self.pos
     }
 
+    /// Bytes held by the drafter's KV caches.
+    pub fn bytes(&self) -> usize {
+        crate::cache::layers_bytes(&self.layers)
+    }
+
     /// Drops the newest `n` entries.
     pub fn trim(&mut self, n: usize) {
         self.pos = self.pos.saturating_sub(n);

@@ -26,6 +26,7 @@ use crate::engine::Emitter;
 use crate::error::Result;
 use crate::qwen3_5::{LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
+use crate::resume::PromptState;
 use crate::sampling::{argmax, Sampler};
 
 /// Milliseconds spent in each step.
@@ -215,23 +216,60 @@ pub(crate) fn run(
     stats: &mut DraftStats,
     t: &mut SpecTimings,
     first_at: &mut Option<Instant>,
+    resume: Option<&PromptState>,
+    checkpoint: bool,
+    state_out: &mut Option<PromptState>,
+    computed: &mut usize,
 ) -> Result<()> {
     let dm = model.hidden_size();
     let vocab = model.vocab_size();
     let t0 = Instant::now();
-    let mut cache = model.new_cache();
+    // Resume only from a state that carries the drafter's cache and leaves a token to compute.
+    let resume = resume.filter(|st| st.mcache.is_some() && st.tokens < prompt.len());
+    let (mut cache, mut mcache, start, mut hid_all) = match resume {
+        Some(st) => (
+            st.cache.clone(),
+            st.mcache.clone().unwrap_or_else(|| head.new_cache()),
+            st.tokens,
+            st.last_hidden.clone(),
+        ),
+        None => (model.new_cache(), head.new_cache(), 0, Vec::new()),
+    };
+    *computed = prompt.len() - start;
     let out = model.forward(
-        &[prompt.to_vec()],
+        &[prompt[start..].to_vec()],
         std::slice::from_mut(&mut cache),
         LogitsAt::Last,
     )?;
+    // Hidden rows for positions `start - 1` (resumed) or `0` .. `len - 1`.
+    hid_all.extend_from_slice(&out.hidden);
+    // Drafter prefill: the pairs (token[p + 1], hidden[p]) for p < len - 1, then (b, hidden[len - 1]).
+    let pair_toks = &prompt[start.max(1)..];
+    let n_pairs = pair_toks.len();
     let b = s.sample(&out.logits, 0);
-    // drafter prefill: (prompt[1..] + b) paired with the prompt's hidden states
-    let mut mcache = head.new_cache();
-    let mut shifted = prompt[1..].to_vec();
-    shifted.push(b);
-    let h = head.forward(model, &shifted, &out.hidden, &mut mcache)?;
-    let last = &h[(shifted.len() - 1) * dm..];
+    let last = if checkpoint {
+        if n_pairs > 0 {
+            head.forward(model, pair_toks, &hid_all[..n_pairs * dm], &mut mcache)?;
+        }
+        *state_out = Some(PromptState {
+            cache: cache.clone(),
+            mcache: Some(mcache.clone()),
+            last_hidden: hid_all[n_pairs * dm..(n_pairs + 1) * dm].to_vec(),
+            tokens: prompt.len(),
+        });
+        head.forward(
+            model,
+            &[b],
+            &hid_all[n_pairs * dm..(n_pairs + 1) * dm],
+            &mut mcache,
+        )?
+    } else {
+        let mut shifted = pair_toks.to_vec();
+        shifted.push(b);
+        let h = head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?;
+        h[n_pairs * dm..].to_vec()
+    };
+    let last = &last[..];
     let (seed, seed_q) = draft_pick(s, &model.logits(last, 1)?, 1);
     t.prefill_ms += t0.elapsed().as_secs_f64() * 1e3;
     *first_at = Some(Instant::now());
