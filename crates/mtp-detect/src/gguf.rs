@@ -458,9 +458,21 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
 
-    fn value(&mut self, ty: GgufType, key: &str, depth: usize) -> Result<GgufValue, Stop> {
+    /// Reads one value; when `keep` is false the value is checked and skipped without
+    /// allocating (the tail of a long array).
+    fn value(
+        &mut self,
+        ty: GgufType,
+        key: &str,
+        depth: usize,
+        keep: bool,
+    ) -> Result<Option<GgufValue>, Stop> {
         let what = || format!("metadata `{key}`");
-        Ok(match ty {
+        if !keep && !matches!(ty, GgufType::String | GgufType::Array) {
+            self.take(ty.min_size(), &what)?;
+            return Ok(None);
+        }
+        Ok(Some(match ty {
             GgufType::U8 => GgufValue::U8(u8::from_le_bytes(self.array(&what)?)),
             GgufType::I8 => GgufValue::I8(i8::from_le_bytes(self.array(&what)?)),
             GgufType::U16 => GgufValue::U16(u16::from_le_bytes(self.array(&what)?)),
@@ -474,6 +486,9 @@ impl<'a> Cursor<'a> {
             GgufType::F64 => GgufValue::F64(f64::from_le_bytes(self.array(&what)?)),
             GgufType::String => {
                 let b = self.bytes(MAX_STRING_LEN, &what)?;
+                if !keep {
+                    return Ok(None);
+                }
                 GgufValue::String(String::from_utf8_lossy(b).into_owned())
             }
             GgufType::Array => {
@@ -492,20 +507,23 @@ impl<'a> Cursor<'a> {
                 let len = self.u64(&what)?;
                 let arr_what = || format!("array `{key}`");
                 self.check_count(len, elem_type.min_size(), u64::MAX, &arr_what)?;
-                let mut items = Vec::with_capacity(len.min(KEPT_ARRAY_ITEMS as u64) as usize);
+                let kept = if keep { KEPT_ARRAY_ITEMS as u64 } else { 0 };
+                let mut items = Vec::with_capacity(len.min(kept) as usize);
                 let fixed = !matches!(elem_type, GgufType::String | GgufType::Array);
                 let mut i = 0u64;
                 while i < len {
-                    if fixed && items.len() == KEPT_ARRAY_ITEMS {
+                    if fixed && i >= kept {
                         // Skip the rest of a fixed-size array in one step.
                         self.take((len - i) * elem_type.min_size(), &arr_what)?;
                         break;
                     }
-                    let v = self.value(elem_type, key, depth + 1)?;
-                    if items.len() < KEPT_ARRAY_ITEMS {
+                    if let Some(v) = self.value(elem_type, key, depth + 1, i < kept)? {
                         items.push(v);
                     }
                     i += 1;
+                }
+                if !keep {
+                    return Ok(None);
                 }
                 GgufValue::Array(GgufArray {
                     elem_type,
@@ -513,7 +531,7 @@ impl<'a> Cursor<'a> {
                     items,
                 })
             }
-        })
+        }))
     }
 }
 
@@ -575,8 +593,9 @@ fn parse_into(c: &mut Cursor<'_>, h: &mut GgufHeader) -> Result<(), Stop> {
             key: key.clone(),
             tag,
         })?;
-        let v = c.value(ty, &key, 0)?;
-        h.metadata.push((key, v));
+        if let Some(v) = c.value(ty, &key, 0, true)? {
+            h.metadata.push((key, v));
+        }
     }
     // Smallest tensor info: 8-byte name length, 4-byte n_dims, 4-byte type, 8-byte offset.
     c.check_count(h.tensor_count, 24, MAX_TENSOR_COUNT, &|| {

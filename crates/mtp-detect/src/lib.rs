@@ -55,5 +55,10 @@ pub use tensors::{
     MtpStyle, MtpTensor, MtpTensorSummary,
 };
 
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// Kept for callers that name the contract's reason type through this crate.
 pub use mtp_contract::Reason;

@@ -821,7 +821,7 @@ pub fn read_gguf_header(
 }
 
 /// `(stem, index, count)` of a split GGUF name `…-00001-of-00003.gguf`.
-fn split_parts(name: &str) -> Option<(&str, u32, u32)> {
+pub(crate) fn split_parts(name: &str) -> Option<(&str, u32, u32)> {
     let base = name.strip_suffix(".gguf")?;
     let (rest, count) = base.rsplit_once("-of-")?;
     let (stem, idx) = rest.rsplit_once('-')?;
@@ -1021,7 +1021,11 @@ fn runtime_support(
                 false,
                 Verdict::FormatUnsupported,
                 Some(Reason::RuntimeUnsupported),
-                cmd(false),
+                format!(
+                    "python convert_hf_to_gguf.py {} --outfile model.gguf && {}",
+                    shell_quote(model),
+                    launch_command(rt, "./model.gguf", None, r.mtp_head, depth)
+                ),
                 "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo".into(),
             ),
             (Runtime::LlamaServer | Runtime::LmStudio | Runtime::Gguf, Format::Gguf) => {

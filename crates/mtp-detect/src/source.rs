@@ -154,10 +154,23 @@ impl Reader for LocalReader {
         if let Some(f) = &self.only {
             let meta = std::fs::metadata(self.root.join(f))
                 .map_err(|e| DetectError::io(self.describe(f), e))?;
-            return Ok(vec![FileEntry {
+            let mut out = vec![FileEntry {
                 path: f.clone(),
                 size: Some(meta.len()),
-            }]);
+            }];
+            // The first shard of a split GGUF brings its siblings along.
+            if let Some((stem, 1, count)) = crate::probe::split_parts(f) {
+                for i in 2..=count.min(256) {
+                    let name = format!("{stem}-{i:05}-of-{count:05}.gguf");
+                    if let Ok(m) = std::fs::metadata(self.root.join(&name)) {
+                        out.push(FileEntry {
+                            path: name,
+                            size: Some(m.len()),
+                        });
+                    }
+                }
+            }
+            return Ok(out);
         }
         let mut out = Vec::new();
         self.walk(&self.root, "", 0, &mut out);

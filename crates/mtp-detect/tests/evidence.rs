@@ -474,6 +474,10 @@ fn split_gguf_finds_the_nextn_block_in_the_last_shard() {
     assert!(r.mtp_head, "{r:#?}");
     assert_eq!(r.files_read.len(), 2);
     assert!(r.evidence.iter().any(|e| e == "blk.4.nextn.eh_proj.weight"));
+    // Naming the first shard's path brings the others along.
+    let r = probe_local(&dir.path().join("m-Q4_K_M-00001-of-00002.gguf")).unwrap();
+    assert!(r.mtp_head, "{r:#?}");
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 #[test]
