@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Result};
 
+mod probe;
 mod test;
 
 const HELP: &str = "\
@@ -28,6 +29,7 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
+        "probe" => probe::run(rest),
         "test" => test::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
     }
