@@ -482,7 +482,7 @@ fn companion_status(
     opts: &ProbeOptions,
 ) -> (CompanionStatus, bool) {
     let target = report.repo.clone().unwrap_or_else(|| reader.place());
-    let download = format!("hf download {}", shell_quote(drafter));
+    let download = format!("mtp models download {}", shell_quote(drafter));
     let Ok(drepo) = RepoId::parse(drafter) else {
         return (
             CompanionStatus {
@@ -1022,8 +1022,9 @@ fn runtime_support(
                 Verdict::FormatUnsupported,
                 Some(Reason::RuntimeUnsupported),
                 format!(
-                    "python convert_hf_to_gguf.py {} --outfile model.gguf && {}",
+                    "python convert_hf_to_gguf.py {} --outfile model.gguf {} {}",
                     shell_quote(model),
+                    if rt == Runtime::Gguf { "; then" } else { "&&" },
                     launch_command(rt, "./model.gguf", None, r.mtp_head, depth)
                 ),
                 "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo".into(),

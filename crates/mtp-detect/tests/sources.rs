@@ -368,7 +368,8 @@ fn companion_drafter_states() {
     let comp = r.companion.clone().unwrap();
     assert_eq!(comp.reason, Some(Reason::MtpHeadNotCached));
     assert!(
-        comp.message.contains(&format!("`hf download {drafter}`")),
+        comp.message
+            .contains(&format!("`mtp models download {drafter}`")),
         "{}",
         comp.message
     );
@@ -378,7 +379,7 @@ fn companion_drafter_states() {
     match r.lane(Runtime::Native) {
         mtp_contract::Lane::Unavailable { reason, message } => {
             assert_eq!(reason, Reason::MtpHeadNotCached);
-            assert!(message.contains("hf download"));
+            assert!(message.contains("mtp models download"));
         }
         other => panic!("{other:?}"),
     }
