@@ -217,7 +217,8 @@ pub fn check_drafter_with(
             ));
         }
     }
-    let names = read_weight_names(drafter, None, &mut Vec::new())?;
+    let files = drafter.list()?;
+    let (names, _) = read_weight_names(drafter, &files, None, &mut Vec::new())?;
     let summary =
         MtpTensorSummary::from_drafter_names(names.iter().map(|(n, d)| (n.as_str(), d.as_deref())));
     let keys: Vec<&str> = summary

@@ -551,21 +551,25 @@ fn companion_status(
     }
 }
 
-/// Reads every tensor name (with dtype when a header was read) of a safetensors artifact:
-/// from the index when there is one (names only), else from each file's header.
+/// Tensor names with their dtype when a header gave one.
+pub(crate) type WeightNames = Vec<(String, Option<String>)>;
+
+/// Reads every tensor name of a safetensors artifact listed in `files`: from the index when
+/// there is one (names only; the weight map is returned too), else from each file's header.
 pub(crate) fn read_weight_names(
     reader: &dyn Reader,
+    files: &[FileEntry],
     only: Option<&str>,
     files_read: &mut Vec<String>,
-) -> Result<Vec<(String, Option<String>)>, DetectError> {
-    if only.is_none() {
+) -> Result<(WeightNames, Option<BTreeMap<String, String>>), DetectError> {
+    if only.is_none() && files.iter().any(|f| f.path == INDEX_FILE) {
         if let Some(b) = reader.read_small(INDEX_FILE, MAX_INDEX_LEN)? {
             files_read.push(INDEX_FILE.to_string());
             let wm = parse_index(&b, &reader.describe(INDEX_FILE))?;
-            return Ok(wm.into_keys().map(|k| (k, None)).collect());
+            let names = wm.keys().map(|k| (k.clone(), None)).collect();
+            return Ok((names, Some(wm)));
         }
     }
-    let files = reader.list()?;
     let mut out = Vec::new();
     let st: Vec<&FileEntry> = files
         .iter()
@@ -579,7 +583,7 @@ pub(crate) fn read_weight_names(
         let h = read_st_header(reader, &f.path, files_read)?;
         out.extend(h.tensors.into_iter().map(|t| (t.name, Some(t.dtype))));
     }
-    Ok(out)
+    Ok((out, None))
 }
 
 /// Reads exactly the 8-byte length and the JSON header of one safetensors file.
@@ -690,8 +694,7 @@ fn probe_safetensors(
     }
     let base = r.base_layers;
     let only = chosen.map(|f| f.path.as_str());
-    let has_index = only.is_none() && files.iter().any(|f| f.path == INDEX_FILE);
-    let mut names = read_weight_names(reader, only, files_read)?;
+    let (mut names, index) = read_weight_names(reader, files, only, files_read)?;
     let pairs = |names: &[(String, Option<String>)]| -> MtpTensorSummary {
         let it = names.iter().map(|(n, d)| (n.as_str(), d.as_deref()));
         match r.role {
@@ -700,13 +703,9 @@ fn probe_safetensors(
         }
     };
     let mut summary = pairs(&names);
-    if has_index && !summary.is_empty() {
+    if let Some(wm) = index.filter(|_| !summary.is_empty()) {
         // The index gives names only: read the headers of the shards that hold the head,
         // for its dtypes.
-        let wm = match reader.read_small(INDEX_FILE, MAX_INDEX_LEN)? {
-            Some(b) => parse_index(&b, &reader.describe(INDEX_FILE))?,
-            None => BTreeMap::new(),
-        };
         let mut shards: Vec<&String> = summary.tensors.iter().filter_map(|t| wm.get(t)).collect();
         shards.sort();
         shards.dedup();
