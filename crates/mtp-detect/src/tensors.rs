@@ -180,6 +180,24 @@ pub fn mtp_layer_index(name: &str, base_layers: Option<u64>) -> Option<u64> {
     }
 }
 
+/// The MTP tensors among `names`, in input order: what the engine splits off as the head.
+///
+/// ```
+/// use mtp_detect::mtp_tensor_names;
+/// let names = ["lm_head.weight", "mtp.fc.weight", "model.layers.3.enorm.weight", "model.layers.3.mlp.up_proj.weight"];
+/// assert_eq!(mtp_tensor_names(names, None), vec!["mtp.fc.weight", "model.layers.3.enorm.weight"]);
+/// assert_eq!(mtp_tensor_names(names, Some(3)).len(), 3);
+/// ```
+pub fn mtp_tensor_names<'a, I>(names: I, base_layers: Option<u64>) -> Vec<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    names
+        .into_iter()
+        .filter(|n| classify_tensor(n, base_layers).is_some())
+        .collect()
+}
+
 /// The canonical key of a companion drafter's tensor: the name with any `mtp.` namespace
 /// stripped, if what remains is a drafter component (`fc.weight`, `layers.0.*`, `norm.weight`,
 /// `pre_fc_norm_*`, `eh_proj.*`). `None` for anything else.
