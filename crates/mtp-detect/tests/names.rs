@@ -2,10 +2,12 @@
 
 use mtp_detect::{classify_tensor, drafter_tensor_key, is_mtp_tensor, mtp_layer_index, MtpStyle};
 
+/// name, base layers, expected style, expected MTP layer index
+type Row = (&'static str, Option<u64>, Option<MtpStyle>, Option<u64>);
+
 #[test]
 fn tensor_name_table() {
-    // name, base layers, expected style, expected MTP layer index
-    let table: &[(&str, Option<u64>, Option<MtpStyle>, Option<u64>)] = &[
+    let table: &[Row] = &[
         ("mtp.fc.weight", None, Some(MtpStyle::MtpPrefix), None),
         (
             "mtp.pre_fc_norm_embedding.weight",
