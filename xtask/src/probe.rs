@@ -42,14 +42,12 @@ fn parse(args: &[String]) -> Result<Args, String> {
 }
 
 fn report(args: &Args) -> Result<String, String> {
-    let mut opts = ProbeOptions {
-        file: args.file.clone(),
-        ..ProbeOptions::default()
-    };
-    opts.registry = Some(match &args.registry {
-        Some(p) => Registry::with_user_file(std::path::Path::new(p)).map_err(|e| e.to_string())?,
-        None => Registry::from_env().map_err(|e| e.to_string())?,
-    });
+    let mut opts = ProbeOptions::from_env().map_err(|e| e.to_string())?;
+    opts.file = args.file.clone();
+    if let Some(p) = &args.registry {
+        opts.registry =
+            Some(Registry::with_user_file(std::path::Path::new(p)).map_err(|e| e.to_string())?);
+    }
     let r = probe(&args.spec, &opts).map_err(|e| e.to_string())?;
     Ok(if args.json {
         format!("{}\n", r.to_json())

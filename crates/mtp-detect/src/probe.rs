@@ -89,6 +89,15 @@ impl ProbeOptions {
         }
     }
 
+    /// The defaults, with the registry overridden by the file named in
+    /// `MTP_MODEL_CAPABILITIES` when set (an unreadable file is an error, not ignored).
+    pub fn from_env() -> Result<Self, DetectError> {
+        Ok(ProbeOptions {
+            registry: Some(Registry::from_env()?),
+            ..ProbeOptions::default()
+        })
+    }
+
     fn registry(&self) -> &Registry {
         self.registry.as_ref().unwrap_or_else(|| registry())
     }
