@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Result};
 
+mod probe;
 mod gguf;
 mod llama;
 mod test;
@@ -31,6 +32,7 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
+        "probe" => probe::run(rest),
         "gguf" => gguf::run(rest),
         "test" => test::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
