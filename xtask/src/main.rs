@@ -4,9 +4,9 @@
 
 use anyhow::{bail, Result};
 
-mod probe;
 mod gguf;
 mod llama;
+mod probe;
 mod test;
 
 const HELP: &str = "\
