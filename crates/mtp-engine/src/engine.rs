@@ -303,6 +303,10 @@ impl Engine {
                 &mut o.stats,
                 &mut st,
                 &mut first_at,
+                resume,
+                checkpoint,
+                &mut prompt_state,
+                &mut computed,
             )?;
             o.used = true;
             timings.draft_ms = Some(st.draft_ms);
