@@ -4,10 +4,13 @@
 
 use anyhow::{bail, Result};
 
+mod bench;
+mod fixtures;
 mod gguf;
 mod llama;
 mod probe;
 mod test;
+mod train_tiny;
 
 const HELP: &str = "\
 cargo xtask <command> [args]
@@ -32,9 +35,12 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
-        "probe" => probe::run(rest),
+        "bench" => bench::run(rest),
+        "fixtures" => fixtures::run(rest),
         "gguf" => gguf::run(rest),
+        "probe" => probe::run(rest),
         "test" => test::run(rest),
+        "train-tiny" => train_tiny::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
     }
 }

@@ -1,0 +1,336 @@
+//! `cargo xtask bench`: decode speed of the native engine, MTP off vs on per call on one loaded
+//! model (interleaved A/B reps, medians), a depth sweep, and mlx-vlm side by side when an
+//! interpreter with mlx-vlm is given.
+//!
+//! ```text
+//! cargo xtask bench --target-only                  # prefill / decode tok/s, peak memory
+//! cargo xtask bench --model models/tiny-code --depths 1,2,3,4,5 --mlx-vlm /tmp/mlxref/bin/python
+//! ```
+//! Without `--model`, the benchmark-shape checkpoint is generated with `cargo xtask fixtures`'
+//! writer (hidden 1024, 8 layers 3:1, 8/2 heads of 128, intermediate 3072, vocab 32000).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use mtp_engine::{Engine, GenerateOptions};
+
+struct Args {
+    model: Option<PathBuf>,
+    target_only: bool,
+    tokens: usize,
+    prompt_len: usize,
+    reps: usize,
+    depths: Vec<usize>,
+    mlx: Option<String>,
+    out_dir: PathBuf,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut a = Args {
+        model: None,
+        target_only: false,
+        tokens: 128,
+        prompt_len: 128,
+        reps: 3,
+        depths: vec![1, 2, 3, 4, 5],
+        mlx: None,
+        out_dir: PathBuf::from("target/bench"),
+    };
+    let mut it = args.iter();
+    while let Some(f) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{f} needs a value"));
+        match f.as_str() {
+            "--model" => a.model = Some(PathBuf::from(val()?)),
+            "--target-only" => a.target_only = true,
+            "--tokens" => a.tokens = val()?.parse()?,
+            "--prompt-len" => a.prompt_len = val()?.parse()?,
+            "--reps" => a.reps = val()?.parse::<usize>()?.max(1),
+            "--depths" => {
+                a.depths = val()?
+                    .split(',')
+                    .map(|d| d.trim().parse::<usize>())
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            "--mlx-vlm" => a.mlx = Some(val()?.clone()),
+            "--out" => a.out_dir = PathBuf::from(val()?),
+            other => bail!("unknown bench flag `{other}`"),
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            1 + (x % (vocab as u64 - 1)) as u32
+        })
+        .collect()
+}
+
+const MLX_SCRIPT: &str = r#"
+import json, sys, time
+import mlx.core as mx
+from pathlib import Path
+from mlx_vlm.generate import generate_step
+from mlx_vlm.utils import load_model
+a = json.loads(sys.argv[1])
+model = load_model(Path(a["model"]))
+draft = None
+if a["depths"]:
+    from mlx_vlm.speculative.drafters import load_drafter
+    try:
+        draft, _ = load_drafter(a["drafter"] or a["model"], kind="mtp")
+    except Exception as e:
+        print("no drafter:", e, file=sys.stderr)
+def run(ids, n, depth=0):
+    kw = dict(max_tokens=n, temperature=0.0, prefill_step_size=None)
+    if depth and draft is not None:
+        kw.update(draft_model=draft, draft_kind="mtp", draft_block_size=depth + 1)
+    t0 = time.perf_counter(); tf = None; out = []
+    for tok, _ in generate_step(mx.array([ids], dtype=mx.int32), model, None, None, **kw):
+        if tf is None: tf = time.perf_counter()
+        out.append(int(tok))
+        if len(out) >= n: break
+    t1 = time.perf_counter()
+    return out, len(ids) / (tf - t0), (len(out) - 1) / (t1 - tf)
+res = {"prompts": []}
+for ids in a["prompts"]:
+    run(ids, 8)
+    r = {"off": [], "prefill": [], "on": {str(d): [] for d in a["depths"]}}
+    for _ in range(a["reps"]):
+        toks, pf, tps = run(ids, a["tokens"]); r["off"].append(tps); r["prefill"].append(pf)
+        for d in a["depths"]:
+            if draft is not None:
+                _, _, t2 = run(ids, a["tokens"], d); r["on"][str(d)].append(t2)
+    res["prompts"].append(r)
+print(json.dumps(res))
+"#;
+
+fn run_mlx(py: &str, model: &Path, prompts: &[Vec<u32>], a: &Args, depths: &[usize]) -> Result<serde_json::Value> {
+    let arg = serde_json::json!({
+        "model": model, "drafter": serde_json::Value::Null, "prompts": prompts,
+        "tokens": a.tokens, "reps": a.reps, "depths": depths,
+    });
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(MLX_SCRIPT)
+        .arg(arg.to_string())
+        .output()
+        .with_context(|| format!("running {py}"))?;
+    if !out.status.success() {
+        bail!("mlx-vlm run failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    Ok(serde_json::from_str(last)?)
+}
+
+fn med_of(v: &serde_json::Value) -> f64 {
+    median(v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default())
+}
+
+/// Texts for the speculative sweep: code, prose and a repetitive table.
+const PROMPTS: [(&str, &str); 3] = [
+    ("code", "fn fibonacci(n: u64) -> u64 {\n    if n < 2 {\n        return n;\n    }\n"),
+    ("prose", "The river wound slowly through the valley, and the old miller watched it from"),
+    ("table", "| id | name | qty |\n|----|------|-----|\n| 1 | apple | 3 |\n| 2 | pear | 5 |\n"),
+];
+
+pub fn run(args: &[String]) -> Result<()> {
+    let a = parse(args)?;
+    let model_dir = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let dir = PathBuf::from("target/fixtures/bench-qwen3_5");
+            if !dir.join("model.safetensors").is_file() {
+                println!("generating the benchmark checkpoint in {} ...", dir.display());
+                crate::fixtures::write_checkpoint(&dir, &crate::fixtures::Shape::default())?;
+            }
+            dir
+        }
+    };
+    let t = std::time::Instant::now();
+    let engine = Engine::load(&model_dir, &Device::Cpu, DType::F32)?;
+    println!("loaded {} in {:.1}s", model_dir.display(), t.elapsed().as_secs_f64());
+    let vocab = engine.model().vocab_size();
+    std::fs::create_dir_all(&a.out_dir)?;
+
+    // ---- target-only: prefill / decode tok/s, peak memory
+    let prompt = synthetic_prompt(a.prompt_len, vocab);
+    let opts = GenerateOptions::greedy(a.tokens).ignore_eos(true);
+    engine.generate(&prompt, &GenerateOptions::greedy(8).ignore_eos(true), |_| true)?;
+    let (mut pf, mut dec) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        let o = engine.generate(&prompt, &opts, |_| true)?;
+        pf.push(o.timings.prefill_tokens_per_s.unwrap_or(f64::NAN));
+        dec.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
+    }
+    let (pf, dec) = (median(pf), median(dec));
+    println!("\n## target-only ({} prompt tokens, {} generated, median of {})\n", a.prompt_len, a.tokens, a.reps);
+    println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
+    println!("| --- | --- | --- | --- |");
+    println!("| mtp-engine (candle, f32) | {pf:.1} | {dec:.2} | {:.0} |", peak_rss_mib().unwrap_or(f64::NAN));
+    let mut report = serde_json::json!({
+        "model": model_dir, "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
+    });
+    let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() { vec![] } else { a.depths.clone() };
+    let tok = engine.tokenizer();
+    let spec_prompts: Vec<(String, Vec<u32>)> = PROMPTS
+        .iter()
+        .map(|(name, text)| {
+            let ids = tok
+                .and_then(|t| t.encode(text).ok())
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| text.bytes().map(|b| b as u32 % vocab as u32).collect());
+            (name.to_string(), ids)
+        })
+        .collect();
+    let mlx = match &a.mlx {
+        Some(py) => {
+            let mut ps = vec![prompt.clone()];
+            ps.extend(spec_prompts.iter().map(|(_, p)| p.clone()));
+            Some(run_mlx(py, &model_dir, &ps, &a, &depths)?)
+        }
+        None => None,
+    };
+    if let Some(m) = &mlx {
+        let p0 = &m["prompts"][0];
+        let (mpf, mdec) = (med_of(&p0["prefill"]), med_of(&p0["off"]));
+        println!("| mlx-vlm 0.7.10 (mlx cpu) | {mpf:.1} | {mdec:.2} | - |");
+        println!("\ndecode ratio mtp-engine / mlx-vlm: **{:.2}x**, prefill ratio {:.2}x", dec / mdec, pf / mpf);
+        report["mlx_vlm"] = serde_json::json!({"prefill_tps": mpf, "decode_tps": mdec, "decode_ratio": dec / mdec});
+    }
+    if depths.is_empty() {
+        std::fs::write(a.out_dir.join("bench.json"), serde_json::to_string_pretty(&report)?)?;
+        return Ok(());
+    }
+
+    // ---- MTP on vs off, same loaded engine, interleaved reps
+    println!("\n## MTP speculation ({} tokens, greedy, median of {} interleaved reps)\n", a.tokens, a.reps);
+    let mlx_col = mlx.is_some();
+    println!(
+        "| prompt | depth | tok/s off | tok/s on | speedup | acceptance | accepted/round | identical | efficiency |{}",
+        if mlx_col { " mlx-vlm speedup |" } else { "" }
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |{}", if mlx_col { " --- |" } else { "" });
+    let mut rows = Vec::new();
+    for (pi, (name, ids)) in spec_prompts.iter().enumerate() {
+        for &k in &depths {
+            let (mut off, mut on, mut acc, mut tpr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut identical = true;
+            for _ in 0..a.reps {
+                let o = engine.generate(ids, &opts, |_| true)?;
+                let s = engine.generate(ids, &opts.clone().num_draft_tokens(k), |_| true)?;
+                identical &= o.tokens == s.tokens;
+                off.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
+                on.push(s.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
+                if let Some(sp) = &s.speculation {
+                    acc.push(sp.stats.acceptance_rate().unwrap_or(0.0));
+                    tpr.push(sp.stats.tokens_per_round().unwrap_or(1.0));
+                }
+            }
+            let (off, on, acc, tpr) = (median(off), median(on), median(acc), median(tpr));
+            let speedup = on / off;
+            let mlx_speedup = mlx.as_ref().map(|m| {
+                let p = &m["prompts"][pi + 1];
+                med_of(&p["on"][k.to_string()]) / med_of(&p["off"])
+            });
+            println!(
+                "| {name} | {k} | {off:.2} | {on:.2} | {speedup:.2}x | {:.0}% | {:.2} | {} | {:.2} |{}",
+                acc * 100.0,
+                tpr - 1.0,
+                if identical { "yes" } else { "NO" },
+                speedup / tpr,
+                mlx_speedup.map(|s| format!(" {s:.2}x |")).unwrap_or_default()
+            );
+            rows.push(serde_json::json!({
+                "prompt": name, "depth": k, "tps_off": off, "tps_on": on, "speedup": speedup,
+                "acceptance": acc, "tokens_per_round": tpr, "identical": identical,
+                "efficiency": speedup / tpr, "mlx_vlm_speedup": mlx_speedup,
+            }));
+        }
+    }
+    report["mtp"] = serde_json::Value::Array(rows.clone());
+    std::fs::write(a.out_dir.join("bench.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(a.out_dir.join("bench.svg"), svg(&rows, &depths))?;
+    println!("\nwrote {0}/bench.json and {0}/bench.svg", a.out_dir.display());
+    Ok(())
+}
+
+/// Tok/s (MTP on) against depth, one line per prompt, with the MTP-off level dashed.
+fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
+    let (w, h, m) = (640.0, 400.0, 50.0);
+    let ymax = rows
+        .iter()
+        .flat_map(|r| [r["tps_on"].as_f64().unwrap_or(0.0), r["tps_off"].as_f64().unwrap_or(0.0)])
+        .fold(1.0, f64::max)
+        * 1.1;
+    let dmax = *depths.iter().max().unwrap_or(&1) as f64;
+    let x = |d: f64| m + (d - 1.0) / (dmax - 1.0).max(1.0) * (w - 2.0 * m);
+    let y = |v: f64| h - m - v / ymax * (h - 2.0 * m);
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\
+         <rect width='100%' height='100%' fill='white'/>\
+         <line x1='{m}' y1='{b}' x2='{r}' y2='{b}' stroke='black'/><line x1='{m}' y1='{m}' x2='{m}' y2='{b}' stroke='black'/>\
+         <text x='{cx}' y='{ty}' text-anchor='middle'>num_draft_tokens</text>\
+         <text x='12' y='{cy}' transform='rotate(-90 12 {cy})' text-anchor='middle'>decode tok/s</text>",
+        b = h - m,
+        r = w - m,
+        cx = w / 2.0,
+        ty = h - 12.0,
+        cy = h / 2.0
+    );
+    for d in depths {
+        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{d}</text>", x(*d as f64), h - m + 16.0);
+    }
+    for i in 0..=4 {
+        let v = ymax * i as f64 / 4.0;
+        s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>", m - 4.0, y(v) + 4.0);
+    }
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let mut names: Vec<&str> = rows.iter().filter_map(|r| r["prompt"].as_str()).collect();
+    names.dedup();
+    for (i, name) in names.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let pts: Vec<String> = rows
+            .iter()
+            .filter(|r| r["prompt"].as_str() == Some(name))
+            .map(|r| format!("{:.1},{:.1}", x(r["depth"].as_f64().unwrap_or(1.0)), y(r["tps_on"].as_f64().unwrap_or(0.0))))
+            .collect();
+        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>", pts.join(" "));
+        let off = rows
+            .iter()
+            .filter(|r| r["prompt"].as_str() == Some(name))
+            .filter_map(|r| r["tps_off"].as_f64())
+            .sum::<f64>()
+            / depths.len().max(1) as f64;
+        s += &format!(
+            "<line x1='{m}' y1='{0:.1}' x2='{1}' y2='{0:.1}' stroke='{c}' stroke-dasharray='4 4'/>",
+            y(off),
+            w - m
+        );
+        s += &format!("<text x='{}' y='{}' fill='{c}'>{name} (dashed: MTP off)</text>", w - m - 150.0, m + 16.0 * i as f64);
+    }
+    s + "</svg>"
+}

@@ -1,0 +1,250 @@
+//! `cargo xtask fixtures`: writes a random-weight Qwen3.5 checkpoint (`model_type: qwen3_5`,
+//! Hugging Face layout: `model.language_model.*` names, zero-centred RMSNorm weights, torch conv
+//! layout `[C, 1, K]`, optional embedded `mtp.*` head) of any size, so tests and benchmarks need
+//! no Python.
+//!
+//! ```text
+//! cargo xtask fixtures --out /tmp/bench-model            # the benchmark shape (default)
+//! cargo xtask fixtures --out /tmp/t --hidden 64 --layers 4 --interval 2 --heads 4 --kv-heads 2 \
+//!     --head-dim 16 --intermediate 128 --vocab 256 --linear-heads 2,4 --linear-dim 16
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+/// Shape of a generated checkpoint.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub hidden: usize,
+    pub layers: usize,
+    pub interval: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub linear_k_heads: usize,
+    pub linear_v_heads: usize,
+    pub linear_dim: usize,
+    pub mtp: bool,
+    pub seed: u64,
+    pub dtype: DType,
+}
+
+impl Default for Shape {
+    /// The benchmark shape of the engine issue: hidden 1024, 8 layers at 3 linear : 1 full,
+    /// 8 query / 2 KV heads of 128, intermediate 3072, vocab 32000, with an MTP head.
+    fn default() -> Self {
+        Shape {
+            hidden: 1024,
+            layers: 8,
+            interval: 4,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 128,
+            intermediate: 3072,
+            vocab: 32000,
+            linear_k_heads: 8,
+            linear_v_heads: 16,
+            linear_dim: 128,
+            mtp: true,
+            seed: 0,
+            dtype: DType::F32,
+        }
+    }
+}
+
+struct Gen {
+    rng: rand::rngs::StdRng,
+    dtype: DType,
+    out: HashMap<String, Tensor>,
+}
+
+impl Gen {
+    fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let u1: f32 = self.rng.gen_range(1e-7f32..1.0);
+                let u2: f32 = self.rng.gen();
+                std * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+            })
+            .collect()
+    }
+
+    fn put(&mut self, name: &str, data: Vec<f32>, shape: &[usize]) -> Result<()> {
+        let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(self.dtype)?;
+        self.out.insert(name.to_string(), t);
+        Ok(())
+    }
+
+    fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<()> {
+        let w = self.normal(out * inp, 1.0 / (inp as f32).sqrt());
+        self.put(&format!("{name}.weight"), w, &[out, inp])
+    }
+
+    /// HF zero-centred RMSNorm weight (used as 1 + w), with a little jitter.
+    fn norm(&mut self, name: &str, n: usize) -> Result<()> {
+        let w = self.normal(n, 0.05);
+        self.put(name, w, &[n])
+    }
+
+    fn attention_layer(&mut self, p: &str, s: &Shape) -> Result<()> {
+        let (d, h, kv, hd) = (s.hidden, s.heads, s.kv_heads, s.head_dim);
+        self.linear(&format!("{p}.self_attn.q_proj"), h * hd * 2, d)?;
+        self.linear(&format!("{p}.self_attn.k_proj"), kv * hd, d)?;
+        self.linear(&format!("{p}.self_attn.v_proj"), kv * hd, d)?;
+        self.linear(&format!("{p}.self_attn.o_proj"), d, h * hd)?;
+        self.norm(&format!("{p}.self_attn.q_norm.weight"), hd)?;
+        self.norm(&format!("{p}.self_attn.k_norm.weight"), hd)
+    }
+
+    fn common(&mut self, p: &str, s: &Shape) -> Result<()> {
+        self.norm(&format!("{p}.input_layernorm.weight"), s.hidden)?;
+        self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?;
+        self.linear(&format!("{p}.mlp.gate_proj"), s.intermediate, s.hidden)?;
+        self.linear(&format!("{p}.mlp.up_proj"), s.intermediate, s.hidden)?;
+        self.linear(&format!("{p}.mlp.down_proj"), s.hidden, s.intermediate)
+    }
+}
+
+/// Writes the checkpoint into `out` and returns the number of parameters.
+pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut g = Gen {
+        rng: rand::rngs::StdRng::seed_from_u64(s.seed),
+        dtype: s.dtype,
+        out: HashMap::new(),
+    };
+    let d = s.hidden;
+    let e = g.normal(s.vocab * d, 1.0);
+    g.put("model.language_model.embed_tokens.weight", e, &[s.vocab, d])?;
+    let key_dim = s.linear_k_heads * s.linear_dim;
+    let value_dim = s.linear_v_heads * s.linear_dim;
+    let conv_dim = 2 * key_dim + value_dim;
+    let mut layer_types = Vec::new();
+    for i in 0..s.layers {
+        let p = format!("model.language_model.layers.{i}");
+        if (i + 1) % s.interval == 0 {
+            layer_types.push("full_attention");
+            g.attention_layer(&p, s)?;
+        } else {
+            layer_types.push("linear_attention");
+            let a = format!("{p}.linear_attn");
+            g.linear(&format!("{a}.in_proj_qkv"), conv_dim, d)?;
+            g.linear(&format!("{a}.in_proj_z"), value_dim, d)?;
+            g.linear(&format!("{a}.in_proj_b"), s.linear_v_heads, d)?;
+            g.linear(&format!("{a}.in_proj_a"), s.linear_v_heads, d)?;
+            g.linear(&format!("{a}.out_proj"), d, value_dim)?;
+            let conv = g.normal(conv_dim * 4, 0.5);
+            g.put(&format!("{a}.conv1d.weight"), conv, &[conv_dim, 1, 4])?;
+            let a_log: Vec<f32> = (0..s.linear_v_heads).map(|_| g.rng.gen_range(1.0f32..16.0).ln()).collect();
+            g.put(&format!("{a}.A_log"), a_log, &[s.linear_v_heads])?;
+            g.put(&format!("{a}.dt_bias"), vec![1.0; s.linear_v_heads], &[s.linear_v_heads])?;
+            let nw: Vec<f32> = g.normal(s.linear_dim, 0.05).iter().map(|x| 1.0 + x).collect();
+            g.put(&format!("{a}.norm.weight"), nw, &[s.linear_dim])?;
+        }
+        g.common(&p, s)?;
+    }
+    g.norm("model.language_model.norm.weight", d)?;
+    g.linear("lm_head", s.vocab, d)?;
+    if s.mtp {
+        g.linear("mtp.fc", d, 2 * d)?;
+        g.norm("mtp.pre_fc_norm_embedding.weight", d)?;
+        g.norm("mtp.pre_fc_norm_hidden.weight", d)?;
+        g.norm("mtp.norm.weight", d)?;
+        g.attention_layer("mtp.layers.0", s)?;
+        g.common("mtp.layers.0", s)?;
+    }
+    let n: usize = g.out.values().map(|t| t.elem_count()).sum();
+    candle_core::safetensors::save(&g.out, out.join("model.safetensors"))?;
+    let text = serde_json::json!({
+        "model_type": "qwen3_5_text",
+        "hidden_size": d,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "full_attention_interval": s.interval,
+        "layer_types": layer_types,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "linear_num_value_heads": s.linear_v_heads,
+        "linear_num_key_heads": s.linear_k_heads,
+        "linear_key_head_dim": s.linear_dim,
+        "linear_value_head_dim": s.linear_dim,
+        "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": false,
+        "attention_bias": false,
+        "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true},
+        "mtp_num_hidden_layers": if s.mtp { 1 } else { 0 },
+        "mtp_use_dedicated_embeddings": false,
+        "eos_token_id": 0,
+        "dtype": match s.dtype { DType::BF16 => "bfloat16", DType::F16 => "float16", _ => "float32" },
+    });
+    let cfg = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+            "out_hidden_size": d, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
+            "deepstack_visual_indexes": []},
+        "tie_word_embeddings": false,
+        "eos_token_id": 0,
+        "vocab_size": s.vocab,
+    });
+    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
+    std::fs::write(out.join("generation_config.json"), r#"{"do_sample": false, "eos_token_id": 0}"#)?;
+    Ok(n)
+}
+
+/// `cargo xtask fixtures [--out DIR] [shape flags]`.
+pub fn run(args: &[String]) -> Result<()> {
+    let mut s = Shape::default();
+    let mut out = PathBuf::from("target/fixtures/bench-qwen3_5");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
+        let num = |v: &String| v.parse::<usize>().with_context(|| format!("{a}: `{v}` is not a number"));
+        match a.as_str() {
+            "--out" => out = PathBuf::from(val()?),
+            "--hidden" => s.hidden = num(val()?)?,
+            "--layers" => s.layers = num(val()?)?,
+            "--interval" => s.interval = num(val()?)?,
+            "--heads" => s.heads = num(val()?)?,
+            "--kv-heads" => s.kv_heads = num(val()?)?,
+            "--head-dim" => s.head_dim = num(val()?)?,
+            "--intermediate" => s.intermediate = num(val()?)?,
+            "--vocab" => s.vocab = num(val()?)?,
+            "--linear-heads" => {
+                let v = val()?;
+                let (k, vv) = v.split_once(',').context("--linear-heads K,V")?;
+                s.linear_k_heads = k.parse()?;
+                s.linear_v_heads = vv.parse()?;
+            }
+            "--linear-dim" => s.linear_dim = num(val()?)?,
+            "--seed" => s.seed = num(val()?)? as u64,
+            "--no-mtp" => s.mtp = false,
+            "--dtype" => {
+                s.dtype = match val()?.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    "f16" => DType::F16,
+                    other => bail!("--dtype {other}: use f32, bf16 or f16"),
+                }
+            }
+            other => bail!("unknown fixtures flag `{other}`"),
+        }
+    }
+    let n = write_checkpoint(&out, &s)?;
+    println!("wrote {} ({n} parameters, {:?})", out.display(), s.dtype);
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! `cargo xtask train-tiny`: trains the bundled demo model — a tiny Qwen3.5 (`qwen3_5`, one Gated
+//! DeltaNet layer + one gated full-attention layer, byte vocabulary) with its MTP head — on this
+//! repository's own Rust source (MIT OR Apache-2.0), with candle's autograd and Adam, fixed seed.
+//! Writes a Hugging Face-layout checkpoint the engine (and mlx-vlm) load.
+//!
+//! ```text
+//! cargo xtask train-tiny [--out models/tiny-code] [--steps 300] [--seed 0]
+//! ```
+//! Loss: next-token cross-entropy of the model plus the MTP head's cross-entropy on the token
+//! after next, given `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's
+//! drafter consumes: the final-normed hidden state).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor, Var, D};
+use rand::{Rng, SeedableRng};
+
+const CORPUS: [&str; 8] = [
+    include_str!("../../crates/mtp-engine/src/kernels.rs"),
+    include_str!("../../crates/mtp-engine/src/cache.rs"),
+    include_str!("../../crates/mtp-engine/src/nn.rs"),
+    include_str!("../../crates/mtp-engine/src/sampling.rs"),
+    include_str!("../../crates/mtp-engine/src/speculative.rs"),
+    include_str!("../../crates/mtp-engine/src/engine.rs"),
+    include_str!("../../crates/mtp-engine/src/config.rs"),
+    include_str!("../../crates/mtp-engine/src/loader.rs"),
+];
+
+const D_MODEL: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HD: usize = 16;
+const LK: usize = 2; // linear key heads
+const LV: usize = 4; // linear value heads
+const LD: usize = 16; // linear head dim
+const CONV: usize = 4;
+const INTER: usize = 128;
+const VOCAB: usize = 256;
+const ROT: usize = 8; // partial_rotary_factor 0.5 of HD
+const EPS: f64 = 1e-6;
+
+struct Params {
+    vars: Vec<(String, Var)>,
+}
+
+impl Params {
+    fn get(&self, name: &str) -> Result<&Tensor> {
+        self.vars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_tensor())
+            .with_context(|| format!("no parameter {name}"))
+    }
+}
+
+fn init(seed: u64) -> Result<Params> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut vars = Vec::new();
+    let dev = Device::Cpu;
+    let mut normal = |n: usize, std: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let u1: f32 = rng.gen_range(1e-7f32..1.0);
+                let u2: f32 = rng.gen();
+                std * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+            })
+            .collect()
+    };
+    let add = |vars: &mut Vec<(String, Var)>, name: &str, data: Vec<f32>, shape: &[usize]| -> Result<()> {
+        vars.push((name.to_string(), Var::from_tensor(&Tensor::from_vec(data, shape, &dev)?)?));
+        Ok(())
+    };
+    let lin = |out: usize, inp: usize, normal: &mut dyn FnMut(usize, f32) -> Vec<f32>| normal(out * inp, 1.0 / (inp as f32).sqrt());
+    add(&mut vars, "embed", normal(VOCAB * D_MODEL, 0.5), &[VOCAB, D_MODEL])?;
+    // layer 0: Gated DeltaNet
+    let kd = LK * LD;
+    let vd = LV * LD;
+    let cd = 2 * kd + vd;
+    add(&mut vars, "l0.qkv", lin(cd, D_MODEL, &mut normal), &[cd, D_MODEL])?;
+    add(&mut vars, "l0.z", lin(vd, D_MODEL, &mut normal), &[vd, D_MODEL])?;
+    add(&mut vars, "l0.b", lin(LV, D_MODEL, &mut normal), &[LV, D_MODEL])?;
+    add(&mut vars, "l0.a", lin(LV, D_MODEL, &mut normal), &[LV, D_MODEL])?;
+    add(&mut vars, "l0.conv", normal(cd * CONV, 0.5), &[cd, CONV])?;
+    let a_log: Vec<f32> = (0..LV).map(|i| (1.0 + 3.0 * i as f32).ln()).collect();
+    add(&mut vars, "l0.A_log", a_log, &[LV])?;
+    add(&mut vars, "l0.dt_bias", vec![1.0; LV], &[LV])?;
+    add(&mut vars, "l0.gnorm", vec![1.0; LD], &[LD])?;
+    add(&mut vars, "l0.out", lin(D_MODEL, vd, &mut normal), &[D_MODEL, vd])?;
+    // layer 1 and the MTP layer: gated full attention
+    for p in ["l1", "mtp.l0"] {
+        add(&mut vars, &format!("{p}.q"), lin(HEADS * HD * 2, D_MODEL, &mut normal), &[HEADS * HD * 2, D_MODEL])?;
+        add(&mut vars, &format!("{p}.k"), lin(KV_HEADS * HD, D_MODEL, &mut normal), &[KV_HEADS * HD, D_MODEL])?;
+        add(&mut vars, &format!("{p}.v"), lin(KV_HEADS * HD, D_MODEL, &mut normal), &[KV_HEADS * HD, D_MODEL])?;
+        add(&mut vars, &format!("{p}.o"), lin(D_MODEL, HEADS * HD, &mut normal), &[D_MODEL, HEADS * HD])?;
+        add(&mut vars, &format!("{p}.qn"), vec![1.0; HD], &[HD])?;
+        add(&mut vars, &format!("{p}.kn"), vec![1.0; HD], &[HD])?;
+    }
+    for p in ["l0", "l1", "mtp.l0"] {
+        add(&mut vars, &format!("{p}.in_norm"), vec![1.0; D_MODEL], &[D_MODEL])?;
+        add(&mut vars, &format!("{p}.post_norm"), vec![1.0; D_MODEL], &[D_MODEL])?;
+        add(&mut vars, &format!("{p}.gate"), lin(INTER, D_MODEL, &mut normal), &[INTER, D_MODEL])?;
+        add(&mut vars, &format!("{p}.up"), lin(INTER, D_MODEL, &mut normal), &[INTER, D_MODEL])?;
+        add(&mut vars, &format!("{p}.down"), lin(D_MODEL, INTER, &mut normal), &[D_MODEL, INTER])?;
+    }
+    add(&mut vars, "norm", vec![1.0; D_MODEL], &[D_MODEL])?;
+    add(&mut vars, "lm_head", lin(VOCAB, D_MODEL, &mut normal), &[VOCAB, D_MODEL])?;
+    add(&mut vars, "mtp.fc", lin(D_MODEL, 2 * D_MODEL, &mut normal), &[D_MODEL, 2 * D_MODEL])?;
+    for n in ["mtp.pre_emb", "mtp.pre_hidden", "mtp.norm"] {
+        add(&mut vars, n, vec![1.0; D_MODEL], &[D_MODEL])?;
+    }
+    Ok(Params { vars })
+}
+
+fn rms(x: &Tensor, w: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let r = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    let y = x.broadcast_mul(&r)?;
+    Ok(match w {
+        Some(w) => y.broadcast_mul(w)?,
+        None => y,
+    })
+}
+
+fn lin(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(x.broadcast_matmul(&w.t()?)?)
+}
+
+fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    Ok((x.neg()?.exp()? + 1.0)?.recip()?)
+}
+
+fn mlp(p: &Params, pre: &str, x: &Tensor) -> Result<Tensor> {
+    let g = lin(x, p.get(&format!("{pre}.gate"))?)?.silu()?;
+    let u = lin(x, p.get(&format!("{pre}.up"))?)?;
+    lin(&(g * u)?, p.get(&format!("{pre}.down"))?)
+}
+
+fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
+    let (b, t, _) = x.dims3()?;
+    let (kd, vd) = (LK * LD, LV * LD);
+    let qkv = lin(x, p.get("l0.qkv")?)?; // [b, t, C]
+    let z = lin(x, p.get("l0.z")?)?;
+    let bb = lin(x, p.get("l0.b")?)?;
+    let aa = lin(x, p.get("l0.a")?)?;
+    // causal depthwise conv: out[t] = sum_j in[t + j] w[:, j] over [zeros(K-1); qkv]
+    let c = 2 * kd + vd;
+    let padded = Tensor::cat(&[&Tensor::zeros((b, CONV - 1, c), DType::F32, x.device())?, &qkv], 1)?;
+    let w = p.get("l0.conv")?;
+    let mut conv = padded.narrow(1, 0, t)?.broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
+    for j in 1..CONV {
+        conv = (conv + padded.narrow(1, j, t)?.broadcast_mul(&w.narrow(1, j, 1)?.squeeze(1)?)?)?;
+    }
+    let conv = conv.silu()?;
+    let q = conv.narrow(2, 0, kd)?.reshape((b, t, LK, LD))?;
+    let k = conv.narrow(2, kd, kd)?.reshape((b, t, LK, LD))?;
+    let v = conv.narrow(2, 2 * kd, vd)?.reshape((b, t, LV, LD))?;
+    let inv = 1.0 / (LD as f64).sqrt();
+    let q = (rms(&q, None, 1e-6 / LD as f64)? * (inv * inv))?;
+    let k = (rms(&k, None, 1e-6 / LD as f64)? * inv)?;
+    let rep = LV / LK;
+    let expand = |x: &Tensor| -> Result<Tensor> {
+        Ok(x.unsqueeze(3)?.broadcast_as((b, t, LK, rep, LD))?.reshape((b, t, LV, LD))?)
+    };
+    let (q, k) = (expand(&q)?, expand(&k)?);
+    let sp = {
+        let u = aa.broadcast_add(p.get("l0.dt_bias")?)?;
+        (u.exp()? + 1.0)?.log()?
+    };
+    let g = sp.broadcast_mul(&p.get("l0.A_log")?.exp()?)?.neg()?.exp()?; // [b, t, LV]
+    let beta = sigmoid(&bb)?;
+    let mut state = Tensor::zeros((b, LV, LD, LD), DType::F32, x.device())?;
+    let mut ys = Vec::with_capacity(t);
+    for s in 0..t {
+        let qt = q.narrow(1, s, 1)?.squeeze(1)?; // [b, LV, LD]
+        let kt = k.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?; // [b, LV, 1, LD]
+        let vt = v.narrow(1, s, 1)?.squeeze(1)?;
+        let gt = g.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?.unsqueeze(3)?;
+        let bt = beta.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?;
+        state = state.broadcast_mul(&gt)?;
+        let kv = state.broadcast_mul(&kt)?.sum(3)?; // [b, LV, LD]
+        let delta = (vt - kv)?.broadcast_mul(&bt)?;
+        state = (state + delta.unsqueeze(3)?.broadcast_mul(&kt)?)?;
+        ys.push(state.broadcast_mul(&qt.unsqueeze(2)?)?.sum(3)?);
+    }
+    let y = Tensor::stack(&ys, 1)?; // [b, t, LV, LD]
+    let y = rms(&y, Some(p.get("l0.gnorm")?), EPS)?;
+    let y = (y * z.reshape((b, t, LV, LD))?.silu()?)?.reshape((b, t, vd))?;
+    lin(&y, p.get("l0.out")?)
+}
+
+fn rope_tables(t: usize) -> Result<(Tensor, Tensor)> {
+    let half = ROT / 2;
+    let mut c = Vec::with_capacity(t * half);
+    let mut s = Vec::with_capacity(t * half);
+    for pos in 0..t {
+        for i in 0..half {
+            let f = 1.0 / 10_000f64.powf((2 * i) as f64 / ROT as f64);
+            let a = pos as f64 * f;
+            c.push(a.cos() as f32);
+            s.push(a.sin() as f32);
+        }
+    }
+    Ok((Tensor::from_vec(c, (t, half), &Device::Cpu)?, Tensor::from_vec(s, (t, half), &Device::Cpu)?))
+}
+
+/// `x: [b, t, h, HD]` rotated over its first ROT features (rotate-half pairing).
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, t, h, _) = x.dims4()?;
+    let half = ROT / 2;
+    let cos = cos.reshape((1, t, 1, half))?.broadcast_as((b, t, h, half))?;
+    let sin = sin.reshape((1, t, 1, half))?.broadcast_as((b, t, h, half))?;
+    let x1 = x.narrow(3, 0, half)?;
+    let x2 = x.narrow(3, half, half)?;
+    let pass = x.narrow(3, ROT, HD - ROT)?;
+    let r1 = ((&x1 * &cos)? - (&x2 * &sin)?)?;
+    let r2 = ((&x2 * &cos)? + (&x1 * &sin)?)?;
+    Ok(Tensor::cat(&[r1, r2, pass], 3)?)
+}
+
+fn attention(p: &Params, pre: &str, x: &Tensor, mask: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, t, _) = x.dims3()?;
+    let qf = lin(x, p.get(&format!("{pre}.q"))?)?.reshape((b, t, HEADS, 2 * HD))?;
+    let q = qf.narrow(3, 0, HD)?;
+    let gate = qf.narrow(3, HD, HD)?.reshape((b, t, HEADS * HD))?;
+    let k = lin(x, p.get(&format!("{pre}.k"))?)?.reshape((b, t, KV_HEADS, HD))?;
+    let v = lin(x, p.get(&format!("{pre}.v"))?)?.reshape((b, t, KV_HEADS, HD))?;
+    let q = rope(&rms(&q, Some(p.get(&format!("{pre}.qn"))?), EPS)?, cos, sin)?;
+    let k = rope(&rms(&k, Some(p.get(&format!("{pre}.kn"))?), EPS)?, cos, sin)?;
+    let rep = HEADS / KV_HEADS;
+    let expand = |x: &Tensor| -> Result<Tensor> {
+        Ok(x.unsqueeze(3)?.broadcast_as((b, t, KV_HEADS, rep, HD))?.reshape((b, t, HEADS, HD))?)
+    };
+    let q = q.transpose(1, 2)?.contiguous()?; // [b, h, t, hd]
+    let k = expand(&k)?.transpose(1, 2)?.contiguous()?;
+    let v = expand(&v)?.transpose(1, 2)?.contiguous()?;
+    let s = (q.matmul(&k.t()?)? * (1.0 / (HD as f64).sqrt()))?.broadcast_add(mask)?;
+    let m = s.max_keepdim(D::Minus1)?.detach();
+    let e = s.broadcast_sub(&m)?.exp()?;
+    let pr = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    let o = pr.matmul(&v)?.transpose(1, 2)?.reshape((b, t, HEADS * HD))?;
+    lin(&(o * sigmoid(&gate)?)?, p.get(&format!("{pre}.o"))?)
+}
+
+fn block(p: &Params, pre: &str, x: &Tensor, mixer: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let h = (x + mixer(&rms(x, Some(p.get(&format!("{pre}.in_norm"))?), EPS)?)?)?;
+    let m = mlp(p, pre, &rms(&h, Some(p.get(&format!("{pre}.post_norm"))?), EPS)?)?;
+    Ok((h + m)?)
+}
+
+fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
+    let n = targets.len();
+    let l = logits.reshape((n, VOCAB))?;
+    let m = l.max_keepdim(1)?.detach();
+    let lse = (l.broadcast_sub(&m)?.exp()?.sum_keepdim(1)?.log()? + &m)?;
+    let mut onehot = vec![0f32; n * VOCAB];
+    for (i, t) in targets.iter().enumerate() {
+        onehot[i * VOCAB + *t as usize] = 1.0;
+    }
+    let oh = Tensor::from_vec(onehot, (n, VOCAB), &Device::Cpu)?;
+    let picked = (l * oh)?.sum_keepdim(1)?;
+    Ok((lse - picked)?.mean_all()?)
+}
+
+fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
+    let b = batch.len();
+    let t = batch[0].len() - 2;
+    let flat = |off: usize| -> Vec<u32> { batch.iter().flat_map(|r| r[off..off + t].to_vec()).collect() };
+    let (x0, x1, x2) = (flat(0), flat(1), flat(2));
+    let ids = Tensor::from_vec(x0.clone(), b * t, &Device::Cpu)?;
+    let emb = p.get("embed")?;
+    let x = emb.index_select(&ids, 0)?.reshape((b, t, D_MODEL))?;
+    let mask: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { -1e9 } else { 0.0 }).collect();
+    let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu)?;
+    let (cos, sin) = rope_tables(t)?;
+    let x = block(p, "l0", &x, |h| deltanet(p, h))?;
+    let x = block(p, "l1", &x, |h| attention(p, "l1", h, &mask, &cos, &sin))?;
+    let hidden = rms(&x, Some(p.get("norm")?), EPS)?;
+    let l1 = cross_entropy(&lin(&hidden, p.get("lm_head")?)?, &x1)?;
+    // MTP: (embed(t + 1), hidden(t)) -> t + 2, target hidden detached
+    let e1 = emb.index_select(&Tensor::from_vec(x1, b * t, &Device::Cpu)?, 0)?.reshape((b, t, D_MODEL))?;
+    let cat = Tensor::cat(
+        &[
+            rms(&e1, Some(p.get("mtp.pre_emb")?), EPS)?,
+            rms(&hidden.detach(), Some(p.get("mtp.pre_hidden")?), EPS)?,
+        ],
+        2,
+    )?;
+    let h = lin(&cat, p.get("mtp.fc")?)?;
+    let h = block(p, "mtp.l0", &h, |h| attention(p, "mtp.l0", h, &mask, &cos, &sin))?;
+    let h = rms(&h, Some(p.get("mtp.norm")?), EPS)?;
+    let l2 = cross_entropy(&lin(&h, p.get("lm_head")?)?, &x2)?;
+    Ok((l1, l2))
+}
+
+fn export(p: &Params, out: &std::path::Path) -> Result<()> {
+    let mut m: HashMap<String, Tensor> = HashMap::new();
+    let lm = "model.language_model";
+    let get = |n: &str| -> Result<Tensor> { Ok(p.get(n)?.clone()) };
+    // HF layout: zero-centred RMSNorm weights (w - 1), torch conv layout [C, 1, K].
+    let shifted = |n: &str| -> Result<Tensor> { Ok((p.get(n)? - 1.0)?) };
+    m.insert(format!("{lm}.embed_tokens.weight"), get("embed")?);
+    let a = format!("{lm}.layers.0.linear_attn");
+    for (src, dst) in [("qkv", "in_proj_qkv"), ("z", "in_proj_z"), ("b", "in_proj_b"), ("a", "in_proj_a"), ("out", "out_proj")] {
+        m.insert(format!("{a}.{dst}.weight"), get(&format!("l0.{src}"))?);
+    }
+    let conv = get("l0.conv")?;
+    let (c, k) = conv.dims2()?;
+    m.insert(format!("{a}.conv1d.weight"), conv.reshape((c, 1, k))?);
+    m.insert(format!("{a}.A_log"), get("l0.A_log")?);
+    m.insert(format!("{a}.dt_bias"), get("l0.dt_bias")?);
+    m.insert(format!("{a}.norm.weight"), get("l0.gnorm")?);
+    for (src, dst) in [("l1", format!("{lm}.layers.1")), ("mtp.l0", "mtp.layers.0".to_string())] {
+        for (s, d) in [("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")] {
+            m.insert(format!("{dst}.self_attn.{d}.weight"), get(&format!("{src}.{s}"))?);
+        }
+        m.insert(format!("{dst}.self_attn.q_norm.weight"), shifted(&format!("{src}.qn"))?);
+        m.insert(format!("{dst}.self_attn.k_norm.weight"), shifted(&format!("{src}.kn"))?);
+    }
+    for (src, dst) in [("l0", format!("{lm}.layers.0")), ("l1", format!("{lm}.layers.1")), ("mtp.l0", "mtp.layers.0".to_string())] {
+        m.insert(format!("{dst}.input_layernorm.weight"), shifted(&format!("{src}.in_norm"))?);
+        m.insert(format!("{dst}.post_attention_layernorm.weight"), shifted(&format!("{src}.post_norm"))?);
+        for (s, d) in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")] {
+            m.insert(format!("{dst}.mlp.{d}.weight"), get(&format!("{src}.{s}"))?);
+        }
+    }
+    m.insert(format!("{lm}.norm.weight"), shifted("norm")?);
+    m.insert("lm_head.weight".into(), get("lm_head")?);
+    m.insert("mtp.fc.weight".into(), get("mtp.fc")?);
+    m.insert("mtp.pre_fc_norm_embedding.weight".into(), shifted("mtp.pre_emb")?);
+    m.insert("mtp.pre_fc_norm_hidden.weight".into(), shifted("mtp.pre_hidden")?);
+    m.insert("mtp.norm.weight".into(), shifted("mtp.norm")?);
+    std::fs::create_dir_all(out)?;
+    candle_core::safetensors::save(&m, out.join("model.safetensors"))?;
+    let text = serde_json::json!({
+        "model_type": "qwen3_5_text", "hidden_size": D_MODEL, "intermediate_size": INTER,
+        "num_hidden_layers": 2, "full_attention_interval": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD,
+        "linear_num_value_heads": LV, "linear_num_key_heads": LK, "linear_key_head_dim": LD,
+        "linear_value_head_dim": LD, "linear_conv_kernel_dim": CONV, "rms_norm_eps": EPS,
+        "vocab_size": VOCAB, "max_position_embeddings": 4096, "tie_word_embeddings": false,
+        "attention_bias": false, "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1], "mrope_interleaved": true},
+        "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false,
+        "eos_token_id": 0, "bos_token_id": 1, "dtype": "float32",
+    });
+    let cfg = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+            "out_hidden_size": D_MODEL, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
+            "deepstack_visual_indexes": []},
+        "image_token_id": 250, "video_token_id": 251, "vision_start_token_id": 252,
+        "vision_end_token_id": 253, "tie_word_embeddings": false, "eos_token_id": 0, "vocab_size": VOCAB,
+    });
+    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
+    std::fs::write(out.join("generation_config.json"), r#"{"do_sample": false, "eos_token_id": 0}"#)?;
+    // byte-level tokenizer: id b = byte b, id 0 = <|endoftext|> (same files as the test fixtures)
+    std::fs::write(out.join("tokenizer.json"), include_str!("../../tests/fixtures/tiny-hf/tokenizer.json"))?;
+    std::fs::write(out.join("tokenizer_config.json"), include_str!("../../tests/fixtures/tiny-hf/tokenizer_config.json"))?;
+    Ok(())
+}
+
+/// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S]`.
+pub fn run(args: &[String]) -> Result<()> {
+    let mut out = PathBuf::from("models/tiny-code");
+    let mut steps = 300usize;
+    let mut seed = 0u64;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().with_context(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--out" => out = PathBuf::from(v),
+            "--steps" => steps = v.parse()?,
+            "--seed" => seed = v.parse()?,
+            other => anyhow::bail!("unknown train-tiny flag `{other}`"),
+        }
+    }
+    let corpus: Vec<u8> = CORPUS.concat().bytes().filter(|b| *b != 0).collect();
+    println!("corpus: {} bytes of this repository's Rust source", corpus.len());
+    let p = init(seed)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
+    let (batch, len) = (8usize, 32usize);
+    let (lr, b1, b2, eps) = (5e-3f64, 0.9f64, 0.999f64, 1e-8f64);
+    let mut mom: Vec<(Tensor, Tensor)> = p
+        .vars
+        .iter()
+        .map(|(_, v)| Ok((v.as_tensor().zeros_like()?, v.as_tensor().zeros_like()?)))
+        .collect::<Result<_>>()?;
+    let t0 = std::time::Instant::now();
+    for step in 1..=steps {
+        let rows: Vec<Vec<u32>> = (0..batch)
+            .map(|_| {
+                let s = rng.gen_range(0..corpus.len() - len - 3);
+                corpus[s..s + len + 2].iter().map(|b| *b as u32).collect()
+            })
+            .collect();
+        let (l1, l2) = losses(&p, &rows)?;
+        let loss = (&l1 + &l2)?;
+        let grads = loss.backward()?;
+        let lr_t = lr * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
+        for ((_, var), (m, v)) in p.vars.iter().zip(mom.iter_mut()) {
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            *m = ((&*m * b1)? + (g * (1.0 - b1))?)?;
+            *v = ((&*v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let upd = (m.broadcast_div(&(v.sqrt()? + eps)?)? * lr_t)?;
+            var.set(&(var.as_tensor() - upd)?)?;
+        }
+        if step % 50 == 0 || step == 1 {
+            println!(
+                "step {step:4} loss {:.3} (lm {:.3}, mtp {:.3})  {:.0}s",
+                loss.to_scalar::<f32>()?,
+                l1.to_scalar::<f32>()?,
+                l2.to_scalar::<f32>()?,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+    export(&p, &out)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
