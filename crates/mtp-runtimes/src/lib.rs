@@ -32,6 +32,8 @@ mod options;
 mod provider;
 mod wire;
 
+#[cfg(feature = "gguf")]
+pub mod gguf;
 pub mod prometheus;
 pub mod sse;
 

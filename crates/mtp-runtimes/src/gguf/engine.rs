@@ -1,0 +1,453 @@
+//! The blocking generation loops on llama.cpp (through `llama-cpp-2`): target-only, and MTP
+//! speculation with `MtpSpeculative` in the order llama.cpp's own `speculative-simple` example
+//! uses (prefill all but the last prompt token → `process` → `begin`; per round `draft` → clear
+//! the draft cache from `n_past` → decode `[last, drafts…]` with logits on every row →
+//! `process` → sample/compare → `accept` → clear both caches from the new `n_past`).
+
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use llama_cpp_2::context::params::{LlamaContextParams, LlamaContextType};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::speculative::{MtpSpeculative, MtpSpeculativeParams};
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
+use llama_cpp_2::token::LlamaToken;
+use mtp_contract::{DraftStats, FinishReason, Sampling};
+
+/// What one call asks of the loop.
+#[derive(Debug, Clone)]
+pub(crate) struct Job {
+    /// The prompt, tokenized.
+    pub tokens: Vec<LlamaToken>,
+    /// Generation bound.
+    pub max_new: usize,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+    /// Sampling controls.
+    pub sampling: Sampling,
+    /// `Some(depth)` to speculate.
+    pub depth: Option<u32>,
+    /// Context size.
+    pub n_ctx: u32,
+    /// CPU threads.
+    pub threads: i32,
+}
+
+/// What the loop produced.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Outcome {
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    pub stats: DraftStats,
+    pub prefill_ms: f64,
+    pub first_token_ms: f64,
+    pub decode_ms: f64,
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+    pub rollback_ms: f64,
+}
+
+/// Receives text as it is accepted; returns false to cancel.
+pub(crate) trait Sink {
+    fn delta(&mut self, text: &str, ids: &[u32]) -> bool;
+}
+
+/// Turns accepted tokens into text: complete UTF-8 only, stop sequences cut, and text that
+/// could still become the start of a stop sequence held back until it cannot.
+struct Text<'a> {
+    model: &'a LlamaModel,
+    stop: Vec<String>,
+    bytes: Vec<u8>,
+    text: String,
+    emitted: usize,
+    ids: Vec<u32>,
+    pending_ids: Vec<u32>,
+    max_new: usize,
+}
+
+enum Step {
+    Go,
+    Stop(FinishReason),
+}
+
+impl<'a> Text<'a> {
+    fn new(model: &'a LlamaModel, stop: Vec<String>, max_new: usize) -> Self {
+        Text {
+            model,
+            stop,
+            bytes: Vec::new(),
+            text: String::new(),
+            emitted: 0,
+            ids: Vec::new(),
+            pending_ids: Vec::new(),
+            max_new,
+        }
+    }
+
+    /// Adds one accepted token. Returns whether generation ends with it.
+    fn push(&mut self, tok: LlamaToken) -> Step {
+        let vocab = self.model.vocab();
+        if vocab.is_eog(tok) {
+            return Step::Stop(FinishReason::Stop);
+        }
+        let id = u32::try_from(tok.0).unwrap_or(0);
+        self.ids.push(id);
+        self.pending_ids.push(id);
+        self.bytes
+            .extend_from_slice(&vocab.token_to_piece(tok, false, None));
+        match std::str::from_utf8(&self.bytes) {
+            Ok(s) => {
+                self.text.push_str(s);
+                self.bytes.clear();
+            }
+            Err(e) => {
+                let good = e.valid_up_to();
+                if e.error_len().is_some() {
+                    // Invalid bytes: pass them on as replacement characters.
+                    self.text.push_str(&String::from_utf8_lossy(&self.bytes));
+                    self.bytes.clear();
+                } else if good > 0 {
+                    let rest = self.bytes.split_off(good);
+                    self.text.push_str(&String::from_utf8_lossy(&self.bytes));
+                    self.bytes = rest;
+                }
+            }
+        }
+        for s in &self.stop {
+            let from = self.emitted.saturating_sub(s.len());
+            let from = (0..=from)
+                .rev()
+                .find(|&i| self.text.is_char_boundary(i))
+                .unwrap_or(0);
+            if let Some(pos) = self.text[from..].find(s.as_str()) {
+                self.text.truncate(from + pos);
+                return Step::Stop(FinishReason::Stop);
+            }
+        }
+        if self.ids.len() >= self.max_new {
+            return Step::Stop(FinishReason::Length);
+        }
+        Step::Go
+    }
+
+    /// The text that can be shown now (everything when `all`).
+    fn flush(&mut self, sink: &mut dyn Sink, all: bool) -> bool {
+        let hold = if all {
+            0
+        } else {
+            self.stop
+                .iter()
+                .map(|s| s.len().saturating_sub(1))
+                .max()
+                .unwrap_or(0)
+        };
+        let mut end = self.text.len().saturating_sub(hold).max(self.emitted);
+        while !self.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end > self.emitted || (all && !self.pending_ids.is_empty()) {
+            let piece = self.text[self.emitted..end].to_string();
+            self.emitted = end;
+            let ids = std::mem::take(&mut self.pending_ids);
+            return sink.delta(&piece, &ids);
+        }
+        true
+    }
+}
+
+fn sampler(model: &LlamaModel, s: &Sampling) -> LlamaSampler {
+    let mut chain = Vec::new();
+    let n_vocab = model.n_vocab();
+    if !s.target_only_controls().is_empty() {
+        chain.push(LlamaSampler::penalties(
+            n_vocab,
+            64,
+            s.repetition_penalty.unwrap_or(1.0),
+            s.frequency_penalty.unwrap_or(0.0),
+            s.presence_penalty.unwrap_or(0.0),
+        ));
+        if !s.logit_bias.is_empty() {
+            let biases: Vec<LlamaLogitBias> = s
+                .logit_bias
+                .iter()
+                .filter_map(|(t, b)| {
+                    Some(LlamaLogitBias::new(LlamaToken(i32::try_from(*t).ok()?), *b))
+                })
+                .collect();
+            chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
+        }
+    }
+    let temp = s.temperature.unwrap_or(0.0);
+    if temp <= 0.0 {
+        chain.push(LlamaSampler::greedy());
+    } else {
+        if let Some(k) = s.top_k.filter(|k| *k > 0) {
+            chain.push(LlamaSampler::top_k(i32::try_from(k).unwrap_or(i32::MAX)));
+        }
+        if let Some(p) = s.top_p.filter(|p| *p < 1.0) {
+            chain.push(LlamaSampler::top_p(p, 1));
+        }
+        if let Some(p) = s.min_p.filter(|p| *p > 0.0) {
+            chain.push(LlamaSampler::min_p(p, 1));
+        }
+        chain.push(LlamaSampler::temp(temp));
+        let seed = s
+            .seed
+            .map(|v| (v & 0xffff_ffff) as u32)
+            .unwrap_or_else(rand_seed);
+        chain.push(LlamaSampler::dist(seed));
+    }
+    LlamaSampler::chain_simple(chain)
+}
+
+fn rand_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() & 0xffff_ffff) as u32
+}
+
+fn ctx_params(job: &Job) -> LlamaContextParams {
+    LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(job.n_ctx))
+        .with_n_batch(job.n_ctx)
+        .with_n_threads(job.threads)
+        .with_n_threads_batch(job.threads)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// Runs one call. Errors are sentences for `ProviderError::Api`.
+pub(crate) fn run(
+    backend: &LlamaBackend,
+    model: &LlamaModel,
+    job: &Job,
+    sink: &mut dyn Sink,
+) -> Result<Outcome, String> {
+    if job.tokens.is_empty() {
+        return Err("the prompt tokenized to nothing".into());
+    }
+    match job.depth {
+        Some(depth) => run_mtp(backend, model, job, depth, sink),
+        None => run_plain(backend, model, job, sink),
+    }
+}
+
+fn run_plain(
+    backend: &LlamaBackend,
+    model: &LlamaModel,
+    job: &Job,
+    sink: &mut dyn Sink,
+) -> Result<Outcome, String> {
+    let started = Instant::now();
+    let mut ctx = model
+        .new_context(backend, ctx_params(job))
+        .map_err(|e| err("creating the llama.cpp context", e))?;
+    let mut smpl = sampler(model, &job.sampling);
+    let mut out = Outcome::default();
+    let mut text = Text::new(model, job.stop.clone(), job.max_new);
+
+    let mut batch = LlamaBatch::new(job.tokens.len().max(1), 1);
+    let last = job.tokens.len() - 1;
+    for (i, t) in job.tokens.iter().enumerate() {
+        batch
+            .add(*t, i as i32, &[0], i == last)
+            .map_err(|e| err("filling the prompt batch", e))?;
+    }
+    ctx.decode(&mut batch)
+        .map_err(|e| err("prompt decode", e))?;
+    out.prefill_ms = ms(started);
+    let mut n_past = job.tokens.len() as i32;
+    let mut idx = batch.n_tokens() - 1;
+    let decode_start = Instant::now();
+    loop {
+        let tok = smpl.sample(&ctx, idx);
+        if out.first_token_ms == 0.0 {
+            out.first_token_ms = ms(started);
+        }
+        let step = text.push(tok);
+        if let Step::Stop(f) = step {
+            out.finish = Some(f);
+            break;
+        }
+        if !text.flush(sink, false) {
+            out.finish = Some(FinishReason::Cancelled);
+            break;
+        }
+        batch.clear();
+        batch
+            .add(tok, n_past, &[0], true)
+            .map_err(|e| err("filling the batch", e))?;
+        ctx.decode(&mut batch).map_err(|e| err("decode", e))?;
+        n_past += 1;
+        idx = 0;
+    }
+    out.decode_ms = ms(decode_start);
+    if out.finish != Some(FinishReason::Cancelled) {
+        text.flush(sink, true);
+    }
+    out.text = text.text;
+    out.ids = text.ids;
+    Ok(out)
+}
+
+fn run_mtp(
+    backend: &LlamaBackend,
+    model: &LlamaModel,
+    job: &Job,
+    depth: u32,
+    sink: &mut dyn Sink,
+) -> Result<Outcome, String> {
+    let started = Instant::now();
+    let n_max = i32::try_from(depth.max(1)).map_err(|e| err("draft depth", e))?;
+    let target: LlamaContext<'_> = model
+        .new_context(
+            backend,
+            ctx_params(job).with_n_rs_seq(u32::try_from(n_max).unwrap_or(1) + 1),
+        )
+        .map_err(|e| err("creating the target context", e))?;
+    let draft: LlamaContext<'_> = model
+        .new_context(
+            backend,
+            ctx_params(job).with_context_type(LlamaContextType::Mtp),
+        )
+        .map_err(|e| err("creating the MTP draft context", e))?;
+    let mut spec = MtpSpeculative::new(
+        target,
+        draft,
+        MtpSpeculativeParams {
+            n_max,
+            n_min: 0,
+            p_min: 0.0,
+        },
+    )
+    .map_err(|e| err("initialising MTP speculation", e))?;
+    let mut smpl = sampler(model, &job.sampling);
+    let mut out = Outcome::default();
+    let mut text = Text::new(model, job.stop.clone(), job.max_new);
+
+    // Prefill all but the last prompt token.
+    let (head, last) = job.tokens.split_at(job.tokens.len() - 1);
+    let mut batch = LlamaBatch::new(job.tokens.len().max(n_max as usize + 1), 1);
+    if !head.is_empty() {
+        for (i, t) in head.iter().enumerate() {
+            batch
+                .add(*t, i as i32, &[0], false)
+                .map_err(|e| err("filling the prompt batch", e))?;
+        }
+        spec.target_context_mut()
+            .decode(&mut batch)
+            .map_err(|e| err("prompt decode", e))?;
+        spec.process(&batch)
+            .map_err(|e| err("MTP process (prompt)", e))?;
+    }
+    let mut prompt_tgt: Vec<LlamaToken> = head.to_vec();
+    spec.begin(&prompt_tgt).map_err(|e| err("MTP begin", e))?;
+    out.prefill_ms = ms(started);
+    let mut id_last = last[0];
+    let mut n_past = head.len() as i32;
+    let decode_start = Instant::now();
+
+    'gen: loop {
+        let t = Instant::now();
+        let mut drafts = spec
+            .draft(n_past, id_last, &prompt_tgt)
+            .map_err(|e| err("MTP draft", e))?;
+        let n_drafted = drafts.len();
+        // Never verify more than the budget can take (the rest would be thrown away).
+        let room = job.max_new.saturating_sub(text.ids.len()).saturating_sub(1);
+        drafts.truncate(room);
+        spec.draft_context_mut()
+            .clear_kv_cache_seq(Some(0), Some(n_past as u32), None)
+            .map_err(|e| err("clearing the draft cache", e))?;
+        out.draft_ms += ms(t);
+
+        let t = Instant::now();
+        batch.clear();
+        batch
+            .add(id_last, n_past, &[0], true)
+            .map_err(|e| err("filling the verify batch", e))?;
+        for (i, d) in drafts.iter().enumerate() {
+            batch
+                .add(*d, n_past + 1 + i as i32, &[0], true)
+                .map_err(|e| err("filling the verify batch", e))?;
+        }
+        spec.target_context_mut()
+            .decode(&mut batch)
+            .map_err(|e| err("verify decode", e))?;
+        spec.process(&batch).map_err(|e| err("MTP process", e))?;
+
+        // Sample each row; accept drafts while the target samples the same token.
+        let mut ids = Vec::with_capacity(drafts.len() + 1);
+        for i in 0..=drafts.len() {
+            let tok = smpl.sample(spec.target_context(), i as i32);
+            ids.push(tok);
+            if i < drafts.len() && tok != drafts[i] {
+                break;
+            }
+        }
+        let accepted = ids.len() - 1;
+        out.verify_ms += ms(t);
+        if n_drafted > 0 {
+            spec.accept(u16::try_from(accepted).unwrap_or(u16::MAX))
+                .map_err(|e| err("MTP accept", e))?;
+            if !drafts.is_empty() {
+                out.stats.record_round(drafts.len(), accepted);
+            }
+        }
+        if out.first_token_ms == 0.0 {
+            out.first_token_ms = ms(started);
+        }
+
+        let t = Instant::now();
+        n_past += 1 + accepted as i32;
+        prompt_tgt.push(id_last);
+        prompt_tgt.extend_from_slice(&ids[..accepted]);
+        id_last = ids[accepted];
+        spec.target_context_mut()
+            .clear_kv_cache_seq(Some(0), Some(n_past as u32), None)
+            .map_err(|e| err("rolling the target cache back", e))?;
+        spec.draft_context_mut()
+            .clear_kv_cache_seq(Some(0), Some(n_past as u32), None)
+            .map_err(|e| err("rolling the draft cache back", e))?;
+        out.rollback_ms += ms(t);
+
+        for tok in ids {
+            if let Step::Stop(f) = text.push(tok) {
+                out.finish = Some(f);
+                break 'gen;
+            }
+        }
+        if !text.flush(sink, false) {
+            out.finish = Some(FinishReason::Cancelled);
+            break;
+        }
+        if n_past as u32 + n_max as u32 + 2 >= job.n_ctx {
+            out.finish = Some(FinishReason::Length);
+            break;
+        }
+    }
+    out.decode_ms = ms(decode_start);
+    if out.finish != Some(FinishReason::Cancelled) {
+        text.flush(sink, true);
+    }
+    out.text = text.text;
+    out.ids = text.ids;
+    Ok(out)
+}

@@ -1,0 +1,556 @@
+//! The in-process `gguf` provider (cargo feature `gguf`): llama.cpp b11434 linked through
+//! `llama-cpp-2`, with MTP speculation run in-process by `MtpSpeculative`.
+//!
+//! **Status:** written against the `llama-cpp-2` 0.1.160 API (read from the crate's source) and
+//! the loop of llama.cpp b11434's `speculative-simple` example, but not yet compiled or run in
+//! this repository: building llama.cpp a second time did not fit the session that wrote it.
+//! `tests/gguf_provider.rs` is its test (`cargo test -p mtp-runtimes --features gguf`).
+//!
+//! Before llama.cpp sees the file, its header is read with `mtp-detect`:
+//!
+//! | header | what runs | report |
+//! | --- | --- | --- |
+//! | `<arch>.nextn_predict_layers > 0`, arch has an MTP graph in b11434 ([`MTP_ARCHS`]) | target + MTP head (loaded with `with_load_mtp(true)`) | `used: true`, real drafted/accepted/rounds, `runtime: "llama.cpp b11434"` |
+//! | head present, arch without an MTP graph | target only; a warning once per model | `runtime_unsupported`, naming a newer llama-server or LM Studio |
+//! | no head | target only | `no_mtp_head` |
+//!
+//! Whether a call speculates is decided by [`mtp_contract::plan`] like every other provider:
+//! per-call overrides, `require_acceleration`, and penalties/logit bias (target-only).
+//!
+//! ```no_run
+//! use mtp_contract::{GenerateRequest, ProviderOptions, Speculation};
+//! # async fn demo() -> Result<(), mtp_contract::ProviderError> {
+//! let llm = mtp_runtimes::gguf::create(
+//!     "models/tiny-mtp.gguf",
+//!     &ProviderOptions::default().speculation(Speculation::native_mtp()),
+//! )?;
+//! let r = llm.generate(GenerateRequest::new("the quick brown fox ").raw().max_output_tokens(32)).await?;
+//! let s = &r.metadata.speculation;
+//! println!("{} drafted={:?} accepted={:?}", r.content, s.drafted, s.accepted);
+//! # Ok(()) }
+//! ```
+
+mod engine;
+mod header;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures::StreamExt;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use mtp_contract::{
+    plan, resolve, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse,
+    Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Role, Speculation,
+    SpeculationReport, SpeculationStatus, StreamEvent, Timings, Usage,
+};
+
+pub use header::{read_head, HeadInfo, DEFAULT_DEPTH, MTP_ARCHS};
+
+/// The provider name.
+pub const PROVIDER: &str = "gguf";
+/// The linked llama.cpp release.
+pub const LLAMA_BUILD: &str = "b11434";
+/// `runtime` in reports.
+pub const RUNTIME: &str = "llama.cpp b11434";
+/// The `ProviderOptions.extra` keys this provider reads.
+pub const EXTRA_KEYS: [&str; 2] = ["n_ctx", "threads"];
+
+const DEFAULT_N_CTX: u32 = 4096;
+const DEFAULT_MAX_NEW: usize = 512;
+
+fn backend() -> Result<&'static LlamaBackend, String> {
+    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            let mut b = LlamaBackend::init().map_err(|e| format!("initialising llama.cpp: {e}"))?;
+            b.void_logs();
+            Ok(b)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Warns once per model path that its head cannot run here.
+fn warn_once(path: &Path, message: &str) {
+    static WARNED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let set = WARNED.get_or_init(|| Mutex::new(HashSet::new()));
+    if let Ok(mut s) = set.lock() {
+        if s.insert(path.to_path_buf()) {
+            tracing::warn!(model = %path.display(), "{message}");
+        }
+    }
+}
+
+/// Finds the `.gguf` file: the path itself, or the only `.gguf` file in a directory.
+fn locate(model: &str) -> Result<PathBuf, ProviderError> {
+    let load_err = |message: String| ProviderError::ModelLoad {
+        model: model.to_string(),
+        message,
+    };
+    let p = PathBuf::from(model);
+    if p.is_file() {
+        return Ok(p);
+    }
+    if p.is_dir() {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
+            .map_err(|e| load_err(format!("{}: {e}", p.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.extension().is_some_and(|x| x == "gguf"))
+            .collect();
+        found.sort();
+        return match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(load_err(format!("no .gguf file in {}", p.display()))),
+            _ => Err(load_err(format!(
+                "{} holds several .gguf files; name one of them",
+                p.display()
+            ))),
+        };
+    }
+    Err(load_err(
+        "not a local .gguf file or a directory holding one (download the file first)".into(),
+    ))
+}
+
+struct Loaded {
+    model: LlamaModel,
+}
+
+struct Inner {
+    name: String,
+    path: PathBuf,
+    head: HeadInfo,
+    lane: Lane,
+    default: Option<Speculation>,
+    n_ctx: u32,
+    threads: i32,
+    loaded: Mutex<Option<Arc<Loaded>>>,
+    busy: Arc<AtomicBool>,
+}
+
+/// The in-process GGUF provider. Create it with [`create`].
+#[derive(Clone)]
+pub struct GgufProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GgufProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufProvider")
+            .field("model", &self.inner.name)
+            .field("path", &self.inner.path)
+            .field("head", &self.inner.head)
+            .finish()
+    }
+}
+
+/// Loads `model` (a `.gguf` path, or a directory holding one) for in-process generation.
+///
+/// The header is read first: the MTP head is loaded only when the linked llama.cpp has an MTP
+/// graph for the architecture. `opts.extra` takes `n_ctx` (default 4096) and `threads`
+/// (default: the available cores); any other key is an `InvalidRequest` listing these.
+pub fn create(model: &str, opts: &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> {
+    Ok(Arc::new(GgufProvider::new(model, opts)?))
+}
+
+fn parse_extra<T: std::str::FromStr>(
+    opts: &ProviderOptions,
+    key: &'static str,
+) -> Result<Option<T>, ProviderError> {
+    opts.extra
+        .get(key)
+        .map(|v| {
+            v.parse::<T>().map_err(|_| ProviderError::InvalidRequest {
+                field: key,
+                message: format!("`{v}` is not a positive integer"),
+            })
+        })
+        .transpose()
+}
+
+impl GgufProvider {
+    /// See [`create`].
+    pub fn new(model: &str, opts: &ProviderOptions) -> Result<GgufProvider, ProviderError> {
+        if let Some(k) = opts
+            .extra
+            .keys()
+            .find(|k| !EXTRA_KEYS.contains(&k.as_str()))
+        {
+            return Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!(
+                    "unknown option `{k}` for the gguf provider; known: {}",
+                    EXTRA_KEYS.join(", ")
+                ),
+            });
+        }
+        let n_ctx = parse_extra::<u32>(opts, "n_ctx")?
+            .filter(|n| *n >= 16)
+            .unwrap_or(DEFAULT_N_CTX);
+        let threads = parse_extra::<i32>(opts, "threads")?
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| i32::try_from(n.get()).unwrap_or(4))
+                    .unwrap_or(4)
+            });
+        let path = locate(model)?;
+        let load_err = |message: String| ProviderError::ModelLoad {
+            model: model.to_string(),
+            message,
+        };
+        let head = read_head(&path).map_err(load_err)?;
+        let lane = head.lane(RUNTIME);
+        if let Lane::Unavailable {
+            reason: mtp_contract::Reason::RuntimeUnsupported,
+            message,
+        } = &lane
+        {
+            warn_once(&path, message);
+        }
+        let backend = backend().map_err(load_err)?;
+        // Never ask for the head of an architecture without an MTP graph; never drive an MTP
+        // context on a model loaded without its head (llama.cpp aborts the process then).
+        let params = LlamaModelParams::default().with_load_mtp(head.mtp_runnable());
+        let llama = LlamaModel::load_from_file(backend, &path, &params).map_err(|e| {
+            load_err(format!(
+                "{}: llama.cpp could not load it: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(GgufProvider {
+            inner: Arc::new(Inner {
+                name: model.to_string(),
+                path,
+                head,
+                lane,
+                default: opts.speculation.clone(),
+                n_ctx,
+                threads,
+                loaded: Mutex::new(Some(Arc::new(Loaded { model: llama }))),
+                busy: Arc::new(AtomicBool::new(false)),
+            }),
+        })
+    }
+
+    /// What the header said.
+    pub fn head(&self) -> &HeadInfo {
+        &self.inner.head
+    }
+
+    fn loaded(&self) -> Result<Arc<Loaded>, ProviderError> {
+        self.inner
+            .loaded
+            .lock()
+            .ok()
+            .and_then(|l| l.clone())
+            .ok_or_else(|| ProviderError::Unloaded {
+                model: self.inner.name.clone(),
+            })
+    }
+
+    fn api_err(&self, message: String) -> ProviderError {
+        ProviderError::Api {
+            provider: PROVIDER.into(),
+            model: self.inner.name.clone(),
+            status: None,
+            message,
+        }
+    }
+
+    /// The prompt text: verbatim for raw requests, else the GGUF's chat template.
+    fn prompt_text(
+        &self,
+        model: &LlamaModel,
+        req: &GenerateRequest,
+    ) -> Result<String, ProviderError> {
+        if req.raw_prompt {
+            return Ok(req.prompt.clone());
+        }
+        let template = model.meta_val_str("tokenizer.chat_template").map_err(|_| {
+            ProviderError::InvalidRequest {
+                field: "raw_prompt",
+                message: "the GGUF file has no chat template; send the prompt with raw_prompt"
+                    .into(),
+            }
+        })?;
+        let mut messages = Vec::new();
+        if let Some(s) = &req.system_prompt {
+            messages.push(serde_json::json!({"role": "system", "content": s}));
+        }
+        for m in req.messages.iter().flatten() {
+            let role = match m.role {
+                Role::System => "system",
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool => "tool",
+            };
+            messages.push(serde_json::json!({"role": role, "content": m.content}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": req.prompt}));
+        let mut env = minijinja::Environment::new();
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        let render_err =
+            |e: minijinja::Error| self.api_err(format!("rendering the chat template: {e}"));
+        env.add_template_owned("chat", template)
+            .map_err(render_err)?;
+        let tmpl = env.get_template("chat").map_err(render_err)?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            enable_thinking => req.thinking.unwrap_or(false),
+        })
+        .map_err(render_err)
+    }
+
+    /// Validates, plans, tokenizes and starts the blocking loop; events arrive on the stream.
+    fn start(&self, req: GenerateRequest) -> Result<EventStream, ProviderError> {
+        req.validate()?;
+        if req.has_images() {
+            return Err(ProviderError::Unsupported {
+                provider: PROVIDER.into(),
+                what: "image input".into(),
+            });
+        }
+        let loaded = self.loaded()?;
+        let decision = plan(
+            self.inner.default.as_ref(),
+            req.speculation.as_ref(),
+            &req.sampling,
+            &self.inner.lane,
+        )?;
+        let text = self.prompt_text(&loaded.model, &req)?;
+        let vocab = loaded.model.vocab();
+        let tokens = vocab.tokenize(text.as_bytes(), vocab.should_add_bos(), true);
+        let depth = match &decision {
+            Plan::Speculate { depth, .. } => Some(*depth),
+            Plan::TargetOnly { .. } => None,
+        };
+        let reserve = depth.unwrap_or(0) as usize + 2;
+        let room = (self.inner.n_ctx as usize).saturating_sub(tokens.len() + reserve);
+        if room == 0 {
+            return Err(ProviderError::InvalidRequest {
+                field: "prompt",
+                message: format!(
+                    "{} prompt tokens leave no room in the {}-token context (set extra n_ctx)",
+                    tokens.len(),
+                    self.inner.n_ctx
+                ),
+            });
+        }
+        let max_new = req
+            .max_output_tokens
+            .map(|n| n as usize)
+            .unwrap_or(DEFAULT_MAX_NEW)
+            .min(room);
+        if self.inner.busy.swap(true, Ordering::AcqRel) {
+            return Err(ProviderError::Busy {
+                model: self.inner.name.clone(),
+            });
+        }
+        let job = engine::Job {
+            tokens,
+            max_new,
+            stop: req.stop.clone(),
+            sampling: req.sampling.clone(),
+            depth,
+            n_ctx: self.inner.n_ctx,
+            threads: self.inner.threads,
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<StreamEvent, ProviderError>>();
+        let busy = self.inner.busy.clone();
+        let this = self.clone();
+        let input_tokens = job.tokens.len() as u64;
+        std::thread::Builder::new()
+            .name("mtp-gguf".into())
+            .spawn(move || {
+                struct Release(Arc<AtomicBool>);
+                impl Drop for Release {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::Release);
+                    }
+                }
+                let _release = Release(busy);
+                let mut sink = ChannelSink { tx: tx.clone() };
+                let result = match backend() {
+                    Ok(b) => engine::run(b, &loaded.model, &job, &mut sink),
+                    Err(e) => Err(e),
+                };
+                let event = match result {
+                    Ok(out) => Ok(StreamEvent::Done(Box::new(this.response(
+                        &decision,
+                        out,
+                        input_tokens,
+                    )))),
+                    Err(e) => Err(this.api_err(e)),
+                };
+                let _ = tx.send(event);
+            })
+            .map_err(|e| {
+                self.inner.busy.store(false, Ordering::Release);
+                self.api_err(format!("starting the generation thread: {e}"))
+            })?;
+        let stream =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
+        Ok(stream.boxed())
+    }
+
+    fn response(
+        &self,
+        decision: &Plan,
+        out: engine::Outcome,
+        input_tokens: u64,
+    ) -> GenerateResponse {
+        let speculation = match decision {
+            Plan::Speculate {
+                resolved,
+                drafter,
+                depth,
+                output_preserving,
+            } => SpeculationReport::used(
+                resolved,
+                RUNTIME,
+                drafter.clone(),
+                *depth,
+                &out.stats,
+                *output_preserving,
+            ),
+            Plan::TargetOnly { .. } => decision.target_only_report(RUNTIME).unwrap_or_else(|| {
+                SpeculationReport::not_used(
+                    &resolve(None, None),
+                    RUNTIME,
+                    mtp_contract::Reason::NoMtpHead,
+                    None,
+                )
+            }),
+        };
+        let n_out = out.ids.len() as u64;
+        let per_s = |n: f64, ms: f64| (ms > 0.0).then(|| n * 1000.0 / ms);
+        let timings = Timings {
+            time_to_first_token_ms: Some(out.first_token_ms),
+            prefill_ms: Some(out.prefill_ms),
+            prefill_tokens_per_s: per_s(input_tokens as f64, out.prefill_ms),
+            decode_ms: Some(out.decode_ms),
+            decode_tokens_per_s: per_s(n_out as f64, out.decode_ms),
+            draft_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.draft_ms),
+            verify_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.verify_ms),
+            rollback_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.rollback_ms),
+        };
+        GenerateResponse {
+            content: out.text,
+            token_ids: Some(out.ids),
+            finish_reason: out.finish.unwrap_or(FinishReason::Length),
+            usage: Usage {
+                input_tokens,
+                output_tokens: n_out,
+                cached_input_tokens: 0,
+            },
+            metadata: Metadata {
+                speculation,
+                timings,
+            },
+            partial: false,
+        }
+    }
+}
+
+struct ChannelSink {
+    tx: tokio::sync::mpsc::UnboundedSender<Result<StreamEvent, ProviderError>>,
+}
+
+impl engine::Sink for ChannelSink {
+    fn delta(&mut self, text: &str, ids: &[u32]) -> bool {
+        self.tx
+            .send(Ok(StreamEvent::Delta {
+                text: text.to_string(),
+                token_ids: ids.to_vec(),
+            }))
+            .is_ok()
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for GgufProvider {
+    fn name(&self) -> &str {
+        PROVIDER
+    }
+
+    fn model(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provider: PROVIDER.into(),
+            runtime: RUNTIME.into(),
+            streaming: true,
+            prompt_cache: false,
+            images: false,
+            per_request_speculation: true,
+        }
+    }
+
+    fn speculation_status(&self) -> SpeculationStatus {
+        let resolved = resolve(self.inner.default.as_ref(), None);
+        match &self.inner.lane {
+            Lane::Ready {
+                drafter,
+                default_depth,
+                output_preserving,
+            } => SpeculationStatus {
+                lane_loaded: true,
+                drafter: Some(drafter.clone()),
+                num_draft_tokens: Some(resolved.depth_or(*default_depth)),
+                default_mode: resolved.mode,
+                reason: None,
+                message: Some(format!("embedded MTP head run in-process by {RUNTIME}")),
+                output_preserving: *output_preserving,
+            },
+            Lane::Unavailable { reason, message } => SpeculationStatus {
+                lane_loaded: false,
+                drafter: None,
+                num_draft_tokens: None,
+                default_mode: resolved.mode,
+                reason: Some(*reason),
+                message: Some(message.clone()),
+                output_preserving: None,
+            },
+        }
+    }
+
+    async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError> {
+        let mut stream = self.start(request)?;
+        while let Some(ev) = stream.next().await {
+            if let StreamEvent::Done(r) = ev? {
+                return Ok(*r);
+            }
+        }
+        Err(self.api_err("the generation thread ended without a result".into()))
+    }
+
+    async fn generate_stream(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<EventStream, ProviderError> {
+        self.start(request)
+    }
+
+    async fn unload(&self) -> Result<(), ProviderError> {
+        if let Ok(mut l) = self.inner.loaded.lock() {
+            *l = None;
+        }
+        Ok(())
+    }
+}
