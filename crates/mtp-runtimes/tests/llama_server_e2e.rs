@@ -1,7 +1,7 @@
 //! End to end against a real `llama-server` b11434 (issue 7).
 //!
 //! The tiny trained checkpoint of `tests/fixtures/tiny-trained` (and the bundled demo model
-//! `models/tiny-mtp` when present) is converted to a `qwen35` GGUF with its NextN head at test
+//! `models/tiny-code` when it has a tokenizer) is converted to a `qwen35` GGUF with its NextN head at test
 //! time, by the converter behind `cargo xtask gguf` (included below by path). llama-server runs
 //! twice on a free loopback port, without and with `--spec-type draft-mtp --spec-draft-n-max 3`,
 //! and the `llama-server` adapter drives both:
@@ -206,15 +206,18 @@ async fn stream(base: &str, prompt: &str, n: u32) -> (String, GenerateResponse) 
     (text, done.expect("a Done event"))
 }
 
-/// The checkpoints to run: the trained fixture (with reference goldens) and the demo model.
+/// The checkpoints to run: the trained fixture (with reference goldens) and the bundled demo
+/// model (`models/tiny-code`) once it ships its tokenizer.
 fn checkpoints() -> Vec<(String, PathBuf)> {
     let mut v = vec![(
         "tiny-trained".to_string(),
         workspace().join("tests/fixtures/tiny-trained"),
     )];
-    let demo = workspace().join("models/tiny-mtp");
-    if demo.join("config.json").is_file() && demo.join("tokenizer.json").is_file() {
-        v.push(("tiny-mtp".to_string(), demo));
+    for name in ["tiny-code", "tiny-mtp"] {
+        let demo = workspace().join("models").join(name);
+        if demo.join("config.json").is_file() && demo.join("tokenizer.json").is_file() {
+            v.push((name.to_string(), demo));
+        }
     }
     v
 }
