@@ -127,7 +127,13 @@ for ids in a["prompts"]:
 print(json.dumps(res))
 "#;
 
-fn run_mlx(py: &str, model: &Path, prompts: &[Vec<u32>], a: &Args, depths: &[usize]) -> Result<serde_json::Value> {
+fn run_mlx(
+    py: &str,
+    model: &Path,
+    prompts: &[Vec<u32>],
+    a: &Args,
+    depths: &[usize],
+) -> Result<serde_json::Value> {
     let arg = serde_json::json!({
         "model": model, "drafter": serde_json::Value::Null, "prompts": prompts,
         "tokens": a.tokens, "reps": a.reps, "depths": depths,
@@ -139,7 +145,10 @@ fn run_mlx(py: &str, model: &Path, prompts: &[Vec<u32>], a: &Args, depths: &[usi
         .output()
         .with_context(|| format!("running {py}"))?;
     if !out.status.success() {
-        bail!("mlx-vlm run failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "mlx-vlm run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or_default();
@@ -147,14 +156,27 @@ fn run_mlx(py: &str, model: &Path, prompts: &[Vec<u32>], a: &Args, depths: &[usi
 }
 
 fn med_of(v: &serde_json::Value) -> f64 {
-    median(v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default())
+    median(
+        v.as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default(),
+    )
 }
 
 /// Texts for the speculative sweep: code, prose and a repetitive table.
 const PROMPTS: [(&str, &str); 3] = [
-    ("code", "fn fibonacci(n: u64) -> u64 {\n    if n < 2 {\n        return n;\n    }\n"),
-    ("prose", "The river wound slowly through the valley, and the old miller watched it from"),
-    ("table", "| id | name | qty |\n|----|------|-----|\n| 1 | apple | 3 |\n| 2 | pear | 5 |\n"),
+    (
+        "code",
+        "fn fibonacci(n: u64) -> u64 {\n    if n < 2 {\n        return n;\n    }\n",
+    ),
+    (
+        "prose",
+        "The river wound slowly through the valley, and the old miller watched it from",
+    ),
+    (
+        "table",
+        "| id | name | qty |\n|----|------|-----|\n| 1 | apple | 3 |\n| 2 | pear | 5 |\n",
+    ),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -164,7 +186,10 @@ pub fn run(args: &[String]) -> Result<()> {
         None => {
             let dir = PathBuf::from("target/fixtures/bench-qwen3_5");
             if !dir.join("model.safetensors").is_file() {
-                println!("generating the benchmark checkpoint in {} ...", dir.display());
+                println!(
+                    "generating the benchmark checkpoint in {} ...",
+                    dir.display()
+                );
                 crate::fixtures::write_checkpoint(&dir, &crate::fixtures::Shape::default())?;
             }
             dir
@@ -172,14 +197,22 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let t = std::time::Instant::now();
     let engine = Engine::load(&model_dir, &Device::Cpu, DType::F32)?;
-    println!("loaded {} in {:.1}s", model_dir.display(), t.elapsed().as_secs_f64());
+    println!(
+        "loaded {} in {:.1}s",
+        model_dir.display(),
+        t.elapsed().as_secs_f64()
+    );
     let vocab = engine.model().vocab_size();
     std::fs::create_dir_all(&a.out_dir)?;
 
     // ---- target-only: prefill / decode tok/s, peak memory
     let prompt = synthetic_prompt(a.prompt_len, vocab);
     let opts = GenerateOptions::greedy(a.tokens).ignore_eos(true);
-    engine.generate(&prompt, &GenerateOptions::greedy(8).ignore_eos(true), |_| true)?;
+    engine.generate(
+        &prompt,
+        &GenerateOptions::greedy(8).ignore_eos(true),
+        |_| true,
+    )?;
     let (mut pf, mut dec) = (Vec::new(), Vec::new());
     for _ in 0..a.reps {
         let o = engine.generate(&prompt, &opts, |_| true)?;
@@ -187,14 +220,24 @@ pub fn run(args: &[String]) -> Result<()> {
         dec.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
     }
     let (pf, dec) = (median(pf), median(dec));
-    println!("\n## target-only ({} prompt tokens, {} generated, median of {})\n", a.prompt_len, a.tokens, a.reps);
+    println!(
+        "\n## target-only ({} prompt tokens, {} generated, median of {})\n",
+        a.prompt_len, a.tokens, a.reps
+    );
     println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
     println!("| --- | --- | --- | --- |");
-    println!("| mtp-engine (candle, f32) | {pf:.1} | {dec:.2} | {:.0} |", peak_rss_mib().unwrap_or(f64::NAN));
+    println!(
+        "| mtp-engine (candle, f32) | {pf:.1} | {dec:.2} | {:.0} |",
+        peak_rss_mib().unwrap_or(f64::NAN)
+    );
     let mut report = serde_json::json!({
         "model": model_dir, "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
     });
-    let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() { vec![] } else { a.depths.clone() };
+    let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() {
+        vec![]
+    } else {
+        a.depths.clone()
+    };
     let tok = engine.tokenizer();
     let spec_prompts: Vec<(String, Vec<u32>)> = PROMPTS
         .iter()
@@ -218,26 +261,41 @@ pub fn run(args: &[String]) -> Result<()> {
         let p0 = &m["prompts"][0];
         let (mpf, mdec) = (med_of(&p0["prefill"]), med_of(&p0["off"]));
         println!("| mlx-vlm 0.7.10 (mlx cpu) | {mpf:.1} | {mdec:.2} | - |");
-        println!("\ndecode ratio mtp-engine / mlx-vlm: **{:.2}x**, prefill ratio {:.2}x", dec / mdec, pf / mpf);
-        report["mlx_vlm"] = serde_json::json!({"prefill_tps": mpf, "decode_tps": mdec, "decode_ratio": dec / mdec});
+        println!(
+            "\ndecode ratio mtp-engine / mlx-vlm: **{:.2}x**, prefill ratio {:.2}x",
+            dec / mdec,
+            pf / mpf
+        );
+        report["mlx_vlm"] =
+            serde_json::json!({"prefill_tps": mpf, "decode_tps": mdec, "decode_ratio": dec / mdec});
     }
     if depths.is_empty() {
-        std::fs::write(a.out_dir.join("bench.json"), serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(
+            a.out_dir.join("bench.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
         return Ok(());
     }
 
     // ---- MTP on vs off, same loaded engine, interleaved reps
-    println!("\n## MTP speculation ({} tokens, greedy, median of {} interleaved reps)\n", a.tokens, a.reps);
+    println!(
+        "\n## MTP speculation ({} tokens, greedy, median of {} interleaved reps)\n",
+        a.tokens, a.reps
+    );
     let mlx_col = mlx.is_some();
     println!(
         "| prompt | depth | tok/s off | tok/s on | speedup | acceptance | accepted/round | identical | efficiency |{}",
         if mlx_col { " mlx-vlm speedup |" } else { "" }
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |{}", if mlx_col { " --- |" } else { "" });
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |{}",
+        if mlx_col { " --- |" } else { "" }
+    );
     let mut rows = Vec::new();
     for (pi, (name, ids)) in spec_prompts.iter().enumerate() {
         for &k in &depths {
-            let (mut off, mut on, mut acc, mut tpr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut off, mut on, mut acc, mut tpr) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut identical = true;
             for _ in 0..a.reps {
                 let o = engine.generate(ids, &opts, |_| true)?;
@@ -272,9 +330,15 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     report["mtp"] = serde_json::Value::Array(rows.clone());
-    std::fs::write(a.out_dir.join("bench.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(
+        a.out_dir.join("bench.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     std::fs::write(a.out_dir.join("bench.svg"), svg(&rows, &depths))?;
-    println!("\nwrote {0}/bench.json and {0}/bench.svg", a.out_dir.display());
+    println!(
+        "\nwrote {0}/bench.json and {0}/bench.svg",
+        a.out_dir.display()
+    );
     Ok(())
 }
 
@@ -283,7 +347,12 @@ fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
     let (w, h, m) = (640.0, 400.0, 50.0);
     let ymax = rows
         .iter()
-        .flat_map(|r| [r["tps_on"].as_f64().unwrap_or(0.0), r["tps_off"].as_f64().unwrap_or(0.0)])
+        .flat_map(|r| {
+            [
+                r["tps_on"].as_f64().unwrap_or(0.0),
+                r["tps_off"].as_f64().unwrap_or(0.0),
+            ]
+        })
         .fold(1.0, f64::max)
         * 1.1;
     let dmax = *depths.iter().max().unwrap_or(&1) as f64;
@@ -302,11 +371,19 @@ fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
         cy = h / 2.0
     );
     for d in depths {
-        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{d}</text>", x(*d as f64), h - m + 16.0);
+        s += &format!(
+            "<text x='{}' y='{}' text-anchor='middle'>{d}</text>",
+            x(*d as f64),
+            h - m + 16.0
+        );
     }
     for i in 0..=4 {
         let v = ymax * i as f64 / 4.0;
-        s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>", m - 4.0, y(v) + 4.0);
+        s += &format!(
+            "<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>",
+            m - 4.0,
+            y(v) + 4.0
+        );
     }
     let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
     let mut names: Vec<&str> = rows.iter().filter_map(|r| r["prompt"].as_str()).collect();
@@ -316,9 +393,18 @@ fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
         let pts: Vec<String> = rows
             .iter()
             .filter(|r| r["prompt"].as_str() == Some(name))
-            .map(|r| format!("{:.1},{:.1}", x(r["depth"].as_f64().unwrap_or(1.0)), y(r["tps_on"].as_f64().unwrap_or(0.0))))
+            .map(|r| {
+                format!(
+                    "{:.1},{:.1}",
+                    x(r["depth"].as_f64().unwrap_or(1.0)),
+                    y(r["tps_on"].as_f64().unwrap_or(0.0))
+                )
+            })
             .collect();
-        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>", pts.join(" "));
+        s += &format!(
+            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>",
+            pts.join(" ")
+        );
         let off = rows
             .iter()
             .filter(|r| r["prompt"].as_str() == Some(name))
@@ -330,7 +416,11 @@ fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
             y(off),
             w - m
         );
-        s += &format!("<text x='{}' y='{}' fill='{c}'>{name} (dashed: MTP off)</text>", w - m - 150.0, m + 16.0 * i as f64);
+        s += &format!(
+            "<text x='{}' y='{}' fill='{c}'>{name} (dashed: MTP off)</text>",
+            w - m - 150.0,
+            m + 16.0 * i as f64
+        );
     }
     s + "</svg>"
 }

@@ -141,10 +141,20 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
             g.linear(&format!("{a}.out_proj"), d, value_dim)?;
             let conv = g.normal(conv_dim * 4, 0.5);
             g.put(&format!("{a}.conv1d.weight"), conv, &[conv_dim, 1, 4])?;
-            let a_log: Vec<f32> = (0..s.linear_v_heads).map(|_| g.rng.gen_range(1.0f32..16.0).ln()).collect();
+            let a_log: Vec<f32> = (0..s.linear_v_heads)
+                .map(|_| g.rng.gen_range(1.0f32..16.0).ln())
+                .collect();
             g.put(&format!("{a}.A_log"), a_log, &[s.linear_v_heads])?;
-            g.put(&format!("{a}.dt_bias"), vec![1.0; s.linear_v_heads], &[s.linear_v_heads])?;
-            let nw: Vec<f32> = g.normal(s.linear_dim, 0.05).iter().map(|x| 1.0 + x).collect();
+            g.put(
+                &format!("{a}.dt_bias"),
+                vec![1.0; s.linear_v_heads],
+                &[s.linear_v_heads],
+            )?;
+            let nw: Vec<f32> = g
+                .normal(s.linear_dim, 0.05)
+                .iter()
+                .map(|x| 1.0 + x)
+                .collect();
             g.put(&format!("{a}.norm.weight"), nw, &[s.linear_dim])?;
         }
         g.common(&p, s)?;
@@ -202,7 +212,10 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         "vocab_size": s.vocab,
     });
     std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
-    std::fs::write(out.join("generation_config.json"), r#"{"do_sample": false, "eos_token_id": 0}"#)?;
+    std::fs::write(
+        out.join("generation_config.json"),
+        r#"{"do_sample": false, "eos_token_id": 0}"#,
+    )?;
     Ok(n)
 }
 
@@ -213,7 +226,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-        let num = |v: &String| v.parse::<usize>().with_context(|| format!("{a}: `{v}` is not a number"));
+        let num = |v: &String| {
+            v.parse::<usize>()
+                .with_context(|| format!("{a}: `{v}` is not a number"))
+        };
         match a.as_str() {
             "--out" => out = PathBuf::from(val()?),
             "--hidden" => s.hidden = num(val()?)?,

@@ -68,45 +68,139 @@ fn init(seed: u64) -> Result<Params> {
             })
             .collect()
     };
-    let add = |vars: &mut Vec<(String, Var)>, name: &str, data: Vec<f32>, shape: &[usize]| -> Result<()> {
-        vars.push((name.to_string(), Var::from_tensor(&Tensor::from_vec(data, shape, &dev)?)?));
+    let add = |vars: &mut Vec<(String, Var)>,
+               name: &str,
+               data: Vec<f32>,
+               shape: &[usize]|
+     -> Result<()> {
+        vars.push((
+            name.to_string(),
+            Var::from_tensor(&Tensor::from_vec(data, shape, &dev)?)?,
+        ));
         Ok(())
     };
-    let lin = |out: usize, inp: usize, normal: &mut dyn FnMut(usize, f32) -> Vec<f32>| normal(out * inp, 1.0 / (inp as f32).sqrt());
-    add(&mut vars, "embed", normal(VOCAB * D_MODEL, 0.5), &[VOCAB, D_MODEL])?;
+    let lin = |out: usize, inp: usize, normal: &mut dyn FnMut(usize, f32) -> Vec<f32>| {
+        normal(out * inp, 1.0 / (inp as f32).sqrt())
+    };
+    add(
+        &mut vars,
+        "embed",
+        normal(VOCAB * D_MODEL, 0.5),
+        &[VOCAB, D_MODEL],
+    )?;
     // layer 0: Gated DeltaNet
     let kd = LK * LD;
     let vd = LV * LD;
     let cd = 2 * kd + vd;
-    add(&mut vars, "l0.qkv", lin(cd, D_MODEL, &mut normal), &[cd, D_MODEL])?;
-    add(&mut vars, "l0.z", lin(vd, D_MODEL, &mut normal), &[vd, D_MODEL])?;
-    add(&mut vars, "l0.b", lin(LV, D_MODEL, &mut normal), &[LV, D_MODEL])?;
-    add(&mut vars, "l0.a", lin(LV, D_MODEL, &mut normal), &[LV, D_MODEL])?;
+    add(
+        &mut vars,
+        "l0.qkv",
+        lin(cd, D_MODEL, &mut normal),
+        &[cd, D_MODEL],
+    )?;
+    add(
+        &mut vars,
+        "l0.z",
+        lin(vd, D_MODEL, &mut normal),
+        &[vd, D_MODEL],
+    )?;
+    add(
+        &mut vars,
+        "l0.b",
+        lin(LV, D_MODEL, &mut normal),
+        &[LV, D_MODEL],
+    )?;
+    add(
+        &mut vars,
+        "l0.a",
+        lin(LV, D_MODEL, &mut normal),
+        &[LV, D_MODEL],
+    )?;
     add(&mut vars, "l0.conv", normal(cd * CONV, 0.5), &[cd, CONV])?;
     let a_log: Vec<f32> = (0..LV).map(|i| (1.0 + 3.0 * i as f32).ln()).collect();
     add(&mut vars, "l0.A_log", a_log, &[LV])?;
     add(&mut vars, "l0.dt_bias", vec![1.0; LV], &[LV])?;
     add(&mut vars, "l0.gnorm", vec![1.0; LD], &[LD])?;
-    add(&mut vars, "l0.out", lin(D_MODEL, vd, &mut normal), &[D_MODEL, vd])?;
+    add(
+        &mut vars,
+        "l0.out",
+        lin(D_MODEL, vd, &mut normal),
+        &[D_MODEL, vd],
+    )?;
     // layer 1 and the MTP layer: gated full attention
     for p in ["l1", "mtp.l0"] {
-        add(&mut vars, &format!("{p}.q"), lin(HEADS * HD * 2, D_MODEL, &mut normal), &[HEADS * HD * 2, D_MODEL])?;
-        add(&mut vars, &format!("{p}.k"), lin(KV_HEADS * HD, D_MODEL, &mut normal), &[KV_HEADS * HD, D_MODEL])?;
-        add(&mut vars, &format!("{p}.v"), lin(KV_HEADS * HD, D_MODEL, &mut normal), &[KV_HEADS * HD, D_MODEL])?;
-        add(&mut vars, &format!("{p}.o"), lin(D_MODEL, HEADS * HD, &mut normal), &[D_MODEL, HEADS * HD])?;
+        add(
+            &mut vars,
+            &format!("{p}.q"),
+            lin(HEADS * HD * 2, D_MODEL, &mut normal),
+            &[HEADS * HD * 2, D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.k"),
+            lin(KV_HEADS * HD, D_MODEL, &mut normal),
+            &[KV_HEADS * HD, D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.v"),
+            lin(KV_HEADS * HD, D_MODEL, &mut normal),
+            &[KV_HEADS * HD, D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.o"),
+            lin(D_MODEL, HEADS * HD, &mut normal),
+            &[D_MODEL, HEADS * HD],
+        )?;
         add(&mut vars, &format!("{p}.qn"), vec![1.0; HD], &[HD])?;
         add(&mut vars, &format!("{p}.kn"), vec![1.0; HD], &[HD])?;
     }
     for p in ["l0", "l1", "mtp.l0"] {
-        add(&mut vars, &format!("{p}.in_norm"), vec![1.0; D_MODEL], &[D_MODEL])?;
-        add(&mut vars, &format!("{p}.post_norm"), vec![1.0; D_MODEL], &[D_MODEL])?;
-        add(&mut vars, &format!("{p}.gate"), lin(INTER, D_MODEL, &mut normal), &[INTER, D_MODEL])?;
-        add(&mut vars, &format!("{p}.up"), lin(INTER, D_MODEL, &mut normal), &[INTER, D_MODEL])?;
-        add(&mut vars, &format!("{p}.down"), lin(D_MODEL, INTER, &mut normal), &[D_MODEL, INTER])?;
+        add(
+            &mut vars,
+            &format!("{p}.in_norm"),
+            vec![1.0; D_MODEL],
+            &[D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.post_norm"),
+            vec![1.0; D_MODEL],
+            &[D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.gate"),
+            lin(INTER, D_MODEL, &mut normal),
+            &[INTER, D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.up"),
+            lin(INTER, D_MODEL, &mut normal),
+            &[INTER, D_MODEL],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.down"),
+            lin(D_MODEL, INTER, &mut normal),
+            &[D_MODEL, INTER],
+        )?;
     }
     add(&mut vars, "norm", vec![1.0; D_MODEL], &[D_MODEL])?;
-    add(&mut vars, "lm_head", lin(VOCAB, D_MODEL, &mut normal), &[VOCAB, D_MODEL])?;
-    add(&mut vars, "mtp.fc", lin(D_MODEL, 2 * D_MODEL, &mut normal), &[D_MODEL, 2 * D_MODEL])?;
+    add(
+        &mut vars,
+        "lm_head",
+        lin(VOCAB, D_MODEL, &mut normal),
+        &[VOCAB, D_MODEL],
+    )?;
+    add(
+        &mut vars,
+        "mtp.fc",
+        lin(D_MODEL, 2 * D_MODEL, &mut normal),
+        &[D_MODEL, 2 * D_MODEL],
+    )?;
     for n in ["mtp.pre_emb", "mtp.pre_hidden", "mtp.norm"] {
         add(&mut vars, n, vec![1.0; D_MODEL], &[D_MODEL])?;
     }
@@ -145,11 +239,22 @@ fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
     let aa = lin(x, p.get("l0.a")?)?;
     // causal depthwise conv: out[t] = sum_j in[t + j] w[:, j] over [zeros(K-1); qkv]
     let c = 2 * kd + vd;
-    let padded = Tensor::cat(&[&Tensor::zeros((b, CONV - 1, c), DType::F32, x.device())?, &qkv], 1)?;
+    let padded = Tensor::cat(
+        &[
+            &Tensor::zeros((b, CONV - 1, c), DType::F32, x.device())?,
+            &qkv,
+        ],
+        1,
+    )?;
     let w = p.get("l0.conv")?;
-    let mut conv = padded.narrow(1, 0, t)?.broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
+    let mut conv = padded
+        .narrow(1, 0, t)?
+        .broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
     for j in 1..CONV {
-        conv = (conv + padded.narrow(1, j, t)?.broadcast_mul(&w.narrow(1, j, 1)?.squeeze(1)?)?)?;
+        conv = (conv
+            + padded
+                .narrow(1, j, t)?
+                .broadcast_mul(&w.narrow(1, j, 1)?.squeeze(1)?)?)?;
     }
     let conv = conv.silu()?;
     let q = conv.narrow(2, 0, kd)?.reshape((b, t, LK, LD))?;
@@ -160,7 +265,9 @@ fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
     let k = (rms(&k, None, 1e-6 / LD as f64)? * inv)?;
     let rep = LV / LK;
     let expand = |x: &Tensor| -> Result<Tensor> {
-        Ok(x.unsqueeze(3)?.broadcast_as((b, t, LK, rep, LD))?.reshape((b, t, LV, LD))?)
+        Ok(x.unsqueeze(3)?
+            .broadcast_as((b, t, LK, rep, LD))?
+            .reshape((b, t, LV, LD))?)
     };
     let (q, k) = (expand(&q)?, expand(&k)?);
     let sp = {
@@ -201,15 +308,22 @@ fn rope_tables(t: usize) -> Result<(Tensor, Tensor)> {
             s.push(a.sin() as f32);
         }
     }
-    Ok((Tensor::from_vec(c, (t, half), &Device::Cpu)?, Tensor::from_vec(s, (t, half), &Device::Cpu)?))
+    Ok((
+        Tensor::from_vec(c, (t, half), &Device::Cpu)?,
+        Tensor::from_vec(s, (t, half), &Device::Cpu)?,
+    ))
 }
 
 /// `x: [b, t, h, HD]` rotated over its first ROT features (rotate-half pairing).
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let (b, t, h, _) = x.dims4()?;
     let half = ROT / 2;
-    let cos = cos.reshape((1, t, 1, half))?.broadcast_as((b, t, h, half))?;
-    let sin = sin.reshape((1, t, 1, half))?.broadcast_as((b, t, h, half))?;
+    let cos = cos
+        .reshape((1, t, 1, half))?
+        .broadcast_as((b, t, h, half))?;
+    let sin = sin
+        .reshape((1, t, 1, half))?
+        .broadcast_as((b, t, h, half))?;
     let x1 = x.narrow(3, 0, half)?;
     let x2 = x.narrow(3, half, half)?;
     let pass = x.narrow(3, ROT, HD - ROT)?;
@@ -218,7 +332,14 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok(Tensor::cat(&[r1, r2, pass], 3)?)
 }
 
-fn attention(p: &Params, pre: &str, x: &Tensor, mask: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+fn attention(
+    p: &Params,
+    pre: &str,
+    x: &Tensor,
+    mask: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let qf = lin(x, p.get(&format!("{pre}.q"))?)?.reshape((b, t, HEADS, 2 * HD))?;
     let q = qf.narrow(3, 0, HD)?;
@@ -229,7 +350,9 @@ fn attention(p: &Params, pre: &str, x: &Tensor, mask: &Tensor, cos: &Tensor, sin
     let k = rope(&rms(&k, Some(p.get(&format!("{pre}.kn"))?), EPS)?, cos, sin)?;
     let rep = HEADS / KV_HEADS;
     let expand = |x: &Tensor| -> Result<Tensor> {
-        Ok(x.unsqueeze(3)?.broadcast_as((b, t, KV_HEADS, rep, HD))?.reshape((b, t, HEADS, HD))?)
+        Ok(x.unsqueeze(3)?
+            .broadcast_as((b, t, KV_HEADS, rep, HD))?
+            .reshape((b, t, HEADS, HD))?)
     };
     let q = q.transpose(1, 2)?.contiguous()?; // [b, h, t, hd]
     let k = expand(&k)?.transpose(1, 2)?.contiguous()?;
@@ -238,13 +361,25 @@ fn attention(p: &Params, pre: &str, x: &Tensor, mask: &Tensor, cos: &Tensor, sin
     let m = s.max_keepdim(D::Minus1)?.detach();
     let e = s.broadcast_sub(&m)?.exp()?;
     let pr = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-    let o = pr.matmul(&v)?.transpose(1, 2)?.reshape((b, t, HEADS * HD))?;
+    let o = pr
+        .matmul(&v)?
+        .transpose(1, 2)?
+        .reshape((b, t, HEADS * HD))?;
     lin(&(o * sigmoid(&gate)?)?, p.get(&format!("{pre}.o"))?)
 }
 
-fn block(p: &Params, pre: &str, x: &Tensor, mixer: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+fn block(
+    p: &Params,
+    pre: &str,
+    x: &Tensor,
+    mixer: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let h = (x + mixer(&rms(x, Some(p.get(&format!("{pre}.in_norm"))?), EPS)?)?)?;
-    let m = mlp(p, pre, &rms(&h, Some(p.get(&format!("{pre}.post_norm"))?), EPS)?)?;
+    let m = mlp(
+        p,
+        pre,
+        &rms(&h, Some(p.get(&format!("{pre}.post_norm"))?), EPS)?,
+    )?;
     Ok((h + m)?)
 }
 
@@ -265,12 +400,19 @@ fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
 fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     let b = batch.len();
     let t = batch[0].len() - 2;
-    let flat = |off: usize| -> Vec<u32> { batch.iter().flat_map(|r| r[off..off + t].to_vec()).collect() };
+    let flat = |off: usize| -> Vec<u32> {
+        batch
+            .iter()
+            .flat_map(|r| r[off..off + t].to_vec())
+            .collect()
+    };
     let (x0, x1, x2) = (flat(0), flat(1), flat(2));
     let ids = Tensor::from_vec(x0.clone(), b * t, &Device::Cpu)?;
     let emb = p.get("embed")?;
     let x = emb.index_select(&ids, 0)?.reshape((b, t, D_MODEL))?;
-    let mask: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { -1e9 } else { 0.0 }).collect();
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
+        .collect();
     let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu)?;
     let (cos, sin) = rope_tables(t)?;
     let x = block(p, "l0", &x, |h| deltanet(p, h))?;
@@ -278,7 +420,9 @@ fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     let hidden = rms(&x, Some(p.get("norm")?), EPS)?;
     let l1 = cross_entropy(&lin(&hidden, p.get("lm_head")?)?, &x1)?;
     // MTP: (embed(t + 1), hidden(t)) -> t + 2, target hidden detached
-    let e1 = emb.index_select(&Tensor::from_vec(x1, b * t, &Device::Cpu)?, 0)?.reshape((b, t, D_MODEL))?;
+    let e1 = emb
+        .index_select(&Tensor::from_vec(x1, b * t, &Device::Cpu)?, 0)?
+        .reshape((b, t, D_MODEL))?;
     let cat = Tensor::cat(
         &[
             rms(&e1, Some(p.get("mtp.pre_emb")?), EPS)?,
@@ -287,7 +431,9 @@ fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
         2,
     )?;
     let h = lin(&cat, p.get("mtp.fc")?)?;
-    let h = block(p, "mtp.l0", &h, |h| attention(p, "mtp.l0", h, &mask, &cos, &sin))?;
+    let h = block(p, "mtp.l0", &h, |h| {
+        attention(p, "mtp.l0", h, &mask, &cos, &sin)
+    })?;
     let h = rms(&h, Some(p.get("mtp.norm")?), EPS)?;
     let l2 = cross_entropy(&lin(&h, p.get("lm_head")?)?, &x2)?;
     Ok((l1, l2))
@@ -301,7 +447,13 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
     let shifted = |n: &str| -> Result<Tensor> { Ok((p.get(n)? - 1.0)?) };
     m.insert(format!("{lm}.embed_tokens.weight"), get("embed")?);
     let a = format!("{lm}.layers.0.linear_attn");
-    for (src, dst) in [("qkv", "in_proj_qkv"), ("z", "in_proj_z"), ("b", "in_proj_b"), ("a", "in_proj_a"), ("out", "out_proj")] {
+    for (src, dst) in [
+        ("qkv", "in_proj_qkv"),
+        ("z", "in_proj_z"),
+        ("b", "in_proj_b"),
+        ("a", "in_proj_a"),
+        ("out", "out_proj"),
+    ] {
         m.insert(format!("{a}.{dst}.weight"), get(&format!("l0.{src}"))?);
     }
     let conv = get("l0.conv")?;
@@ -310,25 +462,62 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
     m.insert(format!("{a}.A_log"), get("l0.A_log")?);
     m.insert(format!("{a}.dt_bias"), get("l0.dt_bias")?);
     m.insert(format!("{a}.norm.weight"), get("l0.gnorm")?);
-    for (src, dst) in [("l1", format!("{lm}.layers.1")), ("mtp.l0", "mtp.layers.0".to_string())] {
-        for (s, d) in [("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")] {
-            m.insert(format!("{dst}.self_attn.{d}.weight"), get(&format!("{src}.{s}"))?);
+    for (src, dst) in [
+        ("l1", format!("{lm}.layers.1")),
+        ("mtp.l0", "mtp.layers.0".to_string()),
+    ] {
+        for (s, d) in [
+            ("q", "q_proj"),
+            ("k", "k_proj"),
+            ("v", "v_proj"),
+            ("o", "o_proj"),
+        ] {
+            m.insert(
+                format!("{dst}.self_attn.{d}.weight"),
+                get(&format!("{src}.{s}"))?,
+            );
         }
-        m.insert(format!("{dst}.self_attn.q_norm.weight"), shifted(&format!("{src}.qn"))?);
-        m.insert(format!("{dst}.self_attn.k_norm.weight"), shifted(&format!("{src}.kn"))?);
+        m.insert(
+            format!("{dst}.self_attn.q_norm.weight"),
+            shifted(&format!("{src}.qn"))?,
+        );
+        m.insert(
+            format!("{dst}.self_attn.k_norm.weight"),
+            shifted(&format!("{src}.kn"))?,
+        );
     }
-    for (src, dst) in [("l0", format!("{lm}.layers.0")), ("l1", format!("{lm}.layers.1")), ("mtp.l0", "mtp.layers.0".to_string())] {
-        m.insert(format!("{dst}.input_layernorm.weight"), shifted(&format!("{src}.in_norm"))?);
-        m.insert(format!("{dst}.post_attention_layernorm.weight"), shifted(&format!("{src}.post_norm"))?);
-        for (s, d) in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")] {
+    for (src, dst) in [
+        ("l0", format!("{lm}.layers.0")),
+        ("l1", format!("{lm}.layers.1")),
+        ("mtp.l0", "mtp.layers.0".to_string()),
+    ] {
+        m.insert(
+            format!("{dst}.input_layernorm.weight"),
+            shifted(&format!("{src}.in_norm"))?,
+        );
+        m.insert(
+            format!("{dst}.post_attention_layernorm.weight"),
+            shifted(&format!("{src}.post_norm"))?,
+        );
+        for (s, d) in [
+            ("gate", "gate_proj"),
+            ("up", "up_proj"),
+            ("down", "down_proj"),
+        ] {
             m.insert(format!("{dst}.mlp.{d}.weight"), get(&format!("{src}.{s}"))?);
         }
     }
     m.insert(format!("{lm}.norm.weight"), shifted("norm")?);
     m.insert("lm_head.weight".into(), get("lm_head")?);
     m.insert("mtp.fc.weight".into(), get("mtp.fc")?);
-    m.insert("mtp.pre_fc_norm_embedding.weight".into(), shifted("mtp.pre_emb")?);
-    m.insert("mtp.pre_fc_norm_hidden.weight".into(), shifted("mtp.pre_hidden")?);
+    m.insert(
+        "mtp.pre_fc_norm_embedding.weight".into(),
+        shifted("mtp.pre_emb")?,
+    );
+    m.insert(
+        "mtp.pre_fc_norm_hidden.weight".into(),
+        shifted("mtp.pre_hidden")?,
+    );
     m.insert("mtp.norm.weight".into(), shifted("mtp.norm")?);
     std::fs::create_dir_all(out)?;
     candle_core::safetensors::save(&m, out.join("model.safetensors"))?;
@@ -357,10 +546,19 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
         "vision_end_token_id": 253, "tie_word_embeddings": false, "eos_token_id": 0, "vocab_size": VOCAB,
     });
     std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
-    std::fs::write(out.join("generation_config.json"), r#"{"do_sample": false, "eos_token_id": 0}"#)?;
+    std::fs::write(
+        out.join("generation_config.json"),
+        r#"{"do_sample": false, "eos_token_id": 0}"#,
+    )?;
     // byte-level tokenizer: id b = byte b, id 0 = <|endoftext|> (same files as the test fixtures)
-    std::fs::write(out.join("tokenizer.json"), include_str!("../../tests/fixtures/tiny-hf/tokenizer.json"))?;
-    std::fs::write(out.join("tokenizer_config.json"), include_str!("../../tests/fixtures/tiny-hf/tokenizer_config.json"))?;
+    std::fs::write(
+        out.join("tokenizer.json"),
+        include_str!("../../tests/fixtures/tiny-hf/tokenizer.json"),
+    )?;
+    std::fs::write(
+        out.join("tokenizer_config.json"),
+        include_str!("../../tests/fixtures/tiny-hf/tokenizer_config.json"),
+    )?;
     Ok(())
 }
 
@@ -380,7 +578,10 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let corpus: Vec<u8> = CORPUS.concat().bytes().filter(|b| *b != 0).collect();
-    println!("corpus: {} bytes of this repository's Rust source", corpus.len());
+    println!(
+        "corpus: {} bytes of this repository's Rust source",
+        corpus.len()
+    );
     let p = init(seed)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
     let (batch, len) = (8usize, 32usize);
@@ -403,7 +604,9 @@ pub fn run(args: &[String]) -> Result<()> {
         let grads = loss.backward()?;
         let lr_t = lr * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
         for ((_, var), (m, v)) in p.vars.iter().zip(mom.iter_mut()) {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
             *m = ((&*m * b1)? + (g * (1.0 - b1))?)?;
             *v = ((&*v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
             let upd = (m.broadcast_div(&(v.sqrt()? + eps)?)? * lr_t)?;
