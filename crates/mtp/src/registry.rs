@@ -88,6 +88,8 @@ mod tests {
     fn builtin_http_providers_are_registered_and_unknown_lists_them() {
         let names = providers();
         for n in [
+            "native",
+            "mlx",
             "llama-server",
             "openai-compatible",
             "lmstudio",

@@ -3,11 +3,15 @@
 //! cancellation and the prefix cache.
 
 mod backend;
+mod engine_backend;
+mod factory;
 mod prefix_cache;
 mod provider;
 mod shared;
 
 pub use backend::{Backend, DrafterLane, Job, RunOutput};
+pub use engine_backend::{EngineBackend, EngineState};
+pub use factory::{create, loaded_checkpoints, loaded_copies, EXTRA_KEYS};
 pub use prefix_cache::{
     CacheState, Hit, PrefixCache, DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY,
 };

@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub trait CacheState: Send + Sync {
     /// Bytes this state holds (counted against the cache budget).
     fn bytes(&self) -> usize;
+    /// Tokens of the sequence this state covers (its first `tokens()` tokens).
+    fn tokens(&self) -> usize;
 }
 
 /// Default budget: 512 MiB.
@@ -161,6 +163,9 @@ mod tests {
     impl CacheState for St {
         fn bytes(&self) -> usize {
             self.0
+        }
+        fn tokens(&self) -> usize {
+            0
         }
     }
 

@@ -13,7 +13,7 @@ use mtp_contract::{
 use tokio::sync::mpsc;
 
 use super::backend::{Backend, Job};
-use super::prefix_cache::PrefixCache;
+use super::prefix_cache::{CacheState, PrefixCache};
 
 /// A loaded model plus the prefix cache that every provider on these weights shares.
 pub struct Loaded<B: Backend> {
@@ -296,7 +296,6 @@ fn run_job<B: Backend>(
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         c.lookup(k, prompt).map(|h| (h.tokens, h.state))
     });
-    let cached = resume.as_ref().map_or(0, |(n, _)| *n);
     let depth = match plan {
         Plan::Speculate { depth, .. } => Some(*depth),
         Plan::TargetOnly { .. } => None,
@@ -344,14 +343,12 @@ fn run_job<B: Backend>(
         return Err(ProviderError::Cancelled);
     }
     if let Some(k) = key {
+        let mut all = prompt.to_vec();
+        all.extend_from_slice(&out.tokens);
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = out.prompt_state {
-            c.insert(k, prompt.to_vec(), s);
-        }
-        if let Some(s) = out.final_state {
-            let mut all = prompt.to_vec();
-            all.extend_from_slice(&out.tokens);
-            c.insert(k, all, s);
+        for state in [out.prompt_state, out.final_state].into_iter().flatten() {
+            let n = state.tokens().min(all.len());
+            c.insert(k, all[..n].to_vec(), state);
         }
     }
     let mut content = backend.detokenize(&out.tokens)?;
@@ -396,7 +393,7 @@ fn run_job<B: Backend>(
         usage: Usage {
             input_tokens: prompt.len() as u64,
             output_tokens: out.tokens.len() as u64,
-            cached_input_tokens: cached as u64,
+            cached_input_tokens: prompt.len().saturating_sub(out.computed_prompt_tokens) as u64,
         },
         metadata: Metadata {
             speculation,

@@ -45,6 +45,15 @@ impl<M> SharedModels<M> {
         Ok(m)
     }
 
+    /// Number of loaded copies of the checkpoint at `path` (any variant).
+    pub fn loaded_at(&self, path: &Path) -> usize {
+        let canon = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter()
+            .filter(|((p, _), w)| *p == canon && w.strong_count() > 0)
+            .count()
+    }
+
     /// Number of checkpoints currently loaded.
     pub fn loaded(&self) -> usize {
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());

@@ -25,6 +25,9 @@ impl CacheState for St {
     fn bytes(&self) -> usize {
         self.0.len() * 4
     }
+    fn tokens(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl Backend for Fake {

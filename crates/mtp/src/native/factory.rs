@@ -1,0 +1,234 @@
+//! `create_llm("native" | "mlx", …)`: resolves the checkpoint, decides the MTP lane from
+//! artifact evidence (mtp-detect), loads the engine once per checkpoint, and builds the
+//! provider.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{DType, Device};
+use mtp_contract::{
+    resolve, Lane, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
+};
+use mtp_detect::{
+    check_drafter, probe_local, resolve_model, CacheConfig, ResolvedArtifact, Runtime,
+};
+use mtp_engine::Engine;
+
+use super::backend::DrafterLane;
+use super::engine_backend::EngineBackend;
+use super::prefix_cache::{DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY};
+use super::provider::{Loaded, NativeProvider};
+use super::shared::SharedModels;
+
+/// The `extra` option keys the native provider reads.
+pub const EXTRA_KEYS: [&str; 4] = [
+    "device",
+    "dtype",
+    "prompt_cache_bytes",
+    "prompt_cache_checkpoints",
+];
+
+fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
+    static SHARED: OnceLock<SharedModels<Loaded<EngineBackend>>> = OnceLock::new();
+    SHARED.get_or_init(SharedModels::default)
+}
+
+/// Number of checkpoints whose weights are currently loaded by native providers.
+pub fn loaded_checkpoints() -> usize {
+    shared().loaded()
+}
+
+/// Number of loaded copies of the checkpoint at `path` (one per drafter variant).
+pub fn loaded_copies(path: &Path) -> usize {
+    shared().loaded_at(path)
+}
+
+fn load_err(model: &str, message: impl Into<String>) -> ProviderError {
+    ProviderError::ModelLoad {
+        model: model.to_string(),
+        message: message.into(),
+    }
+}
+
+fn parse_extra(
+    model: &str,
+    opts: &ProviderOptions,
+) -> Result<(Device, DType, String, usize, usize), ProviderError> {
+    for k in opts.extra.keys() {
+        if !EXTRA_KEYS.contains(&k.as_str()) {
+            return Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!(
+                    "unknown native option `{k}`; known: {}",
+                    EXTRA_KEYS.join(", ")
+                ),
+            });
+        }
+    }
+    let (device, runtime) = match opts.extra.get("device").map(String::as_str) {
+        None | Some("cpu") => (Device::Cpu, "candle-cpu".to_string()),
+        Some(other) => {
+            return Err(load_err(
+                model,
+                format!("device `{other}` is not available in this build (it runs on `cpu`); rebuild mtp-engine with its `cuda` or `metal` feature"),
+            ))
+        }
+    };
+    let dtype = match opts.extra.get("dtype").map(String::as_str) {
+        None | Some("f32") => DType::F32,
+        Some(other) => {
+            return Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!("dtype `{other}` is not supported on cpu; use f32"),
+            })
+        }
+    };
+    let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
+        match opts.extra.get(key) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!("`{key}` must be a non-negative integer, got `{v}`"),
+            }),
+        }
+    };
+    Ok((
+        device,
+        dtype,
+        runtime,
+        num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
+        num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
+    ))
+}
+
+fn local_dir(spec: &str, cache: &CacheConfig) -> Result<PathBuf, ProviderError> {
+    match resolve_model(spec, cache).map_err(|e| load_err(spec, e.to_string()))? {
+        ResolvedArtifact::Remote { repo, .. } => Err(load_err(
+            spec,
+            format!(
+                "{repo} is not in the local cache; download it with `mtp models download {repo}`"
+            ),
+        )),
+        other => {
+            let p = other
+                .local_path()
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            if p.is_file() {
+                return Err(load_err(
+                    spec,
+                    "a single weights file is not a checkpoint directory; GGUF files run on the `gguf` provider",
+                ));
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// Builds the native provider (registered as `native` and `mlx`).
+pub fn create(
+    name: &str,
+    model: &str,
+    opts: &ProviderOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let (device, dtype, runtime, cache_bytes, checkpoints) = parse_extra(model, opts)?;
+    let cache = CacheConfig::from_env();
+    let dir = local_dir(model, &cache)?;
+    let report = probe_local(&dir).map_err(|e| load_err(model, e.to_string()))?;
+    let default_mode = resolve(opts.speculation.as_ref(), None).mode;
+    let explicit = opts.speculation.as_ref().and_then(|s| s.drafter.clone());
+
+    // Decide the lane from evidence, and which drafter directory (if any) the engine loads.
+    let (lane, drafter_dir): (Lane, Option<PathBuf>) = if default_mode == SpeculationMode::Off {
+        (
+            Lane::Unavailable {
+                reason: Reason::DisabledByDefault,
+                message: "MTP acceleration off: this provider was created with speculation off, so no MTP lane was loaded; create it with speculation on to use MTP.".into(),
+            },
+            None,
+        )
+    } else if let Some(d) = explicit {
+        let depth = report.registry.as_ref().map_or(3, |r| r.default_depth);
+        match local_dir(&d, &cache) {
+            Err(_) => (
+                Lane::Unavailable {
+                    reason: Reason::MtpHeadNotCached,
+                    message: format!("MTP acceleration off: drafter {d} is not downloaded; download it with `mtp models download {d}`."),
+                },
+                None,
+            ),
+            Ok(ddir) => match check_drafter(&dir, &ddir) {
+                Ok(_) => (
+                    Lane::Ready {
+                        drafter: d.clone(),
+                        default_depth: depth,
+                        output_preserving: report.registry.as_ref().and_then(|r| r.output_preserving),
+                    },
+                    Some(ddir),
+                ),
+                Err(e) => (
+                    Lane::Unavailable {
+                        reason: e.reason(),
+                        message: format!("MTP acceleration off: drafter {d} cannot be used: {e}"),
+                    },
+                    None,
+                ),
+            },
+        }
+    } else {
+        let lane = report.lane(Runtime::Native);
+        let ddir = match (&lane, report.mtp_head, &report.companion) {
+            (Lane::Ready { .. }, false, Some(c)) => c.path.as_ref().map(PathBuf::from),
+            _ => None,
+        };
+        (lane, ddir)
+    };
+    let want_head = matches!(lane, Lane::Ready { .. });
+    let variant = format!(
+        "{runtime}:{dtype:?}:{}",
+        match (&drafter_dir, want_head) {
+            (Some(d), _) => d.display().to_string(),
+            (None, true) => "embedded".into(),
+            (None, false) => "target-only".into(),
+        }
+    );
+    let drafter_lane = match &lane {
+        Lane::Ready {
+            drafter,
+            default_depth,
+            output_preserving,
+        } => Some(DrafterLane {
+            name: drafter.clone(),
+            default_depth: *default_depth,
+            output_preserving: *output_preserving,
+        }),
+        Lane::Unavailable { .. } => None,
+    };
+    let loaded = shared().get_or_load(&dir, &variant, || {
+        let engine = if want_head {
+            Engine::load_with_drafter(&dir, drafter_dir.as_deref(), &device, dtype)
+        } else {
+            Engine::load_target_only(&dir, &device, dtype)
+        }
+        .map_err(|e| load_err(model, e.to_string()))?;
+        if want_head && engine.drafter().is_none() {
+            // Evidence said there is a head; the engine must load it or say why. No fallback.
+            return Err(load_err(
+                model,
+                "the artifact carries MTP tensors but the engine loaded no drafter from them",
+            ));
+        }
+        Ok::<_, ProviderError>(Loaded::new(
+            EngineBackend::new(engine, drafter_lane.clone(), runtime.clone()),
+            cache_bytes,
+            checkpoints,
+        ))
+    })?;
+    Ok(Arc::new(NativeProvider::new(
+        name,
+        model,
+        loaded,
+        opts.speculation.clone(),
+        lane,
+    )))
+}

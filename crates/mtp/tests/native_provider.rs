@@ -1,0 +1,323 @@
+//! The native provider end to end on a tiny trained Qwen3.5 + MTP checkpoint
+//! (`tests/fixtures/tiny-trained`), and its companion-drafter lane on the MLX-layout pair
+//! (`tests/fixtures/tiny-mlx` + `tiny-mlx-mtp`).
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use futures::StreamExt;
+use mtp::{
+    create_llm, GenerateRequest, Message, ProviderError, ProviderOptions, Reason, Sampling,
+    Speculation, StreamEvent,
+};
+use serde_json::json;
+
+fn fixture(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    p.canonicalize().unwrap().display().to_string()
+}
+
+/// Every test sees the same empty Hugging Face cache, so companion lookups are offline and
+/// deterministic.
+fn empty_hub_cache() {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let d = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    // Same value from every thread; set before any provider reads it.
+    std::env::set_var("HF_HUB_CACHE", d.path());
+}
+
+fn on(depth: u32) -> ProviderOptions {
+    ProviderOptions::default().speculation(
+        Speculation::native_mtp()
+            .with_num_draft_tokens(depth)
+            .unwrap(),
+    )
+}
+
+const PROMPT: &str = "the quick brown fox ";
+
+fn req(n: u32) -> GenerateRequest {
+    GenerateRequest::new(PROMPT).max_output_tokens(n).raw()
+}
+
+#[tokio::test]
+async fn mtp_on_and_off_on_one_loaded_model_give_the_same_text() {
+    empty_hub_cache();
+    let llm = create_llm("native", &fixture("tiny-trained"), on(3)).unwrap();
+    let st = llm.speculation_status();
+    assert!(st.lane_loaded);
+    assert_eq!(st.drafter.as_deref(), Some("embedded"));
+    assert_eq!(st.num_draft_tokens, Some(3));
+
+    let with = llm.generate(req(48)).await.unwrap();
+    let s = &with.metadata.speculation;
+    assert!(s.used, "{s:?}");
+    assert_eq!(s.runtime, "candle-cpu");
+    assert_eq!(s.num_draft_tokens, Some(3));
+    let (drafted, accepted, rounds) = (s.drafted.unwrap(), s.accepted.unwrap(), s.rounds.unwrap());
+    assert!(
+        rounds > 0 && drafted <= 3 * rounds && accepted <= drafted,
+        "{s:?}"
+    );
+    assert_eq!(s.accepted_per_position.as_ref().unwrap().len(), 3);
+    assert_eq!(s.reason, None);
+    let v = serde_json::to_value(s).unwrap();
+    assert_eq!(v["draft_kind"], "mtp");
+    assert_eq!(v["mode"], "native_mtp");
+
+    let five = llm
+        .generate(req(48).speculation(Speculation::depth(5).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(five.metadata.speculation.num_draft_tokens, Some(5));
+    let without = llm.generate(req(48).speculation(false)).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&without.metadata.speculation).unwrap(),
+        json!({
+            "requested": false, "mode": "off", "used": false, "drafter": null,
+            "num_draft_tokens": 3, "runtime": "candle-cpu", "draft_kind": null,
+            "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
+            "accepted_per_position": null, "output_preserving": null,
+            "reason": "disabled_by_request",
+            "message": Reason::DisabledByRequest.default_message()
+        })
+    );
+    // Greedy output is unchanged by drafting, at every depth.
+    assert_eq!(with.token_ids, without.token_ids);
+    assert_eq!(five.token_ids, without.token_ids);
+    assert_eq!(with.content, without.content);
+    // The next call is back at the provider default.
+    let again = llm.generate(req(8)).await.unwrap();
+    assert_eq!(again.metadata.speculation.num_draft_tokens, Some(3));
+}
+
+#[tokio::test]
+async fn sampling_that_needs_target_only_is_reported_or_refused() {
+    empty_hub_cache();
+    let llm = create_llm("native", &fixture("tiny-trained"), on(2)).unwrap();
+    let pen = Sampling {
+        repetition_penalty: Some(1.3),
+        ..Default::default()
+    };
+    let r = llm.generate(req(8).sampling(pen.clone())).await.unwrap();
+    let s = &r.metadata.speculation;
+    assert!(!s.used);
+    assert_eq!(s.reason, Some(Reason::SamplingRequiresTargetOnly));
+    assert!(s.message.as_deref().unwrap().contains("repetition_penalty"));
+    let strict = req(8)
+        .sampling(pen)
+        .speculation(Speculation::native_mtp().with_require_acceleration(true));
+    match llm.generate(strict).await {
+        Err(ProviderError::SpeculationUnavailable {
+            reason: Reason::SamplingRequiresTargetOnly,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Seeded sampling is compatible and gives the same text with and without MTP.
+    let seeded = Sampling {
+        temperature: Some(0.8),
+        top_p: Some(0.95),
+        seed: Some(7),
+        ..Default::default()
+    };
+    let a = llm
+        .generate(req(32).sampling(seeded.clone()))
+        .await
+        .unwrap();
+    let b = llm
+        .generate(req(32).sampling(seeded).speculation(false))
+        .await
+        .unwrap();
+    assert!(a.metadata.speculation.used);
+    assert_eq!(a.token_ids, b.token_ids);
+}
+
+#[tokio::test]
+async fn companion_drafter_lane_missing_and_present() {
+    empty_hub_cache();
+    // A companion that is not in the (empty) cache: the model loads and answers without MTP.
+    let missing = "mlx-community/Qwen3.5-4B-MTP-4bit";
+    let opts = ProviderOptions::default()
+        .speculation(Speculation::native_mtp().with_drafter(missing).unwrap());
+    let llm = create_llm("mlx", &fixture("tiny-mlx"), opts).unwrap();
+    assert!(!llm.speculation_status().lane_loaded);
+    let r = llm.generate(req(8)).await.unwrap();
+    let s = &r.metadata.speculation;
+    assert!(!s.used);
+    assert_eq!(s.reason, Some(Reason::MtpHeadNotCached));
+    let msg = s.message.as_deref().unwrap();
+    assert!(
+        msg.contains(&format!("mtp models download {missing}")),
+        "{msg}"
+    );
+    assert!(!r.content.is_empty() || r.usage.output_tokens > 0);
+    let strict = req(8).speculation(Speculation::native_mtp().with_require_acceleration(true));
+    match llm.generate(strict).await {
+        Err(ProviderError::SpeculationUnavailable {
+            reason: Reason::MtpHeadNotCached,
+            message,
+        }) => {
+            assert!(message.contains("mtp models download"))
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // The same target with its companion on disk: drafting runs, output is unchanged.
+    let opts = ProviderOptions::default().speculation(
+        Speculation::native_mtp()
+            .with_drafter(fixture("tiny-mlx-mtp"))
+            .unwrap()
+            .with_num_draft_tokens(2)
+            .unwrap(),
+    );
+    let llm = create_llm("mlx", &fixture("tiny-mlx"), opts).unwrap();
+    let with = llm.generate(req(24)).await.unwrap();
+    assert!(
+        with.metadata.speculation.used,
+        "{:?}",
+        with.metadata.speculation
+    );
+    assert_eq!(with.metadata.speculation.runtime, "candle-cpu");
+    let without = llm.generate(req(24).speculation(false)).await.unwrap();
+    assert_eq!(with.token_ids, without.token_ids);
+
+    // A drafter that does not fit the target (hidden size 32 vs 64): drafter_mismatch, naming
+    // the field.
+    let bad = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(fixture("tiny-mlx-mtp"));
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.path().join(e.file_name())).unwrap();
+    }
+    let cfg_path = bad.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["text_config"]["hidden_size"] = json!(32);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let opts = ProviderOptions::default().speculation(
+        Speculation::native_mtp()
+            .with_drafter(bad.path().display().to_string())
+            .unwrap(),
+    );
+    let llm = create_llm("mlx", &fixture("tiny-mlx"), opts).unwrap();
+    let st = llm.speculation_status();
+    assert!(!st.lane_loaded);
+    assert_eq!(st.reason, Some(Reason::DrafterMismatch), "{st:?}");
+    assert!(st.message.as_deref().unwrap().contains("hidden"), "{st:?}");
+}
+
+#[tokio::test]
+async fn prefix_cache_reuse_gives_the_same_text() {
+    empty_hub_cache();
+    for spec in [true, false] {
+        let llm = create_llm("native", &fixture("tiny-trained"), on(3)).unwrap();
+        let key = format!("session-{spec}");
+        let first = GenerateRequest::new("the quick brown fox ")
+            .messages(vec![])
+            .prompt_cache_key(key.clone())
+            .max_output_tokens(16)
+            .speculation(spec);
+        let r1 = llm.generate(first).await.unwrap();
+        assert_eq!(r1.usage.cached_input_tokens, 0);
+        let history = vec![
+            Message::user("the quick brown fox "),
+            Message::assistant(r1.content.clone()),
+        ];
+        let second = GenerateRequest::new("jumps over ")
+            .messages(history.clone())
+            .prompt_cache_key(key.clone())
+            .max_output_tokens(16)
+            .speculation(spec);
+        let warm = llm.generate(second.clone()).await.unwrap();
+        assert!(
+            warm.usage.cached_input_tokens > 0,
+            "spec={spec}: {:?}",
+            warm.usage
+        );
+        llm.prompt_cache_clear(None).unwrap();
+        let cold = llm.generate(second).await.unwrap();
+        assert_eq!(cold.usage.cached_input_tokens, 0);
+        assert_eq!(warm.token_ids, cold.token_ids, "spec={spec}");
+    }
+}
+
+#[tokio::test]
+async fn weights_are_shared_and_unload_frees_them() {
+    empty_hub_cache();
+    let path = fixture("tiny-hf");
+    let a = create_llm("native", &path, on(2)).unwrap();
+    let b = create_llm("native", &path, on(4)).unwrap();
+    assert_eq!(
+        mtp::native::loaded_copies(std::path::Path::new(&path)),
+        1,
+        "one copy for two providers"
+    );
+    a.unload().await.unwrap();
+    assert!(matches!(
+        a.generate(req(2)).await,
+        Err(ProviderError::Unloaded { .. })
+    ));
+    assert!(b.generate(req(2)).await.is_ok());
+    b.unload().await.unwrap();
+    assert_eq!(mtp::native::loaded_copies(std::path::Path::new(&path)), 0);
+}
+
+#[tokio::test]
+async fn streaming_gives_several_tokens_per_round_then_the_report() {
+    empty_hub_cache();
+    let llm = create_llm("native", &fixture("tiny-trained"), on(3)).unwrap();
+    let mut s = llm.generate_stream(req(40)).await.unwrap();
+    let mut chunks = Vec::new();
+    let mut done = None;
+    while let Some(ev) = s.next().await {
+        match ev.unwrap() {
+            StreamEvent::Delta { token_ids, .. } => chunks.push(token_ids.len()),
+            StreamEvent::Done(r) => done = Some(r),
+        }
+    }
+    let done = done.expect("final report");
+    assert!(
+        chunks.iter().any(|&n| n > 1),
+        "no multi-token chunk in {chunks:?}"
+    );
+    assert_eq!(
+        chunks.iter().sum::<usize>() as u64,
+        done.usage.output_tokens
+    );
+    // A concurrent call while streaming is refused, not queued.
+    let mut s = llm.generate_stream(req(400)).await.unwrap();
+    let _ = s.next().await;
+    assert!(matches!(
+        llm.generate(req(2)).await,
+        Err(ProviderError::Busy { .. })
+    ));
+    drop(s);
+}
+
+#[tokio::test]
+async fn bad_inputs_are_typed_errors() {
+    empty_hub_cache();
+    let Err(e) = create_llm("native", "/definitely/not/here", ProviderOptions::default()) else {
+        panic!()
+    };
+    assert!(e.to_string().contains("/definitely/not/here"), "{e}");
+    let Err(e) = create_llm("native", "org/not-downloaded", ProviderOptions::default()) else {
+        panic!()
+    };
+    assert!(
+        e.to_string()
+            .contains("mtp models download org/not-downloaded"),
+        "{e}"
+    );
+    let llm = create_llm("native", &fixture("tiny-trained"), on(2)).unwrap();
+    let mut m = Message::user("what is this?");
+    m.images.push("cat.png".into());
+    let err = llm
+        .generate(GenerateRequest::new("x").messages(vec![m]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not supported"), "{err}");
+}
