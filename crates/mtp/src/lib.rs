@@ -6,7 +6,7 @@
 //! ```no_run
 //! use mtp::{create_llm, GenerateRequest, ProviderOptions, Speculation};
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let llm = create_llm("native", "models/tiny-mtp", ProviderOptions::default()
+//! let llm = create_llm("native", "models/tiny-code", ProviderOptions::default()
 //!     .speculation(Speculation::native_mtp()))?;
 //! let r = llm.generate(GenerateRequest::new("fn main() {").max_output_tokens(64)).await?;
 //! println!("{}", r.content);

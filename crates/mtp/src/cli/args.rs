@@ -39,7 +39,7 @@ pub struct ModelArgs {
     /// Provider (runtime) name; `mtp generate --provider help` lists the registered ones.
     #[arg(long, default_value = "native")]
     pub provider: String,
-    /// Model repo id or path. Without it, the bundled demo model (`models/tiny-mtp`, or
+    /// Model repo id or path. Without it, the bundled demo model (`models/tiny-code`, or
     /// `MTP_DEFAULT_MODEL`).
     #[arg(long)]
     pub model: Option<String>,

@@ -157,7 +157,7 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
-/// The bundled demo model: `MTP_DEFAULT_MODEL`, else `models/tiny-mtp` in this workspace.
+/// The bundled demo model: `MTP_DEFAULT_MODEL`, else `models/tiny-code` in this workspace.
 pub fn default_model_path() -> PathBuf {
     match std::env::var_os("MTP_DEFAULT_MODEL") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
@@ -168,7 +168,7 @@ pub fn default_model_path() -> PathBuf {
                 .nth(2)
                 .unwrap_or(manifest)
                 .join("models")
-                .join("tiny-mtp")
+                .join("tiny-code")
         }
     }
 }
