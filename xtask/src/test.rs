@@ -16,7 +16,9 @@ pub fn run(args: &[String]) -> Result<()> {
     cmd.env(crate::llama::ENV_SERVER, &llama_server);
     cmd.args(["test", "--workspace", "--all-targets"]);
     cmd.args(args);
-    let status = cmd.status().with_context(|| format!("running {cargo} test"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {cargo} test"))?;
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
