@@ -234,8 +234,10 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
             let result = run_job(&loaded, &request, &prompt, &plan, &runtime, started, &tx);
-            // Free the provider before the caller sees the final event, so that its next call
-            // is never refused as busy.
+            // Release the provider and this job's hold on the weights before the caller sees
+            // the final event, so that its next call is never refused as busy and an
+            // `unload` right after the call really frees the weights.
+            drop(loaded);
             drop(guard);
             let ev = match result {
                 Ok(resp) => Ok(StreamEvent::Done(Box::new(resp))),
