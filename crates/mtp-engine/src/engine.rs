@@ -250,6 +250,7 @@ impl Engine {
             )));
         }
         let mut prompt_state = None;
+        let mut final_state = None;
         let mut computed = prompt.len();
         let mut stops = opts.stop_token_ids.clone();
         if !opts.ignore_eos {
@@ -306,6 +307,7 @@ impl Engine {
                 resume,
                 checkpoint,
                 &mut prompt_state,
+                &mut final_state,
                 &mut computed,
             )?;
             o.used = true;
@@ -335,6 +337,7 @@ impl Engine {
             timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
             let mut history = prompt.to_vec();
             let mut logits = out.logits;
+            let mut last_hidden = Vec::new();
             while emitter.finish.is_none() && opts.max_tokens > 0 {
                 sampler.apply_penalties(&mut logits, &history);
                 let tok = sampler.sample(&logits, emitter.tokens.len());
@@ -345,10 +348,25 @@ impl Engine {
                 if !emitter.emit(&[tok]) {
                     break;
                 }
-                logits = self
+                let step = self
                     .model
-                    .forward(&[vec![tok]], &mut cache, LogitsAt::Last)?
-                    .logits;
+                    .forward(&[vec![tok]], &mut cache, LogitsAt::Last)?;
+                logits = step.logits;
+                if checkpoint {
+                    last_hidden = step.hidden;
+                }
+            }
+            // Every fed token was emitted: the state after them extends the prompt's.
+            let fed = (history.len() - prompt.len())
+                .saturating_sub(usize::from(emitter.finish.is_some()));
+            if checkpoint && fed > 0 && !last_hidden.is_empty() {
+                let [cache] = cache;
+                final_state = Some(PromptState {
+                    cache,
+                    mcache: None,
+                    last_hidden,
+                    tokens: prompt.len() + fed,
+                });
             }
         }
         let end = Instant::now();
@@ -376,6 +394,7 @@ impl Engine {
             },
             computed_prompt_tokens: computed,
             prompt_state,
+            final_state,
         })
     }
 }

@@ -49,4 +49,9 @@ pub struct ResumableOutput {
     pub computed_prompt_tokens: usize,
     /// The state after the whole prompt, when a checkpoint was asked for.
     pub prompt_state: Option<PromptState>,
+    /// The state after the last generated token fed to the model (the prompt followed by the
+    /// first `tokens() - prompt_len` output tokens), when a checkpoint was asked for and
+    /// generation fed at least one token. A later call whose prompt extends the prompt and the
+    /// reply (the next chat turn) resumes from it.
+    pub final_state: Option<PromptState>,
 }

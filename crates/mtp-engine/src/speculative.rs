@@ -54,6 +54,10 @@ struct Round {
     seed_hidden: Vec<f32>,
     /// Drafter entries appended while drafting this round.
     appended: usize,
+    /// Generated tokens fed to the target so far (bonus inputs and accepted drafts).
+    fed: Vec<u32>,
+    /// The target's final hidden state at the last fed position.
+    last_hidden: Vec<f32>,
 }
 
 /// Proposals of one round (with their draft distributions for unseeded sampling).
@@ -219,6 +223,7 @@ pub(crate) fn run(
     resume: Option<&PromptState>,
     checkpoint: bool,
     state_out: &mut Option<PromptState>,
+    final_out: &mut Option<PromptState>,
     computed: &mut usize,
 ) -> Result<()> {
     let dm = model.hidden_size();
@@ -284,6 +289,8 @@ pub(crate) fn run(
         seed_q,
         seed_hidden: last.to_vec(),
         appended: 0,
+        fed: Vec::new(),
+        last_hidden: Vec::new(),
     };
     loop {
         let k = depth.min(em.remaining());
@@ -298,6 +305,9 @@ pub(crate) fn run(
         let (accepted, new) = accept(&logits, vocab, &d, s, pos);
         let t3 = Instant::now();
         rollback(&mut r, accepted);
+        r.fed.push(r.bonus);
+        r.fed.extend_from_slice(&new[..accepted]);
+        r.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
         let t4 = Instant::now();
         stats.record_round(k, accepted);
         update_drafter(
@@ -319,5 +329,26 @@ pub(crate) fn run(
             break;
         }
     }
+    if checkpoint {
+        *final_out = end_state(r, prompt.len(), &em.tokens);
+    }
     Ok(())
+}
+
+/// The state after the last fed token, for a prefix cache: only when the fed tokens are a
+/// prefix of what was emitted (a stop token or the budget can cut a round's accepted tokens,
+/// and a state must never cover tokens the caller did not receive).
+fn end_state(mut r: Round, prompt_len: usize, emitted: &[u32]) -> Option<PromptState> {
+    if r.fed.is_empty() || !emitted.starts_with(&r.fed) {
+        return None;
+    }
+    // The drafter's last entry pairs the next (unfed) token with the last hidden state; a
+    // resumed call adds that pair itself.
+    r.mcache.trim(1);
+    Some(PromptState {
+        cache: r.cache,
+        mcache: Some(r.mcache),
+        last_hidden: r.last_hidden,
+        tokens: prompt_len + r.fed.len(),
+    })
 }

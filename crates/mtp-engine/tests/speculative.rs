@@ -316,3 +316,86 @@ fn unseeded_speculative_sampling_keeps_target_distribution() {
         "chi-square {chi2} rejects the target distribution"
     );
 }
+
+/// A chat's next turn resumes from the state at the end of the previous reply: the output is
+/// the same as computing the whole prompt, only the new tokens are computed, and this holds for
+/// target-only decoding and every depth (states taken with and without MTP, used by either).
+#[test]
+fn resuming_from_the_end_of_a_reply_gives_the_same_output() {
+    let engine = load("tiny-trained", None);
+    let turn1: Vec<u32> = "the quick brown fox ".bytes().map(u32::from).collect();
+    for depth in [0usize, 1, 3, 5] {
+        let mut opts = GenerateOptions::greedy(12).ignore_eos(true);
+        if depth > 0 {
+            opts = opts.num_draft_tokens(depth);
+        }
+        let first = engine
+            .generate_resumable(&turn1, None, true, &opts, &mut |_| true)
+            .expect("turn 1");
+        let end = first.final_state.as_ref().expect("end-of-reply state");
+        let reply = &first.output.tokens;
+        assert!(end.tokens() > turn1.len() && end.tokens() < turn1.len() + reply.len() + 1);
+        assert_eq!(end.has_drafter_cache(), depth > 0);
+        let prompt_state = first.prompt_state.as_ref().expect("prompt state");
+        assert_eq!(prompt_state.tokens(), turn1.len());
+
+        // Turn 2: the whole history, then a new user message.
+        let mut turn2 = turn1.clone();
+        turn2.extend_from_slice(reply);
+        turn2.extend("\nand then ".bytes().map(u32::from));
+        for next_depth in [0usize, 2, 4] {
+            let mut o2 = GenerateOptions::greedy(16).ignore_eos(true);
+            if next_depth > 0 {
+                o2 = o2.num_draft_tokens(next_depth);
+            }
+            let cold = engine.generate(&turn2, &o2, |_| true).expect("cold");
+            let warm = engine
+                .generate_resumable(&turn2, Some(end), false, &o2, &mut |_| true)
+                .expect("warm");
+            assert_eq!(
+                warm.output.tokens, cold.tokens,
+                "state taken at depth {depth}, resumed at depth {next_depth}"
+            );
+            // A speculative call needs the drafter's cache; without it the prompt is recomputed.
+            let expect = if next_depth > 0 && depth == 0 {
+                turn2.len()
+            } else {
+                turn2.len() - end.tokens()
+            };
+            assert_eq!(warm.computed_prompt_tokens, expect, "{depth}->{next_depth}");
+        }
+    }
+}
+
+/// A stop token inside a round's accepted drafts: the end state never covers tokens the caller
+/// did not receive.
+#[test]
+fn end_state_never_covers_unreturned_tokens() {
+    let engine = load("tiny-trained", None);
+    let prompt: Vec<u32> = "the quick brown fox ".bytes().map(u32::from).collect();
+    let base = engine
+        .generate(
+            &prompt,
+            &GenerateOptions::greedy(24).ignore_eos(true),
+            |_| true,
+        )
+        .expect("base");
+    // Stop at a token that appears mid-output.
+    let stop = base.tokens[base.tokens.len() / 2];
+    for depth in [0usize, 2, 4, 6] {
+        let mut opts = GenerateOptions::greedy(24).ignore_eos(true);
+        opts.stop_token_ids = vec![stop];
+        if depth > 0 {
+            opts = opts.num_draft_tokens(depth);
+        }
+        let out = engine
+            .generate_resumable(&prompt, None, true, &opts, &mut |_| true)
+            .expect("run");
+        if let Some(end) = &out.final_state {
+            assert!(
+                end.tokens() <= prompt.len() + out.output.tokens.len(),
+                "depth {depth}"
+            );
+        }
+    }
+}

@@ -150,7 +150,7 @@ impl Backend for EngineBackend {
             prompt_state: out
                 .prompt_state
                 .map(|s| std::sync::Arc::new(EngineState(s))),
-            final_state: None,
+            final_state: out.final_state.map(|s| std::sync::Arc::new(EngineState(s))),
         })
     }
 
