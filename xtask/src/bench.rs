@@ -5,7 +5,13 @@
 //! ```text
 //! cargo xtask bench --target-only                  # prefill / decode tok/s, peak memory
 //! cargo xtask bench --model models/tiny-code --depths 1,2,3,4,5 --mlx-vlm /tmp/mlxref/bin/python
+//! cargo xtask bench --provider gguf                # native vs in-process llama.cpp, same weights
 //! ```
+//!
+//! With `--provider NAME` the benchmark runs through the provider API instead (`mtp bench`, the
+//! same interleaved A/B table for every provider). `--provider gguf` converts the checkpoint to
+//! GGUF (the converter of `cargo xtask gguf`), benchmarks the native provider on the checkpoint
+//! and the `gguf` provider on the converted file, and prints both tables and a side-by-side one.
 //! Without `--model`, the benchmark-shape checkpoint is generated with `cargo xtask fixtures`'
 //! writer (hidden 1024, 8 layers 3:1, 8/2 heads of 128, intermediate 3072, vocab 32000).
 
@@ -25,6 +31,7 @@ struct Args {
     depths: Vec<usize>,
     mlx: Option<String>,
     out_dir: PathBuf,
+    provider: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
@@ -37,6 +44,7 @@ fn parse(args: &[String]) -> Result<Args> {
         depths: vec![1, 2, 3, 4, 5],
         mlx: None,
         out_dir: PathBuf::from("target/bench"),
+        provider: None,
     };
     let mut it = args.iter();
     while let Some(f) = it.next() {
@@ -55,6 +63,7 @@ fn parse(args: &[String]) -> Result<Args> {
             }
             "--mlx-vlm" => a.mlx = Some(val()?.clone()),
             "--out" => a.out_dir = PathBuf::from(val()?),
+            "--provider" => a.provider = Some(val()?.clone()),
             other => bail!("unknown bench flag `{other}`"),
         }
     }
@@ -181,6 +190,9 @@ const PROMPTS: [(&str, &str); 3] = [
 
 pub fn run(args: &[String]) -> Result<()> {
     let a = parse(args)?;
+    if let Some(p) = a.provider.clone() {
+        return run_provider(&p, &a);
+    }
     let model_dir = match &a.model {
         Some(m) => m.clone(),
         None => {
@@ -423,4 +435,146 @@ fn svg(rows: &[serde_json::Value], depths: &[usize]) -> String {
         );
     }
     s + "</svg>"
+}
+
+/// Runs `mtp bench --json` (release build; the `gguf` feature when asked) and returns its rows.
+fn mtp_bench(provider: &str, model: &Path, a: &Args) -> Result<Vec<serde_json::Value>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["run", "--quiet", "--release", "-p", "mtp"]);
+    if provider == "gguf" {
+        cmd.args(["--features", "gguf"]);
+    }
+    let depths: Vec<String> = a.depths.iter().map(usize::to_string).collect();
+    cmd.args(["--", "bench", "--provider", provider, "--model"])
+        .arg(model)
+        .args(["--depths", &depths.join(",")])
+        .args(["--reps", &a.reps.to_string()])
+        .args(["--max-tokens", &a.tokens.to_string()])
+        .args(["--raw", "--json"]);
+    for (_, text) in PROMPTS {
+        cmd.args(["--prompt", text]);
+    }
+    println!(
+        "running mtp bench --provider {provider} on {}",
+        model.display()
+    );
+    let out = cmd
+        .output()
+        .with_context(|| format!("running mtp bench for {provider}"))?;
+    if !out.status.success() {
+        bail!(
+            "mtp bench --provider {provider} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let start = text.find('[').context("mtp bench printed no JSON rows")?;
+    let mut rows: Vec<serde_json::Value> =
+        serde_json::from_str(text[start..].trim()).context("reading mtp bench's JSON rows")?;
+    // `mtp bench` names `--prompt` prompts by position; give them the table's names.
+    for r in &mut rows {
+        if let Some(i) = r["prompt"]
+            .as_str()
+            .and_then(|p| p.strip_prefix("prompt "))
+            .and_then(|i| i.parse::<usize>().ok())
+        {
+            r["prompt"] = serde_json::json!(PROMPTS.get(i - 1).map_or("?", |p| p.0));
+        }
+    }
+    Ok(rows)
+}
+
+fn provider_table(title: &str, rows: &[serde_json::Value]) {
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    println!("\n## {title}\n");
+    println!("| prompt | depth | tok/s off | tok/s on | speedup | acceptance | accepted/round | identical | efficiency |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2}x | {:.0}% | {:.2} | {} | {:.2} |",
+            r["prompt"].as_str().unwrap_or("?"),
+            r["depth"],
+            f(r, "tok_s_off"),
+            f(r, "tok_s_on"),
+            f(r, "speedup"),
+            f(r, "acceptance") * 100.0,
+            f(r, "accepted_per_round"),
+            if r["identical"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "NO"
+            },
+            f(r, "efficiency"),
+        );
+    }
+}
+
+/// `--provider NAME`: the provider-level benchmark; for `gguf`, native and llama.cpp side by side.
+fn run_provider(provider: &str, a: &Args) -> Result<()> {
+    let model = a
+        .model
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("models/tiny-code"));
+    std::fs::create_dir_all(&a.out_dir)?;
+    if provider != "gguf" {
+        let rows = mtp_bench(provider, &model, a)?;
+        provider_table(&format!("{provider}: {}", model.display()), &rows);
+        std::fs::write(
+            a.out_dir.join(format!("bench-{provider}.json")),
+            serde_json::to_string_pretty(&rows)?,
+        )?;
+        return Ok(());
+    }
+    let (gguf_file, hf_dir) = if model.extension().is_some_and(|e| e == "gguf") {
+        (model.clone(), None)
+    } else {
+        let name = model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let out = a.out_dir.join(format!("{name}.gguf"));
+        crate::gguf::convert::convert(&model, &out, &Default::default())
+            .with_context(|| format!("converting {} to GGUF", model.display()))?;
+        (out, Some(model.clone()))
+    };
+    let gguf_rows = mtp_bench("gguf", &gguf_file, a)?;
+    provider_table(
+        &format!(
+            "gguf (llama.cpp b11434 in-process): {}",
+            gguf_file.display()
+        ),
+        &gguf_rows,
+    );
+    let mut report = serde_json::json!({"gguf": gguf_rows});
+    if let Some(dir) = hf_dir {
+        let native_rows = mtp_bench("native", &dir, a)?;
+        provider_table(
+            &format!("native (candle-cpu): {}", dir.display()),
+            &native_rows,
+        );
+        println!("\n## side by side (same weights)\n");
+        println!("| prompt | depth | native off | native on | native speedup | gguf off | gguf on | gguf speedup |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+        let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        for (n, g) in native_rows.iter().zip(&gguf_rows) {
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x |",
+                n["prompt"].as_str().unwrap_or("?"),
+                n["depth"],
+                f(n, "tok_s_off"),
+                f(n, "tok_s_on"),
+                f(n, "speedup"),
+                f(g, "tok_s_off"),
+                f(g, "tok_s_on"),
+                f(g, "speedup"),
+            );
+        }
+        report["native"] = serde_json::Value::Array(native_rows);
+    }
+    let path = a.out_dir.join("bench-gguf.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!("\nwrote {}", path.display());
+    Ok(())
 }

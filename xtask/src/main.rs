@@ -9,6 +9,7 @@ mod fixtures;
 mod gguf;
 mod llama;
 mod probe;
+mod setup;
 mod test;
 mod train_tiny;
 
@@ -21,6 +22,7 @@ commands:
   gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
   bench [options]                 MTP on/off benchmark on one loaded model
   train-tiny [options]            train the bundled demo model
+  setup                           install the system packages the tests need (cmake, libclang)
   test                            the project's full test command (what CI runs)
 ";
 
@@ -39,6 +41,7 @@ fn main() -> Result<()> {
         "fixtures" => fixtures::run(rest),
         "gguf" => gguf::run(rest),
         "probe" => probe::run(rest),
+        "setup" => setup::run(rest),
         "test" => test::run(rest),
         "train-tiny" => train_tiny::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),

@@ -10,11 +10,20 @@ use anyhow::{bail, Context, Result};
 /// Runs the full test suite. Extra arguments are passed to `cargo test`.
 pub fn run(args: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // cmake and libclang for llama-server and the `gguf` provider's llama.cpp.
+    crate::setup::ensure()?;
     // llama-server b11434 for the adapter's end-to-end tests (built once, cached).
     let llama_server = crate::llama::prepare().context("preparing llama-server")?;
     let mut cmd = Command::new(&cargo);
     cmd.env(crate::llama::ENV_SERVER, &llama_server);
-    cmd.args(["test", "--workspace", "--all-targets"]);
+    // Every provider is tested, the in-process `gguf` one included.
+    cmd.args([
+        "test",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        crate::setup::TEST_FEATURES,
+    ]);
     cmd.args(args);
     let status = cmd
         .status()
@@ -24,7 +33,13 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // Doc tests are not part of --all-targets.
     let status = Command::new(&cargo)
-        .args(["test", "--workspace", "--doc"])
+        .args([
+            "test",
+            "--workspace",
+            "--doc",
+            "--features",
+            crate::setup::TEST_FEATURES,
+        ])
         .env(crate::llama::ENV_SERVER, &llama_server)
         .status()
         .with_context(|| format!("running {cargo} test --doc"))?;

@@ -104,22 +104,12 @@ pub struct RuntimeTables {
     pub drafter_model_types: Vec<String>,
 }
 
-/// Normalizes an architecture name for comparison: lower case, without `-` and `_`
-/// (`glm-dsa` = `glm_dsa`, `glm4moe` = `glm4_moe`).
-pub fn normalize_arch(a: &str) -> String {
-    a.chars()
-        .filter(|c| *c != '-' && *c != '_')
-        .flat_map(char::to_lowercase)
-        .collect()
-}
-
 impl RuntimeTables {
-    /// Whether llama.cpp implements the MTP graph of this GGUF architecture.
+    /// Whether the registry's llama.cpp build implements the MTP graph of this GGUF
+    /// `general.architecture`. Names compare exactly, as llama.cpp compares them (a file that
+    /// says `glm5next` is not the `glm5-next` architecture and does not load there).
     pub fn llama_cpp_supports(&self, arch: &str) -> bool {
-        let a = normalize_arch(arch);
-        self.llama_cpp_mtp_archs
-            .iter()
-            .any(|x| normalize_arch(x) == a)
+        self.llama_cpp_mtp_archs.iter().any(|x| x == arch)
     }
 
     /// Whether vLLM runs MTP for this `model_type`.
@@ -310,7 +300,20 @@ mod tests {
         ] {
             assert!(r.models.iter().any(|m| m.id == id), "{id} missing");
         }
-        assert!(r.runtimes.llama_cpp_supports("glm_dsa"));
-        assert!(!r.runtimes.llama_cpp_supports("glm5next"));
+        // The MTP graphs of llama.cpp b11434 (`src/models/*.cpp` handling
+        // LLM_GRAPH_TYPE_DECODER_MTP), under the names its llama-arch.cpp gives them.
+        for arch in [
+            "qwen35",
+            "qwen35moe",
+            "glm-dsa",
+            "glm5-next",
+            "qwen4exp",
+            "step35",
+        ] {
+            assert!(r.runtimes.llama_cpp_supports(arch), "{arch}");
+        }
+        for arch in ["glm_dsa", "glm5next", "llama", "qwen3"] {
+            assert!(!r.runtimes.llama_cpp_supports(arch), "{arch}");
+        }
     }
 }

@@ -84,21 +84,26 @@ impl ServerKind {
     /// assert!(hint.contains("--spec-type draft-mtp --spec-draft-n-max 3"));
     /// ```
     pub fn launch_hint(self, model: &str, depth: u32) -> String {
+        use mtp_detect::{launch_command, Runtime};
+        let cmd = |rt: Runtime| launch_command(rt, model, None, true, depth);
         match self {
             ServerKind::LlamaServer => format!(
-                "restart it as `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}` (the GGUF must carry the MTP head)"
+                "restart it as `{}` (the GGUF must carry the MTP head)",
+                cmd(Runtime::LlamaServer)
             ),
             ServerKind::OpenAiCompatible => format!(
-                "speculation is a launch setting of the server; for llama-server use `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}`"
+                "speculation is a launch setting of the server; for llama-server use `{}`",
+                cmd(Runtime::LlamaServer)
             ),
             ServerKind::LmStudio => format!(
-                "load the model with MTP drafting on: `lms load {model} --speculative-draft-mtp`"
+                "load the model with MTP drafting on: `{}`",
+                cmd(Runtime::LmStudio)
             ),
-            ServerKind::Vllm => format!(
-                "restart it as `vllm serve {model} --speculative-config '{{\"method\":\"mtp\",\"num_speculative_tokens\":{depth}}}'`"
-            ),
+            ServerKind::Vllm => format!("restart it as `{}`", cmd(Runtime::Vllm)),
             ServerKind::Ollama => format!(
-                "Ollama does not expose MTP drafting; serve the same GGUF with `llama-server -m {model} --spec-type draft-mtp --spec-draft-n-max {depth}` or LM Studio (`lms load {model} --speculative-draft-mtp`) and use that provider"
+                "Ollama does not expose MTP drafting; serve the same GGUF with `{}` or LM Studio (`{}`) and use that provider",
+                cmd(Runtime::LlamaServer),
+                cmd(Runtime::LmStudio)
             ),
         }
     }

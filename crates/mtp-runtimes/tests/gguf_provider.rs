@@ -269,21 +269,29 @@ async fn a_gguf_without_a_head_runs_target_only() {
     );
 }
 
+/// `create` must fail; the error it gives.
+fn create_err(path: &str, opts: &ProviderOptions) -> ProviderError {
+    match mtp_runtimes::gguf::create(path, opts) {
+        Ok(p) => panic!(
+            "{path}: expected an error, got a provider for {}",
+            p.model()
+        ),
+        Err(e) => e,
+    }
+}
+
 #[test]
 fn bad_inputs_are_typed_errors() {
-    let e = mtp_runtimes::gguf::create("/nonexistent/model.gguf", &ProviderOptions::default())
-        .unwrap_err();
+    let e = create_err("/nonexistent/model.gguf", &ProviderOptions::default());
     assert!(matches!(e, ProviderError::ModelLoad { .. }), "{e}");
     let tmp = tempfile::tempdir().expect("tempdir");
     let junk = tmp.path().join("junk.gguf");
     std::fs::write(&junk, b"GGUF but not really").expect("write");
-    let e = mtp_runtimes::gguf::create(junk.to_str().unwrap(), &ProviderOptions::default())
-        .unwrap_err();
+    let e = create_err(junk.to_str().unwrap(), &ProviderOptions::default());
     assert!(matches!(e, ProviderError::ModelLoad { .. }), "{e}");
-    let e = mtp_runtimes::gguf::create(
+    let e = create_err(
         junk.to_str().unwrap(),
         &ProviderOptions::default().extra("device", "cuda"),
-    )
-    .unwrap_err();
+    );
     assert!(e.to_string().contains("n_ctx"), "{e}");
 }

@@ -1,4 +1,5 @@
-//! The providers this workspace ships. A runtime that is not built yet is not registered.
+//! The providers this workspace ships. `gguf` (llama.cpp linked in-process) is always
+//! registered; without the `gguf` cargo feature it answers with an error saying how to build it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,4 +25,30 @@ pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
             }),
         );
     }
+    map.insert(
+        "gguf".to_string(),
+        Arc::new(|model: &str, opts: &mtp_contract::ProviderOptions| gguf(model, opts)),
+    );
+}
+
+#[cfg(feature = "gguf")]
+fn gguf(
+    model: &str,
+    opts: &mtp_contract::ProviderOptions,
+) -> Result<Arc<dyn mtp_contract::Provider>, mtp_contract::ProviderError> {
+    mtp_runtimes::gguf::create(model, opts)
+}
+
+#[cfg(not(feature = "gguf"))]
+fn gguf(
+    model: &str,
+    _opts: &mtp_contract::ProviderOptions,
+) -> Result<Arc<dyn mtp_contract::Provider>, mtp_contract::ProviderError> {
+    Err(mtp_contract::ProviderError::ModelLoad {
+        model: model.to_string(),
+        message: "the in-process gguf provider is not compiled into this build; rebuild with \
+                  `--features gguf` (it links llama.cpp b11434 and needs cmake and libclang), or \
+                  serve the file with llama-server and use the `llama-server` provider"
+            .into(),
+    })
 }

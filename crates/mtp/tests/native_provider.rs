@@ -323,3 +323,124 @@ async fn bad_inputs_are_typed_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("not supported"), "{err}");
 }
+
+fn demo_model() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
+    p.canonicalize().unwrap().display().to_string()
+}
+
+/// The report's exact JSON on the bundled demo model, for every case a user meets: used,
+/// disabled per call, sampling that forces target-only, require_acceleration refusals, a missing
+/// companion, and cache reuse. Counts are checked against each other, not against constants.
+#[tokio::test]
+async fn report_json_on_the_bundled_demo_model() {
+    empty_hub_cache();
+    let llm = create_llm("native", &demo_model(), on(1)).unwrap();
+    let code = |n: u32| {
+        GenerateRequest::new("fn main() {\n    let mut total = 0;\n")
+            .raw()
+            .max_output_tokens(n)
+    };
+
+    // Used: every field, with the counts consistent with each other.
+    let r = llm.generate(code(96)).await.unwrap();
+    let s = &r.metadata.speculation;
+    let (d, a, n) = (s.drafted.unwrap(), s.accepted.unwrap(), s.rounds.unwrap());
+    assert_eq!(d, n, "one proposal per round at depth 1");
+    assert_eq!(
+        serde_json::to_value(s).unwrap(),
+        json!({
+            "requested": true, "mode": "native_mtp", "used": true, "drafter": "embedded",
+            "num_draft_tokens": 1, "runtime": "candle-cpu", "draft_kind": "mtp",
+            "drafted": d, "accepted": a, "rounds": n, "acceptance_rate": a as f64 / d as f64,
+            "accepted_per_position": [a], "output_preserving": true,
+            "reason": null, "message": null
+        })
+    );
+    // The demo model was trained on code: most proposals are right (README: 85% at depth 1).
+    assert!(a as f64 >= 0.7 * d as f64, "acceptance {a}/{d}");
+    assert_eq!(r.usage.output_tokens, 96);
+
+    // Sampling that needs target-only decoding.
+    let pen = code(8).sampling(Sampling {
+        presence_penalty: Some(0.5),
+        ..Default::default()
+    });
+    let r = llm.generate(pen.clone()).await.unwrap();
+    let msg = r.metadata.speculation.message.clone().unwrap();
+    assert!(msg.contains("presence_penalty"), "{msg}");
+    assert_eq!(
+        serde_json::to_value(&r.metadata.speculation).unwrap(),
+        json!({
+            "requested": true, "mode": "native_mtp", "used": false, "drafter": null,
+            "num_draft_tokens": 1, "runtime": "candle-cpu", "draft_kind": null,
+            "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
+            "accepted_per_position": null, "output_preserving": null,
+            "reason": "sampling_requires_target_only", "message": msg
+        })
+    );
+    // ... and refused before generation with require_acceleration.
+    let strict = pen.speculation(Speculation::native_mtp().with_require_acceleration(true));
+    match llm.generate(strict).await {
+        Err(ProviderError::SpeculationUnavailable {
+            reason: Reason::SamplingRequiresTargetOnly,
+            message,
+        }) => assert!(message.contains("presence_penalty"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+
+    // Cache reuse: the second call reuses the first prompt and reply, same text as cold.
+    let key = "demo-session";
+    let first = GenerateRequest::new("fn add(a: i32, b: i32) -> i32 {")
+        .messages(vec![])
+        .prompt_cache_key(key)
+        .max_output_tokens(24);
+    let r1 = llm.generate(first).await.unwrap();
+    let second = GenerateRequest::new("fn sub(a: i32, b: i32) -> i32 {")
+        .messages(vec![
+            Message::user("fn add(a: i32, b: i32) -> i32 {"),
+            Message::assistant(r1.content.clone()),
+        ])
+        .prompt_cache_key(key)
+        .max_output_tokens(24);
+    let warm = llm.generate(second.clone()).await.unwrap();
+    assert!(
+        warm.usage.cached_input_tokens > r1.usage.input_tokens,
+        "{:?}",
+        warm.usage
+    );
+    assert!(warm.metadata.speculation.used);
+    let cold = llm
+        .generate(second.prompt_cache_key("another-session"))
+        .await
+        .unwrap();
+    assert_eq!(cold.usage.cached_input_tokens, 0);
+    assert_eq!(warm.content, cold.content);
+
+    // A named companion that is not cached: the model answers without MTP, and the message
+    // carries the command that fetches it.
+    let missing = "mlx-community/Qwen3.5-0.8B-MTP";
+    let llm = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default()
+            .speculation(Speculation::native_mtp().with_drafter(missing).unwrap()),
+    )
+    .unwrap();
+    let r = llm.generate(code(4)).await.unwrap();
+    let msg = r.metadata.speculation.message.clone().unwrap();
+    assert!(
+        msg.contains(&format!("mtp models download {missing}")),
+        "{msg}"
+    );
+    assert_eq!(
+        serde_json::to_value(&r.metadata.speculation).unwrap(),
+        json!({
+            "requested": true, "mode": "native_mtp", "used": false, "drafter": missing,
+            "num_draft_tokens": null, "runtime": "candle-cpu", "draft_kind": null,
+            "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
+            "accepted_per_position": null, "output_preserving": null,
+            "reason": "mtp_head_not_cached", "message": msg
+        })
+    );
+}

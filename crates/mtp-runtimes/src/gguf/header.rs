@@ -9,27 +9,6 @@ use std::path::Path;
 use mtp_contract::{Lane, Reason};
 use mtp_detect::gguf::{parse_gguf, GgufHeader, GgufParse};
 
-/// Architectures that have an MTP (NextN) graph in llama.cpp b11434: the models whose
-/// `build_arch_graph` handles `LLM_GRAPH_TYPE_DECODER_MTP` in `src/models/` of that release.
-pub const MTP_ARCHS: &[&str] = &[
-    "bailingmoe3",
-    "cohere2moe",
-    "deepseek2",
-    "deepseek32",
-    "deepseek4",
-    "glm-dsa",
-    "glm4moe",
-    "glm5-next",
-    "hy_v3",
-    "mimo2",
-    "nemotron_h_moe",
-    "qwen35",
-    "qwen35moe",
-    "qwen3next",
-    "qwen4exp",
-    "step35",
-];
-
 /// The default draft depth (llama.cpp's own default for `MtpSpeculativeParams::n_max`).
 pub const DEFAULT_DEPTH: u32 = 3;
 
@@ -48,7 +27,10 @@ pub struct HeadInfo {
 impl HeadInfo {
     /// Whether the linked llama.cpp can run this file's MTP head.
     pub fn mtp_runnable(&self) -> bool {
-        self.nextn_layers > 0 && MTP_ARCHS.contains(&self.arch.as_str())
+        self.nextn_layers > 0
+            && mtp_detect::registry()
+                .runtimes
+                .llama_cpp_supports(&self.arch)
     }
 
     /// The lane this file gives the provider.

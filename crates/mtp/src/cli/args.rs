@@ -160,6 +160,9 @@ pub struct BenchArgs {
     /// Tokens generated per call.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub max_tokens: u32,
+    /// Send the prompts verbatim, without the chat template (base and demo models).
+    #[arg(long)]
+    pub raw: bool,
     /// Print the rows as JSON instead of a markdown table.
     #[arg(long)]
     pub json: bool,

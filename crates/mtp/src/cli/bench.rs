@@ -39,6 +39,8 @@ pub struct BenchOptions {
     pub reps: u32,
     /// Tokens per call.
     pub max_tokens: u32,
+    /// Send the prompts verbatim (no chat template).
+    pub raw: bool,
 }
 
 /// One row of the table: one prompt at one depth.
@@ -99,12 +101,15 @@ fn median(v: &mut [f64]) -> f64 {
 async fn timed(
     llm: &dyn Provider,
     prompt: &str,
-    max_tokens: u32,
+    opts: &BenchOptions,
     spec: Speculation,
 ) -> Result<(GenerateResponse, f64), ProviderError> {
-    let req = GenerateRequest::new(prompt)
-        .max_output_tokens(max_tokens)
+    let mut req = GenerateRequest::new(prompt)
+        .max_output_tokens(opts.max_tokens)
         .speculation(spec);
+    if opts.raw {
+        req = req.raw();
+    }
     let t = Instant::now();
     let r = llm.generate(req).await?;
     let tps = rate(&r, t.elapsed());
@@ -125,8 +130,8 @@ pub async fn bench_rows(
                 None => Speculation::native_mtp(),
             };
             // Warm-up, not measured.
-            timed(llm, prompt, opts.max_tokens, Speculation::off()).await?;
-            timed(llm, prompt, opts.max_tokens, on_spec.clone()).await?;
+            timed(llm, prompt, opts, Speculation::off()).await?;
+            timed(llm, prompt, opts, on_spec.clone()).await?;
             let (mut off, mut on) = (Vec::new(), Vec::new());
             let (mut off_texts, mut on_texts) = (Vec::new(), Vec::new());
             let mut reports = Vec::new();
@@ -138,13 +143,12 @@ pub async fn bench_rows(
                 };
                 for speculate in order {
                     if speculate {
-                        let (r, tps) = timed(llm, prompt, opts.max_tokens, on_spec.clone()).await?;
+                        let (r, tps) = timed(llm, prompt, opts, on_spec.clone()).await?;
                         on.push(tps);
                         on_texts.push(r.content.clone());
                         reports.push(r.metadata.speculation);
                     } else {
-                        let (r, tps) =
-                            timed(llm, prompt, opts.max_tokens, Speculation::off()).await?;
+                        let (r, tps) = timed(llm, prompt, opts, Speculation::off()).await?;
                         off.push(tps);
                         off_texts.push(r.content);
                     }
@@ -277,6 +281,7 @@ pub(crate) async fn run(a: BenchArgs, out: &mut Out) -> Result<(), CliError> {
         depths,
         reps: a.reps,
         max_tokens: a.max_tokens,
+        raw: a.raw,
     };
     out.note(&format!(
         "bench: {} on {} · {} prompt(s) × {} depth(s) × {} interleaved rep(s) of off/on · {} tokens each",

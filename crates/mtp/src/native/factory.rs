@@ -183,6 +183,21 @@ pub fn create(
         };
         (lane, ddir)
     };
+    // The native engine verifies every proposal against the target exactly, so greedy and
+    // seeded output is unchanged whatever the drafter (tested at depths 1-8): the pairing is
+    // output-preserving here even where the registry knows nothing about it.
+    let lane = match lane {
+        Lane::Ready {
+            drafter,
+            default_depth,
+            ..
+        } => Lane::Ready {
+            drafter,
+            default_depth,
+            output_preserving: Some(true),
+        },
+        other => other,
+    };
     let want_head = matches!(lane, Lane::Ready { .. });
     let variant = format!(
         "{runtime}:{dtype:?}:{}",
