@@ -7,6 +7,7 @@
 //! cargo xtask fixtures --out /tmp/bench-model            # the benchmark shape (default)
 //! cargo xtask fixtures --out /tmp/t --hidden 64 --layers 4 --interval 2 --heads 4 --kv-heads 2 \
 //!     --head-dim 16 --intermediate 128 --vocab 256 --linear-heads 2,4 --linear-dim 16
+//! cargo xtask fixtures --out /tmp/oracle --oracle-head   # MTP machinery benchmark (see below)
 //! ```
 
 use std::collections::HashMap;
@@ -31,6 +32,9 @@ pub struct Shape {
     pub linear_v_heads: usize,
     pub linear_dim: usize,
     pub mtp: bool,
+    /// Benchmark-only weights whose MTP head agrees with the target by construction (see
+    /// [`write_checkpoint`]): the cost of every matrix is real, acceptance is ~100%.
+    pub oracle_head: bool,
     pub seed: u64,
     pub dtype: DType,
 }
@@ -52,6 +56,7 @@ impl Default for Shape {
             linear_v_heads: 16,
             linear_dim: 128,
             mtp: true,
+            oracle_head: false,
             seed: 0,
             dtype: DType::F32,
         }
@@ -62,6 +67,8 @@ struct Gen {
     rng: rand::rngs::StdRng,
     dtype: DType,
     out: HashMap<String, Tensor>,
+    /// Write zeros for layer outputs and unit norms (the oracle head's target).
+    oracle: bool,
 }
 
 impl Gen {
@@ -86,9 +93,23 @@ impl Gen {
         self.put(&format!("{name}.weight"), w, &[out, inp])
     }
 
-    /// HF zero-centred RMSNorm weight (used as 1 + w), with a little jitter.
+    /// A layer's output projection: random, or zeros for the oracle shape (the residual
+    /// stream then carries the token embedding through every layer unchanged).
+    fn output(&mut self, name: &str, out: usize, inp: usize) -> Result<()> {
+        if self.oracle {
+            return self.put(&format!("{name}.weight"), vec![0.0; out * inp], &[out, inp]);
+        }
+        self.linear(name, out, inp)
+    }
+
+    /// HF zero-centred RMSNorm weight (used as 1 + w), with a little jitter (none for the
+    /// oracle shape).
     fn norm(&mut self, name: &str, n: usize) -> Result<()> {
-        let w = self.normal(n, 0.05);
+        let w = if self.oracle {
+            vec![0.0; n]
+        } else {
+            self.normal(n, 0.05)
+        };
         self.put(name, w, &[n])
     }
 
@@ -97,7 +118,7 @@ impl Gen {
         self.linear(&format!("{p}.self_attn.q_proj"), h * hd * 2, d)?;
         self.linear(&format!("{p}.self_attn.k_proj"), kv * hd, d)?;
         self.linear(&format!("{p}.self_attn.v_proj"), kv * hd, d)?;
-        self.linear(&format!("{p}.self_attn.o_proj"), d, h * hd)?;
+        self.output(&format!("{p}.self_attn.o_proj"), d, h * hd)?;
         self.norm(&format!("{p}.self_attn.q_norm.weight"), hd)?;
         self.norm(&format!("{p}.self_attn.k_norm.weight"), hd)
     }
@@ -107,17 +128,26 @@ impl Gen {
         self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?;
         self.linear(&format!("{p}.mlp.gate_proj"), s.intermediate, s.hidden)?;
         self.linear(&format!("{p}.mlp.up_proj"), s.intermediate, s.hidden)?;
-        self.linear(&format!("{p}.mlp.down_proj"), s.hidden, s.intermediate)
+        self.output(&format!("{p}.mlp.down_proj"), s.hidden, s.intermediate)
     }
 }
 
 /// Writes the checkpoint into `out` and returns the number of parameters.
+///
+/// With `oracle_head` the weights are for measuring the draft/verify machinery, not for
+/// text: every layer's output projection is zero and every norm is the identity scale, so the
+/// target's next-token logits are `lm_head(rms(embed(t)))` (a bigram table), and the MTP head
+/// gets `fc = [I | 0]`, so its proposal after `t + 1` is `lm_head(rms(embed(t + 1)))`: the
+/// target's own next choice. Every matrix is still multiplied at full size, so the cost of a
+/// step is that of the shape, and greedy acceptance is ~100% (ties aside): efficiency is then
+/// measured without the head's quality in the way.
 pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut g = Gen {
         rng: rand::rngs::StdRng::seed_from_u64(s.seed),
         dtype: s.dtype,
         out: HashMap::new(),
+        oracle: s.oracle_head,
     };
     let d = s.hidden;
     let e = g.normal(s.vocab * d, 1.0);
@@ -138,7 +168,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
             g.linear(&format!("{a}.in_proj_z"), value_dim, d)?;
             g.linear(&format!("{a}.in_proj_b"), s.linear_v_heads, d)?;
             g.linear(&format!("{a}.in_proj_a"), s.linear_v_heads, d)?;
-            g.linear(&format!("{a}.out_proj"), d, value_dim)?;
+            g.output(&format!("{a}.out_proj"), d, value_dim)?;
             let conv = g.normal(conv_dim * 4, 0.5);
             g.put(&format!("{a}.conv1d.weight"), conv, &[conv_dim, 1, 4])?;
             let a_log: Vec<f32> = (0..s.linear_v_heads)
@@ -161,8 +191,17 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
     }
     g.norm("model.language_model.norm.weight", d)?;
     g.linear("lm_head", s.vocab, d)?;
-    if s.mtp {
+    if s.mtp && s.oracle_head {
+        // fc over [norm(embed(t + 1)) | norm(hidden(t))]: keep the embedding half only.
+        let mut fc = vec![0f32; d * 2 * d];
+        for i in 0..d {
+            fc[i * 2 * d + i] = 1.0;
+        }
+        g.put("mtp.fc.weight", fc, &[d, 2 * d])?;
+    } else if s.mtp {
         g.linear("mtp.fc", d, 2 * d)?;
+    }
+    if s.mtp {
         g.norm("mtp.pre_fc_norm_embedding.weight", d)?;
         g.norm("mtp.pre_fc_norm_hidden.weight", d)?;
         g.norm("mtp.norm.weight", d)?;
@@ -249,6 +288,7 @@ pub fn run(args: &[String]) -> Result<()> {
             "--linear-dim" => s.linear_dim = num(val()?)?,
             "--seed" => s.seed = num(val()?)? as u64,
             "--no-mtp" => s.mtp = false,
+            "--oracle-head" => s.oracle_head = true,
             "--dtype" => {
                 s.dtype = match val()?.as_str() {
                     "f32" => DType::F32,

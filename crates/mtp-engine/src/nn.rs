@@ -148,36 +148,103 @@ pub const SMALL_ROWS: usize = 32;
 
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // 8 independent accumulators in a fixed order: vectorises and is deterministic.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
+    dot_rows::<1>([a], b)[0]
+}
+
+/// `N` dot products of rows `xs` with one weight row `w`, interleaved so that the `N` rows give
+/// independent dependency chains (one dot product is bound by the latency of its additions,
+/// and a verify forward multiplies several rows by every weight row). Each row's result is
+/// bit-identical to a lone [`dot`]: the same 8 lanes, each `acc[j] += x[j] * y[j]` (a multiply
+/// then an add, never fused), reduced in the same order. That is what keeps a verify forward's
+/// rows equal to single-token steps, on every CPU.
+#[inline]
+fn dot_rows<const N: usize>(xs: [&[f32]; N], w: &[f32]) -> [f32; N] {
+    let chunks = w.len() / 8;
+    #[cfg(target_arch = "x86_64")]
+    let acc = if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX was detected on this CPU; every slice is at least `chunks * 8` long.
+        unsafe { lanes_avx::<N>(&xs, w, chunks) }
+    } else {
+        lanes_portable::<N>(&xs, w, chunks)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let acc = lanes_portable::<N>(&xs, w, chunks);
+    let mut out = [0f32; N];
+    for r in 0..N {
+        let a = &acc[r];
+        let mut tail = 0f32;
+        for i in chunks * 8..w.len() {
+            tail += xs[r][i] * w[i];
+        }
+        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail;
+    }
+    out
+}
+
+#[inline(always)]
+fn lanes_portable<const N: usize>(xs: &[&[f32]; N], w: &[f32], chunks: usize) -> [[f32; 8]; N] {
+    let mut acc = [[0f32; 8]; N];
     for c in 0..chunks {
-        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
+        let y = &w[c * 8..c * 8 + 8];
+        for r in 0..N {
+            let x = &xs[r][c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc[r][j] += x[j] * y[j];
+            }
         }
     }
-    let mut tail = 0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn lanes_avx<const N: usize>(xs: &[&[f32]; N], w: &[f32], chunks: usize) -> [[f32; 8]; N] {
+    use std::arch::x86_64::*;
+    assert!(w.len() >= chunks * 8 && xs.iter().all(|x| x.len() >= chunks * 8));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let wp = w.as_ptr();
+    for c in 0..chunks {
+        // SAFETY (all loads): `c * 8 + 8 <= chunks * 8 <= len`, checked above.
+        let y = _mm256_loadu_ps(wp.add(c * 8));
+        for r in 0..N {
+            let x = _mm256_loadu_ps(xs[r].as_ptr().add(c * 8));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(x, y));
+        }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    let mut out = [[0f32; 8]; N];
+    for r in 0..N {
+        _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+    }
+    out
 }
 
 /// `x [n, inp] · w[out, inp]^T` for few rows: each output feature's weight row is read once for
-/// all `n` inputs (decode is bound by weight bandwidth), parallel over blocks of outputs.
+/// all `n` inputs (decode is bound by weight bandwidth), the rows four at a time
+/// ([`dot_rows`]), parallel over blocks of outputs.
 pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
     use rayon::prelude::*;
     let out = w.len() / inp;
     const BLOCK: usize = 64;
+    let row = |r: usize| &x[r * inp..(r + 1) * inp];
     // [out, n] in blocks, transposed to [n, out] at the end
     let mut t = vec![0f32; out * n];
     let work = |(bi, chunk): (usize, &mut [f32])| {
         let o0 = bi * BLOCK;
         for (j, dst) in chunk.chunks_exact_mut(n).enumerate() {
             let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
-            for (r, d) in dst.iter_mut().enumerate() {
-                *d = dot(&x[r * inp..(r + 1) * inp], wr);
+            let mut r = 0;
+            while r + 4 <= n {
+                let d = dot_rows([row(r), row(r + 1), row(r + 2), row(r + 3)], wr);
+                dst[r..r + 4].copy_from_slice(&d);
+                r += 4;
+            }
+            if r + 2 <= n {
+                let d = dot_rows([row(r), row(r + 1)], wr);
+                dst[r..r + 2].copy_from_slice(&d);
+                r += 2;
+            }
+            if r < n {
+                dst[r] = dot(row(r), wr);
             }
         }
     };
@@ -196,6 +263,39 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
         }
     }
     y
+}
+
+#[cfg(test)]
+mod dot_tests {
+    use super::*;
+
+    /// Interleaved rows give exactly the bits of lone dot products, for every block size and
+    /// lengths with and without a tail.
+    #[test]
+    fn rows_are_bit_identical_to_lone_dots() {
+        let mut s = 1u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for inp in [1usize, 7, 8, 9, 64, 100, 1027] {
+            for n in 1..=9 {
+                let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+                let w: Vec<f32> = (0..5 * inp).map(|_| next()).collect();
+                let y = matmul_rows(&x, n, &w, inp);
+                for r in 0..n {
+                    for o in 0..5 {
+                        let lone = dot(&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
+                        assert_eq!(y[r * 5 + o].to_bits(), lone.to_bits(), "inp {inp} n {n}");
+                        let single = matmul_rows(&x[r * inp..(r + 1) * inp], 1, &w, inp);
+                        assert_eq!(single[o].to_bits(), lone.to_bits());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Full attention with an output gate, q/k RMSNorm, GQA and partial rotary embedding.
