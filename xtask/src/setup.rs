@@ -2,7 +2,8 @@
 //!
 //! * `cmake`: builds llama-server (the HTTP adapter's end-to-end tests) and, through
 //!   `llama-cpp-sys-2`, the llama.cpp linked by the `gguf` provider.
-//! * libclang (`libclang-dev`): `bindgen` reads llama.cpp's headers with it.
+//! * libclang (`libclang-dev`) and the `clang` driver: `bindgen` reads llama.cpp's headers with
+//!   them.
 //!
 //! On a Debian-family machine run as root they are installed with apt-get; elsewhere a missing
 //! package is an error that names it.
@@ -59,6 +60,10 @@ pub fn ensure() -> Result<()> {
     }
     if !has_libclang() {
         missing.push("libclang-dev");
+    }
+    // bindgen asks the clang driver for the system include paths.
+    if !on_path("clang") {
+        missing.push("clang");
     }
     if missing.is_empty() {
         return Ok(());
