@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ProviderError;
 use crate::reason::Reason;
-use crate::report::SpeculationReport;
+use crate::report::{DraftStats, SpeculationReport};
 use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
 use crate::sampling::Sampling;
 use crate::speculation::{resolve, ResolvedSpeculation, Speculation, SpeculationMode};
@@ -157,6 +157,31 @@ impl Plan {
                 Some(message.clone()),
             )),
             Plan::Speculate { .. } => None,
+        }
+    }
+
+    /// The call's report once it has run: from the draft statistics when the plan speculated,
+    /// else the target-only report with the plan's reason.
+    pub fn report(&self, runtime: &str, stats: &DraftStats) -> SpeculationReport {
+        match self {
+            Plan::Speculate {
+                resolved,
+                drafter,
+                depth,
+                output_preserving,
+            } => SpeculationReport::used(
+                resolved,
+                runtime,
+                drafter.clone(),
+                *depth,
+                stats,
+                *output_preserving,
+            ),
+            Plan::TargetOnly {
+                resolved,
+                reason,
+                message,
+            } => SpeculationReport::not_used(resolved, runtime, *reason, Some(message.clone())),
         }
     }
 }

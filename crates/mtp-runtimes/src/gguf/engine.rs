@@ -135,6 +135,17 @@ impl<'a> Text<'a> {
         Step::Go
     }
 
+    /// Ends the call: the held-back text goes out (unless cancelled) and the outcome gets the
+    /// text and ids.
+    fn finish(mut self, mut out: Outcome, sink: &mut dyn Sink) -> Outcome {
+        if out.finish != Some(FinishReason::Cancelled) {
+            self.flush(sink, true);
+        }
+        out.text = self.text;
+        out.ids = self.ids;
+        out
+    }
+
     /// The text that can be shown now (everything when `all`).
     fn flush(&mut self, sink: &mut dyn Sink, all: bool) -> bool {
         let hold = if all {
@@ -299,12 +310,7 @@ fn run_plain(
         idx = 0;
     }
     out.decode_ms = ms(decode_start);
-    if out.finish != Some(FinishReason::Cancelled) {
-        text.flush(sink, true);
-    }
-    out.text = text.text;
-    out.ids = text.ids;
-    Ok(out)
+    Ok(text.finish(out, sink))
 }
 
 fn run_mtp(
@@ -444,10 +450,5 @@ fn run_mtp(
         }
     }
     out.decode_ms = ms(decode_start);
-    if out.finish != Some(FinishReason::Cancelled) {
-        text.flush(sink, true);
-    }
-    out.text = text.text;
-    out.ids = text.ids;
-    Ok(out)
+    Ok(text.finish(out, sink))
 }

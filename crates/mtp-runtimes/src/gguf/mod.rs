@@ -46,7 +46,7 @@ use llama_cpp_2::model::LlamaModel;
 use mtp_contract::{
     plan, resolve, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse,
     Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Role, Speculation,
-    SpeculationReport, SpeculationStatus, StreamEvent, Timings, Usage,
+    SpeculationStatus, StreamEvent, Timings, Usage,
 };
 
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
@@ -419,29 +419,7 @@ impl GgufProvider {
         out: engine::Outcome,
         input_tokens: u64,
     ) -> GenerateResponse {
-        let speculation = match decision {
-            Plan::Speculate {
-                resolved,
-                drafter,
-                depth,
-                output_preserving,
-            } => SpeculationReport::used(
-                resolved,
-                RUNTIME,
-                drafter.clone(),
-                *depth,
-                &out.stats,
-                *output_preserving,
-            ),
-            Plan::TargetOnly { .. } => decision.target_only_report(RUNTIME).unwrap_or_else(|| {
-                SpeculationReport::not_used(
-                    &resolve(None, None),
-                    RUNTIME,
-                    mtp_contract::Reason::NoMtpHead,
-                    None,
-                )
-            }),
-        };
+        let speculation = decision.report(RUNTIME, &out.stats);
         let n_out = out.ids.len() as u64;
         let per_s = |n: f64, ms: f64| (ms > 0.0).then(|| n * 1000.0 / ms);
         let timings = Timings {

@@ -7,8 +7,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use mtp_contract::{
     plan, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse, Lane,
-    Metadata, Plan, Provider, ProviderError, Speculation, SpeculationReport, SpeculationStatus,
-    StreamEvent, Usage,
+    Metadata, Plan, Provider, ProviderError, Speculation, SpeculationStatus, StreamEvent, Usage,
 };
 use tokio::sync::mpsc;
 
@@ -364,26 +363,7 @@ fn run_job<B: Backend>(
         content.truncate(pos);
         finish = FinishReason::Stop;
     }
-    let speculation = match plan {
-        Plan::Speculate {
-            resolved,
-            drafter,
-            depth,
-            output_preserving,
-        } => SpeculationReport::used(
-            resolved,
-            runtime,
-            drafter.clone(),
-            *depth,
-            &out.stats,
-            *output_preserving,
-        ),
-        Plan::TargetOnly {
-            resolved,
-            reason,
-            message,
-        } => SpeculationReport::not_used(resolved, runtime, *reason, Some(message.clone())),
-    };
+    let speculation = plan.report(runtime, &out.stats);
     let mut timings = out.timings;
     if let Some(t) = first_token_at {
         timings.time_to_first_token_ms = Some(t.duration_since(started).as_secs_f64() * 1e3);
