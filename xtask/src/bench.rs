@@ -443,7 +443,11 @@ fn mtp_bench(provider: &str, model: &Path, a: &Args) -> Result<Vec<serde_json::V
     let mut cmd = Command::new(cargo);
     cmd.args(["run", "--quiet", "--release", "-p", "mtp"]);
     if provider == "gguf" {
-        cmd.args(["--features", "gguf"]);
+        // The workspace config builds llama.cpp at -O1 for tests; a benchmark wants -O3. The
+        // release target directory has its own llama.cpp build, so this is the one it gets.
+        cmd.args(["--features", "gguf"])
+            .env("CMAKE_C_FLAGS_RELEASE", "-O3 -DNDEBUG")
+            .env("CMAKE_CXX_FLAGS_RELEASE", "-O3 -DNDEBUG");
     }
     let depths: Vec<String> = a.depths.iter().map(usize::to_string).collect();
     cmd.args(["--", "bench", "--provider", provider, "--model"])

@@ -5,25 +5,41 @@
 
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 /// Runs the full test suite. Extra arguments are passed to `cargo test`.
 pub fn run(args: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // cmake and libclang for llama-server and the `gguf` provider's llama.cpp.
     crate::setup::ensure()?;
-    // llama-server b11434 for the adapter's end-to-end tests (built once, cached).
-    let llama_server = crate::llama::prepare().context("preparing llama-server")?;
-    let mut cmd = Command::new(&cargo);
-    cmd.env(crate::llama::ENV_SERVER, &llama_server);
+    // llama-server b11434 for the adapter's end-to-end tests (built once, cached), built at low
+    // priority while the test binaries compile: on a fresh machine each leaves the other's idle
+    // moments (linking, single-crate stretches) to fill.
+    let server = std::thread::spawn(crate::llama::prepare);
     // Every provider is tested, the in-process `gguf` one included.
-    cmd.args([
+    let test_args = [
         "test",
         "--workspace",
         "--all-targets",
         "--features",
         crate::setup::TEST_FEATURES,
-    ]);
+    ];
+    let compiled = Command::new(&cargo)
+        .args(test_args)
+        .arg("--no-run")
+        .args(args)
+        .status()
+        .with_context(|| format!("running {cargo} test --no-run"));
+    let llama_server = server
+        .join()
+        .map_err(|_| anyhow!("preparing llama-server panicked"))?
+        .context("preparing llama-server")?;
+    if !compiled?.success() {
+        bail!("compiling the tests failed");
+    }
+    let mut cmd = Command::new(&cargo);
+    cmd.env(crate::llama::ENV_SERVER, &llama_server);
+    cmd.args(test_args);
     cmd.args(args);
     let status = cmd
         .status()

@@ -55,12 +55,13 @@ pub struct LinearState {
     pub(crate) conv: Vec<f32>,
     /// `[value_heads, value_dim, key_dim]`: the delta-rule state.
     pub(crate) state: Vec<f32>,
-    /// Per-position conv windows recorded during a verify forward.
-    pub(crate) rec_conv: Vec<Vec<f32>>,
-    /// Per-position recurrent states recorded during a verify forward.
-    pub(crate) rec_state: Vec<Vec<f32>>,
-    /// State before the verify forward (for committing zero positions).
-    pub(crate) before: Option<(Vec<f32>, Vec<f32>)>,
+    /// During a verify forward: conv windows, slot `j` after `j` verified positions (slot 0 is
+    /// the window before the forward). Flat, and its allocation is reused round after round.
+    pub(crate) rec_conv: Vec<f32>,
+    /// The same for the recurrent state.
+    pub(crate) rec_state: Vec<f32>,
+    /// True between `begin_verify` and `commit_verify`.
+    pub(crate) recording: bool,
 }
 
 /// The cache of one layer.
@@ -146,6 +147,9 @@ impl SeqCache {
                 (LayerCache::Linear(st), SnapshotLayer::Linear(c, r)) => {
                     st.conv.clone_from(c);
                     st.state.clone_from(r);
+                    st.rec_conv.clear();
+                    st.rec_state.clear();
+                    st.recording = false;
                 }
                 _ => {}
             }
@@ -159,8 +163,10 @@ impl SeqCache {
         for l in &mut self.layers {
             if let LayerCache::Linear(s) = l {
                 s.rec_conv.clear();
+                s.rec_conv.extend_from_slice(&s.conv);
                 s.rec_state.clear();
-                s.before = Some((s.conv.clone(), s.state.clone()));
+                s.rec_state.extend_from_slice(&s.state);
+                s.recording = true;
             }
         }
     }
@@ -177,18 +183,17 @@ impl SeqCache {
             match l {
                 LayerCache::Attention(kv) => kv.trim_to(start + keep),
                 LayerCache::Linear(s) => {
-                    if keep == 0 {
-                        if let Some((c, r)) = s.before.take() {
-                            s.conv = c;
-                            s.state = r;
-                        }
-                    } else if keep < verified {
-                        std::mem::swap(&mut s.conv, &mut s.rec_conv[keep - 1]);
-                        std::mem::swap(&mut s.state, &mut s.rec_state[keep - 1]);
+                    if keep < verified {
+                        let (cl, sl) = (s.conv.len(), s.state.len());
+                        s.conv
+                            .copy_from_slice(&s.rec_conv[keep * cl..(keep + 1) * cl]);
+                        s.state
+                            .copy_from_slice(&s.rec_state[keep * sl..(keep + 1) * sl]);
                     }
-                    s.before = None;
+                    // emptied, capacity kept: clones (prefix cache) copy nothing
                     s.rec_conv.clear();
                     s.rec_state.clear();
+                    s.recording = false;
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Plain-Rust f32 kernels for the parts of the forward pass that are sequential or tiny per
-//! token: RMS norms, rotary embedding, the causal depthwise conv step, the gated delta-rule
-//! recurrence and cached attention. Matrix products stay in candle.
+//! token: RMS norms, rotary embedding, the causal depthwise conv step and the gated delta-rule
+//! recurrence. Few-row matrix products and cached attention are in `simd`, large products in
+//! candle.
 
 /// `x * rsqrt(mean(x^2) + eps) * w` over each `dim`-wide row of `x`, in place (MLX
 /// `fast.rms_norm`). `w = None` means no weight.
@@ -68,14 +69,14 @@ impl Rope {
 ///
 /// `state`: `[k - 1, c]`, the previous inputs (updated in place to the last `k - 1` rows of
 /// `[state; x]`). `x`: `[s, c]`. `w`: `[c, k]`. Returns `[s, c]`.
-/// With `record`, pushes the conv state after every step.
+/// With `record`, appends the conv state after every step.
 pub fn causal_conv_silu(
     state: &mut [f32],
     x: &[f32],
     w: &[f32],
     c: usize,
     k: usize,
-    mut record: Option<&mut Vec<Vec<f32>>>,
+    mut record: Option<&mut Vec<f32>>,
 ) -> Vec<f32> {
     let s = x.len() / c;
     // full input [k - 1 + s, c]
@@ -94,7 +95,7 @@ pub fn causal_conv_silu(
             *ov = silu(acc);
         }
         if let Some(rec) = record.as_deref_mut() {
-            rec.push(full[(t + 1) * c..(t + k) * c].to_vec());
+            rec.extend_from_slice(&full[(t + 1) * c..(t + k) * c]);
         }
     }
     state.copy_from_slice(&full[s * c..(s + k - 1) * c]);
@@ -119,7 +120,7 @@ pub struct DeltaDims {
 /// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
 /// `[s, hv]`; `state`: `[hv, dv, dk]`, updated in place. Returns `y`: `[s, hv, dv]`.
 /// Per value head: `S = g S; S += beta (v - S k) k^T; y = S q`.
-/// With `record`, pushes a copy of the state after every step (for speculative rollback).
+/// With `record`, appends a copy of the state after every step (for speculative rollback).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_steps(
     d: DeltaDims,
@@ -129,7 +130,7 @@ pub fn gated_delta_steps(
     g: &[f32],
     beta: &[f32],
     state: &mut [f32],
-    mut record: Option<&mut Vec<Vec<f32>>>,
+    mut record: Option<&mut Vec<f32>>,
 ) -> Vec<f32> {
     let s = g.len() / d.hv;
     let rep = d.hv / d.hk;
@@ -160,55 +161,8 @@ pub fn gated_delta_steps(
             }
         }
         if let Some(rec) = record.as_deref_mut() {
-            rec.push(state.to_vec());
+            rec.extend_from_slice(state);
         }
     }
     y
-}
-
-/// Causal attention of `l` new queries against a sequence's cached keys/values.
-///
-/// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
-/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    l: usize,
-    h: usize,
-    hkv: usize,
-    hd: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let t_total = keys.len() / (hkv * hd);
-    let rep = h / hkv;
-    let mut out = vec![0f32; l * h * hd];
-    let mut scores = vec![0f32; t_total];
-    for i in 0..l {
-        let visible = t_total - l + i + 1;
-        for head in 0..h {
-            let kvh = head / rep;
-            let qv = &q[(i * h + head) * hd..(i * h + head + 1) * hd];
-            let mut max = f32::NEG_INFINITY;
-            for (t, sc) in scores[..visible].iter_mut().enumerate() {
-                let kr = &keys[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
-                let dot: f32 = qv.iter().zip(kr).map(|(a, b)| a * b).sum();
-                *sc = dot * scale;
-                max = max.max(*sc);
-            }
-            let mut sum = 0f32;
-            for sc in scores[..visible].iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            let o = &mut out[(i * h + head) * hd..(i * h + head + 1) * hd];
-            for (t, sc) in scores[..visible].iter().enumerate() {
-                let p = sc / sum;
-                let vr = &values[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
-                o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
-            }
-        }
-    }
-    out
 }

@@ -18,6 +18,7 @@ pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
+pub mod simd;
 pub mod speculative;
 pub mod tokenizer;
 

@@ -10,6 +10,7 @@ use crate::cache::LayerCache;
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, DeltaDims, Rope};
+use crate::simd;
 
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
 pub struct Store {
@@ -112,19 +113,19 @@ impl Linear {
 
     /// `x: [n, in]` (f32, row-major) → `[n, out]`.
     ///
-    /// Up to [`SMALL_ROWS`] rows on a CPU f32 weight use [`matmul_rows`], whose result for a row
+    /// Up to [`simd::MAX_ROWS`] rows on a CPU f32 weight use [`simd::matmul_rows`], whose result for a row
     /// does not depend on how many rows are computed together (so a verify forward of k + 1
     /// tokens produces bit-identical logits to k + 1 single-token forwards); larger inputs use
     /// candle's GEMM.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let inp = self.w.dims()[1];
-        if n <= SMALL_ROWS && self.w.dtype() == DType::F32 && self.w.device().is_cpu() {
+        if n <= simd::MAX_ROWS && self.w.dtype() == DType::F32 && self.w.device().is_cpu() {
             let (storage, layout) = self.w.storage_and_layout();
             if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
                 (&*storage, layout.contiguous_offsets())
             {
                 let w = &cpu.as_slice::<f32>()?[start..end];
-                return Ok(matmul_rows(x, n, w, inp));
+                return Ok(simd::matmul_rows(x, n, w, inp));
             }
         }
         let xt = Tensor::from_slice(x, (n, inp), self.w.device())?;
@@ -140,161 +141,6 @@ impl Linear {
             y
         };
         Ok(y.flatten_all()?.to_vec1::<f32>()?)
-    }
-}
-
-/// Inputs of at most this many rows take the row-deterministic kernel.
-pub const SMALL_ROWS: usize = 32;
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_rows::<1>([a], b)[0]
-}
-
-/// `N` dot products of rows `xs` with one weight row `w`, interleaved so that the `N` rows give
-/// independent dependency chains (one dot product is bound by the latency of its additions,
-/// and a verify forward multiplies several rows by every weight row). Each row's result is
-/// bit-identical to a lone [`dot`]: the same 8 lanes, each `acc[j] += x[j] * y[j]` (a multiply
-/// then an add, never fused), reduced in the same order. That is what keeps a verify forward's
-/// rows equal to single-token steps, on every CPU.
-#[inline]
-fn dot_rows<const N: usize>(xs: [&[f32]; N], w: &[f32]) -> [f32; N] {
-    let chunks = w.len() / 8;
-    #[cfg(target_arch = "x86_64")]
-    let acc = if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: AVX was detected on this CPU; every slice is at least `chunks * 8` long.
-        unsafe { lanes_avx::<N>(&xs, w, chunks) }
-    } else {
-        lanes_portable::<N>(&xs, w, chunks)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let acc = lanes_portable::<N>(&xs, w, chunks);
-    let mut out = [0f32; N];
-    for r in 0..N {
-        let a = &acc[r];
-        let mut tail = 0f32;
-        for i in chunks * 8..w.len() {
-            tail += xs[r][i] * w[i];
-        }
-        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail;
-    }
-    out
-}
-
-#[inline(always)]
-fn lanes_portable<const N: usize>(xs: &[&[f32]; N], w: &[f32], chunks: usize) -> [[f32; 8]; N] {
-    let mut acc = [[0f32; 8]; N];
-    for c in 0..chunks {
-        let y = &w[c * 8..c * 8 + 8];
-        for r in 0..N {
-            let x = &xs[r][c * 8..c * 8 + 8];
-            for j in 0..8 {
-                acc[r][j] += x[j] * y[j];
-            }
-        }
-    }
-    acc
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn lanes_avx<const N: usize>(xs: &[&[f32]; N], w: &[f32], chunks: usize) -> [[f32; 8]; N] {
-    use std::arch::x86_64::*;
-    assert!(w.len() >= chunks * 8 && xs.iter().all(|x| x.len() >= chunks * 8));
-    let mut acc = [_mm256_setzero_ps(); N];
-    let wp = w.as_ptr();
-    for c in 0..chunks {
-        // SAFETY (all loads): `c * 8 + 8 <= chunks * 8 <= len`, checked above.
-        let y = _mm256_loadu_ps(wp.add(c * 8));
-        for r in 0..N {
-            let x = _mm256_loadu_ps(xs[r].as_ptr().add(c * 8));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(x, y));
-        }
-    }
-    let mut out = [[0f32; 8]; N];
-    for r in 0..N {
-        _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
-    }
-    out
-}
-
-/// `x [n, inp] · w[out, inp]^T` for few rows: each output feature's weight row is read once for
-/// all `n` inputs (decode is bound by weight bandwidth), the rows four at a time
-/// ([`dot_rows`]), parallel over blocks of outputs.
-pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    let out = w.len() / inp;
-    const BLOCK: usize = 64;
-    let row = |r: usize| &x[r * inp..(r + 1) * inp];
-    // [out, n] in blocks, transposed to [n, out] at the end
-    let mut t = vec![0f32; out * n];
-    let work = |(bi, chunk): (usize, &mut [f32])| {
-        let o0 = bi * BLOCK;
-        for (j, dst) in chunk.chunks_exact_mut(n).enumerate() {
-            let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
-            let mut r = 0;
-            while r + 4 <= n {
-                let d = dot_rows([row(r), row(r + 1), row(r + 2), row(r + 3)], wr);
-                dst[r..r + 4].copy_from_slice(&d);
-                r += 4;
-            }
-            if r + 2 <= n {
-                let d = dot_rows([row(r), row(r + 1)], wr);
-                dst[r..r + 2].copy_from_slice(&d);
-                r += 2;
-            }
-            if r < n {
-                dst[r] = dot(row(r), wr);
-            }
-        }
-    };
-    if out * inp >= 1 << 16 {
-        t.par_chunks_mut(BLOCK * n).enumerate().for_each(work);
-    } else {
-        t.chunks_mut(BLOCK * n).enumerate().for_each(work);
-    }
-    if n == 1 {
-        return t;
-    }
-    let mut y = vec![0f32; n * out];
-    for o in 0..out {
-        for r in 0..n {
-            y[r * out + o] = t[o * n + r];
-        }
-    }
-    y
-}
-
-#[cfg(test)]
-mod dot_tests {
-    use super::*;
-
-    /// Interleaved rows give exactly the bits of lone dot products, for every block size and
-    /// lengths with and without a tail.
-    #[test]
-    fn rows_are_bit_identical_to_lone_dots() {
-        let mut s = 1u64;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        for inp in [1usize, 7, 8, 9, 64, 100, 1027] {
-            for n in 1..=9 {
-                let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
-                let w: Vec<f32> = (0..5 * inp).map(|_| next()).collect();
-                let y = matmul_rows(&x, n, &w, inp);
-                for r in 0..n {
-                    for o in 0..5 {
-                        let lone = dot(&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
-                        assert_eq!(y[r * 5 + o].to_bits(), lone.to_bits(), "inp {inp} n {n}");
-                        let single = matmul_rows(&x[r * inp..(r + 1) * inp], 1, &w, inp);
-                        assert_eq!(single[o].to_bits(), lone.to_bits());
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -604,7 +450,7 @@ impl Attention {
                 ));
             };
             kv.append(&k, &v);
-            let o = kernels::attention(&q, &kv.k, &kv.v, l, h, kvh, hd, scale);
+            let o = simd::attention(&q, &kv.k, &kv.v, l, h, kvh, hd, scale);
             let dst = &mut out[bi * l * h * hd..(bi + 1) * l * h * hd];
             for ((d, o), g) in dst.iter_mut().zip(&o).zip(&gate) {
                 *d = o * kernels::sigmoid(*g);
@@ -635,7 +481,7 @@ impl DeltaNet {
                     "a KV cache on a linear-attention layer".into(),
                 ));
             };
-            let recording = st.before.is_some();
+            let recording = st.recording;
             let rows = &proj[bi * l * width..(bi + 1) * l * width];
             let mut mixed = Vec::with_capacity(l * conv_dim);
             let mut z = Vec::with_capacity(l * value_dim);

@@ -4,7 +4,7 @@
 //!
 //! * Greedy: a draft is accepted when it equals the target's argmax; output is identical to
 //!   target-only greedy decoding (the verify forward's rows are computed exactly as single-token
-//!   forwards would be, see `nn::matmul_rows`).
+//!   forwards would be, see `simd::matmul_rows`).
 //! * Seeded sampling: the drafter drafts greedily; the target's token at generated position `i`
 //!   is drawn with the position-keyed uniform `u(seed, i)`, exactly as plain decoding draws it,
 //!   and accepted on equality — the text is the same as plain seeded decoding.

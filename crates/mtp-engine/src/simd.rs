@@ -1,0 +1,727 @@
+//! The engine's two hot kernels, `matmul_rows` (few rows times a weight matrix) and cached
+//! `attention`, written once over 8-lane vectors and compiled twice: with AVX when the CPU has
+//! it (detected once per call) and portably otherwise.
+//!
+//! Every dot product here has one fixed arithmetic: two sets of 8 lanes (even and odd 8-float
+//! chunks), each `acc[j] += x[j] * y[j]` (a multiply then an add, never fused), added lane by
+//! lane, reduced as `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`, plus the scalar tail. A row's result therefore never depends on which other rows are
+//! computed with it, nor on the instruction set: a verify forward of `k + 1` tokens yields the
+//! bits of `k + 1` single-token forwards, which is what keeps greedy speculation identical to
+//! plain decoding. Several rows share each weight (or key) load, which gives the independent
+//! dependency chains that a lone dot product lacks.
+
+/// 8-lane f32 vectors.
+trait Lanes {
+    type V: Copy;
+    /// # Safety
+    /// The CPU supports the implementation's instruction set.
+    unsafe fn zero() -> Self::V;
+    /// # Safety
+    /// `p` points at 8 readable floats and the CPU supports the instruction set.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// `acc + a * b`, rounded after the multiply and after the add.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
+    /// `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn reduce(acc: Self::V) -> f32;
+    /// All lanes `x`.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// `a + b` per lane.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b` per lane.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// # Safety
+    /// `p` points at 8 writable floats and the CPU supports the instruction set.
+    unsafe fn store(p: *mut f32, v: Self::V);
+}
+
+struct Portable;
+
+impl Lanes for Portable {
+    type V = [f32; 8];
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: the caller guarantees 8 readable floats.
+        unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(mut acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        for j in 0..8 {
+            acc[j] = a[j].mul_add(b[j], acc[j]);
+        }
+        acc
+    }
+    #[inline(always)]
+    unsafe fn reduce(a: Self::V) -> f32 {
+        ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn add(mut a: Self::V, b: Self::V) -> Self::V {
+        for j in 0..8 {
+            a[j] += b[j];
+        }
+        a
+    }
+    #[inline(always)]
+    unsafe fn mul(mut a: Self::V, b: Self::V) -> Self::V {
+        for j in 0..8 {
+            a[j] *= b[j];
+        }
+        a
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: the caller guarantees 8 writable floats.
+        unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx {
+    type V = std::arch::x86_64::__m256;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: the caller guarantees AVX.
+        unsafe { std::arch::x86_64::_mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: the caller guarantees AVX and 8 readable floats.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees AVX.
+        unsafe { _mm256_fmadd_ps(a, b, acc) }
+    }
+    #[inline(always)]
+    unsafe fn reduce(acc: Self::V) -> f32 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees AVX.
+        unsafe {
+            // [a0 + a4, a1 + a5, a2 + a6, a3 + a7]
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            // [(a0 + a4) + (a1 + a5), (a2 + a6) + (a3 + a7), ..]
+            let h = _mm_hadd_ps(s, s);
+            _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: the caller guarantees AVX.
+        unsafe { std::arch::x86_64::_mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: the caller guarantees AVX.
+        unsafe { std::arch::x86_64::_mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: the caller guarantees AVX.
+        unsafe { std::arch::x86_64::_mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: the caller guarantees AVX and 8 writable floats.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
+    }
+}
+
+/// `N` dot products of the rows at `xs` with the row at `w`, all `len` long. Even and odd
+/// 8-float chunks accumulate apart (two dependency chains per row) and are added before the
+/// reduction.
+///
+/// # Safety
+/// Every pointer reads `len` floats; the CPU supports `L`.
+#[inline(always)]
+unsafe fn dots<L: Lanes, const N: usize>(
+    xs: [*const f32; N],
+    w: *const f32,
+    len: usize,
+) -> [f32; N] {
+    let chunks = len / 8;
+    // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
+    unsafe {
+        let mut even = [L::zero(); N];
+        let mut odd = [L::zero(); N];
+        let mut c = 0;
+        while c + 2 <= chunks {
+            let y0 = L::load(w.add(c * 8));
+            let y1 = L::load(w.add(c * 8 + 8));
+            for r in 0..N {
+                even[r] = L::mul_add(even[r], L::load(xs[r].add(c * 8)), y0);
+                odd[r] = L::mul_add(odd[r], L::load(xs[r].add(c * 8 + 8)), y1);
+            }
+            c += 2;
+        }
+        if c < chunks {
+            let y0 = L::load(w.add(c * 8));
+            for r in 0..N {
+                even[r] = L::mul_add(even[r], L::load(xs[r].add(c * 8)), y0);
+            }
+        }
+        let mut out = [0f32; N];
+        for r in 0..N {
+            let mut tail = 0f32;
+            for i in chunks * 8..len {
+                tail += *xs[r].add(i) * *w.add(i);
+            }
+            out[r] = L::reduce(L::add(even[r], odd[r])) + tail;
+        }
+        out
+    }
+}
+
+/// Dot products of `rows` (pointers to `len` floats) with `w`, four, two or one at a time;
+/// `sink(i, value)` receives row `i`'s result.
+///
+/// # Safety
+/// As [`dots`].
+#[inline(always)]
+unsafe fn dots_many<L: Lanes>(
+    rows: &[*const f32],
+    w: *const f32,
+    len: usize,
+    mut sink: impl FnMut(usize, f32),
+) {
+    let n = rows.len();
+    let mut r = 0;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        while r + 4 <= n {
+            let d = dots::<L, 4>([rows[r], rows[r + 1], rows[r + 2], rows[r + 3]], w, len);
+            for (j, v) in d.into_iter().enumerate() {
+                sink(r + j, v);
+            }
+            r += 4;
+        }
+        if r + 2 <= n {
+            let d = dots::<L, 2>([rows[r], rows[r + 1]], w, len);
+            sink(r, d[0]);
+            sink(r + 1, d[1]);
+            r += 2;
+        }
+        if r < n {
+            sink(r, dots::<L, 1>([rows[r]], w, len)[0]);
+        }
+    }
+}
+
+/// The vector path needs AVX for the lanes and AVX2 for the integer half of `exp`.
+fn has_avx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Output features of `w` computed per task when a product is split across threads.
+const BLOCK: usize = 64;
+
+/// Writes `dst[j * n + r] = x[r] · w[o0 + j]` for the output features of one block.
+///
+/// # Safety
+/// The CPU supports `L`.
+#[inline(always)]
+unsafe fn matmul_block<L: Lanes>(
+    x: &[f32],
+    n: usize,
+    w: &[f32],
+    inp: usize,
+    o0: usize,
+    dst: &mut [f32],
+) {
+    let mut rows = [std::ptr::null::<f32>(); 32];
+    let rows = &mut rows[..n];
+    for (r, p) in rows.iter_mut().enumerate() {
+        *p = x[r * inp..(r + 1) * inp].as_ptr();
+    }
+    for (j, out) in dst.chunks_exact_mut(n).enumerate() {
+        let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
+        // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L`.
+        unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| out[r] = v) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma")]
+unsafe fn matmul_block_avx(x: &[f32], n: usize, w: &[f32], inp: usize, o0: usize, dst: &mut [f32]) {
+    // SAFETY: this function is only called when AVX was detected.
+    unsafe { matmul_block::<Avx>(x, n, w, inp, o0, dst) }
+}
+
+/// Most rows [`matmul_rows`] takes.
+pub const MAX_ROWS: usize = 32;
+
+/// `x [n, inp] · w[out, inp]^T → [n, out]` for `1 <= n <=` [`MAX_ROWS`]: each weight row is read
+/// once for all `n` inputs (decode reads every weight once per step), parallel over blocks of
+/// output features when the matrix is large. Row `r` of the result is bit-identical to
+/// `matmul_rows(x[r], 1, w, inp)`.
+pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len() % inp == 0);
+    let out = w.len() / inp;
+    let avx = has_avx();
+    // [out, n] in blocks, transposed to [n, out] at the end
+    let mut t = vec![0f32; out * n];
+    let work = |(bi, chunk): (usize, &mut [f32])| {
+        let o0 = bi * BLOCK;
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            // SAFETY: AVX was detected on this CPU.
+            unsafe { matmul_block_avx(x, n, w, inp, o0, chunk) };
+            return;
+        }
+        let _ = avx;
+        // SAFETY: the portable lanes need no particular instruction set.
+        unsafe { matmul_block::<Portable>(x, n, w, inp, o0, chunk) };
+    };
+    if out * inp >= 1 << 16 {
+        t.par_chunks_mut(BLOCK * n).enumerate().for_each(work);
+    } else {
+        t.chunks_mut(BLOCK * n).enumerate().for_each(work);
+    }
+    if n == 1 {
+        return t;
+    }
+    let mut y = vec![0f32; n * out];
+    for o in 0..out {
+        for r in 0..n {
+            y[r * out + o] = t[o * n + r];
+        }
+    }
+    y
+}
+
+/// Causal attention of `l` new queries against a sequence's cached keys and values.
+///
+/// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
+/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. The queries that read one KV head (its
+/// `h / hkv` heads for each of the `l` positions) are scored together against each key, so a
+/// verify forward reads the cache once; each query's arithmetic is that of a lone query.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    l: usize,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx() {
+        // SAFETY: AVX was detected on this CPU.
+        return unsafe { attention_avx(q, keys, values, l, h, hkv, hd, scale) };
+    }
+    // SAFETY: the portable lanes need no particular instruction set.
+    unsafe { attention_impl::<Portable>(q, keys, values, l, h, hkv, hd, scale) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_avx(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    l: usize,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    // SAFETY: this function is only called when AVX was detected.
+    unsafe { attention_impl::<Avx>(q, keys, values, l, h, hkv, hd, scale) }
+}
+
+/// `e^x` for `x <= 0` (softmax weights), branch-free so that it vectorizes: Cephes' degree-6
+/// polynomial after reduction by `ln 2`, within 2 ulp of the true value; arguments below -87
+/// (and NaN) give `e^-87` (about 1.6e-38, nothing next to the maximum's weight of 1).
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    // clamped to [-87, 0]; NaN (a comparison that fails) becomes -87
+    let x = if x >= -87.0 { x.min(0.0) } else { -87.0 };
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 0.166_666_65;
+    let p = p * r + 0.5;
+    let y = p * (r * r) + r + 1.0;
+    // SAFETY: `n` is an integer in [-126, 0] (x in [-87, 0]), so the conversion is exact.
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    y * f32::from_bits(((n + 127) << 23) as u32)
+}
+
+/// Turns scores into unnormalised softmax weights in place; returns `1 / sum`. Max, exp and sum
+/// run over 8 lanes in a fixed order, so the result depends only on the row.
+#[inline(always)]
+fn softmax_weights(s: &mut [f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            m[j] = m[j].max(c[j]);
+        }
+    }
+    let max = chunks.remainder().iter().fold(
+        m.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        |a, b| a.max(*b),
+    );
+    let mut acc = [0f32; 8];
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            c[j] = exp_nonpositive(c[j] - max);
+            acc[j] += c[j];
+        }
+    }
+    let mut tail = 0f32;
+    for v in chunks.into_remainder() {
+        *v = exp_nonpositive(*v - max);
+        tail += *v;
+    }
+    let sum =
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+    1.0 / sum
+}
+
+/// `out[q][c] = inv[q] * Σ_t w_q[t] v[t][c]` for `N` queries reading the same `visible` value
+/// rows (`v[t]` at `values + t * stride`, `hd` wide). Even and odd `t` accumulate apart and are
+/// added at the end: a fixed order per query, whatever `N`.
+///
+/// # Safety
+/// `ws[q]` reads `visible` floats, `outs[q]` writes `hd`, `values` reads `visible` rows; the CPU
+/// supports `L`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weighted_values<L: Lanes, const N: usize>(
+    ws: [*const f32; N],
+    inv: [f32; N],
+    values: *const f32,
+    stride: usize,
+    visible: usize,
+    hd: usize,
+    outs: [*mut f32; N],
+) {
+    // SAFETY (all accesses): within the bounds the caller guarantees.
+    unsafe {
+        let mut c = 0;
+        while c + 8 <= hd {
+            let mut even = [L::zero(); N];
+            let mut odd = [L::zero(); N];
+            let mut t = 0;
+            while t + 2 <= visible {
+                let v0 = L::load(values.add(t * stride + c));
+                let v1 = L::load(values.add((t + 1) * stride + c));
+                for q in 0..N {
+                    even[q] = L::mul_add(even[q], L::splat(*ws[q].add(t)), v0);
+                    odd[q] = L::mul_add(odd[q], L::splat(*ws[q].add(t + 1)), v1);
+                }
+                t += 2;
+            }
+            if t < visible {
+                let v0 = L::load(values.add(t * stride + c));
+                for q in 0..N {
+                    even[q] = L::mul_add(even[q], L::splat(*ws[q].add(t)), v0);
+                }
+            }
+            for q in 0..N {
+                L::store(
+                    outs[q].add(c),
+                    L::mul(L::add(even[q], odd[q]), L::splat(inv[q])),
+                );
+            }
+            c += 8;
+        }
+        for q in 0..N {
+            for cc in c..hd {
+                let (mut even, mut odd) = (0f32, 0f32);
+                let mut t = 0;
+                while t + 2 <= visible {
+                    even += *ws[q].add(t) * *values.add(t * stride + cc);
+                    odd += *ws[q].add(t + 1) * *values.add((t + 1) * stride + cc);
+                    t += 2;
+                }
+                if t < visible {
+                    even += *ws[q].add(t) * *values.add(t * stride + cc);
+                }
+                *outs[q].add(cc) = (even + odd) * inv[q];
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU supports `L`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_impl<L: Lanes>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    l: usize,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let t_total = keys.len() / (hkv * hd);
+    assert!(q.len() == l * h * hd && values.len() == keys.len() && t_total >= l && h % hkv == 0);
+    let rep = h / hkv;
+    let nq = l * rep;
+    let mut out = vec![0f32; l * h * hd];
+    let out_ptr = out.as_mut_ptr();
+    // scores[j * t_total + t] for query j = (position i, head r of the group) = i * rep + r
+    let mut scores = vec![0f32; nq * t_total];
+    let mut qp = vec![std::ptr::null::<f32>(); nq];
+    let mut inv = vec![0f32; nq];
+    // Keys before `shared` are visible to every query; key `shared + i` only to positions > i.
+    let shared = t_total - l + 1;
+    let stride = hkv * hd;
+    for kvh in 0..hkv {
+        for i in 0..l {
+            for r in 0..rep {
+                let head = kvh * rep + r;
+                qp[i * rep + r] = q[(i * h + head) * hd..(i * h + head + 1) * hd].as_ptr();
+            }
+        }
+        for t in 0..t_total {
+            let kr = &keys[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
+            // positions that see key t: i >= t - shared + 1
+            let first = if t < shared {
+                0
+            } else {
+                (t + 1 - shared) * rep
+            };
+            // SAFETY: every query row and `kr` hold `hd` floats; the caller guarantees `L`.
+            unsafe {
+                dots_many::<L>(&qp[first..], kr.as_ptr(), hd, |j, v| {
+                    scores[(first + j) * t_total + t] = v * scale;
+                })
+            };
+        }
+        for i in 0..l {
+            let visible = shared + i;
+            for r in 0..rep {
+                let j = i * rep + r;
+                inv[j] = softmax_weights(&mut scores[j * t_total..j * t_total + visible]);
+            }
+            // the heads of this position, four, two or one at a time
+            let w = |r: usize| scores[(i * rep + r) * t_total..].as_ptr();
+            let o = |r: usize| {
+                let head = kvh * rep + r;
+                // SAFETY: `(i * h + head) * hd + hd <= out.len()`.
+                unsafe { out_ptr.add((i * h + head) * hd) }
+            };
+            let vals = values[kvh * hd..].as_ptr();
+            let mut r = 0;
+            // SAFETY: each weight row holds `visible` floats, each output `hd`, and `values`
+            // `visible` rows of `stride`; the caller guarantees `L`.
+            unsafe {
+                while r + 4 <= rep {
+                    weighted_values::<L, 4>(
+                        [w(r), w(r + 1), w(r + 2), w(r + 3)],
+                        [
+                            inv[i * rep + r],
+                            inv[i * rep + r + 1],
+                            inv[i * rep + r + 2],
+                            inv[i * rep + r + 3],
+                        ],
+                        vals,
+                        stride,
+                        visible,
+                        hd,
+                        [o(r), o(r + 1), o(r + 2), o(r + 3)],
+                    );
+                    r += 4;
+                }
+                if r + 2 <= rep {
+                    weighted_values::<L, 2>(
+                        [w(r), w(r + 1)],
+                        [inv[i * rep + r], inv[i * rep + r + 1]],
+                        vals,
+                        stride,
+                        visible,
+                        hd,
+                        [o(r), o(r + 1)],
+                    );
+                    r += 2;
+                }
+                if r < rep {
+                    weighted_values::<L, 1>(
+                        [w(r)],
+                        [inv[i * rep + r]],
+                        vals,
+                        stride,
+                        visible,
+                        hd,
+                        [o(r)],
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
+    /// The reference arithmetic of one dot product, written out.
+    fn lone(a: &[f32], b: &[f32]) -> f32 {
+        let chunks = a.len() / 8;
+        let (mut even, mut odd) = ([0f32; 8], [0f32; 8]);
+        for c in 0..chunks {
+            let acc = if c % 2 == 0 { &mut even } else { &mut odd };
+            for j in 0..8 {
+                acc[j] = a[c * 8 + j].mul_add(b[c * 8 + j], acc[j]);
+            }
+        }
+        let acc: Vec<f32> = even.iter().zip(&odd).map(|(e, o)| e + o).collect();
+        let mut tail = 0f32;
+        for i in chunks * 8..a.len() {
+            tail += a[i] * b[i];
+        }
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    }
+
+    /// Rows computed together give exactly the bits of lone dot products, for every row count
+    /// and lengths with and without a tail, on the detected and the portable path.
+    #[test]
+    fn rows_are_bit_identical_to_lone_dots() {
+        let mut next = rng(1);
+        for inp in [1usize, 7, 8, 9, 64, 100, 1027] {
+            for n in 1..=9 {
+                let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+                let w: Vec<f32> = (0..5 * inp).map(|_| next()).collect();
+                let y = matmul_rows(&x, n, &w, inp);
+                let mut portable = vec![0f32; 5 * n];
+                // SAFETY: no particular instruction set needed.
+                unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, &mut portable) };
+                for r in 0..n {
+                    for o in 0..5 {
+                        let want = lone(&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
+                        assert_eq!(y[r * 5 + o].to_bits(), want.to_bits(), "inp {inp} n {n}");
+                        assert_eq!(portable[o * n + r].to_bits(), want.to_bits());
+                        let single = matmul_rows(&x[r * inp..(r + 1) * inp], 1, &w, inp);
+                        assert_eq!(single[o].to_bits(), want.to_bits());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A verify forward's attention rows equal the single-query results bit for bit, and agree
+    /// with a plain softmax-attention written out.
+    #[test]
+    fn attention_rows_match_single_queries_and_the_definition() {
+        let mut next = rng(7);
+        for (h, hkv, hd) in [(4usize, 2usize, 16usize), (2, 2, 12), (8, 1, 32)] {
+            for l in 1..=6 {
+                let t_total = 9 + l;
+                let keys: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
+                let values: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
+                let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
+                // SAFETY: no particular instruction set needed.
+                let portable =
+                    unsafe { attention_impl::<Portable>(&q, &keys, &values, l, h, hkv, hd, scale) };
+                for i in 0..l {
+                    let seen = t_total - l + i + 1;
+                    let one = attention(
+                        &q[i * h * hd..(i + 1) * h * hd],
+                        &keys[..seen * hkv * hd],
+                        &values[..seen * hkv * hd],
+                        1,
+                        h,
+                        hkv,
+                        hd,
+                        scale,
+                    );
+                    let row = &all[i * h * hd..(i + 1) * h * hd];
+                    assert!(row
+                        .iter()
+                        .zip(&one)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let prow = &portable[i * h * hd..(i + 1) * h * hd];
+                    assert!(prow
+                        .iter()
+                        .zip(&one)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    for head in 0..h {
+                        let kvh = head / (h / hkv);
+                        let qv = &q[(i * h + head) * hd..(i * h + head + 1) * hd];
+                        let s: Vec<f64> = (0..seen)
+                            .map(|t| {
+                                let k = &keys[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
+                                qv.iter().zip(k).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                                    * scale as f64
+                            })
+                            .collect();
+                        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                        for c in 0..hd {
+                            let want: f64 = (0..seen)
+                                .map(|t| {
+                                    (s[t] - m).exp() / z * values[(t * hkv + kvh) * hd + c] as f64
+                                })
+                                .sum();
+                            let got = row[head * hd + c] as f64;
+                            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
