@@ -1,7 +1,6 @@
 //! Plain-Rust f32 kernels for the parts of the forward pass that are sequential or tiny per
-//! token: RMS norms, rotary embedding, the causal depthwise conv step and the gated delta-rule
-//! recurrence. Few-row matrix products and cached attention are in `simd`, large products in
-//! candle.
+//! token: RMS norms, rotary embedding and the causal depthwise conv step. Few-row matrix
+//! products, cached attention and the gated delta rule are in `simd`, large products in candle.
 
 /// `x * rsqrt(mean(x^2) + eps) * w` over each `dim`-wide row of `x`, in place (MLX
 /// `fast.rms_norm`). `w = None` means no weight.
@@ -113,56 +112,4 @@ pub struct DeltaDims {
     pub dk: usize,
     /// Value head width.
     pub dv: usize,
-}
-
-/// The gated delta rule, step form, for one sequence over `s` steps.
-///
-/// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
-/// `[s, hv]`; `state`: `[hv, dv, dk]`, updated in place. Returns `y`: `[s, hv, dv]`.
-/// Per value head: `S = g S; S += beta (v - S k) k^T; y = S q`.
-/// With `record`, appends a copy of the state after every step (for speculative rollback).
-#[allow(clippy::too_many_arguments)]
-pub fn gated_delta_steps(
-    d: DeltaDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    mut record: Option<&mut Vec<f32>>,
-) -> Vec<f32> {
-    let s = g.len() / d.hv;
-    let rep = d.hv / d.hk;
-    let mut y = vec![0f32; s * d.hv * d.dv];
-    for t in 0..s {
-        for h in 0..d.hv {
-            let hk = h / rep;
-            let qh = &q[(t * d.hk + hk) * d.dk..(t * d.hk + hk + 1) * d.dk];
-            let kh = &k[(t * d.hk + hk) * d.dk..(t * d.hk + hk + 1) * d.dk];
-            let vh = &v[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
-            let gt = g[t * d.hv + h];
-            let bt = beta[t * d.hv + h];
-            let sh = &mut state[h * d.dv * d.dk..(h + 1) * d.dv * d.dk];
-            let yh = &mut y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
-            for (row, (yv, vv)) in sh.chunks_exact_mut(d.dk).zip(yh.iter_mut().zip(vh)) {
-                let mut kv = 0f32;
-                for (sv, kk) in row.iter_mut().zip(kh) {
-                    *sv *= gt;
-                    kv += *sv * kk;
-                }
-                let delta = (vv - kv) * bt;
-                let mut acc = 0f32;
-                for ((sv, kk), qq) in row.iter_mut().zip(kh).zip(qh) {
-                    *sv += kk * delta;
-                    acc += *sv * qq;
-                }
-                *yv = acc;
-            }
-        }
-        if let Some(rec) = record.as_deref_mut() {
-            rec.extend_from_slice(state);
-        }
-    }
-    y
 }

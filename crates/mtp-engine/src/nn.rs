@@ -526,7 +526,7 @@ impl DeltaNet {
             kernels::rms_norm_rows(&mut k, None, dm.dk, self.qk_eps);
             q.iter_mut().for_each(|x| *x *= inv * inv);
             k.iter_mut().for_each(|x| *x *= inv);
-            let mut y = kernels::gated_delta_steps(
+            let mut y = simd::gated_delta_steps(
                 dm,
                 &q,
                 &k,
