@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let snap = cache.snapshot();
             cache.begin_verify();
             model.forward(
-                &[tokens.clone()],
+                std::slice::from_ref(&tokens),
                 std::slice::from_mut(&mut cache),
                 LogitsAt::All,
             )?;

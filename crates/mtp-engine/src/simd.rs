@@ -1,27 +1,30 @@
 //! The engine's hot kernels, `matmul_rows` (few rows times a weight matrix), cached `attention`
 //! and the gated delta rule, written once over 8-lane vectors and compiled twice: with AVX2 and
-//! FMA when the CPU has them (detected once per call) and portably otherwise, with the same
-//! results bit for bit.
+//! FMA when the CPU has them (detected once per call) and portably otherwise.
 //!
 //! Every dot product here has one fixed arithmetic: two sets of 8 lanes (even and odd 8-float
-//! chunks), each `acc[j] = fma(x[j], y[j], acc[j])` (fused, rounded once: the FMA instruction,
-//! or `f32::mul_add` on the portable path), added lane by lane, reduced as `((a0 + a4) + (a1 +
-//! a5)) + ((a2 + a6) + (a3 + a7))`, plus the scalar tail. A row's result therefore never depends on which other rows are
-//! computed with it, nor on the instruction set: a verify forward of `k + 1` tokens yields the
-//! bits of `k + 1` single-token forwards, which is what keeps greedy speculation identical to
-//! plain decoding. Several rows share each weight (or key) load, which gives the independent
+//! chunks), each `acc[j] = fma(x[j], y[j], acc[j])`, added lane by lane, reduced as
+//! `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`, plus the scalar tail. The multiply-add
+//! is fused (rounded once) on the AVX2 path, and on the portable path where the target has FMA
+//! (aarch64, or x86 built with it); elsewhere the portable path multiplies then adds, since a
+//! software fused multiply-add would cost many times the work. A row's result therefore never
+//! depends on which other rows are computed with it: a verify forward of `k + 1` tokens yields
+//! the bits of `k + 1` single-token forwards, which is what keeps greedy speculation identical
+//! to plain decoding. Several rows share each weight (or key) load, which gives the independent
 //! dependency chains that a lone dot product lacks.
 
 /// 8-lane f32 vectors.
 trait Lanes {
     type V: Copy;
+    /// Whether `mul_add` (and [`madd`]) round once.
+    const FUSED: bool;
     /// # Safety
     /// The CPU supports the implementation's instruction set.
     unsafe fn zero() -> Self::V;
     /// # Safety
     /// `p` points at 8 readable floats and the CPU supports the instruction set.
     unsafe fn load(p: *const f32) -> Self::V;
-    /// `acc + a * b` as one fused multiply-add (rounded once).
+    /// `acc + a * b`, fused when [`Lanes::FUSED`].
     ///
     /// # Safety
     /// The CPU supports the instruction set.
@@ -55,6 +58,7 @@ struct Portable;
 
 impl Lanes for Portable {
     type V = [f32; 8];
+    const FUSED: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
     #[inline(always)]
     unsafe fn zero() -> Self::V {
         [0.0; 8]
@@ -67,7 +71,7 @@ impl Lanes for Portable {
     #[inline(always)]
     unsafe fn mul_add(mut acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
         for j in 0..8 {
-            acc[j] = a[j].mul_add(b[j], acc[j]);
+            acc[j] = madd::<Self>(a[j], b[j], acc[j]);
         }
         acc
     }
@@ -106,6 +110,7 @@ struct Avx;
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx {
     type V = std::arch::x86_64::__m256;
+    const FUSED: bool = true;
     #[inline(always)]
     unsafe fn zero() -> Self::V {
         // SAFETY: the caller guarantees AVX.
@@ -153,6 +158,16 @@ impl Lanes for Avx {
     unsafe fn store(p: *mut f32, v: Self::V) {
         // SAFETY: the caller guarantees AVX and 8 writable floats.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
+    }
+}
+
+/// `a * b + c` with the rounding of `L`'s lanes.
+#[inline(always)]
+fn madd<L: Lanes>(a: f32, b: f32, c: f32) -> f32 {
+    if L::FUSED {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
     }
 }
 
@@ -701,7 +716,7 @@ unsafe fn gated_delta_impl<L: Lanes>(
                     let mut kv = 0f32;
                     for i in chunks * 8..dk {
                         row[i] *= gt;
-                        kv = row[i].mul_add(kh[i], kv);
+                        kv = madd::<L>(row[i], kh[i], kv);
                     }
                     let kv = L::reduce(acc) + kv;
                     let delta = (vv - kv) * bt;
@@ -715,8 +730,8 @@ unsafe fn gated_delta_impl<L: Lanes>(
                     }
                     let mut yq = 0f32;
                     for i in chunks * 8..dk {
-                        row[i] = kh[i].mul_add(delta, row[i]);
-                        yq = row[i].mul_add(qh[i], yq);
+                        row[i] = madd::<L>(kh[i], delta, row[i]);
+                        yq = madd::<L>(row[i], qh[i], yq);
                     }
                     *yv = L::reduce(acc) + yq;
                 }
@@ -743,14 +758,23 @@ mod tests {
         }
     }
 
+    /// Whether the path `matmul_rows` and friends take here fuses its multiply-adds.
+    fn detected_fused() -> bool {
+        has_avx() || Portable::FUSED
+    }
+
     /// The reference arithmetic of one dot product, written out.
-    fn lone(a: &[f32], b: &[f32]) -> f32 {
+    fn lone(a: &[f32], b: &[f32], fused: bool) -> f32 {
         let chunks = a.len() / 8;
         let (mut even, mut odd) = ([0f32; 8], [0f32; 8]);
         for c in 0..chunks {
             let acc = if c % 2 == 0 { &mut even } else { &mut odd };
             for j in 0..8 {
-                acc[j] = a[c * 8 + j].mul_add(b[c * 8 + j], acc[j]);
+                acc[j] = if fused {
+                    a[c * 8 + j].mul_add(b[c * 8 + j], acc[j])
+                } else {
+                    a[c * 8 + j] * b[c * 8 + j] + acc[j]
+                };
             }
         }
         let acc: Vec<f32> = even.iter().zip(&odd).map(|(e, o)| e + o).collect();
@@ -762,7 +786,8 @@ mod tests {
     }
 
     /// Rows computed together give exactly the bits of lone dot products, for every row count
-    /// and lengths with and without a tail, on the detected and the portable path.
+    /// and lengths with and without a tail, on the detected and the portable path (each with its
+    /// own rounding of the multiply-add).
     #[test]
     fn rows_are_bit_identical_to_lone_dots() {
         let mut next = rng(1);
@@ -776,9 +801,11 @@ mod tests {
                 unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, &mut portable) };
                 for r in 0..n {
                     for o in 0..5 {
-                        let want = lone(&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
+                        let (xr, wo) = (&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
+                        let want = lone(xr, wo, detected_fused());
                         assert_eq!(y[r * 5 + o].to_bits(), want.to_bits(), "inp {inp} n {n}");
-                        assert_eq!(portable[o * n + r].to_bits(), want.to_bits());
+                        let want_portable = lone(xr, wo, Portable::FUSED);
+                        assert_eq!(portable[o * n + r].to_bits(), want_portable.to_bits());
                         let single = matmul_rows(&x[r * inp..(r + 1) * inp], 1, &w, inp);
                         assert_eq!(single[o].to_bits(), want.to_bits());
                     }
@@ -820,11 +847,27 @@ mod tests {
                         .iter()
                         .zip(&one)
                         .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    // SAFETY: no particular instruction set needed.
+                    let one_portable = unsafe {
+                        attention_impl::<Portable>(
+                            &q[i * h * hd..(i + 1) * h * hd],
+                            &keys[..seen * hkv * hd],
+                            &values[..seen * hkv * hd],
+                            1,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                        )
+                    };
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
                     let prow = &portable[i * h * hd..(i + 1) * h * hd];
-                    assert!(prow
-                        .iter()
-                        .zip(&one)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    assert!(same(prow, &one_portable));
+                    if Portable::FUSED == detected_fused() {
+                        assert!(same(prow, &one));
+                    }
                     for head in 0..h {
                         let kvh = head / (h / hkv);
                         let qv = &q[(i * h + head) * hd..(i * h + head + 1) * hd];
@@ -881,7 +924,11 @@ mod tests {
             };
             let bits =
                 |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
+            if Portable::FUSED == detected_fused() {
+                assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
+            } else {
+                assert!(all.iter().zip(&portable).all(|(a, b)| (a - b).abs() < 1e-4));
+            }
             let mut one_state = init.clone();
             let mut want_state: Vec<f64> = init.iter().map(|x| *x as f64).collect();
             for t in 0..s {
