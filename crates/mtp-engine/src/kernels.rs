@@ -67,16 +67,8 @@ impl Rope {
 /// One sequence's causal depthwise conv1d over `s` new time steps, followed by SiLU.
 ///
 /// `state`: `[k - 1, c]`, the previous inputs (updated in place to the last `k - 1` rows of
-/// `[state; x]`). `x`: `[s, c]`. `w`: `[c, k]`. Returns `[s, c]`.
-/// With `record`, appends the conv state after every step.
-pub fn causal_conv_silu(
-    state: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    c: usize,
-    k: usize,
-    mut record: Option<&mut Vec<f32>>,
-) -> Vec<f32> {
+/// `[state; x]`, see [`conv_window_push`]). `x`: `[s, c]`. `w`: `[c, k]`. Returns `[s, c]`.
+pub fn causal_conv_silu(state: &mut [f32], x: &[f32], w: &[f32], c: usize, k: usize) -> Vec<f32> {
     let s = x.len() / c;
     // full input [k - 1 + s, c]
     let mut full = Vec::with_capacity((k - 1 + s) * c);
@@ -93,16 +85,26 @@ pub fn causal_conv_silu(
             }
             *ov = silu(acc);
         }
-        if let Some(rec) = record.as_deref_mut() {
-            rec.extend_from_slice(&full[(t + 1) * c..(t + k) * c]);
-        }
     }
-    state.copy_from_slice(&full[s * c..(s + k - 1) * c]);
+    conv_window_push(state, x, c);
     out
 }
 
+/// Moves a causal conv's input window (`[k - 1, c]`, oldest first) past the rows `x`
+/// (`[s, c]`): the window becomes the last `k - 1` rows of `[window; x]`.
+pub fn conv_window_push(window: &mut [f32], x: &[f32], c: usize) {
+    let (w, s) = (window.len(), x.len());
+    debug_assert!(w % c.max(1) == 0 && s % c.max(1) == 0);
+    if s >= w {
+        window.copy_from_slice(&x[s - w..]);
+    } else {
+        window.copy_within(s.., 0);
+        window[w - s..].copy_from_slice(x);
+    }
+}
+
 /// Shapes of the gated delta rule.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeltaDims {
     /// Key heads.
     pub hk: usize,

@@ -481,12 +481,21 @@ impl DeltaNet {
                     "a KV cache on a linear-attention layer".into(),
                 ));
             };
-            let recording = st.recording;
+            let deferring = st.deferring;
+            let settle = st.pending.settle;
+            if deferring && st.pending.len > settle {
+                return Err(Error::Unsupported(
+                    "a second forward inside one verify (begin_verify covers one forward)".into(),
+                ));
+            }
             let rows = &proj[bi * l * width..(bi + 1) * l * width];
             let mut mixed = Vec::with_capacity(l * conv_dim);
             let mut z = Vec::with_capacity(l * value_dim);
-            let mut g = Vec::with_capacity(l * dm.hv);
-            let mut beta = Vec::with_capacity(l * dm.hv);
+            // the steps a verify kept come first, settled in this forward's pass
+            let mut g = Vec::with_capacity((settle + l) * dm.hv);
+            let mut beta = Vec::with_capacity((settle + l) * dm.hv);
+            g.extend_from_slice(&st.pending.g[..settle * dm.hv]);
+            beta.extend_from_slice(&st.pending.beta[..settle * dm.hv]);
             for t in 0..l {
                 let r = &rows[t * width..(t + 1) * width];
                 mixed.extend_from_slice(&r[..conv_dim]);
@@ -499,22 +508,21 @@ impl DeltaNet {
                     g.push((-self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h])).exp());
                 }
             }
-            let conv_out = kernels::causal_conv_silu(
-                &mut st.conv,
-                &mixed,
-                &self.conv_w,
-                conv_dim,
-                self.kernel,
-                if recording {
-                    Some(&mut st.rec_conv)
-                } else {
-                    None
-                },
-            );
+            // a verify forward works on a copy of the conv window (a few rows)
+            let mut window_copy;
+            let window = if deferring {
+                window_copy = st.conv.clone();
+                &mut window_copy
+            } else {
+                &mut st.conv
+            };
+            let conv_out =
+                kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim, self.kernel);
             // split [q | k | v] per step and normalise q, k per head
             let mut q = Vec::with_capacity(l * key_dim);
             let mut k = Vec::with_capacity(l * key_dim);
-            let mut v = Vec::with_capacity(l * value_dim);
+            let mut v = Vec::with_capacity((settle + l) * value_dim);
+            v.extend_from_slice(&st.pending.v[..settle * value_dim]);
             for t in 0..l {
                 let r = &conv_out[t * conv_dim..(t + 1) * conv_dim];
                 q.extend_from_slice(&r[..key_dim]);
@@ -526,20 +534,25 @@ impl DeltaNet {
             kernels::rms_norm_rows(&mut k, None, dm.dk, self.qk_eps);
             q.iter_mut().for_each(|x| *x *= inv * inv);
             k.iter_mut().for_each(|x| *x *= inv);
-            let mut y = simd::gated_delta_steps(
-                dm,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
-                &mut st.state,
-                if recording {
-                    Some(&mut st.rec_state)
-                } else {
-                    None
-                },
-            );
+            if settle > 0 {
+                q.splice(0..0, st.pending.q[..settle * key_dim].iter().copied());
+                k.splice(0..0, st.pending.k[..settle * key_dim].iter().copied());
+            }
+            let mut y =
+                simd::gated_delta(dm, &q, &k, &v, &g, &beta, &mut st.state, settle, !deferring);
+            let p = &mut st.pending;
+            p.clear();
+            if deferring {
+                // this forward's steps wait for `commit_verify`
+                p.dims = dm;
+                p.len = l;
+                p.conv_in.extend_from_slice(&mixed);
+                p.q.extend_from_slice(&q[settle * key_dim..]);
+                p.k.extend_from_slice(&k[settle * key_dim..]);
+                p.v.extend_from_slice(&v[settle * value_dim..]);
+                p.g.extend_from_slice(&g[settle * dm.hv..]);
+                p.beta.extend_from_slice(&beta[settle * dm.hv..]);
+            }
             // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
             kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
             let dst = &mut out[bi * l * value_dim..(bi + 1) * l * value_dim];

@@ -52,6 +52,9 @@ trait Lanes {
     /// # Safety
     /// `p` points at 8 writable floats and the CPU supports the instruction set.
     unsafe fn store(p: *mut f32, v: Self::V);
+    /// Asks for the cache line at `p` ahead of its use (a hint: any address is allowed).
+    #[inline(always)]
+    fn prefetch(_p: *const f32) {}
 }
 
 struct Portable;
@@ -159,6 +162,13 @@ impl Lanes for Avx {
         // SAFETY: the caller guarantees AVX and 8 writable floats.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
     }
+    #[inline(always)]
+    fn prefetch(p: *const f32) {
+        use std::arch::x86_64::*;
+        // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part
+        // of x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+    }
 }
 
 /// `a * b + c` with the rounding of `L`'s lanes.
@@ -190,6 +200,7 @@ unsafe fn dots<L: Lanes, const N: usize>(
         let mut odd = [L::zero(); N];
         let mut c = 0;
         while c + 2 <= chunks {
+            L::prefetch(w.wrapping_add(c * 8 + PREFETCH_AHEAD));
             let y0 = L::load(w.add(c * 8));
             let y1 = L::load(w.add(c * 8 + 8));
             for r in 0..N {
@@ -216,8 +227,9 @@ unsafe fn dots<L: Lanes, const N: usize>(
     }
 }
 
-/// Dot products of `rows` (pointers to `len` floats) with `w`, four, two or one at a time;
-/// `sink(i, value)` receives row `i`'s result.
+/// Dot products of `rows` (pointers to `len` floats) with `w`, in one pass over `w` for up to
+/// six rows (twelve accumulators and two weight vectors fit in sixteen registers), four at a
+/// time before that; `sink(i, value)` receives row `i`'s result.
 ///
 /// # Safety
 /// As [`dots`].
@@ -232,24 +244,43 @@ unsafe fn dots_many<L: Lanes>(
     let mut r = 0;
     // SAFETY: forwarded from the caller.
     unsafe {
-        while r + 4 <= n {
+        while n - r > 6 {
             let d = dots::<L, 4>([rows[r], rows[r + 1], rows[r + 2], rows[r + 3]], w, len);
             for (j, v) in d.into_iter().enumerate() {
                 sink(r + j, v);
             }
             r += 4;
         }
-        if r + 2 <= n {
-            let d = dots::<L, 2>([rows[r], rows[r + 1]], w, len);
-            sink(r, d[0]);
-            sink(r + 1, d[1]);
-            r += 2;
-        }
-        if r < n {
-            sink(r, dots::<L, 1>([rows[r]], w, len)[0]);
+        let rest = &rows[r..];
+        let mut put = |d: &[f32]| {
+            for (j, v) in d.iter().enumerate() {
+                sink(r + j, *v);
+            }
+        };
+        match rest.len() {
+            6 => put(&dots::<L, 6>(first(rest), w, len)),
+            5 => put(&dots::<L, 5>(first(rest), w, len)),
+            4 => put(&dots::<L, 4>(first(rest), w, len)),
+            3 => put(&dots::<L, 3>(first(rest), w, len)),
+            2 => put(&dots::<L, 2>(first(rest), w, len)),
+            1 => put(&dots::<L, 1>(first(rest), w, len)),
+            _ => {}
         }
     }
 }
+
+/// The first `N` row pointers.
+#[inline(always)]
+fn first<const N: usize>(rows: &[*const f32]) -> [*const f32; N] {
+    std::array::from_fn(|i| rows[i])
+}
+
+/// How far ahead of its use a weight row is prefetched, in floats (4 KiB). Decode streams the
+/// weights from memory once per step; without the hint one core keeps too few cache lines in
+/// flight once a few rows share each weight load, and a verify forward of 2–5 rows cost
+/// 1.15–1.8 times one row on a matrix larger than the caches (`examples/matmul_rows`);
+/// with it, 1.0–1.1.
+const PREFETCH_AHEAD: usize = 1024;
 
 /// The vector path needs AVX for the lanes and AVX2 for the integer half of `exp`.
 fn has_avx() -> bool {
@@ -620,14 +651,8 @@ unsafe fn attention_impl<L: Lanes>(
 }
 
 /// The gated delta rule, step form, for one sequence over `s` steps (Gated DeltaNet's
-/// recurrence; see `kernels::DeltaDims` for the shapes).
-///
-/// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
-/// `[s, hv]`; `state`: `[hv, dv, dk]`, updated in place. Returns `y`: `[s, hv, dv]`. Per value
-/// head and state row `S_r`: `S_r = g S_r; d = beta (v_r - S_r · k); S_r += d k; y_r = S_r · q`,
-/// the dot products over 8 lanes as everywhere in this module, so a step's arithmetic does not
-/// depend on how many steps are run together. With `record`, appends a copy of the state after
-/// every step (for speculative rollback).
+/// recurrence; see `kernels::DeltaDims` for the shapes): advances `state` by the steps and
+/// returns their outputs `[s, hv, dv]`. See [`gated_delta`].
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_steps(
     d: crate::kernels::DeltaDims,
@@ -637,111 +662,190 @@ pub fn gated_delta_steps(
     g: &[f32],
     beta: &[f32],
     state: &mut [f32],
-    record: Option<&mut Vec<f32>>,
 ) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx() {
-        // SAFETY: AVX2 and FMA were detected on this CPU.
-        return unsafe { gated_delta_avx(d, q, k, v, g, beta, state, record) };
+    gated_delta(d, q, k, v, g, beta, state, 0, true)
+}
+
+/// Runs `s` steps of the gated delta rule over `state`: the first `settle` are written into
+/// the state and give no output (steps that an earlier verify forward kept), the others
+/// return their outputs `[s - settle, hv, dv]` and are written into the state only when
+/// `advance` (a verify forward leaves its own steps for the next call to settle).
+///
+/// Each state row (one value feature of one head, `dk` floats) evolves on its own, so the
+/// steps run innermost over a row held in L1: a call reads and writes the state once, however
+/// many steps it runs, and settling costs no pass of its own. A step's arithmetic does not
+/// depend on how many steps run together, so outputs and state are bit-identical to one call
+/// per step. A state of real size is split over the threads by head.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta(
+    d: crate::kernels::DeltaDims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    settle: usize,
+    advance: bool,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let s = g.len() / d.hv.max(1);
+    let head = d.dv * d.dk;
+    assert!(
+        d.hk > 0
+            && d.hv % d.hk == 0
+            && g.len() == s * d.hv
+            && q.len() == s * d.hk * d.dk
+            && k.len() == q.len()
+            && v.len() == s * d.hv * d.dv
+            && beta.len() == g.len()
+            && state.len() == d.hv * head
+            && settle <= s
+    );
+    let inp = DeltaIn {
+        d,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        settle,
+        advance,
+    };
+    let avx = has_avx();
+    // one value head: its state rows `[dv, dk]` and its outputs `[s - settle, dv]`
+    let run = |(h, (st, y)): (usize, (&mut [f32], &mut [f32]))| {
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            // SAFETY: AVX2 and FMA were detected on this CPU.
+            unsafe { delta_head_avx(inp, h, st, y) };
+            return;
+        }
+        let _ = avx;
+        // SAFETY: the portable lanes need no particular instruction set.
+        unsafe { delta_head::<Portable>(inp, h, st, y) };
+    };
+    let out = s - settle;
+    // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
+    let mut yh = vec![0f32; d.hv * out * d.dv];
+    let per_y = (out * d.dv).max(1);
+    let mut yh_chunks: Vec<&mut [f32]> = yh.chunks_mut(per_y).collect();
+    yh_chunks.resize_with(d.hv, Default::default);
+    // (a real model's layer state holds megabytes)
+    if d.hv > 1 && state.len() >= 1 << 16 {
+        state
+            .par_chunks_mut(head)
+            .zip(yh_chunks.into_par_iter())
+            .enumerate()
+            .for_each(run);
+    } else {
+        state
+            .chunks_mut(head)
+            .zip(yh_chunks)
+            .enumerate()
+            .for_each(run);
     }
-    // SAFETY: the portable lanes need no particular instruction set.
-    unsafe { gated_delta_impl::<Portable>(d, q, k, v, g, beta, state, record) }
+    let mut y = vec![0f32; out * d.hv * d.dv];
+    for h in 0..d.hv {
+        for t in 0..out {
+            y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv]
+                .copy_from_slice(&yh[(h * out + t) * d.dv..(h * out + t + 1) * d.dv]);
+        }
+    }
+    y
+}
+
+/// The inputs of a delta-rule call, shared by its per-head tasks.
+#[derive(Clone, Copy)]
+struct DeltaIn<'a> {
+    d: crate::kernels::DeltaDims,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+    settle: usize,
+    advance: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gated_delta_avx(
-    d: crate::kernels::DeltaDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    record: Option<&mut Vec<f32>>,
-) -> Vec<f32> {
+unsafe fn delta_head_avx(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f32]) {
     // SAFETY: this function is only called when the instruction sets were detected.
-    unsafe { gated_delta_impl::<Avx>(d, q, k, v, g, beta, state, record) }
+    unsafe { delta_head::<Avx>(inp, h, st, y) }
 }
 
+/// Runs the steps of value head `h` over its state rows `st` (`[dv, dk]`), writing its
+/// outputs `y` (`[s - settle, dv]`); steps after `settle` run on a copy of each row unless
+/// `advance`.
+///
 /// # Safety
 /// The CPU supports `L`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gated_delta_impl<L: Lanes>(
-    d: crate::kernels::DeltaDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    mut record: Option<&mut Vec<f32>>,
-) -> Vec<f32> {
+unsafe fn delta_head<L: Lanes>(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f32]) {
+    let DeltaIn {
+        d,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        settle,
+        advance,
+    } = inp;
     let s = g.len() / d.hv;
-    let rep = d.hv / d.hk;
+    let hk = h / (d.hv / d.hk);
     let dk = d.dk;
-    assert!(
-        q.len() == s * d.hk * dk
-            && k.len() == q.len()
-            && v.len() == s * d.hv * d.dv
-            && beta.len() == g.len()
-            && state.len() == d.hv * d.dv * dk
-    );
     let chunks = dk / 8;
-    let mut y = vec![0f32; s * d.hv * d.dv];
-    for t in 0..s {
-        for h in 0..d.hv {
-            let hk = h / rep;
+    let mut scratch = vec![0f32; if advance { 0 } else { dk }];
+    for (i, row) in st.chunks_exact_mut(dk).enumerate() {
+        let mut rp = row.as_mut_ptr();
+        for t in 0..s {
+            if t == settle && !advance {
+                scratch.copy_from_slice(row);
+                rp = scratch.as_mut_ptr();
+            }
             let qh = &q[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
             let kh = &k[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
-            let vh = &v[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
+            let vv = v[(t * d.hv + h) * d.dv + i];
             let gt = g[t * d.hv + h];
             let bt = beta[t * d.hv + h];
-            let sh = &mut state[h * d.dv * dk..(h + 1) * d.dv * dk];
-            let yh = &mut y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv];
-            for (row, (yv, vv)) in sh.chunks_exact_mut(dk).zip(yh.iter_mut().zip(vh)) {
-                let rp = row.as_mut_ptr();
-                // SAFETY: `c * 8 + 8 <= dk` for every chunk; `row`, `kh`, `qh` hold `dk` floats;
-                // the caller guarantees `L`.
-                unsafe {
-                    let gv = L::splat(gt);
-                    let mut acc = L::zero();
-                    for c in 0..chunks {
-                        let sv = L::mul(L::load(rp.add(c * 8)), gv);
-                        L::store(rp.add(c * 8), sv);
-                        acc = L::mul_add(acc, sv, L::load(kh.as_ptr().add(c * 8)));
-                    }
-                    let mut kv = 0f32;
-                    for i in chunks * 8..dk {
-                        row[i] *= gt;
-                        kv = madd::<L>(row[i], kh[i], kv);
-                    }
-                    let kv = L::reduce(acc) + kv;
-                    let delta = (vv - kv) * bt;
-                    let dv = L::splat(delta);
-                    let mut acc = L::zero();
-                    for c in 0..chunks {
-                        let sv =
-                            L::mul_add(L::load(rp.add(c * 8)), L::load(kh.as_ptr().add(c * 8)), dv);
-                        L::store(rp.add(c * 8), sv);
-                        acc = L::mul_add(acc, sv, L::load(qh.as_ptr().add(c * 8)));
-                    }
-                    let mut yq = 0f32;
-                    for i in chunks * 8..dk {
-                        row[i] = madd::<L>(kh[i], delta, row[i]);
-                        yq = madd::<L>(row[i], qh[i], yq);
-                    }
-                    *yv = L::reduce(acc) + yq;
+            // SAFETY: `c * 8 + 8 <= dk` for every chunk; `rp` (the row or its copy), `kh` and
+            // `qh` hold `dk` floats; the caller guarantees `L`.
+            unsafe {
+                let gv = L::splat(gt);
+                let mut acc = L::zero();
+                for c in 0..chunks {
+                    let sv = L::mul(L::load(rp.add(c * 8)), gv);
+                    L::store(rp.add(c * 8), sv);
+                    acc = L::mul_add(acc, sv, L::load(kh.as_ptr().add(c * 8)));
+                }
+                let mut kv = 0f32;
+                for (j, kj) in kh.iter().enumerate().skip(chunks * 8) {
+                    *rp.add(j) *= gt;
+                    kv = madd::<L>(*rp.add(j), *kj, kv);
+                }
+                let kv = L::reduce(acc) + kv;
+                let delta = (vv - kv) * bt;
+                let dv = L::splat(delta);
+                let mut acc = L::zero();
+                for c in 0..chunks {
+                    let sv =
+                        L::mul_add(L::load(rp.add(c * 8)), L::load(kh.as_ptr().add(c * 8)), dv);
+                    L::store(rp.add(c * 8), sv);
+                    acc = L::mul_add(acc, sv, L::load(qh.as_ptr().add(c * 8)));
+                }
+                let mut yq = 0f32;
+                for (j, (kj, qj)) in kh.iter().zip(qh).enumerate().skip(chunks * 8) {
+                    *rp.add(j) = madd::<L>(*kj, delta, *rp.add(j));
+                    yq = madd::<L>(*rp.add(j), *qj, yq);
+                }
+                if t >= settle {
+                    y[(t - settle) * d.dv + i] = L::reduce(acc) + yq;
                 }
             }
         }
-        if let Some(rec) = record.as_deref_mut() {
-            rec.extend_from_slice(state);
-        }
     }
-    y
 }
 
 #[cfg(test)]
@@ -905,6 +1009,8 @@ mod tests {
             (2usize, 4usize, 16usize, 16usize),
             (1, 2, 12, 5),
             (2, 2, 64, 8),
+            // large enough to be split over threads
+            (2, 4, 128, 128),
         ] {
             let d = DeltaDims { hk, hv, dk, dv };
             let s = 4;
@@ -914,16 +1020,42 @@ mod tests {
             let g: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
+            let mut untouched = init.clone();
+            let peeked = gated_delta(d, &q, &k, &v, &g, &beta, &mut untouched, 0, false);
             let mut all_state = init.clone();
-            let mut rec = Vec::new();
-            let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state, Some(&mut rec));
+            let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
             let mut portable_state = init.clone();
-            // SAFETY: no particular instruction set needed.
-            let portable = unsafe {
-                gated_delta_impl::<Portable>(d, &q, &k, &v, &g, &beta, &mut portable_state, None)
+            let mut portable = vec![0f32; s * hv * dv];
+            let inp = DeltaIn {
+                d,
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                settle: 0,
+                advance: true,
             };
+            for h in 0..hv {
+                let mut yh = vec![0f32; s * dv];
+                let st = &mut portable_state[h * dv * dk..(h + 1) * dv * dk];
+                // SAFETY: no particular instruction set needed.
+                unsafe { delta_head::<Portable>(inp, h, st, &mut yh) };
+                for t in 0..s {
+                    portable[(t * hv + h) * dv..(t * hv + h + 1) * dv]
+                        .copy_from_slice(&yh[t * dv..(t + 1) * dv]);
+                }
+            }
             let bits =
                 |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(bits(&peeked, &all) && bits(&untouched, &init));
+            // settling: the first two steps as a verify left them, then two more
+            let mut settled = init.clone();
+            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, 2, true);
+            assert!(bits(&y, &all[2 * hv * dv..]) && bits(&settled, &all_state));
+            let mut settled = init.clone();
+            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, s, false);
+            assert!(y.is_empty() && bits(&settled, &all_state));
             if Portable::FUSED == detected_fused() {
                 assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
             } else {
@@ -940,13 +1072,8 @@ mod tests {
                     &g[t * hv..(t + 1) * hv],
                     &beta[t * hv..(t + 1) * hv],
                     &mut one_state,
-                    None,
                 );
                 assert!(bits(&y, &all[t * hv * dv..(t + 1) * hv * dv]));
-                assert!(bits(
-                    &one_state,
-                    &rec[t * hv * dv * dk..(t + 1) * hv * dv * dk]
-                ));
                 for h in 0..hv {
                     let kh = h / (hv / hk);
                     let kk = &k[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
@@ -966,6 +1093,7 @@ mod tests {
                     }
                 }
             }
+            assert!(bits(&one_state, &all_state));
         }
     }
 }

@@ -399,3 +399,78 @@ fn end_state_never_covers_unreturned_tokens() {
         }
     }
 }
+
+/// The rollback itself: a verify forward of 6 positions committed at `keep` leaves the cache
+/// exactly where `keep` single-token forwards leave it (next forward's logits and hidden state
+/// bit for bit), and each verify row is the single-token forward's row.
+#[test]
+fn verify_then_commit_equals_single_steps() {
+    for name in ["tiny-hf", "tiny-moe", "tiny-trained"] {
+        let engine = load(name, None);
+        let model = engine.model();
+        let vocab = model.vocab_size();
+        let prompt: Vec<u32> = "state of the art ".bytes().map(u32::from).collect();
+        let draft: Vec<u32> = "round!".bytes().map(u32::from).collect();
+        let mut base = model.new_cache();
+        model
+            .forward(
+                std::slice::from_ref(&prompt),
+                std::slice::from_mut(&mut base),
+                LogitsAt::Last,
+            )
+            .expect("prefill");
+        let bits = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        // single-token forwards: logits after each draft token
+        let mut plain = base.clone();
+        let mut single = Vec::new();
+        for &t in &draft {
+            let out = model
+                .forward(&[vec![t]], std::slice::from_mut(&mut plain), LogitsAt::All)
+                .expect("step");
+            single.push((out.logits, out.hidden));
+        }
+        for keep in 0..=draft.len() {
+            let mut c = base.clone();
+            c.begin_verify();
+            let out = model
+                .forward(
+                    std::slice::from_ref(&draft),
+                    std::slice::from_mut(&mut c),
+                    LogitsAt::All,
+                )
+                .expect("verify");
+            for (j, (logits, _)) in single.iter().enumerate() {
+                assert!(
+                    bits(&out.logits[j * vocab..(j + 1) * vocab], logits),
+                    "{name}: verify row {j} differs from its single-token forward"
+                );
+            }
+            c.commit_verify(keep);
+            assert_eq!(c.position(), prompt.len() + keep);
+            // the next token after the kept prefix, from the committed cache and from scratch
+            let next = [vec![7u32]];
+            let got = model
+                .forward(&next, std::slice::from_mut(&mut c), LogitsAt::All)
+                .expect("after commit");
+            let mut want_cache = base.clone();
+            if keep > 0 {
+                model
+                    .forward(
+                        &[draft[..keep].to_vec()],
+                        std::slice::from_mut(&mut want_cache),
+                        LogitsAt::None,
+                    )
+                    .expect("kept prefix");
+            }
+            let want = model
+                .forward(&next, std::slice::from_mut(&mut want_cache), LogitsAt::All)
+                .expect("reference");
+            assert!(
+                bits(&got.logits, &want.logits) && bits(&got.hidden, &want.hidden),
+                "{name}: commit at {keep} differs from {keep} plain forwards"
+            );
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Memory-bound few-row matmul: the time of `simd::matmul_rows` for `n = 1..=5` rows against
+//! one row, on a weight matrix larger than the caches (the decode regime of a large model).
+//!
+//! ```text
+//! cargo run --release -p mtp-engine --example matmul_rows -- 256 20
+//! ```
+//! Arguments: matrix size in MiB, repetitions.
+
+use std::time::Instant;
+
+use mtp_engine::simd::matmul_rows;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mib: usize = args.next().map_or(Ok(256), |s| s.parse())?;
+    let reps: usize = args.next().map_or(Ok(20), |s| s.parse())?;
+    let inp = 1024;
+    let out = mib * (1 << 20) / 4 / inp;
+    let w: Vec<f32> = (0..out * inp)
+        .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
+        .collect();
+    let x: Vec<f32> = (0..5 * inp)
+        .map(|i| ((i % 31) as f32 - 15.0) / 31.0)
+        .collect();
+    let time = |n: usize| {
+        let started = Instant::now();
+        let y = matmul_rows(&x[..n * inp], n, &w, inp);
+        (started.elapsed().as_secs_f64(), y[0])
+    };
+    // each repetition times every row count back to back; medians of the paired ratios
+    let mut secs = vec![Vec::new(); 5];
+    let mut ratios = vec![Vec::new(); 5];
+    let mut sink = 0f32;
+    for _ in 0..reps {
+        let mut one = 0.0;
+        for n in 1..=5 {
+            let (s, y) = time(n);
+            sink += y;
+            if n == 1 {
+                one = s;
+            }
+            secs[n - 1].push(s);
+            ratios[n - 1].push(s / one);
+        }
+    }
+    println!("| rows | ms (median) | / one row (median of paired ratios) | GB/s |");
+    println!("| --- | --- | --- | --- |");
+    for (n, (s, r)) in secs.into_iter().zip(ratios).enumerate() {
+        let s = median(s);
+        println!(
+            "| {} | {:.2} | {:.2} | {:.1} |",
+            n + 1,
+            s * 1e3,
+            median(r),
+            (w.len() * 4) as f64 / s / 1e9
+        );
+    }
+    assert!(sink.is_finite());
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
