@@ -227,6 +227,65 @@ unsafe fn dots<L: Lanes, const N: usize>(
     }
 }
 
+/// [`dots`] against two weight rows at once: each input chunk is loaded once for both, so a
+/// product whose weights sit in cache does twice the multiply-adds per load. Each of the
+/// `2 * N` results has the arithmetic of its lone dot product.
+///
+/// # Safety
+/// As [`dots`], for `w0` and `w1`.
+#[inline(always)]
+unsafe fn dots_pair<L: Lanes, const N: usize>(
+    xs: [*const f32; N],
+    w0: *const f32,
+    w1: *const f32,
+    len: usize,
+) -> [[f32; N]; 2] {
+    let chunks = len / 8;
+    // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
+    unsafe {
+        let mut even = [[L::zero(); N]; 2];
+        let mut odd = [[L::zero(); N]; 2];
+        let mut c = 0;
+        while c + 2 <= chunks {
+            L::prefetch(w0.wrapping_add(c * 8 + PREFETCH_AHEAD));
+            L::prefetch(w1.wrapping_add(c * 8 + PREFETCH_AHEAD));
+            let a0 = L::load(w0.add(c * 8));
+            let b0 = L::load(w1.add(c * 8));
+            let a1 = L::load(w0.add(c * 8 + 8));
+            let b1 = L::load(w1.add(c * 8 + 8));
+            for r in 0..N {
+                let x0 = L::load(xs[r].add(c * 8));
+                let x1 = L::load(xs[r].add(c * 8 + 8));
+                even[0][r] = L::mul_add(even[0][r], x0, a0);
+                even[1][r] = L::mul_add(even[1][r], x0, b0);
+                odd[0][r] = L::mul_add(odd[0][r], x1, a1);
+                odd[1][r] = L::mul_add(odd[1][r], x1, b1);
+            }
+            c += 2;
+        }
+        if c < chunks {
+            let a0 = L::load(w0.add(c * 8));
+            let b0 = L::load(w1.add(c * 8));
+            for r in 0..N {
+                let x0 = L::load(xs[r].add(c * 8));
+                even[0][r] = L::mul_add(even[0][r], x0, a0);
+                even[1][r] = L::mul_add(even[1][r], x0, b0);
+            }
+        }
+        let mut out = [[0f32; N]; 2];
+        for (o, w) in [w0, w1].into_iter().enumerate() {
+            for r in 0..N {
+                let mut tail = 0f32;
+                for i in chunks * 8..len {
+                    tail += *xs[r].add(i) * *w.add(i);
+                }
+                out[o][r] = L::reduce(L::add(even[o][r], odd[o][r])) + tail;
+            }
+        }
+        out
+    }
+}
+
 /// Dot products of `rows` (pointers to `len` floats) with `w`, in one pass over `w` for up to
 /// six rows (twelve accumulators and two weight vectors fit in sixteen registers), four at a
 /// time before that; `sink(i, value)` receives row `i`'s result.
@@ -317,8 +376,33 @@ unsafe fn matmul_block<L: Lanes>(
     for (r, p) in rows.iter_mut().enumerate() {
         *p = x[r * inp..(r + 1) * inp].as_ptr();
     }
-    for (j, out) in dst.chunks_exact_mut(n).enumerate() {
-        let wr = &w[(o0 + j) * inp..(o0 + j + 1) * inp];
+    let outs = dst.len() / n;
+    let mut j = 0;
+    // one or two inputs (decode, a depth-1 verify): two weight rows per pass
+    if n <= 2 {
+        while j + 2 <= outs {
+            let (w0, w1) = (
+                w[(o0 + j) * inp..].as_ptr(),
+                w[(o0 + j + 1) * inp..].as_ptr(),
+            );
+            // SAFETY: every row holds `inp` floats, and so do the weight rows `o0 + j` and
+            // `o0 + j + 1` (`j + 1 < outs`); the caller guarantees `L`.
+            unsafe {
+                if n == 1 {
+                    let [a, b] = dots_pair::<L, 1>(first(rows), w0, w1, inp);
+                    dst[j] = a[0];
+                    dst[j + 1] = b[0];
+                } else {
+                    let [a, b] = dots_pair::<L, 2>(first(rows), w0, w1, inp);
+                    dst[j * 2..j * 2 + 2].copy_from_slice(&a);
+                    dst[j * 2 + 2..j * 2 + 4].copy_from_slice(&b);
+                }
+            }
+            j += 2;
+        }
+    }
+    for (jj, out) in dst.chunks_exact_mut(n).enumerate().skip(j) {
+        let wr = &w[(o0 + jj) * inp..(o0 + jj + 1) * inp];
         // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L`.
         unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| out[r] = v) };
     }
