@@ -386,12 +386,44 @@ impl DecoderLayer {
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
         let r = match &self.mixer {
-            Mixer::Attention(a) => a.forward(&normed, b, l, caches, positions)?,
+            Mixer::Attention(a) => a.forward(&normed, b, l, caches, positions, false)?,
             Mixer::Linear(m) => m.forward(&normed, b, l, caches)?,
         };
-        let mut h: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a + b).collect();
+        self.finish(x.to_vec(), &r, n)
+    }
+
+    /// Caches all `l` positions of one sequence but returns only the last one's output
+    /// `[hidden]` (the MTP head's last layer: earlier positions only need their keys and
+    /// values). The result is bit-identical to the last row of [`DecoderLayer::forward`].
+    pub fn forward_last(
+        &self,
+        x: &[f32],
+        l: usize,
+        cache: &mut LayerCache,
+        position: usize,
+    ) -> Result<Vec<f32>> {
+        let d = self.hidden;
+        if l == 0 {
+            return Ok(Vec::new());
+        }
+        let mut normed = x.to_vec();
+        kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
+        let r = match &self.mixer {
+            Mixer::Attention(a) => a.forward(&normed, 1, l, &mut [cache], &[position], true)?,
+            // a recurrence needs every position anyway
+            Mixer::Linear(m) => {
+                let all = m.forward(&normed, 1, l, &mut [cache])?;
+                all[(l - 1) * d..].to_vec()
+            }
+        };
+        self.finish(x[(l - 1) * d..].to_vec(), &r, 1)
+    }
+
+    /// Residual, post-norm and MLP over `n` rows of mixer output `r`.
+    fn finish(&self, mut h: Vec<f32>, r: &[f32], n: usize) -> Result<Vec<f32>> {
+        h.iter_mut().zip(r).for_each(|(a, b)| *a += b);
         let mut normed = h.clone();
-        kernels::rms_norm_rows(&mut normed, Some(&self.post_norm), d, self.eps);
+        kernels::rms_norm_rows(&mut normed, Some(&self.post_norm), self.hidden, self.eps);
         let m = self.mlp.forward(&normed, n)?;
         h.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
         Ok(h)
@@ -399,6 +431,8 @@ impl DecoderLayer {
 }
 
 impl Attention {
+    /// With `last_only`, every position is cached but only the last one's output is computed
+    /// (`[b, 1, hidden]`).
     fn forward(
         &self,
         x: &[f32],
@@ -406,12 +440,15 @@ impl Attention {
         l: usize,
         caches: &mut [&mut LayerCache],
         positions: &[usize],
+        last_only: bool,
     ) -> Result<Vec<f32>> {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = self.qkv.forward(x, b * l)?; // [b*l, h*2hd + 2*kvh*hd]
         let width = h * hd * 2 + 2 * kvh * hd;
-        let mut out = vec![0f32; b * l * h * hd];
         let scale = 1.0 / (hd as f32).sqrt();
+        // queries whose outputs are computed, per row
+        let lq = if last_only { 1 } else { l };
+        let mut out = vec![0f32; b * lq * h * hd];
         for bi in 0..b {
             let mut q = vec![0f32; l * h * hd];
             let mut gate = vec![0f32; l * h * hd];
@@ -450,13 +487,14 @@ impl Attention {
                 ));
             };
             kv.append(&k, &v);
-            let o = simd::attention(&q, &kv.k, &kv.v, l, h, kvh, hd, scale);
-            let dst = &mut out[bi * l * h * hd..(bi + 1) * l * h * hd];
-            for ((d, o), g) in dst.iter_mut().zip(&o).zip(&gate) {
+            let first = (l - lq) * h * hd;
+            let o = simd::attention(&q[first..], &kv.k, &kv.v, lq, h, kvh, hd, scale);
+            let dst = &mut out[bi * lq * h * hd..(bi + 1) * lq * h * hd];
+            for ((d, o), g) in dst.iter_mut().zip(&o).zip(&gate[first..]) {
                 *d = o * kernels::sigmoid(*g);
             }
         }
-        self.o.forward(&out, b * l)
+        self.o.forward(&out, b * lq)
     }
 }
 

@@ -201,7 +201,9 @@ impl MtpHead {
     }
 
     /// Runs `tokens[i]` paired with target hidden `hidden[i]` (`[n, hidden]`) through the head at
-    /// the cache's next positions; returns the head's normed hidden states `[n, hidden]`.
+    /// the cache's next positions; returns the head's normed hidden state at the last one
+    /// (`[hidden]`, empty when `n` is 0), the only one a draft reads. Earlier positions are
+    /// cached; in the last layer only their keys and values are computed.
     pub fn forward(
         &self,
         target: &Qwen35Model,
@@ -211,6 +213,9 @@ impl MtpHead {
     ) -> Result<Vec<f32>> {
         let n = tokens.len();
         let d = self.hidden;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut e = target.embed(tokens)?;
         kernels::rms_norm_rows(&mut e, Some(&self.pre_emb), d, self.eps);
         let mut h = hidden.to_vec();
@@ -223,8 +228,13 @@ impl MtpHead {
         }
         let mut x = self.fc.forward(&cat, n)?;
         let positions = [cache.pos];
-        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(&x, 1, n, &mut [lc], &positions)?;
+        let last = self.layers.len() - 1;
+        for (i, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            x = if i == last {
+                layer.forward_last(&x, n, lc, cache.pos)?
+            } else {
+                layer.forward(&x, 1, n, &mut [lc], &positions)?
+            };
         }
         cache.pos += n;
         kernels::rms_norm_rows(&mut x, Some(&self.norm), d, self.eps);

@@ -197,13 +197,12 @@ fn update_drafter(
     let bonus = *new.last().unwrap_or(&r.bonus);
     toks.push(bonus);
     let hid = &verify_hidden[keep * dm..(accepted + 1) * dm];
-    let h = head.forward(model, &toks, hid, &mut r.mcache)?;
-    let last = &h[(toks.len() - 1) * dm..];
-    let logits = model.logits(last, 1)?;
+    let last = head.forward(model, &toks, hid, &mut r.mcache)?;
+    let logits = model.logits(&last, 1)?;
     let (t, q) = draft_pick(s, &logits, pos);
     r.seed = t;
     r.seed_q = q;
-    r.seed_hidden = last.to_vec();
+    r.seed_hidden = last;
     r.bonus = bonus;
     Ok(())
 }
@@ -271,8 +270,7 @@ pub(crate) fn run(
     } else {
         let mut shifted = pair_toks.to_vec();
         shifted.push(b);
-        let h = head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?;
-        h[n_pairs * dm..].to_vec()
+        head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?
     };
     let last = &last[..];
     let (seed, seed_q) = draft_pick(s, &model.logits(last, 1)?, 1);

@@ -474,3 +474,42 @@ fn verify_then_commit_equals_single_steps() {
         }
     }
 }
+
+/// The head's multi-position forward (prefill, drafter update) computes only keys and values
+/// for all but the last position in its last layer; its output must be the bits of feeding the
+/// positions one at a time.
+#[test]
+fn head_forward_last_equals_position_by_position() {
+    for (name, drafter) in [
+        ("tiny-trained", None),
+        ("tiny-moe", None),
+        ("tiny-mlx", Some("tiny-mlx-mtp")),
+    ] {
+        let engine = load(name, drafter);
+        let (model, head) = (engine.model(), engine.drafter().expect("a drafter"));
+        let d = model.hidden_size();
+        let tokens: Vec<u32> = "head check".bytes().map(u32::from).collect();
+        let hidden: Vec<f32> = (0..tokens.len() * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let mut all = head.new_cache();
+        let got = head
+            .forward(model, &tokens, &hidden, &mut all)
+            .expect("all at once");
+        let mut one = head.new_cache();
+        let mut want = Vec::new();
+        for (i, t) in tokens.iter().enumerate() {
+            want = head
+                .forward(model, &[*t], &hidden[i * d..(i + 1) * d], &mut one)
+                .expect("one at a time");
+        }
+        assert_eq!(got.len(), d);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: the last position differs"
+        );
+        assert_eq!(all.position(), one.position());
+    }
+}
