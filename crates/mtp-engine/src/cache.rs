@@ -18,6 +18,10 @@
 
 use crate::kernels::DeltaDims;
 
+/// Why a forward is refused between a verify forward and its commit.
+pub(crate) const SECOND_VERIFY_FORWARD: &str =
+    "a second forward inside one verify (begin_verify covers one forward; commit it first)";
+
 /// KV cache of one full-attention layer for one sequence; layout `[len, n_kv_heads, head_dim]`.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
@@ -219,6 +223,14 @@ impl SeqCache {
             }
         }
         self.verify_start = None;
+    }
+
+    /// True when a verify forward has run and is not committed yet (a further forward would
+    /// not see its steps): a forward then fails with [`SECOND_VERIFY_FORWARD`].
+    pub(crate) fn verify_pending(&self) -> bool {
+        self.layers.iter().any(|l| {
+            matches!(l, LayerCache::Linear(s) if s.deferring && s.pending.len > s.pending.settle)
+        })
     }
 
     /// Starts a verify forward: the next forward leaves the linear states where they are and

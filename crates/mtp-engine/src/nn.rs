@@ -523,7 +523,7 @@ impl DeltaNet {
             let settle = st.pending.settle;
             if deferring && st.pending.len > settle {
                 return Err(Error::Unsupported(
-                    "a second forward inside one verify (begin_verify covers one forward)".into(),
+                    crate::cache::SECOND_VERIFY_FORWARD.into(),
                 ));
             }
             let rows = &proj[bi * l * width..(bi + 1) * l * width];

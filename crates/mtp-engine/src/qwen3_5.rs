@@ -450,6 +450,11 @@ impl Qwen35Model {
                 caches.len()
             )));
         }
+        if caches.iter().any(SeqCache::verify_pending) {
+            return Err(Error::Unsupported(
+                crate::cache::SECOND_VERIFY_FORWARD.into(),
+            ));
+        }
         let d = self.hidden_size();
         let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
         let mut x = self.embed(&flat)?;

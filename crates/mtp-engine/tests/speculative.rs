@@ -513,3 +513,32 @@ fn head_forward_last_equals_position_by_position() {
         assert_eq!(all.position(), one.position());
     }
 }
+
+/// `begin_verify` covers one forward: a second one before the commit is refused with an error
+/// before it touches the cache (its outputs would ignore the first one's uncommitted steps).
+#[test]
+fn second_forward_inside_a_verify_is_an_error() {
+    let engine = load("tiny-hf", None);
+    let model = engine.model();
+    let mut c = model.new_cache();
+    let run = |c: &mut mtp_engine::cache::SeqCache, t: &[u32]| {
+        model.forward(&[t.to_vec()], std::slice::from_mut(c), LogitsAt::All)
+    };
+    run(&mut c, b"abc".map(u32::from).as_slice()).expect("prefill");
+    c.begin_verify();
+    run(&mut c, &[100, 101]).expect("verify");
+    let err = run(&mut c, &[102]).expect_err("a second forward");
+    assert!(err.to_string().contains("verify"), "{err}");
+    assert_eq!(c.position(), 5);
+    c.commit_verify(1);
+    let got = run(&mut c, &[103]).expect("after the commit");
+    let mut want = model.new_cache();
+    run(&mut want, b"abc".map(u32::from).as_slice()).expect("prefill");
+    let want = run(&mut want, &[100, 103]).expect("reference");
+    let vocab = model.vocab_size();
+    assert!(got
+        .logits
+        .iter()
+        .zip(&want.logits[vocab..])
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
