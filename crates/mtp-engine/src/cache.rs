@@ -83,8 +83,6 @@ pub struct LinearState {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PendingSteps {
     pub(crate) dims: DeltaDims,
-    /// Positions held.
-    pub(crate) len: usize,
     /// Positions committed: applied to the state by the next forward.
     pub(crate) settle: usize,
     /// Conv inputs `[len, conv_dim]` (until the commit moves the window).
@@ -99,6 +97,11 @@ pub(crate) struct PendingSteps {
 }
 
 impl PendingSteps {
+    /// Positions held.
+    pub(crate) fn len(&self) -> usize {
+        self.g.len() / self.dims.hv.max(1)
+    }
+
     pub(crate) fn clear(&mut self) {
         self.truncate(0);
         self.conv_in.clear();
@@ -106,14 +109,13 @@ impl PendingSteps {
 
     /// Keeps the first `n` positions' delta-rule inputs.
     fn truncate(&mut self, n: usize) {
-        let n = n.min(self.len);
+        let n = n.min(self.len());
         let d = self.dims;
         self.q.truncate(n * d.hk * d.dk);
         self.k.truncate(n * d.hk * d.dk);
         self.v.truncate(n * d.hv * d.dv);
         self.g.truncate(n * d.hv);
         self.beta.truncate(n * d.hv);
-        self.len = n;
         self.settle = self.settle.min(n);
     }
 }
@@ -123,15 +125,22 @@ impl LinearState {
     /// them and leaves their delta-rule steps for the next forward to settle.
     fn commit(&mut self, n: usize) {
         let p = &mut self.pending;
-        let n = n.min(p.len);
+        let held = p.len();
+        let n = n.min(held);
         if n > 0 {
-            let conv_dim = p.conv_in.len() / p.len;
+            let conv_dim = p.conv_in.len() / held;
             crate::kernels::conv_window_push(&mut self.conv, &p.conv_in[..n * conv_dim], conv_dim);
         }
         p.conv_in.clear();
         p.truncate(n);
         p.settle = n;
         self.deferring = false;
+    }
+
+    /// True when a verify forward has run on this layer and is not committed yet: a further
+    /// forward would not see its steps, and fails with [`SECOND_VERIFY_FORWARD`].
+    pub(crate) fn verify_pending(&self) -> bool {
+        self.deferring && self.pending.len() > self.pending.settle
     }
 }
 
@@ -225,12 +234,11 @@ impl SeqCache {
         self.verify_start = None;
     }
 
-    /// True when a verify forward has run and is not committed yet (a further forward would
-    /// not see its steps): a forward then fails with [`SECOND_VERIFY_FORWARD`].
+    /// [`LinearState::verify_pending`] for any layer.
     pub(crate) fn verify_pending(&self) -> bool {
-        self.layers.iter().any(|l| {
-            matches!(l, LayerCache::Linear(s) if s.deferring && s.pending.len > s.pending.settle)
-        })
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerCache::Linear(s) if s.verify_pending()))
     }
 
     /// Starts a verify forward: the next forward leaves the linear states where they are and

@@ -104,7 +104,7 @@ pub fn conv_window_push(window: &mut [f32], x: &[f32], c: usize) {
 }
 
 /// Shapes of the gated delta rule.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct DeltaDims {
     /// Key heads.
     pub hk: usize,

@@ -521,7 +521,7 @@ impl DeltaNet {
             };
             let deferring = st.deferring;
             let settle = st.pending.settle;
-            if deferring && st.pending.len > settle {
+            if st.verify_pending() {
                 return Err(Error::Unsupported(
                     crate::cache::SECOND_VERIFY_FORWARD.into(),
                 ));
@@ -583,7 +583,6 @@ impl DeltaNet {
             if deferring {
                 // this forward's steps wait for `commit_verify`
                 p.dims = dm;
-                p.len = l;
                 p.conv_in.extend_from_slice(&mixed);
                 p.q.extend_from_slice(&q[settle * key_dim..]);
                 p.k.extend_from_slice(&k[settle * key_dim..]);

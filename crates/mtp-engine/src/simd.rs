@@ -181,107 +181,67 @@ fn madd<L: Lanes>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// `N` dot products of the rows at `xs` with the row at `w`, all `len` long. Even and odd
-/// 8-float chunks accumulate apart (two dependency chains per row) and are added before the
-/// reduction.
+/// The `N × M` dot products of the rows at `xs` with the weight rows at `ws`, all `len` long.
+/// Even and odd 8-float chunks accumulate apart (two dependency chains per product) and are
+/// added before the reduction, so each result has the arithmetic of its lone dot product
+/// whatever `N` and `M` are. Each input chunk is loaded once for all `M` weight rows: with
+/// `M = 2` a product whose weights sit in cache does twice the multiply-adds per load.
 ///
 /// # Safety
 /// Every pointer reads `len` floats; the CPU supports `L`.
 #[inline(always)]
-unsafe fn dots<L: Lanes, const N: usize>(
+unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
     xs: [*const f32; N],
-    w: *const f32,
+    ws: [*const f32; M],
     len: usize,
-) -> [f32; N] {
+) -> [[f32; N]; M] {
     let chunks = len / 8;
+    // a lone weight row prefetches 4 KiB ahead; several prefetch the same columns of the next
+    // group of rows (or further), so that every stream runs ahead
+    let ahead = if M == 1 {
+        PREFETCH_AHEAD
+    } else {
+        (M * len).max(PREFETCH_AHEAD)
+    };
     // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
     unsafe {
-        let mut even = [L::zero(); N];
-        let mut odd = [L::zero(); N];
+        let mut even = [[L::zero(); N]; M];
+        let mut odd = [[L::zero(); N]; M];
         let mut c = 0;
         while c + 2 <= chunks {
-            L::prefetch(w.wrapping_add(c * 8 + PREFETCH_AHEAD));
-            let y0 = L::load(w.add(c * 8));
-            let y1 = L::load(w.add(c * 8 + 8));
-            for r in 0..N {
-                even[r] = L::mul_add(even[r], L::load(xs[r].add(c * 8)), y0);
-                odd[r] = L::mul_add(odd[r], L::load(xs[r].add(c * 8 + 8)), y1);
+            let mut y0 = [L::zero(); M];
+            let mut y1 = [L::zero(); M];
+            for m in 0..M {
+                L::prefetch(ws[m].wrapping_add(c * 8 + ahead));
+                y0[m] = L::load(ws[m].add(c * 8));
+                y1[m] = L::load(ws[m].add(c * 8 + 8));
             }
-            c += 2;
-        }
-        if c < chunks {
-            let y0 = L::load(w.add(c * 8));
-            for r in 0..N {
-                even[r] = L::mul_add(even[r], L::load(xs[r].add(c * 8)), y0);
-            }
-        }
-        let mut out = [0f32; N];
-        for r in 0..N {
-            let mut tail = 0f32;
-            for i in chunks * 8..len {
-                tail += *xs[r].add(i) * *w.add(i);
-            }
-            out[r] = L::reduce(L::add(even[r], odd[r])) + tail;
-        }
-        out
-    }
-}
-
-/// [`dots`] against two weight rows at once: each input chunk is loaded once for both, so a
-/// product whose weights sit in cache does twice the multiply-adds per load. Each of the
-/// `2 * N` results has the arithmetic of its lone dot product.
-///
-/// # Safety
-/// As [`dots`], for `w0` and `w1`.
-#[inline(always)]
-unsafe fn dots_pair<L: Lanes, const N: usize>(
-    xs: [*const f32; N],
-    w0: *const f32,
-    w1: *const f32,
-    len: usize,
-) -> [[f32; N]; 2] {
-    let chunks = len / 8;
-    // the same columns of the next pair of rows (or further): both streams run ahead
-    let ahead = (2 * len).max(PREFETCH_AHEAD);
-    // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
-    unsafe {
-        let mut even = [[L::zero(); N]; 2];
-        let mut odd = [[L::zero(); N]; 2];
-        let mut c = 0;
-        while c + 2 <= chunks {
-            L::prefetch(w0.wrapping_add(c * 8 + ahead));
-            L::prefetch(w1.wrapping_add(c * 8 + ahead));
-            let a0 = L::load(w0.add(c * 8));
-            let b0 = L::load(w1.add(c * 8));
-            let a1 = L::load(w0.add(c * 8 + 8));
-            let b1 = L::load(w1.add(c * 8 + 8));
             for r in 0..N {
                 let x0 = L::load(xs[r].add(c * 8));
                 let x1 = L::load(xs[r].add(c * 8 + 8));
-                even[0][r] = L::mul_add(even[0][r], x0, a0);
-                even[1][r] = L::mul_add(even[1][r], x0, b0);
-                odd[0][r] = L::mul_add(odd[0][r], x1, a1);
-                odd[1][r] = L::mul_add(odd[1][r], x1, b1);
+                for m in 0..M {
+                    even[m][r] = L::mul_add(even[m][r], x0, y0[m]);
+                    odd[m][r] = L::mul_add(odd[m][r], x1, y1[m]);
+                }
             }
             c += 2;
         }
         if c < chunks {
-            let a0 = L::load(w0.add(c * 8));
-            let b0 = L::load(w1.add(c * 8));
             for r in 0..N {
                 let x0 = L::load(xs[r].add(c * 8));
-                even[0][r] = L::mul_add(even[0][r], x0, a0);
-                even[1][r] = L::mul_add(even[1][r], x0, b0);
+                for m in 0..M {
+                    even[m][r] = L::mul_add(even[m][r], x0, L::load(ws[m].add(c * 8)));
+                }
             }
         }
-        let mut out = [[0f32; N]; 2];
-        for (o, w) in [w0, w1].into_iter().enumerate() {
+        let mut out = [[0f32; N]; M];
+        for m in 0..M {
             for r in 0..N {
                 let mut tail = 0f32;
                 for i in chunks * 8..len {
-                    tail += *xs[r].add(i) * *w.add(i);
+                    tail += *xs[r].add(i) * *ws[m].add(i);
                 }
-                out[o][r] = L::reduce(L::add(even[o][r], odd[o][r])) + tail;
+                out[m][r] = L::reduce(L::add(even[m][r], odd[m][r])) + tail;
             }
         }
         out
@@ -306,7 +266,7 @@ unsafe fn dots_many<L: Lanes>(
     // SAFETY: forwarded from the caller.
     unsafe {
         while n - r > 6 {
-            let d = dots::<L, 4>([rows[r], rows[r + 1], rows[r + 2], rows[r + 3]], w, len);
+            let [d] = dots::<L, 4, 1>(first(&rows[r..]), [w], len);
             for (j, v) in d.into_iter().enumerate() {
                 sink(r + j, v);
             }
@@ -319,12 +279,12 @@ unsafe fn dots_many<L: Lanes>(
             }
         };
         match rest.len() {
-            6 => put(&dots::<L, 6>(first(rest), w, len)),
-            5 => put(&dots::<L, 5>(first(rest), w, len)),
-            4 => put(&dots::<L, 4>(first(rest), w, len)),
-            3 => put(&dots::<L, 3>(first(rest), w, len)),
-            2 => put(&dots::<L, 2>(first(rest), w, len)),
-            1 => put(&dots::<L, 1>(first(rest), w, len)),
+            6 => put(&dots::<L, 6, 1>(first(rest), [w], len)[0]),
+            5 => put(&dots::<L, 5, 1>(first(rest), [w], len)[0]),
+            4 => put(&dots::<L, 4, 1>(first(rest), [w], len)[0]),
+            3 => put(&dots::<L, 3, 1>(first(rest), [w], len)[0]),
+            2 => put(&dots::<L, 2, 1>(first(rest), [w], len)[0]),
+            1 => put(&dots::<L, 1, 1>(first(rest), [w], len)[0]),
             _ => {}
         }
     }
@@ -340,8 +300,8 @@ fn first<const N: usize>(rows: &[*const f32]) -> [*const f32; N] {
 /// weights from memory once per step; without the hint one core keeps too few cache lines in
 /// flight once a few rows share each weight load, and a verify forward of 2–5 rows cost
 /// 1.15–1.8 times one row on a matrix larger than the caches (`examples/matmul_rows`);
-/// with it, 1.0–1.1. [`dots_pair`] reads two rows at once and prefetches the same columns of
-/// the next pair (7–12% faster for one and two inputs than 4 KiB, measured interleaved).
+/// with it, 1.0–1.1. [`dots`] over two weight rows prefetches the same columns of the next
+/// pair (7–12% faster for one and two inputs than 4 KiB, measured interleaved).
 const PREFETCH_AHEAD: usize = 1024;
 
 /// The vector path needs AVX for the lanes and AVX2 for the integer half of `exp`.
@@ -391,14 +351,11 @@ unsafe fn matmul_block<L: Lanes>(
             // SAFETY: every row holds `inp` floats, and so do the weight rows `o0 + j` and
             // `o0 + j + 1` (`j + 1 < outs`); the caller guarantees `L`.
             unsafe {
+                let two = &mut dst[j * n..(j + 2) * n];
                 if n == 1 {
-                    let [a, b] = dots_pair::<L, 1>(first(rows), w0, w1, inp);
-                    dst[j] = a[0];
-                    dst[j + 1] = b[0];
+                    pair_into::<L, 1>(first(rows), [w0, w1], inp, two);
                 } else {
-                    let [a, b] = dots_pair::<L, 2>(first(rows), w0, w1, inp);
-                    dst[j * 2..j * 2 + 2].copy_from_slice(&a);
-                    dst[j * 2 + 2..j * 2 + 4].copy_from_slice(&b);
+                    pair_into::<L, 2>(first(rows), [w0, w1], inp, two);
                 }
             }
             j += 2;
@@ -409,6 +366,23 @@ unsafe fn matmul_block<L: Lanes>(
         // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L`.
         unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| out[r] = v) };
     }
+}
+
+/// Two output features (`[2, N]` into `dst`) of [`matmul_block`].
+///
+/// # Safety
+/// As [`dots`].
+#[inline(always)]
+unsafe fn pair_into<L: Lanes, const N: usize>(
+    xs: [*const f32; N],
+    ws: [*const f32; 2],
+    len: usize,
+    dst: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    let d = unsafe { dots::<L, N, 2>(xs, ws, len) };
+    dst[..N].copy_from_slice(&d[0]);
+    dst[N..2 * N].copy_from_slice(&d[1]);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -757,6 +731,11 @@ pub fn gated_delta_steps(
 /// the state and give no output (steps that an earlier verify forward kept), the others
 /// return their outputs `[s - settle, hv, dv]` and are written into the state only when
 /// `advance` (a verify forward leaves its own steps for the next call to settle).
+///
+/// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
+/// `[s, hv]`; `state`: `[hv, dv, dk]`. Per value head and state row `S_r`: `S_r = g S_r;
+/// d = beta (v_r - S_r · k); S_r += d k; y_r = S_r · q`, the dot products over 8 lanes as
+/// everywhere in this module.
 ///
 /// Each state row (one value feature of one head, `dk` floats) evolves on its own, so the
 /// steps run innermost over a row held in L1: a call reads and writes the state once, however
