@@ -20,6 +20,7 @@ pub mod resume;
 pub mod sampling;
 pub mod simd;
 pub mod speculative;
+pub mod team;
 pub mod tokenizer;
 
 pub use cache::{CacheSnapshot, SeqCache};

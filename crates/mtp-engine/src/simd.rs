@@ -400,13 +400,12 @@ pub const MAX_ROWS: usize = 32;
 /// output features when the matrix is large. Row `r` of the result is bit-identical to
 /// `matmul_rows(x[r], 1, w, inp)`.
 pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
-    use rayon::prelude::*;
     assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len() % inp == 0);
     let out = w.len() / inp;
     let avx = has_avx();
     // [out, n] in blocks, transposed to [n, out] at the end
     let mut t = vec![0f32; out * n];
-    let work = |(bi, chunk): (usize, &mut [f32])| {
+    let work = |bi: usize, chunk: &mut [f32]| {
         let o0 = bi * BLOCK;
         #[cfg(target_arch = "x86_64")]
         if avx {
@@ -419,9 +418,11 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
         unsafe { matmul_block::<Portable>(x, n, w, inp, o0, chunk) };
     };
     if out * inp >= 1 << 16 {
-        t.par_chunks_mut(BLOCK * n).enumerate().for_each(work);
+        crate::team::chunks_mut(&mut t, BLOCK * n, work);
     } else {
-        t.chunks_mut(BLOCK * n).enumerate().for_each(work);
+        t.chunks_mut(BLOCK * n)
+            .enumerate()
+            .for_each(|(i, c)| work(i, c));
     }
     if n == 1 {
         return t;
@@ -741,7 +742,7 @@ pub fn gated_delta_steps(
 /// steps run innermost over a row held in L1: a call reads and writes the state once, however
 /// many steps it runs, and settling costs no pass of its own. A step's arithmetic does not
 /// depend on how many steps run together, so outputs and state are bit-identical to one call
-/// per step. A state of real size is split over the threads by head.
+/// per step. Unless the call is tiny, the heads are split over the worker team.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta(
     d: crate::kernels::DeltaDims,
@@ -754,7 +755,6 @@ pub fn gated_delta(
     settle: usize,
     advance: bool,
 ) -> Vec<f32> {
-    use rayon::prelude::*;
     let s = g.len() / d.hv.max(1);
     let head = d.dv * d.dk;
     assert!(
@@ -780,7 +780,7 @@ pub fn gated_delta(
     };
     let avx = has_avx();
     // one value head: its state rows `[dv, dk]` and its outputs `[s - settle, dv]`
-    let run = |(h, (st, y)): (usize, (&mut [f32], &mut [f32]))| {
+    let run = |h: usize, st: &mut [f32], y: &mut [f32]| {
         #[cfg(target_arch = "x86_64")]
         if avx {
             // SAFETY: AVX2 and FMA were detected on this CPU.
@@ -794,22 +794,15 @@ pub fn gated_delta(
     let out = s - settle;
     // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
     let mut yh = vec![0f32; d.hv * out * d.dv];
-    let per_y = (out * d.dv).max(1);
-    let mut yh_chunks: Vec<&mut [f32]> = yh.chunks_mut(per_y).collect();
-    yh_chunks.resize_with(d.hv, Default::default);
-    // (a real model's layer state holds megabytes)
-    if d.hv > 1 && state.len() >= 1 << 16 {
-        state
-            .par_chunks_mut(head)
-            .zip(yh_chunks.into_par_iter())
-            .enumerate()
-            .for_each(run);
+    let per_y = out * d.dv;
+    // split by head unless the whole call is a few microseconds of work (even the bundled
+    // demo model's 64 KiB state gains from it, measured)
+    if d.hv > 1 && state.len() * s >= 1 << 13 {
+        crate::team::chunks_mut2(d.hv, state, head, &mut yh, per_y, run);
     } else {
-        state
-            .chunks_mut(head)
-            .zip(yh_chunks)
-            .enumerate()
-            .for_each(run);
+        for (h, st) in state.chunks_mut(head).enumerate() {
+            run(h, st, &mut yh[h * per_y..(h + 1) * per_y]);
+        }
     }
     let mut y = vec![0f32; out * d.hv * d.dv];
     for h in 0..d.hv {
@@ -1075,7 +1068,7 @@ mod tests {
             (2usize, 4usize, 16usize, 16usize),
             (1, 2, 12, 5),
             (2, 2, 64, 8),
-            // large enough to be split over threads
+            // large enough to be split over the worker team
             (2, 4, 128, 128),
         ] {
             let d = DeltaDims { hk, hv, dk, dv };
