@@ -1,10 +1,17 @@
-//! `cargo xtask train-tiny`: trains the bundled demo model — a tiny Qwen3.5 (`qwen3_5`, one Gated
-//! DeltaNet layer + one gated full-attention layer, byte vocabulary) with its MTP head — on this
-//! repository's own Rust source (MIT OR Apache-2.0, frozen in `xtask/data`), with candle's
-//! autograd and Adam, fixed seed. Writes a Hugging Face-layout checkpoint the engine (and mlx-vlm) load.
+//! `cargo xtask train-tiny`: trains the bundled demo model — a tiny Qwen3.5 (`qwen3_5`, byte
+//! vocabulary) with its MTP head — on this repository's own Rust source (MIT OR Apache-2.0, frozen
+//! in `xtask/data`), with candle's autograd and Adam, fixed seed. Writes a Hugging Face-layout
+//! checkpoint the engine (and mlx-vlm) load.
+//!
+//! The decoder is a configurable stack of `--layers` layers: layer `i` (0-based) is gated full
+//! attention when `(i + 1) % interval == 0` and Gated DeltaNet (linear attention) otherwise — the
+//! Qwen3.5 `layer_types` convention. The MTP head is always one gated full-attention layer. The
+//! defaults (2 layers, interval 2: one Gated DeltaNet layer then one full-attention layer, hidden
+//! 256, MLP 512) reproduce the bundled `models/tiny-code` bit for bit.
 //!
 //! ```text
 //! cargo xtask train-tiny [--out models/tiny-code] [--steps 300] [--seed 0]
+//!                        [--layers 2] [--interval 2] [--hidden 256] [--intermediate 512]
 //! ```
 //! Loss: next-token cross-entropy of the model plus the MTP head's cross-entropy on the token
 //! after next, given `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's
@@ -22,7 +29,6 @@ use rand::{Rng, SeedableRng};
 /// change what `train-tiny` reproduces (see `xtask/data/README.md`).
 const CORPUS: &str = include_str!("../data/tiny-code-corpus.txt");
 
-const D_MODEL: usize = 256;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HD: usize = 64;
@@ -30,10 +36,71 @@ const LK: usize = 2; // linear key heads
 const LV: usize = 4; // linear value heads
 const LD: usize = 64; // linear head dim
 const CONV: usize = 4;
-const INTER: usize = 512;
 const VOCAB: usize = 256;
 const ROT: usize = HD / 2; // partial_rotary_factor 0.5
 const EPS: f64 = 1e-6;
+
+/// The configurable part of the architecture; everything else is the constants above.
+#[derive(Clone, Copy, Debug)]
+struct Arch {
+    /// `num_hidden_layers`.
+    layers: usize,
+    /// `full_attention_interval`: layer `i` is full attention iff `(i + 1) % interval == 0`.
+    interval: usize,
+    /// `hidden_size`.
+    hidden: usize,
+    /// `intermediate_size` of the SwiGLU MLPs.
+    inter: usize,
+}
+
+impl Default for Arch {
+    /// The bundled `models/tiny-code`.
+    fn default() -> Self {
+        Arch {
+            layers: 2,
+            interval: 2,
+            hidden: 256,
+            inter: 512,
+        }
+    }
+}
+
+// The workspace's MSRV (1.85) predates `usize::is_multiple_of` (1.87), and xtask does not inherit
+// `rust-version`, so tell clippy here rather than have it suggest that method.
+#[clippy::msrv = "1.85"]
+impl Arch {
+    fn validate(&self) -> Result<()> {
+        anyhow::ensure!(self.layers >= 1, "--layers must be at least 1");
+        anyhow::ensure!(self.interval >= 1, "--interval must be at least 1");
+        anyhow::ensure!(
+            self.interval <= self.layers,
+            "--interval {} exceeds --layers {}: no layer would be full attention",
+            self.interval,
+            self.layers
+        );
+        anyhow::ensure!(
+            self.hidden >= 8 && self.hidden % 8 == 0,
+            "--hidden must be a positive multiple of 8 (got {})",
+            self.hidden
+        );
+        anyhow::ensure!(self.inter >= 1, "--intermediate must be at least 1");
+        Ok(())
+    }
+
+    /// True when layer `i` is gated full attention (else Gated DeltaNet).
+    fn is_full(&self, i: usize) -> bool {
+        (i + 1) % self.interval == 0
+    }
+
+    /// The `layer_types` entry of layer `i`.
+    fn layer_type(&self, i: usize) -> &'static str {
+        if self.is_full(i) {
+            "full_attention"
+        } else {
+            "linear_attention"
+        }
+    }
+}
 
 struct Params {
     vars: Vec<(String, Var)>,
@@ -49,7 +116,12 @@ impl Params {
     }
 }
 
-fn init(seed: u64) -> Result<Params> {
+/// Creates the parameters in a fixed order (the RNG is drawn in that order, and Adam walks
+/// `vars` in it): embed; the Gated DeltaNet parameters of each linear layer; the attention
+/// parameters of each full layer, then the MTP layer; norms and MLP of every layer, then the MTP
+/// layer; final norm, lm_head and the rest of the MTP head.
+fn init(arch: &Arch, seed: u64) -> Result<Params> {
+    let (d_model, inter) = (arch.hidden, arch.inter);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut vars = Vec::new();
     let dev = Device::Cpu;
@@ -79,124 +151,142 @@ fn init(seed: u64) -> Result<Params> {
     add(
         &mut vars,
         "embed",
-        normal(VOCAB * D_MODEL, 0.5),
-        &[VOCAB, D_MODEL],
+        normal(VOCAB * d_model, 0.5),
+        &[VOCAB, d_model],
     )?;
-    // layer 0: Gated DeltaNet
+    // Gated DeltaNet layers
     let kd = LK * LD;
     let vd = LV * LD;
     let cd = 2 * kd + vd;
-    add(
-        &mut vars,
-        "l0.qkv",
-        lin(cd, D_MODEL, &mut normal),
-        &[cd, D_MODEL],
-    )?;
-    add(
-        &mut vars,
-        "l0.z",
-        lin(vd, D_MODEL, &mut normal),
-        &[vd, D_MODEL],
-    )?;
-    add(
-        &mut vars,
-        "l0.b",
-        lin(LV, D_MODEL, &mut normal),
-        &[LV, D_MODEL],
-    )?;
-    add(
-        &mut vars,
-        "l0.a",
-        lin(LV, D_MODEL, &mut normal),
-        &[LV, D_MODEL],
-    )?;
-    add(&mut vars, "l0.conv", normal(cd * CONV, 0.5), &[cd, CONV])?;
-    let a_log: Vec<f32> = (0..LV).map(|i| (1.0 + 3.0 * i as f32).ln()).collect();
-    add(&mut vars, "l0.A_log", a_log, &[LV])?;
-    add(&mut vars, "l0.dt_bias", vec![1.0; LV], &[LV])?;
-    add(&mut vars, "l0.gnorm", vec![1.0; LD], &[LD])?;
-    add(
-        &mut vars,
-        "l0.out",
-        lin(D_MODEL, vd, &mut normal),
-        &[D_MODEL, vd],
-    )?;
-    // layer 1 and the MTP layer: gated full attention
-    for p in ["l1", "mtp.l0"] {
+    for i in (0..arch.layers).filter(|&i| !arch.is_full(i)) {
+        let p = format!("l{i}");
+        add(
+            &mut vars,
+            &format!("{p}.qkv"),
+            lin(cd, d_model, &mut normal),
+            &[cd, d_model],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.z"),
+            lin(vd, d_model, &mut normal),
+            &[vd, d_model],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.b"),
+            lin(LV, d_model, &mut normal),
+            &[LV, d_model],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.a"),
+            lin(LV, d_model, &mut normal),
+            &[LV, d_model],
+        )?;
+        add(
+            &mut vars,
+            &format!("{p}.conv"),
+            normal(cd * CONV, 0.5),
+            &[cd, CONV],
+        )?;
+        let a_log: Vec<f32> = (0..LV).map(|h| (1.0 + 3.0 * h as f32).ln()).collect();
+        add(&mut vars, &format!("{p}.A_log"), a_log, &[LV])?;
+        add(&mut vars, &format!("{p}.dt_bias"), vec![1.0; LV], &[LV])?;
+        add(&mut vars, &format!("{p}.gnorm"), vec![1.0; LD], &[LD])?;
+        add(
+            &mut vars,
+            &format!("{p}.out"),
+            lin(d_model, vd, &mut normal),
+            &[d_model, vd],
+        )?;
+    }
+    // full-attention layers, then the MTP layer: gated full attention
+    let full: Vec<String> = (0..arch.layers)
+        .filter(|&i| arch.is_full(i))
+        .map(|i| format!("l{i}"))
+        .chain(["mtp.l0".to_string()])
+        .collect();
+    for p in &full {
         add(
             &mut vars,
             &format!("{p}.q"),
-            lin(HEADS * HD * 2, D_MODEL, &mut normal),
-            &[HEADS * HD * 2, D_MODEL],
+            lin(HEADS * HD * 2, d_model, &mut normal),
+            &[HEADS * HD * 2, d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.k"),
-            lin(KV_HEADS * HD, D_MODEL, &mut normal),
-            &[KV_HEADS * HD, D_MODEL],
+            lin(KV_HEADS * HD, d_model, &mut normal),
+            &[KV_HEADS * HD, d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.v"),
-            lin(KV_HEADS * HD, D_MODEL, &mut normal),
-            &[KV_HEADS * HD, D_MODEL],
+            lin(KV_HEADS * HD, d_model, &mut normal),
+            &[KV_HEADS * HD, d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.o"),
-            lin(D_MODEL, HEADS * HD, &mut normal),
-            &[D_MODEL, HEADS * HD],
+            lin(d_model, HEADS * HD, &mut normal),
+            &[d_model, HEADS * HD],
         )?;
         add(&mut vars, &format!("{p}.qn"), vec![1.0; HD], &[HD])?;
         add(&mut vars, &format!("{p}.kn"), vec![1.0; HD], &[HD])?;
     }
-    for p in ["l0", "l1", "mtp.l0"] {
+    // norms and MLP of every layer, then the MTP layer
+    let all: Vec<String> = (0..arch.layers)
+        .map(|i| format!("l{i}"))
+        .chain(["mtp.l0".to_string()])
+        .collect();
+    for p in &all {
         add(
             &mut vars,
             &format!("{p}.in_norm"),
-            vec![1.0; D_MODEL],
-            &[D_MODEL],
+            vec![1.0; d_model],
+            &[d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.post_norm"),
-            vec![1.0; D_MODEL],
-            &[D_MODEL],
+            vec![1.0; d_model],
+            &[d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.gate"),
-            lin(INTER, D_MODEL, &mut normal),
-            &[INTER, D_MODEL],
+            lin(inter, d_model, &mut normal),
+            &[inter, d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.up"),
-            lin(INTER, D_MODEL, &mut normal),
-            &[INTER, D_MODEL],
+            lin(inter, d_model, &mut normal),
+            &[inter, d_model],
         )?;
         add(
             &mut vars,
             &format!("{p}.down"),
-            lin(D_MODEL, INTER, &mut normal),
-            &[D_MODEL, INTER],
+            lin(d_model, inter, &mut normal),
+            &[d_model, inter],
         )?;
     }
-    add(&mut vars, "norm", vec![1.0; D_MODEL], &[D_MODEL])?;
+    add(&mut vars, "norm", vec![1.0; d_model], &[d_model])?;
     add(
         &mut vars,
         "lm_head",
-        lin(VOCAB, D_MODEL, &mut normal),
-        &[VOCAB, D_MODEL],
+        lin(VOCAB, d_model, &mut normal),
+        &[VOCAB, d_model],
     )?;
     add(
         &mut vars,
         "mtp.fc",
-        lin(D_MODEL, 2 * D_MODEL, &mut normal),
-        &[D_MODEL, 2 * D_MODEL],
+        lin(d_model, 2 * d_model, &mut normal),
+        &[d_model, 2 * d_model],
     )?;
     for n in ["mtp.pre_emb", "mtp.pre_hidden", "mtp.norm"] {
-        add(&mut vars, n, vec![1.0; D_MODEL], &[D_MODEL])?;
+        add(&mut vars, n, vec![1.0; d_model], &[d_model])?;
     }
     Ok(Params { vars })
 }
@@ -224,13 +314,14 @@ fn mlp(p: &Params, pre: &str, x: &Tensor) -> Result<Tensor> {
     lin(&(g * u)?, p.get(&format!("{pre}.down"))?)
 }
 
-fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
+/// The Gated DeltaNet mixer of the layer whose parameters are named `{pre}.*`.
+fn deltanet(p: &Params, pre: &str, x: &Tensor) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let (kd, vd) = (LK * LD, LV * LD);
-    let qkv = lin(x, p.get("l0.qkv")?)?; // [b, t, C]
-    let z = lin(x, p.get("l0.z")?)?;
-    let bb = lin(x, p.get("l0.b")?)?;
-    let aa = lin(x, p.get("l0.a")?)?;
+    let qkv = lin(x, p.get(&format!("{pre}.qkv"))?)?; // [b, t, C]
+    let z = lin(x, p.get(&format!("{pre}.z"))?)?;
+    let bb = lin(x, p.get(&format!("{pre}.b"))?)?;
+    let aa = lin(x, p.get(&format!("{pre}.a"))?)?;
     // causal depthwise conv: out[t] = sum_j in[t + j] w[:, j] over [zeros(K-1); qkv]
     let c = 2 * kd + vd;
     let padded = Tensor::cat(
@@ -240,7 +331,7 @@ fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
         ],
         1,
     )?;
-    let w = p.get("l0.conv")?;
+    let w = p.get(&format!("{pre}.conv"))?;
     let mut conv = padded
         .narrow(1, 0, t)?
         .broadcast_mul(&w.narrow(1, 0, 1)?.squeeze(1)?)?;
@@ -265,10 +356,13 @@ fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
     };
     let (q, k) = (expand(&q)?, expand(&k)?);
     let sp = {
-        let u = aa.broadcast_add(p.get("l0.dt_bias")?)?;
+        let u = aa.broadcast_add(p.get(&format!("{pre}.dt_bias"))?)?;
         (u.exp()? + 1.0)?.log()?
     };
-    let g = sp.broadcast_mul(&p.get("l0.A_log")?.exp()?)?.neg()?.exp()?; // [b, t, LV]
+    let g = sp
+        .broadcast_mul(&p.get(&format!("{pre}.A_log"))?.exp()?)?
+        .neg()?
+        .exp()?; // [b, t, LV]
     let beta = sigmoid(&bb)?;
     let mut state = Tensor::zeros((b, LV, LD, LD), DType::F32, x.device())?;
     let mut ys = Vec::with_capacity(t);
@@ -285,9 +379,9 @@ fn deltanet(p: &Params, x: &Tensor) -> Result<Tensor> {
         ys.push(state.broadcast_mul(&qt.unsqueeze(2)?)?.sum(3)?);
     }
     let y = Tensor::stack(&ys, 1)?; // [b, t, LV, LD]
-    let y = rms(&y, Some(p.get("l0.gnorm")?), EPS)?;
+    let y = rms(&y, Some(p.get(&format!("{pre}.gnorm"))?), EPS)?;
     let y = (y * z.reshape((b, t, LV, LD))?.silu()?)?.reshape((b, t, vd))?;
-    lin(&y, p.get("l0.out")?)
+    lin(&y, p.get(&format!("{pre}.out"))?)
 }
 
 fn rope_tables(t: usize) -> Result<(Tensor, Tensor)> {
@@ -391,7 +485,7 @@ fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
     Ok((lse - picked)?.mean_all()?)
 }
 
-fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
+fn losses(p: &Params, arch: &Arch, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     let b = batch.len();
     let t = batch[0].len() - 2;
     let flat = |off: usize| -> Vec<u32> {
@@ -403,20 +497,27 @@ fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     let (x0, x1, x2) = (flat(0), flat(1), flat(2));
     let ids = Tensor::from_vec(x0.clone(), b * t, &Device::Cpu)?;
     let emb = p.get("embed")?;
-    let x = emb.index_select(&ids, 0)?.reshape((b, t, D_MODEL))?;
+    let x = emb.index_select(&ids, 0)?.reshape((b, t, arch.hidden))?;
     let mask: Vec<f32> = (0..t * t)
         .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu)?;
     let (cos, sin) = rope_tables(t)?;
-    let x = block(p, "l0", &x, |h| deltanet(p, h))?;
-    let x = block(p, "l1", &x, |h| attention(p, "l1", h, &mask, &cos, &sin))?;
+    let mut x = x;
+    for i in 0..arch.layers {
+        let pre = format!("l{i}");
+        x = if arch.is_full(i) {
+            block(p, &pre, &x, |h| attention(p, &pre, h, &mask, &cos, &sin))?
+        } else {
+            block(p, &pre, &x, |h| deltanet(p, &pre, h))?
+        };
+    }
     let hidden = rms(&x, Some(p.get("norm")?), EPS)?;
     let l1 = cross_entropy(&lin(&hidden, p.get("lm_head")?)?, &x1)?;
     // MTP: (embed(t + 1), hidden(t)) -> t + 2, target hidden detached
     let e1 = emb
         .index_select(&Tensor::from_vec(x1, b * t, &Device::Cpu)?, 0)?
-        .reshape((b, t, D_MODEL))?;
+        .reshape((b, t, arch.hidden))?;
     let cat = Tensor::cat(
         &[
             rms(&e1, Some(p.get("mtp.pre_emb")?), EPS)?,
@@ -433,33 +534,37 @@ fn losses(p: &Params, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     Ok((l1, l2))
 }
 
-fn export(p: &Params, out: &std::path::Path) -> Result<()> {
+fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
     let mut m: HashMap<String, Tensor> = HashMap::new();
     let lm = "model.language_model";
     let get = |n: &str| -> Result<Tensor> { Ok(p.get(n)?.clone()) };
     // HF layout: zero-centred RMSNorm weights (w - 1), torch conv layout [C, 1, K].
     let shifted = |n: &str| -> Result<Tensor> { Ok((p.get(n)? - 1.0)?) };
     m.insert(format!("{lm}.embed_tokens.weight"), get("embed")?);
-    let a = format!("{lm}.layers.0.linear_attn");
-    for (src, dst) in [
-        ("qkv", "in_proj_qkv"),
-        ("z", "in_proj_z"),
-        ("b", "in_proj_b"),
-        ("a", "in_proj_a"),
-        ("out", "out_proj"),
-    ] {
-        m.insert(format!("{a}.{dst}.weight"), get(&format!("l0.{src}"))?);
+    // (internal prefix, HF prefix, full attention?) of every decoder layer, then the MTP layer
+    let layers: Vec<(String, String, bool)> = (0..arch.layers)
+        .map(|i| (format!("l{i}"), format!("{lm}.layers.{i}"), arch.is_full(i)))
+        .chain([("mtp.l0".to_string(), "mtp.layers.0".to_string(), true)])
+        .collect();
+    for (src, dst, _) in layers.iter().filter(|l| !l.2) {
+        let a = format!("{dst}.linear_attn");
+        for (s, d) in [
+            ("qkv", "in_proj_qkv"),
+            ("z", "in_proj_z"),
+            ("b", "in_proj_b"),
+            ("a", "in_proj_a"),
+            ("out", "out_proj"),
+        ] {
+            m.insert(format!("{a}.{d}.weight"), get(&format!("{src}.{s}"))?);
+        }
+        let conv = get(&format!("{src}.conv"))?;
+        let (c, k) = conv.dims2()?;
+        m.insert(format!("{a}.conv1d.weight"), conv.reshape((c, 1, k))?);
+        m.insert(format!("{a}.A_log"), get(&format!("{src}.A_log"))?);
+        m.insert(format!("{a}.dt_bias"), get(&format!("{src}.dt_bias"))?);
+        m.insert(format!("{a}.norm.weight"), get(&format!("{src}.gnorm"))?);
     }
-    let conv = get("l0.conv")?;
-    let (c, k) = conv.dims2()?;
-    m.insert(format!("{a}.conv1d.weight"), conv.reshape((c, 1, k))?);
-    m.insert(format!("{a}.A_log"), get("l0.A_log")?);
-    m.insert(format!("{a}.dt_bias"), get("l0.dt_bias")?);
-    m.insert(format!("{a}.norm.weight"), get("l0.gnorm")?);
-    for (src, dst) in [
-        ("l1", format!("{lm}.layers.1")),
-        ("mtp.l0", "mtp.layers.0".to_string()),
-    ] {
+    for (src, dst, _) in layers.iter().filter(|l| l.2) {
         for (s, d) in [
             ("q", "q_proj"),
             ("k", "k_proj"),
@@ -480,11 +585,7 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
             shifted(&format!("{src}.kn"))?,
         );
     }
-    for (src, dst) in [
-        ("l0", format!("{lm}.layers.0")),
-        ("l1", format!("{lm}.layers.1")),
-        ("mtp.l0", "mtp.layers.0".to_string()),
-    ] {
+    for (src, dst, _) in &layers {
         m.insert(
             format!("{dst}.input_layernorm.weight"),
             shifted(&format!("{src}.in_norm"))?,
@@ -515,10 +616,11 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
     m.insert("mtp.norm.weight".into(), shifted("mtp.norm")?);
     std::fs::create_dir_all(out)?;
     candle_core::safetensors::save(&m, out.join("model.safetensors"))?;
+    let layer_types: Vec<&str> = (0..arch.layers).map(|i| arch.layer_type(i)).collect();
     let text = serde_json::json!({
-        "model_type": "qwen3_5_text", "hidden_size": D_MODEL, "intermediate_size": INTER,
-        "num_hidden_layers": 2, "full_attention_interval": 2,
-        "layer_types": ["linear_attention", "full_attention"],
+        "model_type": "qwen3_5_text", "hidden_size": arch.hidden, "intermediate_size": arch.inter,
+        "num_hidden_layers": arch.layers, "full_attention_interval": arch.interval,
+        "layer_types": layer_types,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD,
         "linear_num_value_heads": LV, "linear_num_key_heads": LK, "linear_key_head_dim": LD,
         "linear_value_head_dim": LD, "linear_conv_kernel_dim": CONV, "rms_norm_eps": EPS,
@@ -533,7 +635,7 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
         "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
         "text_config": text,
         "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
-            "out_hidden_size": D_MODEL, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+            "out_hidden_size": arch.hidden, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
             "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
             "deepstack_visual_indexes": []},
         "image_token_id": 250, "video_token_id": 251, "vision_start_token_id": 252,
@@ -556,11 +658,18 @@ fn export(p: &Params, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S]`.
+/// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S] [--layers N] [--interval K]
+/// [--hidden H] [--intermediate I]`.
+///
+/// `--layers` is `num_hidden_layers` (default 2), `--interval` is `full_attention_interval`
+/// (default 2: layer `i` is full attention iff `(i + 1) % K == 0`, Gated DeltaNet otherwise),
+/// `--hidden` is `hidden_size` (default 256, a multiple of 8) and `--intermediate` the MLP width
+/// (default 512). Head counts and widths are fixed. The defaults reproduce `models/tiny-code`.
 pub fn run(args: &[String]) -> Result<()> {
     let mut out = PathBuf::from("models/tiny-code");
     let mut steps = 300usize;
     let mut seed = 0u64;
+    let mut arch = Arch::default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().with_context(|| format!("{a} needs a value"))?;
@@ -568,15 +677,30 @@ pub fn run(args: &[String]) -> Result<()> {
             "--out" => out = PathBuf::from(v),
             "--steps" => steps = v.parse()?,
             "--seed" => seed = v.parse()?,
+            "--layers" => arch.layers = parse(a, v)?,
+            "--interval" => arch.interval = parse(a, v)?,
+            "--hidden" => arch.hidden = parse(a, v)?,
+            "--intermediate" => arch.inter = parse(a, v)?,
             other => anyhow::bail!("unknown train-tiny flag `{other}`"),
         }
     }
+    arch.validate()?;
     let corpus: Vec<u8> = CORPUS.bytes().filter(|b| *b != 0).collect();
     println!(
         "corpus: {} bytes of this repository's Rust source",
         corpus.len()
     );
-    let p = init(seed)?;
+    let types: Vec<&str> = (0..arch.layers)
+        .map(|i| if arch.is_full(i) { "full" } else { "linear" })
+        .collect();
+    println!(
+        "model: {} layers [{}], hidden {}, intermediate {}",
+        arch.layers,
+        types.join(", "),
+        arch.hidden,
+        arch.inter
+    );
+    let p = init(&arch, seed)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
     let (batch, len) = (8usize, 32usize);
     let (lr, b1, b2, eps) = (5e-3f64, 0.9f64, 0.999f64, 1e-8f64);
@@ -593,7 +717,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 corpus[s..s + len + 2].iter().map(|b| *b as u32).collect()
             })
             .collect();
-        let (l1, l2) = losses(&p, &rows)?;
+        let (l1, l2) = losses(&p, &arch, &rows)?;
         let loss = (&l1 + &l2)?;
         let grads = loss.backward()?;
         let lr_t = lr * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
@@ -616,7 +740,13 @@ pub fn run(args: &[String]) -> Result<()> {
             );
         }
     }
-    export(&p, &out)?;
+    export(&p, &arch, &out)?;
     println!("wrote {}", out.display());
     Ok(())
+}
+
+/// Parses the value of flag `flag` as a count.
+fn parse(flag: &str, v: &str) -> Result<usize> {
+    v.parse()
+        .with_context(|| format!("{flag} needs a non-negative integer, got `{v}`"))
 }
