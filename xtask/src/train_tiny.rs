@@ -65,9 +65,6 @@ impl Default for Arch {
     }
 }
 
-// The workspace's MSRV (1.85) predates `usize::is_multiple_of` (1.87), and xtask does not inherit
-// `rust-version`, so tell clippy here rather than have it suggest that method.
-#[clippy::msrv = "1.85"]
 impl Arch {
     fn validate(&self) -> Result<()> {
         anyhow::ensure!(self.layers >= 1, "--layers must be at least 1");
@@ -79,7 +76,7 @@ impl Arch {
             self.layers
         );
         anyhow::ensure!(
-            self.hidden >= 8 && self.hidden % 8 == 0,
+            self.hidden >= 8 && self.hidden.is_multiple_of(8),
             "--hidden must be a positive multiple of 8 (got {})",
             self.hidden
         );
@@ -89,7 +86,7 @@ impl Arch {
 
     /// True when layer `i` is gated full attention (else Gated DeltaNet).
     fn is_full(&self, i: usize) -> bool {
-        (i + 1) % self.interval == 0
+        (i + 1).is_multiple_of(self.interval)
     }
 
     /// The `layer_types` entry of layer `i`.

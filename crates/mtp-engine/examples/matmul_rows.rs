@@ -43,14 +43,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ratios[n - 1].push(s / one);
         }
     }
-    println!("| rows | ms (median) | / one row (median of paired ratios) | GB/s |");
+    println!("| rows | µs (median) | / one row (median of paired ratios) | GB/s |");
     println!("| --- | --- | --- | --- |");
     for (n, (s, r)) in secs.into_iter().zip(ratios).enumerate() {
         let s = median(s);
         println!(
-            "| {} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {:.1} | {:.2} | {:.1} |",
             n + 1,
-            s * 1e3,
+            s * 1e6,
             median(r),
             (w.len() * 4) as f64 / s / 1e9
         );

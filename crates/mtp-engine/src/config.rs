@@ -203,7 +203,9 @@ impl ModelConfig {
             text.head_dim = Some(text.hidden_size / text.num_attention_heads.max(1));
         }
         if text.linear_num_key_heads == 0
-            || text.linear_num_value_heads % text.linear_num_key_heads != 0
+            || !text
+                .linear_num_value_heads
+                .is_multiple_of(text.linear_num_key_heads)
         {
             return Err(Error::Config {
                 path: path.to_path_buf(),
@@ -242,7 +244,7 @@ impl ModelConfig {
     pub fn is_full_attention(&self, i: usize) -> bool {
         match &self.text.layer_types {
             Some(t) => t.get(i).is_some_and(|s| s == "full_attention"),
-            None => (i + 1) % self.text.full_attention_interval == 0,
+            None => (i + 1).is_multiple_of(self.text.full_attention_interval),
         }
     }
 
@@ -251,7 +253,7 @@ impl ModelConfig {
         let t = &self.text;
         t.num_experts > 0
             && !t.mlp_only_layers.contains(&i)
-            && (i + 1) % t.decoder_sparse_step.max(1) == 0
+            && (i + 1).is_multiple_of(t.decoder_sparse_step.max(1))
     }
 
     /// Head width of full attention.

@@ -180,7 +180,7 @@ pub fn dequantize_affine(
     let in_features = words * 32 / bits;
     let groups = sdims[sdims.len() - 1];
     if groups == 0
-        || in_features % groups != 0
+        || !in_features.is_multiple_of(groups)
         || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
     {
         return Err(qerr(format!(

@@ -55,6 +55,60 @@ trait Lanes {
     /// Asks for the cache line at `p` ahead of its use (a hint: any address is allowed).
     #[inline(always)]
     fn prefetch(_p: *const f32) {}
+    /// Whether `W` is one register out of 32, so that [`matmul_block`] can run 4 weight rows
+    /// by up to 6 inputs in one pass.
+    const WIDE: bool = false;
+    /// Two consecutive 8-float chunks, `[even | odd]`: one 16-lane vector where the CPU has
+    /// them (one instruction does both chunks' lanes, each lane as in [`Lanes::mul_add`]), a
+    /// pair of `V` elsewhere.
+    type W: Copy;
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn zero2() -> Self::W;
+    /// # Safety
+    /// `p` points at 16 readable floats and the CPU supports the instruction set.
+    unsafe fn load2(p: *const f32) -> Self::W;
+    /// [`Lanes::mul_add`] on both chunks.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn mul_add2(acc: Self::W, a: Self::W, b: Self::W) -> Self::W;
+    /// `(even, odd)`.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn halves(w: Self::W) -> (Self::V, Self::V);
+}
+
+/// The pair implementation of [`Lanes::W`] and its operations, for 8-lane-only instruction sets.
+macro_rules! paired_w {
+    () => {
+        type W = (Self::V, Self::V);
+        #[inline(always)]
+        unsafe fn zero2() -> Self::W {
+            // SAFETY: forwarded from the caller.
+            unsafe { (Self::zero(), Self::zero()) }
+        }
+        #[inline(always)]
+        unsafe fn load2(p: *const f32) -> Self::W {
+            // SAFETY: forwarded from the caller (16 floats).
+            unsafe { (Self::load(p), Self::load(p.add(8))) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add2(acc: Self::W, a: Self::W, b: Self::W) -> Self::W {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                (
+                    Self::mul_add(acc.0, a.0, b.0),
+                    Self::mul_add(acc.1, a.1, b.1),
+                )
+            }
+        }
+        #[inline(always)]
+        unsafe fn halves(w: Self::W) -> (Self::V, Self::V) {
+            w
+        }
+    };
 }
 
 struct Portable;
@@ -105,6 +159,7 @@ impl Lanes for Portable {
         // SAFETY: the caller guarantees 8 writable floats.
         unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v) }
     }
+    paired_w!();
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -169,6 +224,88 @@ impl Lanes for Avx {
         // of x86_64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
     }
+    paired_w!();
+}
+
+/// AVX2 lanes, with the chunk pairs of [`dots`] in one 512-bit vector (AVX-512F): half the
+/// multiply-add instructions for the same lane-by-lane arithmetic, so the same bits.
+#[cfg(target_arch = "x86_64")]
+struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx512 {
+    type V = std::arch::x86_64::__m256;
+    const FUSED: bool = true;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: forwarded from the caller (AVX-512F implies AVX2 and FMA here).
+        unsafe { Avx::zero() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: as above.
+        unsafe { Avx::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: as above.
+        unsafe { Avx::mul_add(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn reduce(acc: Self::V) -> f32 {
+        // SAFETY: as above.
+        unsafe { Avx::reduce(acc) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: as above.
+        unsafe { Avx::splat(x) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: as above.
+        unsafe { Avx::add(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: as above.
+        unsafe { Avx::mul(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: as above.
+        unsafe { Avx::store(p, v) }
+    }
+    #[inline(always)]
+    fn prefetch(p: *const f32) {
+        Avx::prefetch(p)
+    }
+    const WIDE: bool = true;
+    type W = std::arch::x86_64::__m512;
+    #[inline(always)]
+    unsafe fn zero2() -> Self::W {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { std::arch::x86_64::_mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load2(p: *const f32) -> Self::W {
+        // SAFETY: the caller guarantees AVX-512F and 16 readable floats.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add2(acc: Self::W, a: Self::W, b: Self::W) -> Self::W {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { std::arch::x86_64::_mm512_fmadd_ps(a, b, acc) }
+    }
+    #[inline(always)]
+    unsafe fn halves(w: Self::W) -> (Self::V, Self::V) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe {
+            let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w));
+            (_mm512_castps512_ps256(w), _mm256_castpd_ps(hi))
+        }
+    }
 }
 
 /// `a * b + c` with the rounding of `L`'s lanes.
@@ -205,26 +342,29 @@ unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
     };
     // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
     unsafe {
-        let mut even = [[L::zero(); N]; M];
-        let mut odd = [[L::zero(); N]; M];
+        // `acc` holds each product's even and odd chunks: [`Lanes::W`]
+        let mut acc = [[L::zero2(); N]; M];
         let mut c = 0;
         while c + 2 <= chunks {
-            let mut y0 = [L::zero(); M];
-            let mut y1 = [L::zero(); M];
+            let mut y = [L::zero2(); M];
             for m in 0..M {
                 L::prefetch(ws[m].wrapping_add(c * 8 + ahead));
-                y0[m] = L::load(ws[m].add(c * 8));
-                y1[m] = L::load(ws[m].add(c * 8 + 8));
+                y[m] = L::load2(ws[m].add(c * 8));
             }
             for r in 0..N {
-                let x0 = L::load(xs[r].add(c * 8));
-                let x1 = L::load(xs[r].add(c * 8 + 8));
+                let x = L::load2(xs[r].add(c * 8));
                 for m in 0..M {
-                    even[m][r] = L::mul_add(even[m][r], x0, y0[m]);
-                    odd[m][r] = L::mul_add(odd[m][r], x1, y1[m]);
+                    acc[m][r] = L::mul_add2(acc[m][r], x, y[m]);
                 }
             }
             c += 2;
+        }
+        let mut even = [[L::zero(); N]; M];
+        let mut odd = [[L::zero(); N]; M];
+        for m in 0..M {
+            for r in 0..N {
+                (even[m][r], odd[m][r]) = L::halves(acc[m][r]);
+            }
         }
         if c < chunks {
             for r in 0..N {
@@ -340,6 +480,20 @@ unsafe fn matmul_block<L: Lanes>(
         *p = x[r * inp..(r + 1) * inp].as_ptr();
     }
     let outs = dst.len() / n;
+    if L::WIDE {
+        // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
+        unsafe {
+            match n {
+                1 => return groups::<L, 1, 4>(first(rows), w, inp, o0, dst),
+                2 => return groups::<L, 2, 4>(first(rows), w, inp, o0, dst),
+                3 => return groups::<L, 3, 4>(first(rows), w, inp, o0, dst),
+                4 => return groups::<L, 4, 4>(first(rows), w, inp, o0, dst),
+                5 => return groups::<L, 5, 4>(first(rows), w, inp, o0, dst),
+                6 => return groups::<L, 6, 4>(first(rows), w, inp, o0, dst),
+                _ => {}
+            }
+        }
+    }
     let mut j = 0;
     // one or two inputs (decode, a depth-1 verify): two weight rows per pass
     if n <= 2 {
@@ -385,11 +539,77 @@ unsafe fn pair_into<L: Lanes, const N: usize>(
     dst[N..2 * N].copy_from_slice(&d[1]);
 }
 
+/// [`matmul_block`] for `N` inputs, `M` weight rows per pass (then one at a time): `N * M`
+/// independent products, enough to keep the multiply-add units busy when the weights come from
+/// cache, for lanes with registers to hold them ([`Lanes::WIDE`]).
+///
+/// # Safety
+/// As [`dots`]; `dst` holds `N` results per output feature, all inside `w` from `o0`.
+#[inline(always)]
+unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
+    xs: [*const f32; N],
+    w: &[f32],
+    inp: usize,
+    o0: usize,
+    dst: &mut [f32],
+) {
+    let outs = dst.len() / N;
+    let mut j = 0;
+    // SAFETY: every weight row `o0 + j + m < o0 + outs` holds `inp` floats, as do the inputs.
+    unsafe {
+        while j + M <= outs {
+            let ws = std::array::from_fn(|m| w[(o0 + j + m) * inp..].as_ptr());
+            let d = dots::<L, N, M>(xs, ws, inp);
+            for (m, dm) in d.iter().enumerate() {
+                dst[(j + m) * N..(j + m + 1) * N].copy_from_slice(dm);
+            }
+            j += M;
+        }
+        while j < outs {
+            let [d] = dots::<L, N, 1>(xs, [w[(o0 + j) * inp..].as_ptr()], inp);
+            dst[j * N..(j + 1) * N].copy_from_slice(&d);
+            j += 1;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,avx2,fma")]
 unsafe fn matmul_block_avx(x: &[f32], n: usize, w: &[f32], inp: usize, o0: usize, dst: &mut [f32]) {
     // SAFETY: this function is only called when AVX was detected.
     unsafe { matmul_block::<Avx>(x, n, w, inp, o0, dst) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,avx512f")]
+unsafe fn matmul_block_avx512(
+    x: &[f32],
+    n: usize,
+    w: &[f32],
+    inp: usize,
+    o0: usize,
+    dst: &mut [f32],
+) {
+    // SAFETY: this function is only called when AVX2, FMA and AVX-512F were detected.
+    unsafe { matmul_block::<Avx512>(x, n, w, inp, o0, dst) }
+}
+
+/// Whether [`matmul_rows`] may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
+/// `MTP_NO_AVX512=1` to keep it to 256 bits (same results; for comparisons).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            has_avx()
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::env::var_os("MTP_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Most rows [`matmul_rows`] takes.
@@ -400,20 +620,27 @@ pub const MAX_ROWS: usize = 32;
 /// output features when the matrix is large. Row `r` of the result is bit-identical to
 /// `matmul_rows(x[r], 1, w, inp)`.
 pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
-    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len() % inp == 0);
+    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len().is_multiple_of(inp));
     let out = w.len() / inp;
-    let avx = has_avx();
+    let (avx, avx512) = (has_avx(), has_avx512());
     // [out, n] in blocks, transposed to [n, out] at the end
     let mut t = vec![0f32; out * n];
     let work = |bi: usize, chunk: &mut [f32]| {
         let o0 = bi * BLOCK;
+        // (one row, decode, streams the weights at memory speed either way)
+        #[cfg(target_arch = "x86_64")]
+        if avx512 && n > 1 {
+            // SAFETY: AVX2, FMA and AVX-512F were detected on this CPU.
+            unsafe { matmul_block_avx512(x, n, w, inp, o0, chunk) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx {
             // SAFETY: AVX was detected on this CPU.
             unsafe { matmul_block_avx(x, n, w, inp, o0, chunk) };
             return;
         }
-        let _ = avx;
+        let _ = (avx, avx512);
         // SAFETY: the portable lanes need no particular instruction set.
         unsafe { matmul_block::<Portable>(x, n, w, inp, o0, chunk) };
     };
@@ -614,7 +841,12 @@ unsafe fn attention_impl<L: Lanes>(
     scale: f32,
 ) -> Vec<f32> {
     let t_total = keys.len() / (hkv * hd);
-    assert!(q.len() == l * h * hd && values.len() == keys.len() && t_total >= l && h % hkv == 0);
+    assert!(
+        q.len() == l * h * hd
+            && values.len() == keys.len()
+            && t_total >= l
+            && h.is_multiple_of(hkv)
+    );
     let rep = h / hkv;
     let nq = l * rep;
     let mut out = vec![0f32; l * h * hd];
@@ -759,7 +991,7 @@ pub fn gated_delta(
     let head = d.dv * d.dk;
     assert!(
         d.hk > 0
-            && d.hv % d.hk == 0
+            && d.hv.is_multiple_of(d.hk)
             && g.len() == s * d.hv
             && q.len() == s * d.hk * d.dk
             && k.len() == q.len()
@@ -962,6 +1194,29 @@ mod tests {
                 let mut portable = vec![0f32; 5 * n];
                 // SAFETY: no particular instruction set needed.
                 unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, &mut portable) };
+                // both vector paths where the CPU has them, whichever `matmul_rows` picked
+                #[cfg(target_arch = "x86_64")]
+                for (wide, ok) in [(false, has_avx()), (true, has_avx512())] {
+                    if !ok {
+                        continue;
+                    }
+                    let mut v = vec![0f32; 5 * n];
+                    // SAFETY: the instruction sets were detected just above.
+                    unsafe {
+                        if wide {
+                            matmul_block_avx512(&x, n, &w, inp, 0, &mut v);
+                        } else {
+                            matmul_block_avx(&x, n, &w, inp, 0, &mut v);
+                        }
+                    }
+                    for r in 0..n {
+                        for o in 0..5 {
+                            let (xr, wo) = (&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
+                            let want = lone(xr, wo, true);
+                            assert_eq!(v[o * n + r].to_bits(), want.to_bits(), "wide {wide}");
+                        }
+                    }
+                }
                 for r in 0..n {
                     for o in 0..5 {
                         let (xr, wo) = (&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);

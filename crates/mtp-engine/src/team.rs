@@ -117,7 +117,7 @@ fn worker(team: &'static Team) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 32 == 0 {
+            if spins.is_multiple_of(32) {
                 let idle = started.elapsed();
                 if idle >= SPIN {
                     let mut guard = team.lock.lock().unwrap_or_else(|e| e.into_inner());

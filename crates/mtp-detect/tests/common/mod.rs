@@ -157,7 +157,7 @@ impl GgufWriter {
             off += 32;
         }
         // alignment padding + fake data
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         out.extend(std::iter::repeat_n(0xAB, self.data_len));
