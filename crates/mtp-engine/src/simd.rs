@@ -654,11 +654,10 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
     if n == 1 {
         return t;
     }
-    let mut y = vec![0f32; n * out];
-    for o in 0..out {
-        for r in 0..n {
-            y[r * out + o] = t[o * n + r];
-        }
+    // row by row, so the writes run straight through and no index is checked per element
+    let mut y = Vec::with_capacity(n * out);
+    for r in 0..n {
+        y.extend(t.chunks_exact(n).map(|col| col[r]));
     }
     y
 }
