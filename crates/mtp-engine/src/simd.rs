@@ -644,7 +644,9 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
         // SAFETY: the portable lanes need no particular instruction set.
         unsafe { matmul_block::<Portable>(x, n, w, inp, o0, chunk) };
     };
-    if out * inp >= 1 << 16 {
+    // the worker team makes a split pay from a few microseconds of work (measured on the demo
+    // model: 128-wide matrices, 1 << 16 kept most of them on one thread, 15% slower decode)
+    if out * inp >= 1 << 12 {
         crate::team::chunks_mut(&mut t, BLOCK * n, work);
     } else {
         t.chunks_mut(BLOCK * n)
