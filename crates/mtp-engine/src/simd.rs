@@ -162,68 +162,76 @@ impl Lanes for Portable {
     paired_w!();
 }
 
+/// The 8-lane AVX2 + FMA operations of [`Lanes`], shared by [`Avx`] and [`Avx512`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx_v {
+    () => {
+        type V = std::arch::x86_64::__m256;
+        const FUSED: bool = true;
+        #[inline(always)]
+        unsafe fn zero() -> Self::V {
+            // SAFETY: the caller guarantees AVX.
+            unsafe { std::arch::x86_64::_mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self::V {
+            // SAFETY: the caller guarantees AVX and 8 readable floats.
+            unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees AVX.
+            unsafe { _mm256_fmadd_ps(a, b, acc) }
+        }
+        #[inline(always)]
+        unsafe fn reduce(acc: Self::V) -> f32 {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees AVX.
+            unsafe {
+                // [a0 + a4, a1 + a5, a2 + a6, a3 + a7]
+                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+                // [(a0 + a4) + (a1 + a5), (a2 + a6) + (a3 + a7), ..]
+                let h = _mm_hadd_ps(s, s);
+                _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self::V {
+            // SAFETY: the caller guarantees AVX.
+            unsafe { std::arch::x86_64::_mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: the caller guarantees AVX.
+            unsafe { std::arch::x86_64::_mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            // SAFETY: the caller guarantees AVX.
+            unsafe { std::arch::x86_64::_mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self::V) {
+            // SAFETY: the caller guarantees AVX and 8 writable floats.
+            unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn prefetch(p: *const f32) {
+            use std::arch::x86_64::*;
+            // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part
+            // of x86_64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 struct Avx;
 
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx {
-    type V = std::arch::x86_64::__m256;
-    const FUSED: bool = true;
-    #[inline(always)]
-    unsafe fn zero() -> Self::V {
-        // SAFETY: the caller guarantees AVX.
-        unsafe { std::arch::x86_64::_mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self::V {
-        // SAFETY: the caller guarantees AVX and 8 readable floats.
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller guarantees AVX.
-        unsafe { _mm256_fmadd_ps(a, b, acc) }
-    }
-    #[inline(always)]
-    unsafe fn reduce(acc: Self::V) -> f32 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller guarantees AVX.
-        unsafe {
-            // [a0 + a4, a1 + a5, a2 + a6, a3 + a7]
-            let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            // [(a0 + a4) + (a1 + a5), (a2 + a6) + (a3 + a7), ..]
-            let h = _mm_hadd_ps(s, s);
-            _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
-        }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self::V {
-        // SAFETY: the caller guarantees AVX.
-        unsafe { std::arch::x86_64::_mm256_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: the caller guarantees AVX.
-        unsafe { std::arch::x86_64::_mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: the caller guarantees AVX.
-        unsafe { std::arch::x86_64::_mm256_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: Self::V) {
-        // SAFETY: the caller guarantees AVX and 8 writable floats.
-        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
-    }
-    #[inline(always)]
-    fn prefetch(p: *const f32) {
-        use std::arch::x86_64::*;
-        // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part
-        // of x86_64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-    }
+    avx_v!();
     paired_w!();
 }
 
@@ -234,52 +242,7 @@ struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx512 {
-    type V = std::arch::x86_64::__m256;
-    const FUSED: bool = true;
-    #[inline(always)]
-    unsafe fn zero() -> Self::V {
-        // SAFETY: forwarded from the caller (AVX-512F implies AVX2 and FMA here).
-        unsafe { Avx::zero() }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self::V {
-        // SAFETY: as above.
-        unsafe { Avx::load(p) }
-    }
-    #[inline(always)]
-    unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: as above.
-        unsafe { Avx::mul_add(acc, a, b) }
-    }
-    #[inline(always)]
-    unsafe fn reduce(acc: Self::V) -> f32 {
-        // SAFETY: as above.
-        unsafe { Avx::reduce(acc) }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self::V {
-        // SAFETY: as above.
-        unsafe { Avx::splat(x) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: as above.
-        unsafe { Avx::add(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: as above.
-        unsafe { Avx::mul(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: Self::V) {
-        // SAFETY: as above.
-        unsafe { Avx::store(p, v) }
-    }
-    #[inline(always)]
-    fn prefetch(p: *const f32) {
-        Avx::prefetch(p)
-    }
+    avx_v!();
     const WIDE: bool = true;
     type W = std::arch::x86_64::__m512;
     #[inline(always)]
