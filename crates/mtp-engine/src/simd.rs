@@ -56,7 +56,7 @@ trait Lanes {
     #[inline(always)]
     fn prefetch(_p: *const f32) {}
     /// Whether `W` is one register out of 32, so that [`matmul_block`] can run 4 weight rows
-    /// by up to 6 inputs in one pass.
+    /// by 3 to 6 inputs in one pass.
     const WIDE: bool = false;
     /// Two consecutive 8-float chunks, `[even | odd]`: one 16-lane vector where the CPU has
     /// them (one instruction does both chunks' lanes, each lane as in [`Lanes::mul_add`]), a
@@ -447,8 +447,6 @@ unsafe fn matmul_block<L: Lanes>(
         // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
         unsafe {
             match n {
-                1 => return groups::<L, 1, 4>(first(rows), w, inp, o0, dst),
-                2 => return groups::<L, 2, 4>(first(rows), w, inp, o0, dst),
                 3 => return groups::<L, 3, 4>(first(rows), w, inp, o0, dst),
                 4 => return groups::<L, 4, 4>(first(rows), w, inp, o0, dst),
                 5 => return groups::<L, 5, 4>(first(rows), w, inp, o0, dst),
