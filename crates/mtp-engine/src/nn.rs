@@ -163,6 +163,7 @@ pub struct Attention {
 pub struct DeltaNet {
     /// `[qkv | z | b | a]` projections fused: `[2 key_dim + 2 value_dim + 2 hv, hidden]`.
     proj: Linear,
+    /// `[kernel, conv_dim]`, tap-major (see [`kernels::causal_conv_silu`]).
     conv_w: Vec<f32>,
     a_exp: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -285,7 +286,13 @@ impl DecoderLayer {
             let a_log = st.vec(&format!("{p}.A_log"), dims.hv)?;
             Mixer::Linear(DeltaNet {
                 proj,
-                conv_w: st.mat_f32(&format!("{p}.conv1d.weight"), &[conv_dim, k])?,
+                conv_w: {
+                    // `[conv_dim, k]` to the kernel's tap-major `[k, conv_dim]`
+                    let w = st.mat_f32(&format!("{p}.conv1d.weight"), &[conv_dim, k])?;
+                    (0..k * conv_dim)
+                        .map(|i| w[(i % conv_dim) * k + i / conv_dim])
+                        .collect()
+                },
                 a_exp: a_log.iter().map(|a| a.exp()).collect(),
                 dt_bias: st.vec(&format!("{p}.dt_bias"), dims.hv)?,
                 norm_w: st.vec(&format!("{p}.norm.weight"), dims.dv)?,
@@ -490,9 +497,7 @@ impl Attention {
             let first = (l - lq) * h * hd;
             let o = simd::attention(&q[first..], &kv.k, &kv.v, lq, h, kvh, hd, scale);
             let dst = &mut out[bi * lq * h * hd..(bi + 1) * lq * h * hd];
-            for ((d, o), g) in dst.iter_mut().zip(&o).zip(&gate[first..]) {
-                *d = o * kernels::sigmoid(*g);
-            }
+            kernels::sigmoid_mul(dst, &gate[first..], &o);
         }
         self.o.forward(&out, b * lq)
     }
@@ -543,7 +548,9 @@ impl DeltaNet {
                 for h in 0..dm.hv {
                     beta.push(kernels::sigmoid(bb[h]));
                     // g = exp(-exp(A_log) * softplus(a + dt_bias))
-                    g.push((-self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h])).exp());
+                    g.push(kernels::exp(
+                        -self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h]),
+                    ));
                 }
             }
             // a verify forward works on a copy of the conv window (a few rows)
@@ -554,8 +561,7 @@ impl DeltaNet {
             } else {
                 &mut st.conv
             };
-            let conv_out =
-                kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim, self.kernel);
+            let conv_out = kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim);
             // split [q | k | v] per step and normalise q, k per head
             let mut q = Vec::with_capacity(l * key_dim);
             let mut k = Vec::with_capacity(l * key_dim);
@@ -593,9 +599,7 @@ impl DeltaNet {
             // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
             kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
             let dst = &mut out[bi * l * value_dim..(bi + 1) * l * value_dim];
-            for ((d, y), z) in dst.iter_mut().zip(&y).zip(&z) {
-                *d = y * kernels::silu(*z);
-            }
+            kernels::silu_mul(dst, &z, &y);
         }
         self.out.forward(&out, b * l)
     }
@@ -617,15 +621,13 @@ impl Mlp {
 
 /// `silu(gate) * up` for rows laid out `[gate (i) | up (i)]`.
 fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
-    let mut act = Vec::with_capacity(n * i);
-    for r in 0..n {
-        let row = &gu[r * 2 * i..(r + 1) * 2 * i];
-        act.extend(
-            row[..i]
-                .iter()
-                .zip(&row[i..])
-                .map(|(g, u)| kernels::silu(*g) * u),
-        );
+    let mut act = vec![0f32; n * i];
+    if i == 0 {
+        return act;
+    }
+    for (a, row) in act.chunks_exact_mut(i).zip(gu.chunks_exact(2 * i)) {
+        let (g, u) = row.split_at(i);
+        kernels::silu_mul(a, g, u);
     }
     act
 }

@@ -408,7 +408,7 @@ fn first<const N: usize>(rows: &[*const f32]) -> [*const f32; N] {
 const PREFETCH_AHEAD: usize = 1024;
 
 /// The vector path needs AVX for the lanes and AVX2 for the integer half of `exp`.
-fn has_avx() -> bool {
+pub(crate) fn has_avx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx")
@@ -424,10 +424,35 @@ fn has_avx() -> bool {
 /// Output features of `w` computed per task when a product is split across threads.
 const BLOCK: usize = 64;
 
-/// Writes `dst[j * n + r] = x[r] · w[o0 + j]` for the output features of one block.
+/// Where [`matmul_block`] writes: the result of input row `r` and output feature `o` goes to
+/// `ptr + r * out + o` (the `[n, out]` result, written in place by every block).
+#[derive(Clone, Copy)]
+struct Dst {
+    ptr: *mut f32,
+    out: usize,
+}
+
+// SAFETY: blocks write disjoint output features (see `matmul_rows`).
+unsafe impl Send for Dst {}
+// SAFETY: as above.
+unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// # Safety
+    /// `(r, o)` is inside the result and no other thread writes it.
+    #[inline(always)]
+    unsafe fn put(self, r: usize, o: usize, v: f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { *self.ptr.add(r * self.out + o) = v };
+    }
+}
+
+/// Writes `x[r] · w[o]` for every input row `r < n` and the `outs` output features
+/// `o0..o0 + outs` of one block.
 ///
 /// # Safety
-/// The CPU supports `L`.
+/// The CPU supports `L`; `w` holds the block's weight rows; `dst` has room for `n` rows of
+/// its features and no other thread writes them.
 #[inline(always)]
 unsafe fn matmul_block<L: Lanes>(
     x: &[f32],
@@ -435,22 +460,22 @@ unsafe fn matmul_block<L: Lanes>(
     w: &[f32],
     inp: usize,
     o0: usize,
-    dst: &mut [f32],
+    outs: usize,
+    dst: Dst,
 ) {
     let mut rows = [std::ptr::null::<f32>(); 32];
     let rows = &mut rows[..n];
     for (r, p) in rows.iter_mut().enumerate() {
         *p = x[r * inp..(r + 1) * inp].as_ptr();
     }
-    let outs = dst.len() / n;
     if L::WIDE {
         // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
         unsafe {
             match n {
-                3 => return groups::<L, 3, 4>(first(rows), w, inp, o0, dst),
-                4 => return groups::<L, 4, 4>(first(rows), w, inp, o0, dst),
-                5 => return groups::<L, 5, 4>(first(rows), w, inp, o0, dst),
-                6 => return groups::<L, 6, 4>(first(rows), w, inp, o0, dst),
+                3 => return groups::<L, 3, 4>(first(rows), w, inp, o0, outs, dst),
+                4 => return groups::<L, 4, 4>(first(rows), w, inp, o0, outs, dst),
+                5 => return groups::<L, 5, 4>(first(rows), w, inp, o0, outs, dst),
+                6 => return groups::<L, 6, 4>(first(rows), w, inp, o0, outs, dst),
                 _ => {}
             }
         }
@@ -464,40 +489,36 @@ unsafe fn matmul_block<L: Lanes>(
                 w[(o0 + j + 1) * inp..].as_ptr(),
             );
             // SAFETY: every row holds `inp` floats, and so do the weight rows `o0 + j` and
-            // `o0 + j + 1` (`j + 1 < outs`); the caller guarantees `L`.
+            // `o0 + j + 1` (`j + 1 < outs`); the caller guarantees `L` and `dst`.
             unsafe {
-                let two = &mut dst[j * n..(j + 2) * n];
                 if n == 1 {
-                    pair_into::<L, 1>(first(rows), [w0, w1], inp, two);
+                    put_dots(dst, o0 + j, dots::<L, 1, 2>(first(rows), [w0, w1], inp));
                 } else {
-                    pair_into::<L, 2>(first(rows), [w0, w1], inp, two);
+                    put_dots(dst, o0 + j, dots::<L, 2, 2>(first(rows), [w0, w1], inp));
                 }
             }
             j += 2;
         }
     }
-    for (jj, out) in dst.chunks_exact_mut(n).enumerate().skip(j) {
+    for jj in j..outs {
         let wr = &w[(o0 + jj) * inp..(o0 + jj + 1) * inp];
-        // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L`.
-        unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| out[r] = v) };
+        // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L` and `dst`.
+        unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| dst.put(r, o0 + jj, v)) };
     }
 }
 
-/// Two output features (`[2, N]` into `dst`) of [`matmul_block`].
+/// Writes the results of [`dots`] for output features `o..o + M`.
 ///
 /// # Safety
-/// As [`dots`].
+/// As [`Dst::put`] for every row `r < N` and those features.
 #[inline(always)]
-unsafe fn pair_into<L: Lanes, const N: usize>(
-    xs: [*const f32; N],
-    ws: [*const f32; 2],
-    len: usize,
-    dst: &mut [f32],
-) {
-    // SAFETY: forwarded from the caller.
-    let d = unsafe { dots::<L, N, 2>(xs, ws, len) };
-    dst[..N].copy_from_slice(&d[0]);
-    dst[N..2 * N].copy_from_slice(&d[1]);
+unsafe fn put_dots<const N: usize, const M: usize>(dst: Dst, o: usize, d: [[f32; N]; M]) {
+    for (m, dm) in d.iter().enumerate() {
+        for (r, v) in dm.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { dst.put(r, o + m, *v) };
+        }
+    }
 }
 
 /// [`matmul_block`] for `N` inputs, `M` weight rows per pass (then one at a time): `N * M`
@@ -505,30 +526,31 @@ unsafe fn pair_into<L: Lanes, const N: usize>(
 /// cache, for lanes with registers to hold them ([`Lanes::WIDE`]).
 ///
 /// # Safety
-/// As [`dots`]; `dst` holds `N` results per output feature, all inside `w` from `o0`.
+/// As [`dots`] and [`matmul_block`].
 #[inline(always)]
 unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
     xs: [*const f32; N],
     w: &[f32],
     inp: usize,
     o0: usize,
-    dst: &mut [f32],
+    outs: usize,
+    dst: Dst,
 ) {
-    let outs = dst.len() / N;
     let mut j = 0;
-    // SAFETY: every weight row `o0 + j + m < o0 + outs` holds `inp` floats, as do the inputs.
+    // SAFETY: every weight row `o0 + j + m < o0 + outs` holds `inp` floats, as do the inputs;
+    // the caller guarantees `dst`.
     unsafe {
         while j + M <= outs {
             let ws = std::array::from_fn(|m| w[(o0 + j + m) * inp..].as_ptr());
-            let d = dots::<L, N, M>(xs, ws, inp);
-            for (m, dm) in d.iter().enumerate() {
-                dst[(j + m) * N..(j + m + 1) * N].copy_from_slice(dm);
-            }
+            put_dots(dst, o0 + j, dots::<L, N, M>(xs, ws, inp));
             j += M;
         }
         while j < outs {
-            let [d] = dots::<L, N, 1>(xs, [w[(o0 + j) * inp..].as_ptr()], inp);
-            dst[j * N..(j + 1) * N].copy_from_slice(&d);
+            put_dots(
+                dst,
+                o0 + j,
+                dots::<L, N, 1>(xs, [w[(o0 + j) * inp..].as_ptr()], inp),
+            );
             j += 1;
         }
     }
@@ -536,9 +558,17 @@ unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,avx2,fma")]
-unsafe fn matmul_block_avx(x: &[f32], n: usize, w: &[f32], inp: usize, o0: usize, dst: &mut [f32]) {
-    // SAFETY: this function is only called when AVX was detected.
-    unsafe { matmul_block::<Avx>(x, n, w, inp, o0, dst) }
+unsafe fn matmul_block_avx(
+    x: &[f32],
+    n: usize,
+    w: &[f32],
+    inp: usize,
+    o0: usize,
+    outs: usize,
+    dst: Dst,
+) {
+    // SAFETY: this function is only called when AVX was detected; the caller guarantees `dst`.
+    unsafe { matmul_block::<Avx>(x, n, w, inp, o0, outs, dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -549,10 +579,12 @@ unsafe fn matmul_block_avx512(
     w: &[f32],
     inp: usize,
     o0: usize,
-    dst: &mut [f32],
+    outs: usize,
+    dst: Dst,
 ) {
-    // SAFETY: this function is only called when AVX2, FMA and AVX-512F were detected.
-    unsafe { matmul_block::<Avx512>(x, n, w, inp, o0, dst) }
+    // SAFETY: this function is only called when AVX2, FMA and AVX-512F were detected; the
+    // caller guarantees `dst`.
+    unsafe { matmul_block::<Avx512>(x, n, w, inp, o0, outs, dst) }
 }
 
 /// Whether [`matmul_rows`] may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
@@ -584,45 +616,43 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
     assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len().is_multiple_of(inp));
     let out = w.len() / inp;
     let (avx, avx512) = (has_avx(), has_avx512());
-    // [out, n] in blocks, transposed to [n, out] at the end
-    let mut t = vec![0f32; out * n];
-    let work = |bi: usize, chunk: &mut [f32]| {
+    let mut y = vec![0f32; n * out];
+    let dst = Dst {
+        ptr: y.as_mut_ptr(),
+        out,
+    };
+    let work = |bi: usize| {
         let o0 = bi * BLOCK;
+        let outs = BLOCK.min(out - o0);
         // from three rows up: one or two (decode, a depth-1 verify) stream the weights at memory
         // speed either way, and on a 615M-parameter shape the paired 256-bit path was 3% faster
         // for two (`verify_cost`: 1.07-1.08 steps against 1.08-1.12)
+        // SAFETY (all three): block `bi` writes only its features `o0..o0 + outs` of the `n`
+        // rows of `y`, which outlives the loop; `w` holds them.
         #[cfg(target_arch = "x86_64")]
         if avx512 && n > 2 {
-            // SAFETY: AVX2, FMA and AVX-512F were detected on this CPU.
-            unsafe { matmul_block_avx512(x, n, w, inp, o0, chunk) };
+            // (and AVX2, FMA and AVX-512F were detected on this CPU)
+            unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if avx {
-            // SAFETY: AVX was detected on this CPU.
-            unsafe { matmul_block_avx(x, n, w, inp, o0, chunk) };
+            // (and AVX was detected on this CPU)
+            unsafe { matmul_block_avx(x, n, w, inp, o0, outs, dst) };
             return;
         }
         let _ = (avx, avx512);
-        // SAFETY: the portable lanes need no particular instruction set.
-        unsafe { matmul_block::<Portable>(x, n, w, inp, o0, chunk) };
+        // (and the portable lanes need no particular instruction set)
+        unsafe { matmul_block::<Portable>(x, n, w, inp, o0, outs, dst) };
     };
+    let blocks = out.div_ceil(BLOCK);
     // the worker team makes a split pay from a few microseconds of work (measured on the demo
-    // model: 128-wide matrices, 1 << 16 kept most of them on one thread, 15% slower decode)
+    // model: 128-wide matrices, 1 << 16 kept most of them on one thread, 15% slower decode);
+    // each block writes its own features of every row, in place
     if out * inp >= 1 << 12 {
-        crate::team::chunks_mut(&mut t, BLOCK * n, work);
+        crate::team::run(blocks, &work);
     } else {
-        t.chunks_mut(BLOCK * n)
-            .enumerate()
-            .for_each(|(i, c)| work(i, c));
-    }
-    if n == 1 {
-        return t;
-    }
-    // row by row, so the writes run straight through and no index is checked per element
-    let mut y = Vec::with_capacity(n * out);
-    for r in 0..n {
-        y.extend(t.chunks_exact(n).map(|col| col[r]));
+        (0..blocks).for_each(work);
     }
     y
 }
@@ -670,27 +700,6 @@ unsafe fn attention_avx(
     unsafe { attention_impl::<Avx>(q, keys, values, l, h, hkv, hd, scale) }
 }
 
-/// `e^x` for `x <= 0` (softmax weights), branch-free so that it vectorizes: Cephes' degree-6
-/// polynomial after reduction by `ln 2`, within 2 ulp of the true value; arguments below -87
-/// (and NaN) give `e^-87` (about 1.6e-38, nothing next to the maximum's weight of 1).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    // clamped to [-87, 0]; NaN (a comparison that fails) becomes -87
-    let x = if x >= -87.0 { x.min(0.0) } else { -87.0 };
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 0.166_666_65;
-    let p = p * r + 0.5;
-    let y = p * (r * r) + r + 1.0;
-    // SAFETY: `n` is an integer in [-126, 0] (x in [-87, 0]), so the conversion is exact.
-    let n = unsafe { n.to_int_unchecked::<i32>() };
-    y * f32::from_bits(((n + 127) << 23) as u32)
-}
-
 /// Turns scores into unnormalised softmax weights in place; returns `1 / sum`. Max, exp and sum
 /// run over 8 lanes in a fixed order, so the result depends only on the row.
 #[inline(always)]
@@ -710,13 +719,13 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
     let mut chunks = s.chunks_exact_mut(8);
     for c in &mut chunks {
         for j in 0..8 {
-            c[j] = exp_nonpositive(c[j] - max);
+            c[j] = crate::kernels::exp(c[j] - max);
             acc[j] += c[j];
         }
     }
     let mut tail = 0f32;
     for v in chunks.into_remainder() {
-        *v = exp_nonpositive(*v - max);
+        *v = crate::kernels::exp(*v - max);
         tail += *v;
     }
     let sum =
@@ -1030,6 +1039,12 @@ unsafe fn delta_head_avx(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f3
     unsafe { delta_head::<Avx>(inp, h, st, y) }
 }
 
+/// State rows of one head that [`delta_head`] runs side by side: each row's steps are two
+/// chains of dependent multiply-adds and a reduction, so one row at a time waits on latency;
+/// four rows give the core four independent chains (measured on the demo model: the delta
+/// rule ~3x faster). Every row keeps its own arithmetic, so the bits do not change.
+const DELTA_ROWS: usize = 4;
+
 /// Runs the steps of value head `h` over its state rows `st` (`[dv, dk]`), writing its
 /// outputs `y` (`[s - settle, dv]`); steps after `settle` run on a copy of each row unless
 /// `advance`.
@@ -1038,6 +1053,37 @@ unsafe fn delta_head_avx(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f3
 /// The CPU supports `L`.
 #[inline(always)]
 unsafe fn delta_head<L: Lanes>(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f32]) {
+    let dk = inp.d.dk;
+    let mut scratch = vec![0f32; if inp.advance { 0 } else { DELTA_ROWS * dk }];
+    let mut groups = st.chunks_exact_mut(DELTA_ROWS * dk);
+    let mut i = 0;
+    for rows in &mut groups {
+        // SAFETY: forwarded from the caller.
+        unsafe { delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, &mut scratch) };
+        i += DELTA_ROWS;
+    }
+    for row in groups.into_remainder().chunks_exact_mut(dk) {
+        // SAFETY: forwarded from the caller.
+        unsafe { delta_rows::<L, 1>(inp, h, row, i, y, &mut scratch) };
+        i += 1;
+    }
+}
+
+/// The steps of head `h` over its `R` state rows `rows` (`[R, dk]`, rows `i0..i0 + R` of the
+/// head), interleaved row by row within each pass; `scratch` holds at least `R * dk` floats
+/// when the steps after `settle` must not advance the state.
+///
+/// # Safety
+/// The CPU supports `L`.
+#[inline(always)]
+unsafe fn delta_rows<L: Lanes, const R: usize>(
+    inp: DeltaIn<'_>,
+    h: usize,
+    rows: &mut [f32],
+    i0: usize,
+    y: &mut [f32],
+    scratch: &mut [f32],
+) {
     let DeltaIn {
         d,
         q,
@@ -1052,51 +1098,67 @@ unsafe fn delta_head<L: Lanes>(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &m
     let hk = h / (d.hv / d.hk);
     let dk = d.dk;
     let chunks = dk / 8;
-    let mut scratch = vec![0f32; if advance { 0 } else { dk }];
-    for (i, row) in st.chunks_exact_mut(dk).enumerate() {
-        let mut rp = row.as_mut_ptr();
-        for t in 0..s {
-            if t == settle && !advance {
-                scratch.copy_from_slice(row);
-                rp = scratch.as_mut_ptr();
-            }
-            let qh = &q[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
-            let kh = &k[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
-            let vv = v[(t * d.hv + h) * d.dv + i];
-            let gt = g[t * d.hv + h];
-            let bt = beta[t * d.hv + h];
-            // SAFETY: `c * 8 + 8 <= dk` for every chunk; `rp` (the row or its copy), `kh` and
-            // `qh` hold `dk` floats; the caller guarantees `L`.
-            unsafe {
-                let gv = L::splat(gt);
-                let mut acc = L::zero();
-                for c in 0..chunks {
-                    let sv = L::mul(L::load(rp.add(c * 8)), gv);
-                    L::store(rp.add(c * 8), sv);
-                    acc = L::mul_add(acc, sv, L::load(kh.as_ptr().add(c * 8)));
+    debug_assert!(rows.len() == R * dk);
+    let base = rows.as_mut_ptr();
+    // SAFETY: row `r < R` starts `r * dk` floats into `rows`.
+    let mut rp: [*mut f32; R] = std::array::from_fn(|r| unsafe { base.add(r * dk) });
+    for t in 0..s {
+        if t == settle && !advance {
+            // SAFETY: `rows` and `scratch` are distinct and hold `R * dk` floats.
+            unsafe { std::ptr::copy_nonoverlapping(base, scratch.as_mut_ptr(), R * dk) };
+            let copy = scratch.as_mut_ptr();
+            // SAFETY: as above.
+            rp = std::array::from_fn(|r| unsafe { copy.add(r * dk) });
+        }
+        let qh = &q[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
+        let kh = &k[(t * d.hk + hk) * dk..(t * d.hk + hk + 1) * dk];
+        let vs = &v[(t * d.hv + h) * d.dv + i0..(t * d.hv + h) * d.dv + i0 + R];
+        let gt = g[t * d.hv + h];
+        let bt = beta[t * d.hv + h];
+        // Per row `S_r`: `S_r = g S_r; d = beta (v_r - S_r · k); S_r += d k; y_r = S_r · q`.
+        // SAFETY: `c * 8 + 8 <= dk` for every chunk; each `rp[r]` (a row or its copy), `kh`
+        // and `qh` hold `dk` floats; the caller guarantees `L`.
+        unsafe {
+            let gv = L::splat(gt);
+            let mut acc = [L::zero(); R];
+            for c in 0..chunks {
+                let kc = L::load(kh.as_ptr().add(c * 8));
+                for r in 0..R {
+                    // `g S_r` is computed again (the same bits) by the second pass, which
+                    // stores it: one store per chunk instead of two
+                    let sv = L::mul(L::load(rp[r].add(c * 8)), gv);
+                    acc[r] = L::mul_add(acc[r], sv, kc);
                 }
+            }
+            let mut delta = [0f32; R];
+            for r in 0..R {
                 let mut kv = 0f32;
                 for (j, kj) in kh.iter().enumerate().skip(chunks * 8) {
-                    *rp.add(j) *= gt;
-                    kv = madd::<L>(*rp.add(j), *kj, kv);
+                    *rp[r].add(j) *= gt;
+                    kv = madd::<L>(*rp[r].add(j), *kj, kv);
                 }
-                let kv = L::reduce(acc) + kv;
-                let delta = (vv - kv) * bt;
-                let dv = L::splat(delta);
-                let mut acc = L::zero();
-                for c in 0..chunks {
-                    let sv =
-                        L::mul_add(L::load(rp.add(c * 8)), L::load(kh.as_ptr().add(c * 8)), dv);
-                    L::store(rp.add(c * 8), sv);
-                    acc = L::mul_add(acc, sv, L::load(qh.as_ptr().add(c * 8)));
+                let kv = L::reduce(acc[r]) + kv;
+                delta[r] = (vs[r] - kv) * bt;
+            }
+            let dv: [L::V; R] = std::array::from_fn(|r| L::splat(delta[r]));
+            let mut acc = [L::zero(); R];
+            for c in 0..chunks {
+                let kc = L::load(kh.as_ptr().add(c * 8));
+                let qc = L::load(qh.as_ptr().add(c * 8));
+                for r in 0..R {
+                    let sv = L::mul_add(L::mul(L::load(rp[r].add(c * 8)), gv), kc, dv[r]);
+                    L::store(rp[r].add(c * 8), sv);
+                    acc[r] = L::mul_add(acc[r], sv, qc);
                 }
+            }
+            for r in 0..R {
                 let mut yq = 0f32;
                 for (j, (kj, qj)) in kh.iter().zip(qh).enumerate().skip(chunks * 8) {
-                    *rp.add(j) = madd::<L>(*kj, delta, *rp.add(j));
-                    yq = madd::<L>(*rp.add(j), *qj, yq);
+                    *rp[r].add(j) = madd::<L>(*kj, delta[r], *rp[r].add(j));
+                    yq = madd::<L>(*rp[r].add(j), *qj, yq);
                 }
                 if t >= settle {
-                    y[(t - settle) * d.dv + i] = L::reduce(acc) + yq;
+                    y[(t - settle) * d.dv + i0 + r] = L::reduce(acc[r]) + yq;
                 }
             }
         }
@@ -1156,8 +1218,12 @@ mod tests {
                 let w: Vec<f32> = (0..5 * inp).map(|_| next()).collect();
                 let y = matmul_rows(&x, n, &w, inp);
                 let mut portable = vec![0f32; 5 * n];
-                // SAFETY: no particular instruction set needed.
-                unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, &mut portable) };
+                let into = |v: &mut Vec<f32>| Dst {
+                    ptr: v.as_mut_ptr(),
+                    out: 5,
+                };
+                // SAFETY: no particular instruction set needed; `portable` is `[n, 5]`.
+                unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, 5, into(&mut portable)) };
                 // both vector paths where the CPU has them, whichever `matmul_rows` picked
                 #[cfg(target_arch = "x86_64")]
                 for (wide, ok) in [(false, has_avx()), (true, has_avx512())] {
@@ -1165,19 +1231,19 @@ mod tests {
                         continue;
                     }
                     let mut v = vec![0f32; 5 * n];
-                    // SAFETY: the instruction sets were detected just above.
+                    // SAFETY: the instruction sets were detected just above; `v` is `[n, 5]`.
                     unsafe {
                         if wide {
-                            matmul_block_avx512(&x, n, &w, inp, 0, &mut v);
+                            matmul_block_avx512(&x, n, &w, inp, 0, 5, into(&mut v));
                         } else {
-                            matmul_block_avx(&x, n, &w, inp, 0, &mut v);
+                            matmul_block_avx(&x, n, &w, inp, 0, 5, into(&mut v));
                         }
                     }
                     for r in 0..n {
                         for o in 0..5 {
                             let (xr, wo) = (&x[r * inp..(r + 1) * inp], &w[o * inp..(o + 1) * inp]);
                             let want = lone(xr, wo, true);
-                            assert_eq!(v[o * n + r].to_bits(), want.to_bits(), "wide {wide}");
+                            assert_eq!(v[r * 5 + o].to_bits(), want.to_bits(), "wide {wide}");
                         }
                     }
                 }
@@ -1187,7 +1253,7 @@ mod tests {
                         let want = lone(xr, wo, detected_fused());
                         assert_eq!(y[r * 5 + o].to_bits(), want.to_bits(), "inp {inp} n {n}");
                         let want_portable = lone(xr, wo, Portable::FUSED);
-                        assert_eq!(portable[o * n + r].to_bits(), want_portable.to_bits());
+                        assert_eq!(portable[r * 5 + o].to_bits(), want_portable.to_bits());
                         let single = matmul_rows(&x[r * inp..(r + 1) * inp], 1, &w, inp);
                         assert_eq!(single[o].to_bits(), want.to_bits());
                     }
