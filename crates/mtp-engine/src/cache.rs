@@ -2,19 +2,25 @@
 //! state of linear-attention layers, with snapshots and a verify/commit protocol for MTP
 //! speculation.
 //!
-//! Rollback design ("snapshot and recompute", with the live state as the snapshot): a verify
-//! forward of `k + 1` positions computes every linear-attention layer's outputs without
-//! advancing its conv window or recurrent state, and keeps that layer's per-position inputs
-//! (conv inputs and the delta rule's `q, k, v, g, beta`: a few KiB per position). Committing
-//! `n` accepted positions moves the conv window at once and leaves the `n` delta-rule steps
-//! pending: the layer's next forward runs them first, in the same pass over the state that
-//! its own steps make (the state is megabytes on a real model; each step of a row is a few
+//! Rollback design ("snapshot and recompute"): a verify forward of `k + 1` positions keeps
+//! every linear-attention layer's per-position inputs (conv inputs and the delta rule's
+//! `q, k, v, g, beta`: a few KiB per position) and moves neither its conv window nor, by
+//! default, its recurrent state. Committing `n` accepted positions moves the conv window at
+//! once and leaves the `n` delta-rule steps pending: the layer's next forward runs them first,
+//! in the same pass over the state that its own steps make (each step of a row is a few
 //! L1-resident vector operations). The arithmetic is the forward's, so the state is
 //! bit-identical to `n` single-token forwards, and a round reads and writes the state once,
 //! as a plain step does. Measured against the alternatives on a 32-layer shape
 //! (`examples/verify_cost`): keeping a copy of the state after every verified position wrote
 //! `k + 2` copies per round, and settling at commit time in a pass of its own cost 5% of a
-//! step. KV caches are trimmed by length.
+//! step.
+//!
+//! The kept steps are thus computed twice (once for their outputs, once when settled). Where
+//! the state is small ([`VerifyMode::Backup`], chosen by [`VerifyMode::Auto`] up to
+//! [`BACKUP_MAX_BYTES`] per layer), the verify forward advances the state through all its
+//! positions instead and keeps a copy of the state from before them, written in the same pass:
+//! a commit that keeps every position has nothing left to do, and one that keeps fewer puts
+//! the copy back and leaves the kept steps pending as above. KV caches are trimmed by length.
 
 use crate::kernels::DeltaDims;
 
@@ -63,19 +69,79 @@ impl KvCache {
     }
 }
 
+/// How a verify forward treats the recurrent state of linear-attention layers (see the module
+/// docs). Every mode gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyMode {
+    /// [`VerifyMode::Backup`] for states of up to [`BACKUP_MAX_BYTES`], else
+    /// [`VerifyMode::Deferred`].
+    #[default]
+    Auto,
+    /// The state stays where it is; kept steps are settled by the next forward.
+    Deferred,
+    /// The state advances through every verified position, with a copy from before them for a
+    /// commit that keeps fewer.
+    Backup,
+}
+
+/// The largest per-layer recurrent state [`VerifyMode::Auto`] advances with a backup copy.
+/// Measured with `examples/verify_cost` (a verify of 2 after a fully kept round): on the
+/// bundled demo model (64 KiB per layer) 1.21-1.23 plain steps against 1.30-1.33 deferred;
+/// on a 32-layer 615M-parameter shape (1 MiB per layer) 1.07 against 1.08. Real Qwen3.5
+/// checkpoints have up to a few MiB per layer in f32; above this, the copy (which doubles
+/// the state's memory while a verify is in flight) is not worth it.
+pub const BACKUP_MAX_BYTES: usize = 4 << 20;
+
+impl VerifyMode {
+    /// Whether a layer with a `state_len`-float state advances during a verify.
+    fn backs_up(self, state_len: usize) -> bool {
+        match self {
+            VerifyMode::Auto => state_len * std::mem::size_of::<f32>() <= BACKUP_MAX_BYTES,
+            VerifyMode::Deferred => false,
+            VerifyMode::Backup => true,
+        }
+    }
+}
+
 /// Conv window and recurrent state of one linear-attention (Gated DeltaNet) layer.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct LinearState {
     /// `[kernel - 1, conv_dim]`: the last inputs of the causal conv.
     pub(crate) conv: Vec<f32>,
     /// `[value_heads, value_dim, key_dim]`: the delta-rule state, before the `settle` pending
-    /// steps.
+    /// steps (after a verify forward that advanced it: after all of its positions).
     pub(crate) state: Vec<f32>,
     /// Delta-rule steps not yet applied to `state`: during a verify forward, all of its
     /// positions; after `commit_verify`, the kept ones, which the next forward settles.
     pub(crate) pending: PendingSteps,
     /// True between `begin_verify` and `commit_verify`.
     pub(crate) deferring: bool,
+    /// Set by `begin_verify`: the verify forward advances `state` and fills `backup`.
+    pub(crate) backs_up: bool,
+    /// True once such a forward ran: `state` includes the verified positions, `backup` is the
+    /// state from before them.
+    pub(crate) advanced: bool,
+    /// The state from before the verified positions (its allocation is reused round after
+    /// round; clones leave it out unless a verify is in flight).
+    pub(crate) backup: Vec<f32>,
+}
+
+impl Clone for LinearState {
+    fn clone(&self) -> Self {
+        LinearState {
+            conv: self.conv.clone(),
+            state: self.state.clone(),
+            pending: self.pending.clone(),
+            deferring: self.deferring,
+            backs_up: self.backs_up,
+            advanced: self.advanced,
+            backup: if self.advanced {
+                self.backup.clone()
+            } else {
+                Vec::new()
+            },
+        }
+    }
 }
 
 /// A verify forward's per-position inputs of one linear-attention layer. Allocations are
@@ -132,8 +198,35 @@ impl LinearState {
             crate::kernels::conv_window_push(&mut self.conv, &p.conv_in[..n * conv_dim], conv_dim);
         }
         p.conv_in.clear();
-        p.truncate(n);
-        p.settle = n;
+        if self.advanced && n == held {
+            // the state already holds every kept step
+            p.truncate(0);
+        } else {
+            if self.advanced {
+                self.state.copy_from_slice(&self.backup);
+            }
+            p.truncate(n);
+            p.settle = n;
+        }
+        self.advanced = false;
+        self.backs_up = false;
+        self.deferring = false;
+    }
+
+    /// Drops a verify forward that was not committed: the state as it was before it.
+    fn abandon_verify(&mut self) {
+        let p = &mut self.pending;
+        p.conv_in.clear();
+        if self.advanced {
+            // the backup was taken after the settled steps
+            self.state.copy_from_slice(&self.backup);
+            p.truncate(0);
+        } else {
+            let settle = p.settle;
+            p.truncate(settle);
+        }
+        self.advanced = false;
+        self.backs_up = false;
         self.deferring = false;
     }
 
@@ -145,6 +238,9 @@ impl LinearState {
 }
 
 /// The cache of one layer.
+// One per layer, held in a `Vec` and matched in the hot loop: boxing the larger variant would
+// add an indirection for no memory worth saving.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum LayerCache {
     /// Full attention.
@@ -159,6 +255,7 @@ pub struct SeqCache {
     pub(crate) layers: Vec<LayerCache>,
     pos: usize,
     verify_start: Option<usize>,
+    mode: VerifyMode,
 }
 
 /// A saved copy of a [`SeqCache`]'s position-dependent state (linear states copied, KV caches by
@@ -181,7 +278,14 @@ impl SeqCache {
             layers,
             pos: 0,
             verify_start: None,
+            mode: VerifyMode::Auto,
         }
+    }
+
+    /// How later verify forwards treat linear-attention states (the default is
+    /// [`VerifyMode::Auto`]); results are the same bits in every mode.
+    pub fn set_verify_mode(&mut self, mode: VerifyMode) {
+        self.mode = mode;
     }
 
     /// Tokens processed so far (the position of the next token).
@@ -203,16 +307,25 @@ impl SeqCache {
         self.verify_start.is_some()
     }
 
-    /// Copies the linear states and notes the KV lengths.
+    /// Copies the linear states and notes the KV lengths. Inside a verify (between
+    /// `begin_verify` and `commit_verify`) this is the cache as it was before the verify.
     pub fn snapshot(&self) -> CacheSnapshot {
+        let pos = self.verify_start.unwrap_or(self.pos);
+        let verified = self.pos - pos;
         CacheSnapshot {
-            pos: self.pos,
+            pos,
             layers: self
                 .layers
                 .iter()
                 .map(|l| match l {
-                    LayerCache::Attention(kv) => SnapshotLayer::Kv(kv.len()),
-                    LayerCache::Linear(s) => SnapshotLayer::Linear(Box::new(s.clone())),
+                    LayerCache::Attention(kv) => {
+                        SnapshotLayer::Kv(kv.len().saturating_sub(verified))
+                    }
+                    LayerCache::Linear(s) => {
+                        let mut s = s.clone();
+                        s.abandon_verify();
+                        SnapshotLayer::Linear(Box::new(s))
+                    }
                 })
                 .collect(),
         }
@@ -225,8 +338,8 @@ impl SeqCache {
             match (l, s) {
                 (LayerCache::Attention(kv), SnapshotLayer::Kv(len)) => kv.trim_to(*len),
                 (LayerCache::Linear(st), SnapshotLayer::Linear(saved)) => {
-                    st.clone_from(&**saved);
-                    st.deferring = false;
+                    *st = (**saved).clone();
+                    st.abandon_verify();
                 }
                 _ => {}
             }
@@ -248,6 +361,7 @@ impl SeqCache {
         for l in &mut self.layers {
             if let LayerCache::Linear(s) = l {
                 s.deferring = true;
+                s.backs_up = self.mode.backs_up(s.state.len());
             }
         }
     }

@@ -167,6 +167,13 @@ impl Engine {
         })
     }
 
+    /// How verify forwards treat linear-attention states from now on (see
+    /// [`crate::cache::VerifyMode`]; the default, `Auto`, picks per layer by state size). The
+    /// output is the same in every mode; this is for measuring and testing them.
+    pub fn set_verify_mode(&mut self, mode: crate::cache::VerifyMode) {
+        self.model.set_verify_mode(mode);
+    }
+
     /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -582,8 +582,26 @@ impl DeltaNet {
                 q.splice(0..0, st.pending.q[..settle * key_dim].iter().copied());
                 k.splice(0..0, st.pending.k[..settle * key_dim].iter().copied());
             }
-            let mut y =
-                simd::gated_delta(dm, &q, &k, &v, &g, &beta, &mut st.state, settle, !deferring);
+            // a verify forward either leaves the state (its steps settle later) or advances it
+            // and keeps a copy from before its steps (see `cache`)
+            let in_place = deferring && st.backs_up;
+            if in_place {
+                st.backup.resize(st.state.len(), 0.0);
+            }
+            let backup: &mut [f32] = if in_place { &mut st.backup } else { &mut [] };
+            let mut y = simd::gated_delta(
+                dm,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &mut st.state,
+                settle,
+                !deferring || in_place,
+                backup,
+            );
+            st.advanced = in_place;
             let p = &mut st.pending;
             p.clear();
             if deferring {

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::cache::SeqCache;
+use crate::cache::{SeqCache, VerifyMode};
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -363,6 +363,7 @@ pub struct Qwen35Model {
     norm: Vec<f32>,
     lm_head: Linear,
     device: Device,
+    verify_mode: VerifyMode,
 }
 
 impl Qwen35Model {
@@ -393,6 +394,7 @@ impl Qwen35Model {
             norm,
             lm_head,
             device: device.clone(),
+            verify_mode: VerifyMode::Auto,
         })
     }
 
@@ -413,7 +415,15 @@ impl Qwen35Model {
 
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
-        SeqCache::new(self.layers.iter().map(|l| l.new_cache()).collect())
+        let mut c = SeqCache::new(self.layers.iter().map(|l| l.new_cache()).collect());
+        c.set_verify_mode(self.verify_mode);
+        c
+    }
+
+    /// The [`VerifyMode`] of caches made from now on (the default is [`VerifyMode::Auto`];
+    /// every mode gives the same bits, see `cache`).
+    pub fn set_verify_mode(&mut self, mode: VerifyMode) {
+        self.verify_mode = mode;
     }
 
     /// Token embeddings `[n, hidden]`.

@@ -930,13 +930,15 @@ pub fn gated_delta_steps(
     beta: &[f32],
     state: &mut [f32],
 ) -> Vec<f32> {
-    gated_delta(d, q, k, v, g, beta, state, 0, true)
+    gated_delta(d, q, k, v, g, beta, state, 0, true, &mut [])
 }
 
 /// Runs `s` steps of the gated delta rule over `state`: the first `settle` are written into
 /// the state and give no output (steps that an earlier verify forward kept), the others
 /// return their outputs `[s - settle, hv, dv]` and are written into the state only when
-/// `advance` (a verify forward leaves its own steps for the next call to settle).
+/// `advance` (a verify forward leaves its own steps for the next call to settle, or advances
+/// and keeps a copy). A non-empty `backup` (`state.len()` floats) receives the state as it is
+/// after the settled steps, before the others.
 ///
 /// `q`, `k`: `[s, hk, dk]` (already normalised and scaled); `v`: `[s, hv, dv]`; `g`, `beta`:
 /// `[s, hv]`; `state`: `[hv, dv, dk]`. Per value head and state row `S_r`: `S_r = g S_r;
@@ -959,6 +961,7 @@ pub fn gated_delta(
     state: &mut [f32],
     settle: usize,
     advance: bool,
+    backup: &mut [f32],
 ) -> Vec<f32> {
     let s = g.len() / d.hv.max(1);
     let head = d.dv * d.dk;
@@ -972,6 +975,7 @@ pub fn gated_delta(
             && beta.len() == g.len()
             && state.len() == d.hv * head
             && settle <= s
+            && (backup.is_empty() || backup.len() == state.len())
     );
     let inp = DeltaIn {
         d,
@@ -984,17 +988,18 @@ pub fn gated_delta(
         advance,
     };
     let avx = has_avx();
-    // one value head: its state rows `[dv, dk]` and its outputs `[s - settle, dv]`
-    let run = |h: usize, st: &mut [f32], y: &mut [f32]| {
+    // one value head: its state rows `[dv, dk]`, its outputs `[s - settle, dv]` and its part
+    // of the backup (`[dv, dk]` or empty)
+    let run = |h: usize, st: &mut [f32], y: &mut [f32], b: &mut [f32]| {
         #[cfg(target_arch = "x86_64")]
         if avx {
             // SAFETY: AVX2 and FMA were detected on this CPU.
-            unsafe { delta_head_avx(inp, h, st, y) };
+            unsafe { delta_head_avx(inp, h, st, y, b) };
             return;
         }
         let _ = avx;
         // SAFETY: the portable lanes need no particular instruction set.
-        unsafe { delta_head::<Portable>(inp, h, st, y) };
+        unsafe { delta_head::<Portable>(inp, h, st, y, b) };
     };
     let out = s - settle;
     // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
@@ -1002,11 +1007,13 @@ pub fn gated_delta(
     let per_y = out * d.dv;
     // split by head unless the whole call is a few microseconds of work (even the bundled
     // demo model's 64 KiB state gains from it, measured)
+    let per_b = if backup.is_empty() { 0 } else { head };
     if d.hv > 1 && state.len() * s >= 1 << 13 {
-        crate::team::chunks_mut2(d.hv, state, head, &mut yh, per_y, run);
+        crate::team::chunks_mut3(d.hv, state, head, &mut yh, per_y, backup, per_b, run);
     } else {
         for (h, st) in state.chunks_mut(head).enumerate() {
-            run(h, st, &mut yh[h * per_y..(h + 1) * per_y]);
+            let b = &mut backup[h * per_b..(h + 1) * per_b];
+            run(h, st, &mut yh[h * per_y..(h + 1) * per_y], b);
         }
     }
     let mut y = vec![0f32; out * d.hv * d.dv];
@@ -1034,9 +1041,15 @@ struct DeltaIn<'a> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,avx2,fma")]
-unsafe fn delta_head_avx(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f32]) {
+unsafe fn delta_head_avx(
+    inp: DeltaIn<'_>,
+    h: usize,
+    st: &mut [f32],
+    y: &mut [f32],
+    backup: &mut [f32],
+) {
     // SAFETY: this function is only called when the instruction sets were detected.
-    unsafe { delta_head::<Avx>(inp, h, st, y) }
+    unsafe { delta_head::<Avx>(inp, h, st, y, backup) }
 }
 
 /// State rows of one head that [`delta_head`] runs side by side: each row's steps are two
@@ -1047,34 +1060,44 @@ const DELTA_ROWS: usize = 4;
 
 /// Runs the steps of value head `h` over its state rows `st` (`[dv, dk]`), writing its
 /// outputs `y` (`[s - settle, dv]`); steps after `settle` run on a copy of each row unless
-/// `advance`.
+/// `advance`. A non-empty `backup` (`[dv, dk]`) receives each row as it is before them.
 ///
 /// # Safety
 /// The CPU supports `L`.
 #[inline(always)]
-unsafe fn delta_head<L: Lanes>(inp: DeltaIn<'_>, h: usize, st: &mut [f32], y: &mut [f32]) {
+unsafe fn delta_head<L: Lanes>(
+    inp: DeltaIn<'_>,
+    h: usize,
+    st: &mut [f32],
+    y: &mut [f32],
+    backup: &mut [f32],
+) {
     let dk = inp.d.dk;
     let mut scratch = vec![0f32; if inp.advance { 0 } else { DELTA_ROWS * dk }];
+    let backup = (!backup.is_empty()).then_some(backup);
     let mut groups = st.chunks_exact_mut(DELTA_ROWS * dk);
     let mut i = 0;
     for rows in &mut groups {
-        // SAFETY: forwarded from the caller.
-        unsafe { delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, &mut scratch) };
+        let b = backup.as_ref().map(|b| b[i * dk..].as_ptr().cast_mut());
+        // SAFETY: forwarded from the caller; `b` has room for these rows.
+        unsafe { delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, &mut scratch, b) };
         i += DELTA_ROWS;
     }
     for row in groups.into_remainder().chunks_exact_mut(dk) {
-        // SAFETY: forwarded from the caller.
-        unsafe { delta_rows::<L, 1>(inp, h, row, i, y, &mut scratch) };
+        let b = backup.as_ref().map(|b| b[i * dk..].as_ptr().cast_mut());
+        // SAFETY: as above.
+        unsafe { delta_rows::<L, 1>(inp, h, row, i, y, &mut scratch, b) };
         i += 1;
     }
 }
 
 /// The steps of head `h` over its `R` state rows `rows` (`[R, dk]`, rows `i0..i0 + R` of the
 /// head), interleaved row by row within each pass; `scratch` holds at least `R * dk` floats
-/// when the steps after `settle` must not advance the state.
+/// when the steps after `settle` must not advance the state; `backup`, when given, receives
+/// the rows as they are before those steps.
 ///
 /// # Safety
-/// The CPU supports `L`.
+/// The CPU supports `L`; `backup` points at `R * dk` writable floats apart from `rows`.
 #[inline(always)]
 unsafe fn delta_rows<L: Lanes, const R: usize>(
     inp: DeltaIn<'_>,
@@ -1083,6 +1106,7 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
     i0: usize,
     y: &mut [f32],
     scratch: &mut [f32],
+    backup: Option<*mut f32>,
 ) {
     let DeltaIn {
         d,
@@ -1103,6 +1127,10 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
     // SAFETY: row `r < R` starts `r * dk` floats into `rows`.
     let mut rp: [*mut f32; R] = std::array::from_fn(|r| unsafe { base.add(r * dk) });
     for t in 0..s {
+        if let (true, Some(b)) = (t == settle, backup) {
+            // SAFETY: the caller gives room for `R * dk` floats apart from `rows`.
+            unsafe { std::ptr::copy_nonoverlapping(base, b, R * dk) };
+        }
         if t == settle && !advance {
             // SAFETY: `rows` and `scratch` are distinct and hold `R * dk` floats.
             unsafe { std::ptr::copy_nonoverlapping(base, scratch.as_mut_ptr(), R * dk) };
@@ -1162,6 +1190,10 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
                 }
             }
         }
+    }
+    if let (true, Some(b)) = (settle == s, backup) {
+        // SAFETY: as above (no step came after the settled ones).
+        unsafe { std::ptr::copy_nonoverlapping(base, b, R * dk) };
     }
 }
 
@@ -1365,7 +1397,7 @@ mod tests {
             let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
             let mut untouched = init.clone();
-            let peeked = gated_delta(d, &q, &k, &v, &g, &beta, &mut untouched, 0, false);
+            let peeked = gated_delta(d, &q, &k, &v, &g, &beta, &mut untouched, 0, false, &mut []);
             let mut all_state = init.clone();
             let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
             let mut portable_state = init.clone();
@@ -1384,7 +1416,7 @@ mod tests {
                 let mut yh = vec![0f32; s * dv];
                 let st = &mut portable_state[h * dv * dk..(h + 1) * dv * dk];
                 // SAFETY: no particular instruction set needed.
-                unsafe { delta_head::<Portable>(inp, h, st, &mut yh) };
+                unsafe { delta_head::<Portable>(inp, h, st, &mut yh, &mut []) };
                 for t in 0..s {
                     portable[(t * hv + h) * dv..(t * hv + h + 1) * dv]
                         .copy_from_slice(&yh[t * dv..(t + 1) * dv]);
@@ -1395,11 +1427,42 @@ mod tests {
             assert!(bits(&peeked, &all) && bits(&untouched, &init));
             // settling: the first two steps as a verify left them, then two more
             let mut settled = init.clone();
-            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, 2, true);
+            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, 2, true, &mut []);
             assert!(bits(&y, &all[2 * hv * dv..]) && bits(&settled, &all_state));
             let mut settled = init.clone();
-            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, s, false);
+            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, s, false, &mut []);
             assert!(y.is_empty() && bits(&settled, &all_state));
+            // advancing with a backup: the state after the settled steps is kept aside
+            let (mut two, mut after_two) = (init.clone(), init.clone());
+            gated_delta(
+                d,
+                &q[..2 * hk * dk],
+                &k[..2 * hk * dk],
+                &v[..2 * hv * dv],
+                &g[..2 * hv],
+                &beta[..2 * hv],
+                &mut after_two,
+                2,
+                true,
+                &mut [],
+            );
+            let mut backup = vec![0f32; init.len()];
+            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut two, 2, true, &mut backup);
+            assert!(bits(&y, &all[2 * hv * dv..]) && bits(&two, &all_state));
+            assert!(bits(&backup, &after_two));
+            let y = gated_delta(
+                d,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &mut init.clone(),
+                s,
+                true,
+                &mut backup,
+            );
+            assert!(y.is_empty() && bits(&backup, &all_state));
             if Portable::FUSED == detected_fused() {
                 assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
             } else {

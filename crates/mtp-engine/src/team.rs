@@ -225,29 +225,37 @@ pub fn chunks_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize, &mut [
     });
 }
 
-/// `f(i, a_chunk, b_chunk)` for `n` chunk pairs: `a` in chunks of `sa` elements, `b` in
-/// chunks of `sb` (either may be empty past its end), in parallel through [`run`].
-pub fn chunks_mut2<A: Send, B: Send>(
+/// `f(i, a_chunk, b_chunk, c_chunk)` for `n` chunk triples: `a` in chunks of `sa` elements,
+/// `b` of `sb`, `c` of `sc` (any may be empty past its end), in parallel through [`run`].
+#[allow(clippy::too_many_arguments)]
+pub fn chunks_mut3<A: Send, B: Send, C: Send>(
     n: usize,
     a: &mut [A],
     sa: usize,
     b: &mut [B],
     sb: usize,
-    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+    c: &mut [C],
+    sc: usize,
+    f: impl Fn(usize, &mut [A], &mut [B], &mut [C]) + Sync,
 ) {
-    let (la, lb) = (a.len(), b.len());
-    let (pa, pb) = (Shared(a.as_mut_ptr()), Shared(b.as_mut_ptr()));
+    let (la, lb, lc) = (a.len(), b.len(), c.len());
+    let (pa, pb, pc) = (
+        Shared(a.as_mut_ptr()),
+        Shared(b.as_mut_ptr()),
+        Shared(c.as_mut_ptr()),
+    );
     run(n, &|i| {
-        let (a0, b0) = ((i * sa).min(la), (i * sb).min(lb));
-        let (a1, b1) = ((a0 + sa).min(la), (b0 + sb).min(lb));
+        let (a0, b0, c0) = ((i * sa).min(la), (i * sb).min(lb), (i * sc).min(lc));
+        let (a1, b1, c1) = ((a0 + sa).min(la), (b0 + sb).min(lb), (c0 + sc).min(lc));
         // SAFETY: as in `chunks_mut`: each `i` once, disjoint ranges inside the borrowed slices.
-        let (ca, cb) = unsafe {
+        let (ca, cb, cc) = unsafe {
             (
                 std::slice::from_raw_parts_mut(pa.at(a0), a1 - a0),
                 std::slice::from_raw_parts_mut(pb.at(b0), b1 - b0),
+                std::slice::from_raw_parts_mut(pc.at(c0), c1 - c0),
             )
         };
-        f(i, ca, cb)
+        f(i, ca, cb, cc)
     });
 }
 
@@ -277,8 +285,9 @@ mod tests {
         for (j, x) in v.iter().enumerate() {
             assert_eq!(*x, (j / 64) as u32 + 1);
         }
-        let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 3]);
-        chunks_mut2(5, &mut a, 2, &mut b, 1, |i, ca, cb| {
+        let (mut a, mut b, mut c) = (vec![0u8; 10], vec![0u8; 3], Vec::<u8>::new());
+        chunks_mut3(5, &mut a, 2, &mut b, 1, &mut c, 4, |i, ca, cb, cc| {
+            assert!(cc.is_empty());
             ca.fill(i as u8);
             cb.fill(i as u8);
         });

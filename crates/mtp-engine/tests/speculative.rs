@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
+use mtp_engine::cache::VerifyMode;
 use mtp_engine::{Engine, GenerateOptions, LogitsAt, Sampling};
 
 fn fixture(name: &str) -> PathBuf {
@@ -100,8 +101,15 @@ fn greedy_equivalence(engine: &Engine, name: &str, tokens: usize) -> f64 {
     rate
 }
 
+/// Both ways of rolling the recurrent state back (the fixtures' states are small, so `Auto`
+/// advances with a backup copy; `Deferred` is what larger models get).
+const MODES: [VerifyMode; 2] = [VerifyMode::Backup, VerifyMode::Deferred];
+
 #[test]
 fn greedy_identical_trained_embedded_head() {
+    let mut engine = load("tiny-trained", None);
+    engine.set_verify_mode(VerifyMode::Deferred);
+    greedy_equivalence(&engine, "tiny-trained (deferred)", 48);
     let rate = greedy_equivalence(&load("tiny-trained", None), "tiny-trained", 48);
     // averaged over depths 1-8 (deep drafts are accepted less often)
     assert!(
@@ -112,7 +120,11 @@ fn greedy_identical_trained_embedded_head() {
 
 #[test]
 fn greedy_identical_random_hf() {
-    greedy_equivalence(&load("tiny-hf", None), "tiny-hf", 40);
+    for mode in MODES {
+        let mut engine = load("tiny-hf", None);
+        engine.set_verify_mode(mode);
+        greedy_equivalence(&engine, &format!("tiny-hf ({mode:?})"), 40);
+    }
 }
 
 #[test]
@@ -405,8 +417,12 @@ fn end_state_never_covers_unreturned_tokens() {
 /// bit for bit), and each verify row is the single-token forward's row.
 #[test]
 fn verify_then_commit_equals_single_steps() {
-    for name in ["tiny-hf", "tiny-moe", "tiny-trained"] {
-        let engine = load(name, None);
+    for (name, mode) in ["tiny-hf", "tiny-moe", "tiny-trained"]
+        .into_iter()
+        .flat_map(|n| MODES.map(|m| (n, m)))
+    {
+        let mut engine = load(name, None);
+        engine.set_verify_mode(mode);
         let model = engine.model();
         let vocab = model.vocab_size();
         let prompt: Vec<u32> = "state of the art ".bytes().map(u32::from).collect();
@@ -444,11 +460,32 @@ fn verify_then_commit_equals_single_steps() {
             for (j, (logits, _)) in single.iter().enumerate() {
                 assert!(
                     bits(&out.logits[j * vocab..(j + 1) * vocab], logits),
-                    "{name}: verify row {j} differs from its single-token forward"
+                    "{name} {mode:?}: verify row {j} differs from its single-token forward"
                 );
             }
+            // a snapshot taken inside the verify goes back to before it
+            let inside = c.snapshot();
             c.commit_verify(keep);
             assert_eq!(c.position(), prompt.len() + keep);
+            if keep == draft.len() {
+                let mut back = c.clone();
+                back.restore(&inside);
+                let next = [vec![7u32]];
+                let got = model
+                    .forward(&next, std::slice::from_mut(&mut back), LogitsAt::All)
+                    .expect("after restore");
+                let want = model
+                    .forward(
+                        &next,
+                        std::slice::from_mut(&mut base.clone()),
+                        LogitsAt::All,
+                    )
+                    .expect("reference");
+                assert!(
+                    bits(&got.logits, &want.logits),
+                    "{name} {mode:?}: a snapshot inside the verify restores to before it"
+                );
+            }
             // the next token after the kept prefix, from the committed cache and from scratch
             let next = [vec![7u32]];
             let got = model
@@ -469,7 +506,7 @@ fn verify_then_commit_equals_single_steps() {
                 .expect("reference");
             assert!(
                 bits(&got.logits, &want.logits) && bits(&got.hidden, &want.hidden),
-                "{name}: commit at {keep} differs from {keep} plain forwards"
+                "{name} {mode:?}: commit at {keep} differs from {keep} plain forwards"
             );
         }
     }
