@@ -118,9 +118,6 @@ pub struct LinearState {
     pub(crate) deferring: bool,
     /// Set by `begin_verify`: the verify forward advances `state` and fills `backup`.
     pub(crate) backs_up: bool,
-    /// True once such a forward ran: `state` includes the verified positions, `backup` is the
-    /// state from before them.
-    pub(crate) advanced: bool,
     /// The state from before the verified positions (its allocation is reused round after
     /// round; clones leave it out unless a verify is in flight).
     pub(crate) backup: Vec<f32>,
@@ -134,8 +131,7 @@ impl Clone for LinearState {
             pending: self.pending.clone(),
             deferring: self.deferring,
             backs_up: self.backs_up,
-            advanced: self.advanced,
-            backup: if self.advanced {
+            backup: if self.advanced() {
                 self.backup.clone()
             } else {
                 Vec::new()
@@ -190,6 +186,7 @@ impl LinearState {
     /// Ends a verify forward keeping its first `n` positions: moves the conv window past
     /// them and leaves their delta-rule steps for the next forward to settle.
     fn commit(&mut self, n: usize) {
+        let advanced = self.advanced();
         let p = &mut self.pending;
         let held = p.len();
         let n = n.min(held);
@@ -198,34 +195,31 @@ impl LinearState {
             crate::kernels::conv_window_push(&mut self.conv, &p.conv_in[..n * conv_dim], conv_dim);
         }
         p.conv_in.clear();
-        if self.advanced && n == held {
+        if advanced && n == held {
             // the state already holds every kept step
             p.truncate(0);
         } else {
-            if self.advanced {
+            if advanced {
                 self.state.copy_from_slice(&self.backup);
             }
             p.truncate(n);
             p.settle = n;
         }
-        self.advanced = false;
         self.backs_up = false;
         self.deferring = false;
     }
 
     /// Drops a verify forward that was not committed: the state as it was before it.
     fn abandon_verify(&mut self) {
-        let p = &mut self.pending;
-        p.conv_in.clear();
-        if self.advanced {
+        if self.advanced() {
             // the backup was taken after the settled steps
             self.state.copy_from_slice(&self.backup);
-            p.truncate(0);
+            self.pending.truncate(0);
         } else {
-            let settle = p.settle;
-            p.truncate(settle);
+            let settle = self.pending.settle;
+            self.pending.truncate(settle);
         }
-        self.advanced = false;
+        self.pending.conv_in.clear();
         self.backs_up = false;
         self.deferring = false;
     }
@@ -234,6 +228,12 @@ impl LinearState {
     /// forward would not see its steps, and fails with [`SECOND_VERIFY_FORWARD`].
     pub(crate) fn verify_pending(&self) -> bool {
         self.deferring && self.pending.len() > self.pending.settle
+    }
+
+    /// True once a verify forward that backs up ran: `state` includes its positions,
+    /// `backup` is the state from before them.
+    fn advanced(&self) -> bool {
+        self.backs_up && self.verify_pending()
     }
 }
 
@@ -337,10 +337,8 @@ impl SeqCache {
         for (l, s) in self.layers.iter_mut().zip(&snap.layers) {
             match (l, s) {
                 (LayerCache::Attention(kv), SnapshotLayer::Kv(len)) => kv.trim_to(*len),
-                (LayerCache::Linear(st), SnapshotLayer::Linear(saved)) => {
-                    *st = (**saved).clone();
-                    st.abandon_verify();
-                }
+                // (a snapshot never holds a verify in flight)
+                (LayerCache::Linear(st), SnapshotLayer::Linear(saved)) => st.clone_from(saved),
                 _ => {}
             }
         }

@@ -35,12 +35,9 @@ pub fn exp(x: f32) -> f32 {
     };
     // round to nearest, as `floor(y + 0.5)`, by the 1.5 * 2^23 trick (no SSE4.1 `floor`)
     const MAGIC: f32 = 12_582_912.0;
-    let n = (c * std::f32::consts::LOG2_E + 0.5 + MAGIC) - MAGIC;
-    let n = if n > c * std::f32::consts::LOG2_E + 0.5 {
-        n - 1.0
-    } else {
-        n
-    };
+    let t = c * std::f32::consts::LOG2_E + 0.5;
+    let n = (t + MAGIC) - MAGIC;
+    let n = if n > t { n - 1.0 } else { n };
     let r = c - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;

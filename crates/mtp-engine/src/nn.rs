@@ -601,7 +601,6 @@ impl DeltaNet {
                 !deferring || in_place,
                 backup,
             );
-            st.advanced = in_place;
             let p = &mut st.pending;
             p.clear();
             if deferring {

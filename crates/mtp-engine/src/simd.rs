@@ -1074,17 +1074,18 @@ unsafe fn delta_head<L: Lanes>(
 ) {
     let dk = inp.d.dk;
     let mut scratch = vec![0f32; if inp.advance { 0 } else { DELTA_ROWS * dk }];
-    let backup = (!backup.is_empty()).then_some(backup);
+    // row `i`'s place in the backup, when there is one
+    let backup = (!backup.is_empty()).then_some(backup.as_mut_ptr());
     let mut groups = st.chunks_exact_mut(DELTA_ROWS * dk);
     let mut i = 0;
     for rows in &mut groups {
-        let b = backup.as_ref().map(|b| b[i * dk..].as_ptr().cast_mut());
+        let b = backup.map(|b| b.wrapping_add(i * dk));
         // SAFETY: forwarded from the caller; `b` has room for these rows.
         unsafe { delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, &mut scratch, b) };
         i += DELTA_ROWS;
     }
     for row in groups.into_remainder().chunks_exact_mut(dk) {
-        let b = backup.as_ref().map(|b| b[i * dk..].as_ptr().cast_mut());
+        let b = backup.map(|b| b.wrapping_add(i * dk));
         // SAFETY: as above.
         unsafe { delta_rows::<L, 1>(inp, h, row, i, y, &mut scratch, b) };
         i += 1;
