@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
-use mtp_engine::{Engine, GenerateOptions};
+use candle_core::Device;
+use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 
 struct Args {
     model: Option<PathBuf>,
@@ -208,7 +208,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let t = std::time::Instant::now();
-    let engine = Engine::load(&model_dir, &Device::Cpu, DType::F32)?;
+    let engine = Engine::load(&model_dir, &Device::Cpu, WeightDtype::Stored)?;
     println!(
         "loaded {} in {:.1}s",
         model_dir.display(),

@@ -9,8 +9,8 @@
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device};
-use mtp_engine::{Engine, GenerateOptions};
+use candle_core::Device;
+use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -29,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<_, _>>()?,
         None => (1..=5).collect(),
     };
-    let engine = Engine::load(&dir, &Device::Cpu, DType::F32)?;
+    let engine = Engine::load(&dir, &Device::Cpu, WeightDtype::Stored)?;
     let prompt: Vec<u32> = match engine.tokenizer() {
         Some(t) => t.encode("fn main() {\n    let mut total = 0;\n")?,
         None => (1..16).collect(),

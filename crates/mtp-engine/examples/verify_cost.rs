@@ -15,9 +15,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use mtp_engine::cache::{SeqCache, VerifyMode};
-use mtp_engine::{Engine, LogitsAt};
+use mtp_engine::{Engine, LogitsAt, WeightDtype};
 
 const MODES: [VerifyMode; 2] = [VerifyMode::Deferred, VerifyMode::Backup];
 
@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "models/tiny-code".into()));
     let ctx: usize = args.next().map_or(Ok(64), |s| s.parse())?;
     let reps: usize = args.next().map_or(Ok(1000), |s| s.parse())?;
-    let engine = Engine::load(&dir, &Device::Cpu, DType::F32)?;
+    let engine = Engine::load(&dir, &Device::Cpu, WeightDtype::Stored)?;
     let model = engine.model();
     let vocab = model.vocab_size() as u32;
     let mut cache = model.new_cache();

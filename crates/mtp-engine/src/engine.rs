@@ -3,10 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
 
 use crate::error::{Error, Result};
+use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::MtpHead;
 use crate::resume::{PromptState, ResumableOutput};
@@ -115,15 +116,21 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads `dir` (HF or MLX layout) on `device`, with matrices in `dtype` (f32 recommended on
-    /// CPU). An embedded MTP head (`mtp.*`) is loaded when present.
-    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+    /// Loads `dir` (HF or MLX layout) on `device`, with matrices kept in `dtype`: a
+    /// [`WeightDtype`], or a candle `DType` to convert every matrix to ([`WeightDtype::Stored`]
+    /// keeps a bf16 checkpoint in half the memory of f32, with the same output on the CPU). An
+    /// embedded MTP head (`mtp.*`) is loaded when present.
+    pub fn load(dir: &Path, device: &Device, dtype: impl Into<WeightDtype>) -> Result<Self> {
         Self::load_with_drafter(dir, None, device, dtype)
     }
 
     /// Loads only the target model: any embedded MTP head is left unloaded (speculation off).
-    pub fn load_target_only(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let (model, _mtp) = qwen3_5::load_dir(dir, device, dtype)?;
+    pub fn load_target_only(
+        dir: &Path,
+        device: &Device,
+        dtype: impl Into<WeightDtype>,
+    ) -> Result<Self> {
+        let (model, _mtp) = qwen3_5::load_dir(dir, device, dtype.into())?;
         Self::assemble(dir, model, None)
     }
 
@@ -133,8 +140,9 @@ impl Engine {
         dir: &Path,
         drafter: Option<&Path>,
         device: &Device,
-        dtype: DType,
+        dtype: impl Into<WeightDtype>,
     ) -> Result<Self> {
+        let dtype = dtype.into();
         let (model, mtp) = qwen3_5::load_dir(dir, device, dtype)?;
         let drafter = match drafter {
             Some(d) => Some(MtpHead::load_dir(d, model.config(), dtype, device)?),

@@ -27,6 +27,7 @@ pub use cache::{CacheSnapshot, SeqCache};
 pub use config::ModelConfig;
 pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
 pub use error::{Error, Result};
+pub use loader::WeightDtype;
 pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;

@@ -1,5 +1,5 @@
 //! Reading checkpoints: memory-mapped safetensors (single file or sharded through
-//! `model.safetensors.index.json`), dtype conversion and MLX affine dequantization.
+//! `model.safetensors.index.json`), floating-point dtypes and MLX affine dequantization.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,6 +8,40 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+
+/// The precision weight matrices are kept in once loaded. On the CPU the arithmetic is f32
+/// whichever is chosen: the matrix products widen bf16 and f16 weights exactly as they read them
+/// (see [`crate::simd::Weight`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// As the checkpoint stores them: f32, bf16 and f16 matrices stay as they are, so a bf16
+    /// checkpoint takes half the memory of its f32 conversion and reads half the bytes per
+    /// token, with the same output; MLX-quantized matrices are dequantized to f32.
+    #[default]
+    Stored,
+    /// Every matrix converted to this dtype at load (bf16 or f16 halve the memory of an f32
+    /// checkpoint by rounding its weights).
+    Convert(DType),
+}
+
+impl From<DType> for WeightDtype {
+    fn from(dtype: DType) -> Self {
+        WeightDtype::Convert(dtype)
+    }
+}
+
+impl WeightDtype {
+    /// The dtype a matrix stored as `stored` is kept in.
+    pub fn for_stored(self, stored: DType) -> DType {
+        match self {
+            WeightDtype::Convert(d) => d,
+            WeightDtype::Stored => match stored {
+                DType::F32 | DType::BF16 | DType::F16 => stored,
+                _ => DType::F32,
+            },
+        }
+    }
+}
 
 /// The tensors of one checkpoint directory, memory-mapped; nothing is copied until a tensor is
 /// asked for.
@@ -130,12 +164,13 @@ impl Checkpoint {
             })
     }
 
-    /// Loads one floating-point tensor and converts it to f32, on the CPU.
-    pub fn load_f32(&self, name: &str) -> Result<Tensor> {
+    /// Loads one floating-point tensor in the precision it is stored in (f32, bf16 or f16; f64
+    /// becomes f32), on the CPU.
+    pub fn load_float(&self, name: &str) -> Result<Tensor> {
         let t = self.load_raw(name)?;
         match t.dtype() {
-            DType::F32 => Ok(t),
-            DType::F16 | DType::BF16 | DType::F64 => Ok(t.to_dtype(DType::F32)?),
+            DType::F32 | DType::F16 | DType::BF16 => Ok(t),
+            DType::F64 => Ok(t.to_dtype(DType::F32)?),
             other => Err(Error::Safetensors {
                 path: self.dir.clone(),
                 message: format!("{name} has dtype {other:?}; expected f32, f16 or bf16"),

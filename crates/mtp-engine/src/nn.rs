@@ -10,22 +10,24 @@ use crate::cache::LayerCache;
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, DeltaDims, Rope};
+use crate::loader::WeightDtype;
 use crate::simd;
 
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
 pub struct Store {
     map: HashMap<String, Tensor>,
     model_type: String,
-    dtype: DType,
+    dtype: WeightDtype,
     device: Device,
 }
 
 impl Store {
-    /// Wraps sanitized tensors; matrices are converted to `dtype` on `device` when taken.
+    /// Wraps sanitized tensors; matrices are kept in `dtype` (see [`WeightDtype`]) on `device`
+    /// when taken.
     pub fn new(
         map: HashMap<String, Tensor>,
         model_type: &str,
-        dtype: DType,
+        dtype: WeightDtype,
         device: &Device,
     ) -> Self {
         Store {
@@ -61,10 +63,11 @@ impl Store {
         Ok(t)
     }
 
-    /// A matrix (or stack of matrices) in the compute dtype, on the compute device.
+    /// A matrix (or stack of matrices) in the weight dtype, on the compute device.
     pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = self.take_raw(name, shape)?;
-        Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
+        let dtype = self.dtype.for_stored(t.dtype());
+        Ok(t.to_dtype(dtype)?.to_device(&self.device)?)
     }
 
     /// A linear layer `[out, in]`.
@@ -80,9 +83,19 @@ impl Store {
             .iter()
             .map(|(n, out)| self.take_raw(&format!("{n}.weight"), &[*out, inp]))
             .collect::<Result<Vec<_>>>()?;
-        let w = Tensor::cat(&parts, 0)?
-            .to_dtype(self.dtype)?
-            .to_device(&self.device)?;
+        // parts kept in different dtypes (a dequantized matrix next to a bf16 one) meet in f32
+        let mut dtypes = parts.iter().map(|p| self.dtype.for_stored(p.dtype()));
+        let first = dtypes.next().unwrap_or(DType::F32);
+        let dtype = if dtypes.all(|d| d == first) {
+            first
+        } else {
+            DType::F32
+        };
+        let parts = parts
+            .iter()
+            .map(|p| p.to_dtype(dtype))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let w = Tensor::cat(&parts, 0)?.to_device(&self.device)?;
         Ok(Linear { w })
     }
 
@@ -113,19 +126,33 @@ impl Linear {
 
     /// `x: [n, in]` (f32, row-major) → `[n, out]`.
     ///
-    /// Up to [`simd::MAX_ROWS`] rows on a CPU f32 weight use [`simd::matmul_rows`], whose result for a row
-    /// does not depend on how many rows are computed together (so a verify forward of k + 1
-    /// tokens produces bit-identical logits to k + 1 single-token forwards); larger inputs use
-    /// candle's GEMM.
+    /// On the CPU, weights in f32, bf16 or f16 go through [`simd::matmul_rows`]: f32 arithmetic
+    /// whose result for a row does not depend on how many rows are computed together (so a
+    /// verify forward of k + 1 tokens produces bit-identical logits to k + 1 single-token
+    /// forwards), with half-precision weights widened exactly as they are read. Inputs of more
+    /// than [`simd::MAX_ROWS`] rows (prefill) use candle's GEMM in f32, on half-precision
+    /// weights a block of widened rows at a time (never a half-precision product). Other
+    /// devices use candle in the weights' dtype.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let inp = self.w.dims()[1];
-        if n <= simd::MAX_ROWS && self.w.dtype() == DType::F32 && self.w.device().is_cpu() {
+        if self.w.device().is_cpu() {
             let (storage, layout) = self.w.storage_and_layout();
             if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
                 (&*storage, layout.contiguous_offsets())
             {
-                let w = &cpu.as_slice::<f32>()?[start..end];
-                return Ok(simd::matmul_rows(x, n, w, inp));
+                match self.w.dtype() {
+                    DType::F32 if n <= simd::MAX_ROWS => {
+                        let w = &cpu.as_slice::<f32>()?[start..end];
+                        return Ok(simd::matmul_rows(x, n, w, inp));
+                    }
+                    DType::BF16 => {
+                        return half_product(x, n, &cpu.as_slice::<half::bf16>()?[start..end], inp)
+                    }
+                    DType::F16 => {
+                        return half_product(x, n, &cpu.as_slice::<half::f16>()?[start..end], inp)
+                    }
+                    _ => {}
+                }
             }
         }
         let xt = Tensor::from_slice(x, (n, inp), self.w.device())?;
@@ -143,6 +170,76 @@ impl Linear {
         Ok(y.flatten_all()?.to_vec1::<f32>()?)
     }
 }
+
+/// `x [n, inp] · w^T` for half-precision weights `w [out, inp]`, in f32: up to
+/// [`simd::MAX_ROWS`] rows through [`simd::matmul_rows`]; more (prefill) through the GEMM that
+/// candle uses for f32, over blocks of at most [`WIDEN_BLOCK`] weights widened to f32 in a
+/// buffer kept per thread, each block's results written in place.
+fn half_product<E: simd::Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Result<Vec<f32>> {
+    half_product_in(x, n, w, inp, WIDEN_BLOCK)
+}
+
+/// [`half_product`] widening at most `block` weights at a time.
+fn half_product_in<E: simd::Weight>(
+    x: &[f32],
+    n: usize,
+    w: &[E],
+    inp: usize,
+    block: usize,
+) -> Result<Vec<f32>> {
+    if n <= simd::MAX_ROWS || inp == 0 {
+        return Ok(simd::matmul_rows(x, n, w, inp.max(1)));
+    }
+    thread_local! {
+        static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let out = w.len() / inp;
+    let rows = (block / inp).clamp(1, out.max(1));
+    let mut y = vec![0f32; n * out];
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    WIDENED.with_borrow_mut(|wb| {
+        for o0 in (0..out).step_by(rows) {
+            let m = rows.min(out - o0);
+            simd::widen_into(&w[o0 * inp..(o0 + m) * inp], wb);
+            // SAFETY: `y` is `[n, out]` and the block writes its columns `o0..o0 + m` of every
+            // row (row stride `out`); `x` is `[n, inp]` row-major; `wb` holds the block's `m`
+            // weight rows of `inp` floats, read as the `[inp, m]` right-hand side (column
+            // stride `inp`).
+            unsafe {
+                gemm::gemm(
+                    n,
+                    m,
+                    inp,
+                    y.as_mut_ptr().add(o0),
+                    1,
+                    out as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    inp as isize,
+                    wb.as_ptr(),
+                    inp as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            };
+        }
+    });
+    Ok(y)
+}
+
+/// Most weights [`half_product`] widens to f32 at once (16 MiB).
+const WIDEN_BLOCK: usize = 1 << 22;
 
 /// Full attention with an output gate, q/k RMSNorm, GQA and partial rotary embedding.
 #[derive(Debug)]
@@ -719,5 +816,63 @@ impl Moe {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prefill-sized products over half-precision weights, split into blocks of widened rows
+    /// (the last one short), agree with the f32 product over the widened weights.
+    #[test]
+    fn half_products_in_blocks_match_f32() {
+        let (n, inp, out) = (40, 37, 300);
+        let mut s = 5u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+        let w: Vec<half::bf16> = (0..out * inp)
+            .map(|_| half::bf16::from_f32(next()))
+            .collect();
+        let wide = Linear {
+            w: Tensor::from_vec(
+                w.iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
+                (out, inp),
+                &Device::Cpu,
+            )
+            .unwrap(),
+        };
+        let want = wide.forward(&x, n).unwrap();
+        for block in [inp, 1000, 4000, out * inp, 1 << 22] {
+            let got = half_product_in(&x, n, &w, inp, block).unwrap();
+            let worst = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "block {block}: off by {worst}");
+        }
+        // and through `Linear` on a bf16 tensor, few rows and many
+        let half = Linear {
+            w: Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap(),
+        };
+        for rows in [1, 3, 32, 33, n] {
+            let got = half.forward(&x[..rows * inp], rows).unwrap();
+            let want = wide.forward(&x[..rows * inp], rows).unwrap();
+            let worst = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{rows} rows: off by {worst}");
+            if rows <= simd::MAX_ROWS {
+                assert_eq!(got, want, "{rows} rows: the few-row kernel widens exactly");
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@ use crate::cache::{SeqCache, VerifyMode};
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels;
+use crate::loader::WeightDtype;
 use crate::loader::{dequantize_affine, Checkpoint};
 use crate::nn::{DecoderLayer, Linear, Store};
 
@@ -131,7 +132,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
                 bits,
             )?
         } else {
-            ckpt.load_f32(name)?
+            ckpt.load_float(name)?
         };
         match dest {
             Dest::Target(c) => out.target.insert(c, tensor),
@@ -256,7 +257,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         {
             // HF zero-centred RMSNorm weights (Qwen3.5/3.6/Next HF layout); the gated norm of
             // linear attention (`linear_attn.norm.weight`) is stored as-is.
-            (v + 1.0)?
+            shift_norm(&v)?
         } else {
             v
         };
@@ -283,7 +284,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     for k in keys {
         if let Some(v) = s.mtp.remove(&k) {
             let v = if v.rank() == 1 && is_mtp_norm(&k) {
-                (v + 1.0)?
+                shift_norm(&v)?
             } else {
                 v
             };
@@ -291,6 +292,12 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         }
     }
     Ok(s)
+}
+
+/// `1 + w` for an RMSNorm weight stored zero-centred (HF layout), computed in f32 whatever the
+/// stored precision.
+pub(crate) fn shift_norm(w: &Tensor) -> Result<Tensor> {
+    Ok((w.to_dtype(DType::F32)? + 1.0)?)
 }
 
 /// RMSNorm weights of an MTP head stored zero-centred in HF layout (mlx-vlm's
@@ -503,7 +510,7 @@ impl Qwen35Model {
 pub fn load_dir(
     dir: &std::path::Path,
     device: &Device,
-    dtype: DType,
+    dtype: WeightDtype,
 ) -> Result<(Qwen35Model, HashMap<String, Tensor>)> {
     let cfg = ModelConfig::load(dir)?;
     if cfg.model_type == "qwen3_5_mtp" {

@@ -8,13 +8,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::cache::{KvCache, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::Checkpoint;
+use crate::loader::WeightDtype;
 use crate::nn::{DecoderLayer, Linear, Store};
 use crate::qwen3_5::{is_mtp_norm, merge_experts, Qwen35Model};
 
@@ -94,10 +95,10 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
                 bits,
             )?
         } else {
-            ckpt.load_f32(name)?
+            ckpt.load_float(name)?
         };
         if hf && t.rank() == 1 && is_mtp_norm(&canonical) {
-            t = (t + 1.0)?;
+            t = crate::qwen3_5::shift_norm(&t)?;
         }
         out.insert(canonical, t);
     }
@@ -113,7 +114,7 @@ impl MtpHead {
     pub fn load(
         tensors: HashMap<String, Tensor>,
         cfg: &ModelConfig,
-        dtype: DType,
+        dtype: WeightDtype,
         device: &Device,
     ) -> Result<Self> {
         let t = &cfg.text;
@@ -155,7 +156,7 @@ impl MtpHead {
     pub fn load_dir(
         dir: &Path,
         target: &ModelConfig,
-        dtype: DType,
+        dtype: WeightDtype,
         device: &Device,
     ) -> Result<Self> {
         let cfg = ModelConfig::load(dir)?;

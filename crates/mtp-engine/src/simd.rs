@@ -24,6 +24,16 @@ trait Lanes {
     /// # Safety
     /// `p` points at 8 readable floats and the CPU supports the instruction set.
     unsafe fn load(p: *const f32) -> Self::V;
+    /// 8 bfloat16 values (their bits) widened to f32, exactly.
+    ///
+    /// # Safety
+    /// `p` points at 8 readable values and the CPU supports the instruction set.
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// 8 IEEE half-precision values (their bits) widened to f32, exactly.
+    ///
+    /// # Safety
+    /// As [`Lanes::load_bf16`].
+    unsafe fn load_f16(p: *const u16) -> Self::V;
     /// `acc + a * b`, fused when [`Lanes::FUSED`].
     ///
     /// # Safety
@@ -54,7 +64,7 @@ trait Lanes {
     unsafe fn store(p: *mut f32, v: Self::V);
     /// Asks for the cache line at `p` ahead of its use (a hint: any address is allowed).
     #[inline(always)]
-    fn prefetch(_p: *const f32) {}
+    fn prefetch(_p: *const u8) {}
     /// Whether `W` is one register out of 32, so that [`matmul_block`] can run 4 weight rows
     /// by 3 to 6 inputs in one pass.
     const WIDE: bool = false;
@@ -68,6 +78,16 @@ trait Lanes {
     /// # Safety
     /// `p` points at 16 readable floats and the CPU supports the instruction set.
     unsafe fn load2(p: *const f32) -> Self::W;
+    /// 16 bfloat16 values as in [`Lanes::load_bf16`].
+    ///
+    /// # Safety
+    /// `p` points at 16 readable values and the CPU supports the instruction set.
+    unsafe fn load2_bf16(p: *const u16) -> Self::W;
+    /// 16 half-precision values as in [`Lanes::load_f16`].
+    ///
+    /// # Safety
+    /// As [`Lanes::load2_bf16`].
+    unsafe fn load2_f16(p: *const u16) -> Self::W;
     /// [`Lanes::mul_add`] on both chunks.
     ///
     /// # Safety
@@ -93,6 +113,16 @@ macro_rules! paired_w {
         unsafe fn load2(p: *const f32) -> Self::W {
             // SAFETY: forwarded from the caller (16 floats).
             unsafe { (Self::load(p), Self::load(p.add(8))) }
+        }
+        #[inline(always)]
+        unsafe fn load2_bf16(p: *const u16) -> Self::W {
+            // SAFETY: forwarded from the caller (16 values).
+            unsafe { (Self::load_bf16(p), Self::load_bf16(p.add(8))) }
+        }
+        #[inline(always)]
+        unsafe fn load2_f16(p: *const u16) -> Self::W {
+            // SAFETY: forwarded from the caller (16 values).
+            unsafe { (Self::load_f16(p), Self::load_f16(p.add(8))) }
         }
         #[inline(always)]
         unsafe fn mul_add2(acc: Self::W, a: Self::W, b: Self::W) -> Self::W {
@@ -124,6 +154,18 @@ impl Lanes for Portable {
     unsafe fn load(p: *const f32) -> Self::V {
         // SAFETY: the caller guarantees 8 readable floats.
         unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self::V {
+        // SAFETY: the caller guarantees 8 readable values.
+        let h = unsafe { std::ptr::read_unaligned(p as *const [u16; 8]) };
+        h.map(|b| f32::from_bits(u32::from(b) << 16))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        // SAFETY: the caller guarantees 8 readable values.
+        let h = unsafe { std::ptr::read_unaligned(p as *const [u16; 8]) };
+        h.map(|b| half::f16::from_bits(b).to_f32())
     }
     #[inline(always)]
     unsafe fn mul_add(mut acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
@@ -179,6 +221,21 @@ macro_rules! avx_v {
             unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
         }
         #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self::V {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees AVX2 and 8 readable values.
+            unsafe {
+                let h = _mm_loadu_si128(p as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> Self::V {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees F16C and 8 readable values.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+        #[inline(always)]
         unsafe fn mul_add(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
             use std::arch::x86_64::*;
             // SAFETY: the caller guarantees AVX.
@@ -217,7 +274,7 @@ macro_rules! avx_v {
             unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
         }
         #[inline(always)]
-        fn prefetch(p: *const f32) {
+        fn prefetch(p: *const u8) {
             use std::arch::x86_64::*;
             // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part
             // of x86_64.
@@ -256,6 +313,21 @@ impl Lanes for Avx512 {
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
     #[inline(always)]
+    unsafe fn load2_bf16(p: *const u16) -> Self::W {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees AVX-512F and 16 readable values.
+        unsafe {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load2_f16(p: *const u16) -> Self::W {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees AVX-512F and 16 readable values.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
     unsafe fn mul_add2(acc: Self::W, a: Self::W, b: Self::W) -> Self::W {
         // SAFETY: the caller guarantees AVX-512F.
         unsafe { std::arch::x86_64::_mm512_fmadd_ps(a, b, acc) }
@@ -281,6 +353,93 @@ fn madd<L: Lanes>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// How a [`Weight`] element is stored (what [`matmul_rows`] widens it from).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightKind {
+    /// f32, used as is.
+    F32,
+    /// bfloat16: the upper half of an f32.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+/// The element types [`matmul_rows`] reads weights in: `f32`, and the half-precision formats
+/// checkpoints are stored in (`bf16`, `f16`). Half-precision weights are widened to f32 as
+/// they are loaded, which is exact: a product over them has the bits of the same product over
+/// the weights converted to f32 beforehand, with half the memory and half the bytes read per
+/// step. Sealed: the kernels read each kind with its own instructions.
+pub trait Weight: Copy + Send + Sync + 'static + sealed::Sealed {
+    #[doc(hidden)]
+    const KIND: WeightKind;
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+}
+
+impl Weight for f32 {
+    const KIND: WeightKind = WeightKind::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Weight for half::bf16 {
+    const KIND: WeightKind = WeightKind::Bf16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+impl Weight for half::f16 {
+    const KIND: WeightKind = WeightKind::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+/// 8 weights at `p`, as f32 lanes.
+///
+/// # Safety
+/// `p` points at 8 readable values and the CPU supports `L`.
+#[inline(always)]
+unsafe fn wload<L: Lanes, E: Weight>(p: *const E) -> L::V {
+    // SAFETY: forwarded from the caller; `E::KIND` names `E`'s layout (the trait is sealed).
+    unsafe {
+        match E::KIND {
+            WeightKind::F32 => L::load(p.cast()),
+            WeightKind::Bf16 => L::load_bf16(p.cast()),
+            WeightKind::F16 => L::load_f16(p.cast()),
+        }
+    }
+}
+
+/// 16 weights at `p`, as [`Lanes::W`].
+///
+/// # Safety
+/// `p` points at 16 readable values and the CPU supports `L`.
+#[inline(always)]
+unsafe fn wload2<L: Lanes, E: Weight>(p: *const E) -> L::W {
+    // SAFETY: as [`wload`].
+    unsafe {
+        match E::KIND {
+            WeightKind::F32 => L::load2(p.cast()),
+            WeightKind::Bf16 => L::load2_bf16(p.cast()),
+            WeightKind::F16 => L::load2_f16(p.cast()),
+        }
+    }
+}
+
 /// The `N × M` dot products of the rows at `xs` with the weight rows at `ws`, all `len` long.
 /// Even and odd 8-float chunks accumulate apart (two dependency chains per product) and are
 /// added before the reduction, so each result has the arithmetic of its lone dot product
@@ -290,19 +449,16 @@ fn madd<L: Lanes>(a: f32, b: f32, c: f32) -> f32 {
 /// # Safety
 /// Every pointer reads `len` floats; the CPU supports `L`.
 #[inline(always)]
-unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
+unsafe fn dots<L: Lanes, E: Weight, const N: usize, const M: usize>(
     xs: [*const f32; N],
-    ws: [*const f32; M],
+    ws: [*const E; M],
     len: usize,
 ) -> [[f32; N]; M] {
     let chunks = len / 8;
     // a lone weight row prefetches 4 KiB ahead; several prefetch the same columns of the next
     // group of rows (or further), so that every stream runs ahead
-    let ahead = if M == 1 {
-        PREFETCH_AHEAD
-    } else {
-        (M * len).max(PREFETCH_AHEAD)
-    };
+    let lone = PREFETCH_AHEAD / std::mem::size_of::<E>();
+    let ahead = if M == 1 { lone } else { (M * len).max(lone) };
     // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
     unsafe {
         // `acc` holds each product's even and odd chunks: [`Lanes::W`]
@@ -311,8 +467,8 @@ unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
         while c + 2 <= chunks {
             let mut y = [L::zero2(); M];
             for m in 0..M {
-                L::prefetch(ws[m].wrapping_add(c * 8 + ahead));
-                y[m] = L::load2(ws[m].add(c * 8));
+                L::prefetch(ws[m].wrapping_add(c * 8 + ahead).cast());
+                y[m] = wload2::<L, E>(ws[m].add(c * 8));
             }
             for r in 0..N {
                 let x = L::load2(xs[r].add(c * 8));
@@ -333,7 +489,7 @@ unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
             for r in 0..N {
                 let x0 = L::load(xs[r].add(c * 8));
                 for m in 0..M {
-                    even[m][r] = L::mul_add(even[m][r], x0, L::load(ws[m].add(c * 8)));
+                    even[m][r] = L::mul_add(even[m][r], x0, wload::<L, E>(ws[m].add(c * 8)));
                 }
             }
         }
@@ -342,7 +498,7 @@ unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
             for r in 0..N {
                 let mut tail = 0f32;
                 for i in chunks * 8..len {
-                    tail += *xs[r].add(i) * *ws[m].add(i);
+                    tail += *xs[r].add(i) * (*ws[m].add(i)).to_f32();
                 }
                 out[m][r] = L::reduce(L::add(even[m][r], odd[m][r])) + tail;
             }
@@ -358,9 +514,9 @@ unsafe fn dots<L: Lanes, const N: usize, const M: usize>(
 /// # Safety
 /// As [`dots`].
 #[inline(always)]
-unsafe fn dots_many<L: Lanes>(
+unsafe fn dots_many<L: Lanes, E: Weight>(
     rows: &[*const f32],
-    w: *const f32,
+    w: *const E,
     len: usize,
     mut sink: impl FnMut(usize, f32),
 ) {
@@ -369,7 +525,7 @@ unsafe fn dots_many<L: Lanes>(
     // SAFETY: forwarded from the caller.
     unsafe {
         while n - r > 6 {
-            let [d] = dots::<L, 4, 1>(first(&rows[r..]), [w], len);
+            let [d] = dots::<L, E, 4, 1>(first(&rows[r..]), [w], len);
             for (j, v) in d.into_iter().enumerate() {
                 sink(r + j, v);
             }
@@ -382,12 +538,12 @@ unsafe fn dots_many<L: Lanes>(
             }
         };
         match rest.len() {
-            6 => put(&dots::<L, 6, 1>(first(rest), [w], len)[0]),
-            5 => put(&dots::<L, 5, 1>(first(rest), [w], len)[0]),
-            4 => put(&dots::<L, 4, 1>(first(rest), [w], len)[0]),
-            3 => put(&dots::<L, 3, 1>(first(rest), [w], len)[0]),
-            2 => put(&dots::<L, 2, 1>(first(rest), [w], len)[0]),
-            1 => put(&dots::<L, 1, 1>(first(rest), [w], len)[0]),
+            6 => put(&dots::<L, E, 6, 1>(first(rest), [w], len)[0]),
+            5 => put(&dots::<L, E, 5, 1>(first(rest), [w], len)[0]),
+            4 => put(&dots::<L, E, 4, 1>(first(rest), [w], len)[0]),
+            3 => put(&dots::<L, E, 3, 1>(first(rest), [w], len)[0]),
+            2 => put(&dots::<L, E, 2, 1>(first(rest), [w], len)[0]),
+            1 => put(&dots::<L, E, 1, 1>(first(rest), [w], len)[0]),
             _ => {}
         }
     }
@@ -395,25 +551,27 @@ unsafe fn dots_many<L: Lanes>(
 
 /// The first `N` row pointers.
 #[inline(always)]
-fn first<const N: usize>(rows: &[*const f32]) -> [*const f32; N] {
+fn first<T, const N: usize>(rows: &[*const T]) -> [*const T; N] {
     std::array::from_fn(|i| rows[i])
 }
 
-/// How far ahead of its use a weight row is prefetched, in floats (4 KiB). Decode streams the
+/// How far ahead of its use a weight row is prefetched, in bytes (4 KiB). Decode streams the
 /// weights from memory once per step; without the hint one core keeps too few cache lines in
 /// flight once a few rows share each weight load, and a verify forward of 2–5 rows cost
 /// 1.15–1.8 times one row on a matrix larger than the caches (`examples/matmul_rows`);
 /// with it, 1.0–1.1. [`dots`] over two weight rows prefetches the same columns of the next
 /// pair (7–12% faster for one and two inputs than 4 KiB, measured interleaved).
-const PREFETCH_AHEAD: usize = 1024;
+const PREFETCH_AHEAD: usize = 4096;
 
-/// The vector path needs AVX for the lanes and AVX2 for the integer half of `exp`.
+/// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
+/// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it).
 pub(crate) fn has_avx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx")
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -454,10 +612,10 @@ impl Dst {
 /// The CPU supports `L`; `w` holds the block's weight rows; `dst` has room for `n` rows of
 /// its features and no other thread writes them.
 #[inline(always)]
-unsafe fn matmul_block<L: Lanes>(
+unsafe fn matmul_block<L: Lanes, E: Weight>(
     x: &[f32],
     n: usize,
-    w: &[f32],
+    w: &[E],
     inp: usize,
     o0: usize,
     outs: usize,
@@ -472,10 +630,10 @@ unsafe fn matmul_block<L: Lanes>(
         // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
         unsafe {
             match n {
-                3 => return groups::<L, 3, 4>(first(rows), w, inp, o0, outs, dst),
-                4 => return groups::<L, 4, 4>(first(rows), w, inp, o0, outs, dst),
-                5 => return groups::<L, 5, 4>(first(rows), w, inp, o0, outs, dst),
-                6 => return groups::<L, 6, 4>(first(rows), w, inp, o0, outs, dst),
+                3 => return groups::<L, E, 3, 4>(first(rows), w, inp, o0, outs, dst),
+                4 => return groups::<L, E, 4, 4>(first(rows), w, inp, o0, outs, dst),
+                5 => return groups::<L, E, 5, 4>(first(rows), w, inp, o0, outs, dst),
+                6 => return groups::<L, E, 6, 4>(first(rows), w, inp, o0, outs, dst),
                 _ => {}
             }
         }
@@ -492,9 +650,9 @@ unsafe fn matmul_block<L: Lanes>(
             // `o0 + j + 1` (`j + 1 < outs`); the caller guarantees `L` and `dst`.
             unsafe {
                 if n == 1 {
-                    put_dots(dst, o0 + j, dots::<L, 1, 2>(first(rows), [w0, w1], inp));
+                    put_dots(dst, o0 + j, dots::<L, E, 1, 2>(first(rows), [w0, w1], inp));
                 } else {
-                    put_dots(dst, o0 + j, dots::<L, 2, 2>(first(rows), [w0, w1], inp));
+                    put_dots(dst, o0 + j, dots::<L, E, 2, 2>(first(rows), [w0, w1], inp));
                 }
             }
             j += 2;
@@ -503,7 +661,7 @@ unsafe fn matmul_block<L: Lanes>(
     for jj in j..outs {
         let wr = &w[(o0 + jj) * inp..(o0 + jj + 1) * inp];
         // SAFETY: every row and `wr` hold `inp` floats; the caller guarantees `L` and `dst`.
-        unsafe { dots_many::<L>(rows, wr.as_ptr(), inp, |r, v| dst.put(r, o0 + jj, v)) };
+        unsafe { dots_many::<L, E>(rows, wr.as_ptr(), inp, |r, v| dst.put(r, o0 + jj, v)) };
     }
 }
 
@@ -528,9 +686,9 @@ unsafe fn put_dots<const N: usize, const M: usize>(dst: Dst, o: usize, d: [[f32;
 /// # Safety
 /// As [`dots`] and [`matmul_block`].
 #[inline(always)]
-unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
+unsafe fn groups<L: Lanes, E: Weight, const N: usize, const M: usize>(
     xs: [*const f32; N],
-    w: &[f32],
+    w: &[E],
     inp: usize,
     o0: usize,
     outs: usize,
@@ -542,14 +700,14 @@ unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
     unsafe {
         while j + M <= outs {
             let ws = std::array::from_fn(|m| w[(o0 + j + m) * inp..].as_ptr());
-            put_dots(dst, o0 + j, dots::<L, N, M>(xs, ws, inp));
+            put_dots(dst, o0 + j, dots::<L, E, N, M>(xs, ws, inp));
             j += M;
         }
         while j < outs {
             put_dots(
                 dst,
                 o0 + j,
-                dots::<L, N, 1>(xs, [w[(o0 + j) * inp..].as_ptr()], inp),
+                dots::<L, E, N, 1>(xs, [w[(o0 + j) * inp..].as_ptr()], inp),
             );
             j += 1;
         }
@@ -557,26 +715,26 @@ unsafe fn groups<L: Lanes, const N: usize, const M: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma")]
-unsafe fn matmul_block_avx(
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+unsafe fn matmul_block_avx<E: Weight>(
     x: &[f32],
     n: usize,
-    w: &[f32],
+    w: &[E],
     inp: usize,
     o0: usize,
     outs: usize,
     dst: Dst,
 ) {
     // SAFETY: this function is only called when AVX was detected; the caller guarantees `dst`.
-    unsafe { matmul_block::<Avx>(x, n, w, inp, o0, outs, dst) }
+    unsafe { matmul_block::<Avx, E>(x, n, w, inp, o0, outs, dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma,avx512f")]
-unsafe fn matmul_block_avx512(
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f")]
+unsafe fn matmul_block_avx512<E: Weight>(
     x: &[f32],
     n: usize,
-    w: &[f32],
+    w: &[E],
     inp: usize,
     o0: usize,
     outs: usize,
@@ -584,7 +742,7 @@ unsafe fn matmul_block_avx512(
 ) {
     // SAFETY: this function is only called when AVX2, FMA and AVX-512F were detected; the
     // caller guarantees `dst`.
-    unsafe { matmul_block::<Avx512>(x, n, w, inp, o0, outs, dst) }
+    unsafe { matmul_block::<Avx512, E>(x, n, w, inp, o0, outs, dst) }
 }
 
 /// Whether [`matmul_rows`] may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
@@ -611,8 +769,9 @@ pub const MAX_ROWS: usize = 32;
 /// `x [n, inp] · w[out, inp]^T → [n, out]` for `1 <= n <=` [`MAX_ROWS`]: each weight row is read
 /// once for all `n` inputs (decode reads every weight once per step), parallel over blocks of
 /// output features when the matrix is large. Row `r` of the result is bit-identical to
-/// `matmul_rows(x[r], 1, w, inp)`.
-pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
+/// `matmul_rows(x[r], 1, w, inp)`, and, for half-precision weights, to the product over the
+/// weights widened to f32 (see [`Weight`]).
+pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f32> {
     assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len().is_multiple_of(inp));
     let out = w.len() / inp;
     let (avx, avx512) = (has_avx(), has_avx512());
@@ -643,7 +802,7 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
         }
         let _ = (avx, avx512);
         // (and the portable lanes need no particular instruction set)
-        unsafe { matmul_block::<Portable>(x, n, w, inp, o0, outs, dst) };
+        unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
     };
     let blocks = out.div_ceil(BLOCK);
     // the worker team makes a split pay from a few microseconds of work (measured on the demo
@@ -655,6 +814,52 @@ pub fn matmul_rows(x: &[f32], n: usize, w: &[f32], inp: usize) -> Vec<f32> {
         (0..blocks).for_each(work);
     }
     y
+}
+
+/// `src` widened to f32 (exact) into `out` (resized to fit), in parallel over blocks: what a
+/// product over half-precision weights that is too large for [`matmul_rows`] multiplies, a
+/// block of weight rows at a time.
+pub fn widen_into<E: Weight>(src: &[E], out: &mut Vec<f32>) {
+    out.resize(src.len(), 0.0);
+    crate::team::chunks_mut(out, WIDEN_CHUNK, |i, dst| {
+        let src = &src[i * WIDEN_CHUNK..i * WIDEN_CHUNK + dst.len()];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx() {
+            // SAFETY: AVX2 and F16C were detected; both slices hold `dst.len()` values.
+            unsafe { widen_avx(src, dst) };
+            return;
+        }
+        // SAFETY: no particular instruction set needed; as above.
+        unsafe { widen_with::<Portable, E>(src, dst) };
+    });
+}
+
+/// Values per parallel task of [`widen`].
+const WIDEN_CHUNK: usize = 1 << 16;
+
+/// # Safety
+/// The CPU supports `L`; `dst` and `src` have the same length.
+#[inline(always)]
+unsafe fn widen_with<L: Lanes, E: Weight>(src: &[E], dst: &mut [f32]) {
+    let n = dst.len() / 8 * 8;
+    let mut i = 0;
+    // SAFETY: `i + 8 <= n <= len` for both slices; the caller guarantees `L`.
+    unsafe {
+        while i < n {
+            L::store(dst.as_mut_ptr().add(i), wload::<L, E>(src.as_ptr().add(i)));
+            i += 8;
+        }
+    }
+    for (d, v) in dst[n..].iter_mut().zip(&src[n..]) {
+        *d = v.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+unsafe fn widen_avx<E: Weight>(src: &[E], dst: &mut [f32]) {
+    // SAFETY: this function is only called when AVX2 and F16C were detected.
+    unsafe { widen_with::<Avx, E>(src, dst) }
 }
 
 /// Causal attention of `l` new queries against a sequence's cached keys and values.
@@ -848,7 +1053,7 @@ unsafe fn attention_impl<L: Lanes>(
             };
             // SAFETY: every query row and `kr` hold `hd` floats; the caller guarantees `L`.
             unsafe {
-                dots_many::<L>(&qp[first..], kr.as_ptr(), hd, |j, v| {
+                dots_many::<L, f32>(&qp[first..], kr.as_ptr(), hd, |j, v| {
                     scores[(first + j) * t_total + t] = v * scale;
                 })
             };
@@ -1256,7 +1461,7 @@ mod tests {
                     out: 5,
                 };
                 // SAFETY: no particular instruction set needed; `portable` is `[n, 5]`.
-                unsafe { matmul_block::<Portable>(&x, n, &w, inp, 0, 5, into(&mut portable)) };
+                unsafe { matmul_block::<Portable, f32>(&x, n, &w, inp, 0, 5, into(&mut portable)) };
                 // both vector paths where the CPU has them, whichever `matmul_rows` picked
                 #[cfg(target_arch = "x86_64")]
                 for (wide, ok) in [(false, has_avx()), (true, has_avx512())] {
@@ -1293,6 +1498,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Half-precision weights give the bits of the same weights widened to f32 beforehand, on
+    /// every path and row count, with and without a tail.
+    #[test]
+    fn half_weights_are_widened_exactly() {
+        fn check<E: Weight>(from: fn(f32) -> E) {
+            let mut next = rng(7);
+            for inp in [1usize, 7, 8, 9, 16, 100, 1027] {
+                for n in 1..=9 {
+                    let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+                    let w: Vec<E> = (0..5 * inp).map(|_| from(next())).collect();
+                    let wide: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+                    let want = matmul_rows(&x, n, &wide, inp);
+                    let got = matmul_rows(&x, n, &w, inp);
+                    assert!(want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let into = |v: &mut Vec<f32>| Dst {
+                        ptr: v.as_mut_ptr(),
+                        out: 5,
+                    };
+                    let (mut a, mut b) = (vec![0f32; 5 * n], vec![0f32; 5 * n]);
+                    // SAFETY: no particular instruction set needed; both are `[n, 5]`.
+                    unsafe {
+                        matmul_block::<Portable, f32>(&x, n, &wide, inp, 0, 5, into(&mut a));
+                        matmul_block::<Portable, E>(&x, n, &w, inp, 0, 5, into(&mut b));
+                    }
+                    assert_eq!(a, b, "portable, inp {inp} n {n}");
+                    #[cfg(target_arch = "x86_64")]
+                    for (wide512, ok) in [(false, has_avx()), (true, has_avx512())] {
+                        if !ok {
+                            continue;
+                        }
+                        let (mut a, mut b) = (vec![0f32; 5 * n], vec![0f32; 5 * n]);
+                        // SAFETY: the instruction sets were detected just above.
+                        unsafe {
+                            if wide512 {
+                                matmul_block_avx512(&x, n, &wide, inp, 0, 5, into(&mut a));
+                                matmul_block_avx512(&x, n, &w, inp, 0, 5, into(&mut b));
+                            } else {
+                                matmul_block_avx(&x, n, &wide, inp, 0, 5, into(&mut a));
+                                matmul_block_avx(&x, n, &w, inp, 0, 5, into(&mut b));
+                            }
+                        }
+                        let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                        assert!(same, "wide {wide512}, inp {inp} n {n}");
+                    }
+                }
+            }
+        }
+        check(half::bf16::from_f32);
+        check(half::f16::from_f32);
     }
 
     /// A verify forward's attention rows equal the single-query results bit for bit, and agree

@@ -324,6 +324,45 @@ async fn bad_inputs_are_typed_errors() {
     assert!(err.to_string().contains("not supported"), "{err}");
 }
 
+/// The `dtype` option: `auto` (the default: weights as stored) and `f32` give the same text on
+/// an f32 checkpoint; `bf16` rounds the matrices and stays exact under speculation; anything
+/// else is refused, naming the value.
+#[tokio::test]
+async fn weight_dtype_option() {
+    empty_hub_cache();
+    let text = |dtype: &str| {
+        let llm = create_llm(
+            "native",
+            &fixture("tiny-trained"),
+            on(2).extra("dtype", dtype),
+        )
+        .unwrap();
+        async move {
+            let with = llm.generate(req(24)).await.unwrap();
+            let without = llm.generate(req(24).speculation(false)).await.unwrap();
+            assert_eq!(with.content, without.content);
+            with.content
+        }
+    };
+    assert_eq!(text("auto").await, text("f32").await);
+    text("bf16").await;
+    let Err(e) = create_llm(
+        "native",
+        &fixture("tiny-trained"),
+        on(2).extra("dtype", "int3"),
+    ) else {
+        panic!("int3 accepted")
+    };
+    assert!(
+        matches!(
+            e,
+            mtp::Error::Provider(ProviderError::InvalidRequest { .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("int3"), "{e}");
+}
+
 fn demo_model() -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
     p.canonicalize().unwrap().display().to_string()

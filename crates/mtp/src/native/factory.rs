@@ -12,7 +12,7 @@ use mtp_contract::{
 use mtp_detect::{
     check_drafter, probe_local, resolve_model, CacheConfig, ResolvedArtifact, Runtime,
 };
-use mtp_engine::Engine;
+use mtp_engine::{Engine, WeightDtype};
 
 use super::backend::DrafterLane;
 use super::engine_backend::EngineBackend;
@@ -53,7 +53,7 @@ fn load_err(model: &str, message: impl Into<String>) -> ProviderError {
 fn parse_extra(
     model: &str,
     opts: &ProviderOptions,
-) -> Result<(Device, DType, String, usize, usize), ProviderError> {
+) -> Result<(Device, WeightDtype, String, usize, usize), ProviderError> {
     for k in opts.extra.keys() {
         if !EXTRA_KEYS.contains(&k.as_str()) {
             return Err(ProviderError::InvalidRequest {
@@ -75,11 +75,16 @@ fn parse_extra(
         }
     };
     let dtype = match opts.extra.get("dtype").map(String::as_str) {
-        None | Some("f32") => DType::F32,
+        None | Some("auto") => WeightDtype::Stored,
+        Some("f32") => WeightDtype::Convert(DType::F32),
+        Some("bf16") => WeightDtype::Convert(DType::BF16),
+        Some("f16") => WeightDtype::Convert(DType::F16),
         Some(other) => {
             return Err(ProviderError::InvalidRequest {
                 field: "extra",
-                message: format!("dtype `{other}` is not supported on cpu; use f32"),
+                message: format!(
+                    "dtype `{other}` is not known; use auto (weights as the checkpoint stores them), f32, bf16 or f16"
+                ),
             })
         }
     };

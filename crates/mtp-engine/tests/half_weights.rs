@@ -1,0 +1,164 @@
+//! Checkpoints stored in bf16 or f16 keep their matrices in half precision
+//! (`WeightDtype::Stored`), and compute exactly what the same checkpoint converted to f32 at
+//! load computes: the same logits bit for bit (up to 32 positions per forward, the few-row
+//! kernel's limit; longer prefills agree to rounding), the same greedy tokens with and without
+//! MTP, on a dense and an MoE fixture. Converting an f32 checkpoint's matrices with
+//! `WeightDtype::Convert(BF16)` rounds them, and speculation stays exact on them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use mtp_engine::{Engine, GenerateOptions, LogitsAt, WeightDtype};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+/// A copy of fixture `name` with every f32 tensor stored as `dtype`.
+fn half_copy(name: &str, dtype: DType) -> PathBuf {
+    let src = fixture(name);
+    let dst =
+        std::env::temp_dir().join(format!("mtp-half-{name}-{dtype:?}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)
+        .expect("fixture tensors");
+    let half: HashMap<String, Tensor> = tensors
+        .into_iter()
+        .map(|(k, t)| {
+            let t = if t.dtype() == DType::F32 {
+                t.to_dtype(dtype).unwrap()
+            } else {
+                t
+            };
+            (k, t)
+        })
+        .collect();
+    candle_core::safetensors::save(&half, dst.join("model.safetensors")).unwrap();
+    dst
+}
+
+fn load(dir: &Path, dtype: impl Into<WeightDtype>) -> Engine {
+    Engine::load(dir, &Device::Cpu, dtype).expect("load")
+}
+
+fn logits(engine: &Engine, prompt: &[u32]) -> Vec<f32> {
+    let model = engine.model();
+    let mut cache = model.new_cache();
+    let mut out = model
+        .forward(
+            &[prompt.to_vec()],
+            std::slice::from_mut(&mut cache),
+            LogitsAt::All,
+        )
+        .expect("prefill")
+        .logits;
+    // and one decode step after it
+    out.extend(
+        model
+            .forward(&[vec![7]], std::slice::from_mut(&mut cache), LogitsAt::Last)
+            .expect("step")
+            .logits,
+    );
+    out
+}
+
+fn prompt(len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| 2 + (i * 37 + 11) % 200).collect()
+}
+
+fn greedy(engine: &Engine, prompt: &[u32], depth: Option<usize>) -> Vec<u32> {
+    let mut opts = GenerateOptions::greedy(24).ignore_eos(true);
+    if let Some(k) = depth {
+        opts = opts.num_draft_tokens(k);
+    }
+    engine
+        .generate(prompt, &opts, |_| true)
+        .expect("generate")
+        .tokens
+}
+
+fn same_as_f32(name: &str, dtype: DType) {
+    let dir = half_copy(name, dtype);
+    let stored = load(&dir, WeightDtype::Stored);
+    let widened = load(&dir, DType::F32);
+    assert!(stored.drafter().is_some(), "{name}: MTP head loaded");
+    for len in [1, 5, 20, 32] {
+        let (a, b) = (
+            logits(&stored, &prompt(len)),
+            logits(&widened, &prompt(len)),
+        );
+        assert_eq!(a.len(), b.len());
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name} {dtype:?}: logits after {len} prompt tokens differ from the f32 load"
+        );
+    }
+    // past 32 positions the f32 load's prefill is candle's GEMM (another summation order)
+    let (a, b) = (logits(&stored, &prompt(45)), logits(&widened, &prompt(45)));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0f32, f32::max);
+    assert!(
+        worst < 1e-4,
+        "{name} {dtype:?}: long prefill off by {worst}"
+    );
+    for len in [3, 17] {
+        let p = prompt(len);
+        let base = greedy(&widened, &p, None);
+        assert_eq!(greedy(&stored, &p, None), base, "{name} {dtype:?}");
+        for k in [1, 3] {
+            assert_eq!(
+                greedy(&stored, &p, Some(k)),
+                base,
+                "{name} {dtype:?}: MTP depth {k}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bf16_checkpoint_computes_what_its_f32_load_computes() {
+    same_as_f32("tiny-hf", DType::BF16);
+}
+
+#[test]
+fn f16_checkpoint_computes_what_its_f32_load_computes() {
+    same_as_f32("tiny-hf", DType::F16);
+}
+
+#[test]
+fn bf16_moe_checkpoint_computes_what_its_f32_load_computes() {
+    same_as_f32("tiny-moe", DType::BF16);
+}
+
+#[test]
+fn converting_to_bf16_at_load_rounds_the_matrices_only() {
+    let f32_load = load(&fixture("tiny-trained"), DType::F32);
+    let converted = load(&fixture("tiny-trained"), DType::BF16);
+    let p = prompt(12);
+    let (a, b) = (logits(&converted, &p), logits(&f32_load, &p));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0f32, f32::max);
+    assert!(worst > 0.0, "bf16 matrices round the weights");
+    assert!(worst < 0.1, "bf16 rounding moved logits by {worst}");
+    // speculation stays exact on the rounded weights
+    assert_eq!(
+        greedy(&converted, &p, Some(2)),
+        greedy(&converted, &p, None)
+    );
+}
