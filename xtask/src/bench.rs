@@ -239,11 +239,12 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
     println!("| --- | --- | --- | --- |");
     println!(
-        "| mtp-engine (candle, f32) | {pf:.1} | {dec:.2} | {:.0} |",
+        "| mtp-engine (candle, {} weights, f32 arithmetic) | {pf:.1} | {dec:.2} | {:.0} |",
+        engine.model().weight_dtype().as_str(),
         peak_rss_mib().unwrap_or(f64::NAN)
     );
     let mut report = serde_json::json!({
-        "model": model_dir, "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
+        "model": model_dir, "weight_dtype": engine.model().weight_dtype().as_str(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
     });
     let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() {
         vec![]

@@ -410,6 +410,13 @@ impl Qwen35Model {
         &self.cfg
     }
 
+    /// The dtype the token embeddings are kept in: the checkpoint's matrices' precision under
+    /// [`WeightDtype::Stored`] (f32 for dequantized ones), or the dtype converted to. The
+    /// arithmetic on the CPU is f32 either way.
+    pub fn weight_dtype(&self) -> DType {
+        self.embed.dtype()
+    }
+
     /// Residual width.
     pub fn hidden_size(&self) -> usize {
         self.cfg.text.hidden_size
