@@ -17,11 +17,14 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A copy of fixture `name` with every f32 tensor stored as `dtype`.
-fn half_copy(name: &str, dtype: DType) -> PathBuf {
+/// A copy of fixture `name` with every f32 tensor stored as `dtype`; with `tied`, its config
+/// says the LM head is the embedding (the checkpoint's `lm_head` is then ignored).
+fn half_copy(name: &str, dtype: DType, tied: bool) -> PathBuf {
     let src = fixture(name);
-    let dst =
-        std::env::temp_dir().join(format!("mtp-half-{name}-{dtype:?}-{}", std::process::id()));
+    let dst = std::env::temp_dir().join(format!(
+        "mtp-half-{name}-{dtype:?}-{tied}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dst).unwrap();
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
@@ -43,6 +46,16 @@ fn half_copy(name: &str, dtype: DType) -> PathBuf {
         })
         .collect();
     candle_core::safetensors::save(&half, dst.join("model.safetensors")).unwrap();
+    if tied {
+        let path = dst.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        cfg["tie_word_embeddings"] = true.into();
+        if cfg.get("text_config").is_some() {
+            cfg["text_config"]["tie_word_embeddings"] = true.into();
+        }
+        std::fs::write(&path, cfg.to_string()).unwrap();
+    }
     dst
 }
 
@@ -86,8 +99,8 @@ fn greedy(engine: &Engine, prompt: &[u32], depth: Option<usize>) -> Vec<u32> {
         .tokens
 }
 
-fn same_as_f32(name: &str, dtype: DType) {
-    let dir = half_copy(name, dtype);
+fn same_as_f32(name: &str, dtype: DType, tied: bool) {
+    let dir = half_copy(name, dtype, tied);
     let stored = load(&dir, WeightDtype::Stored);
     let widened = load(&dir, DType::F32);
     assert!(stored.drafter().is_some(), "{name}: MTP head loaded");
@@ -130,17 +143,22 @@ fn same_as_f32(name: &str, dtype: DType) {
 
 #[test]
 fn bf16_checkpoint_computes_what_its_f32_load_computes() {
-    same_as_f32("tiny-hf", DType::BF16);
+    same_as_f32("tiny-hf", DType::BF16, false);
+}
+
+#[test]
+fn bf16_tied_embeddings_compute_what_their_f32_load_computes() {
+    same_as_f32("tiny-hf", DType::BF16, true);
 }
 
 #[test]
 fn f16_checkpoint_computes_what_its_f32_load_computes() {
-    same_as_f32("tiny-hf", DType::F16);
+    same_as_f32("tiny-hf", DType::F16, false);
 }
 
 #[test]
 fn bf16_moe_checkpoint_computes_what_its_f32_load_computes() {
-    same_as_f32("tiny-moe", DType::BF16);
+    same_as_f32("tiny-moe", DType::BF16, false);
 }
 
 #[test]
