@@ -1,23 +1,38 @@
 //! Memory-bound few-row matmul: the time of `simd::matmul_rows` for `n = 1..=5` rows against
-//! one row, on a weight matrix larger than the caches (the decode regime of a large model).
+//! one row, on a weight matrix larger than the caches (the decode regime of a large model),
+//! with f32, bf16 or f16 weights.
 //!
 //! ```text
-//! cargo run --release -p mtp-engine --example matmul_rows -- 256 20
+//! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16
 //! ```
-//! Arguments: matrix size in MiB, repetitions.
+//! Arguments: matrix size in MiB (of the weights as stored), repetitions, weight dtype.
 
 use std::time::Instant;
 
-use mtp_engine::simd::matmul_rows;
+use mtp_engine::simd::{matmul_rows, Weight};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mib: usize = args.next().map_or(Ok(256), |s| s.parse())?;
     let reps: usize = args.next().map_or(Ok(20), |s| s.parse())?;
+    match args.next().as_deref().unwrap_or("f32") {
+        "f32" => run::<f32>(mib, reps, |v| v),
+        "bf16" => run(mib, reps, half::bf16::from_f32),
+        "f16" => run(mib, reps, half::f16::from_f32),
+        other => Err(format!("weight dtype `{other}`: use f32, bf16 or f16").into()),
+    }
+}
+
+fn run<E: Weight>(
+    mib: usize,
+    reps: usize,
+    from: fn(f32) -> E,
+) -> Result<(), Box<dyn std::error::Error>> {
     let inp = 1024;
-    let out = mib * (1 << 20) / 4 / inp;
-    let w: Vec<f32> = (0..out * inp)
-        .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
+    let bytes = std::mem::size_of::<E>();
+    let out = mib * (1 << 20) / bytes / inp;
+    let w: Vec<E> = (0..out * inp)
+        .map(|i| from(((i % 97) as f32 - 48.0) / 97.0))
         .collect();
     let x: Vec<f32> = (0..5 * inp)
         .map(|i| ((i % 31) as f32 - 15.0) / 31.0)
@@ -52,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             n + 1,
             s * 1e6,
             median(r),
-            (w.len() * 4) as f64 / s / 1e9
+            (w.len() * bytes) as f64 / s / 1e9
         );
     }
     assert!(sink.is_finite());

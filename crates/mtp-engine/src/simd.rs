@@ -630,6 +630,14 @@ unsafe fn matmul_block<L: Lanes, E: Weight>(
         // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
         unsafe {
             match n {
+                // half-precision weights: four weight rows in flight for one or two inputs too
+                // (see `matmul_rows`)
+                1 if E::KIND != WeightKind::F32 => {
+                    return groups::<L, E, 1, 4>(first(rows), w, inp, o0, outs, dst)
+                }
+                2 if E::KIND != WeightKind::F32 => {
+                    return groups::<L, E, 2, 4>(first(rows), w, inp, o0, outs, dst)
+                }
                 3 => return groups::<L, E, 3, 4>(first(rows), w, inp, o0, outs, dst),
                 4 => return groups::<L, E, 4, 4>(first(rows), w, inp, o0, outs, dst),
                 5 => return groups::<L, E, 5, 4>(first(rows), w, inp, o0, outs, dst),
@@ -783,13 +791,16 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
     let work = |bi: usize| {
         let o0 = bi * BLOCK;
         let outs = BLOCK.min(out - o0);
-        // from three rows up: one or two (decode, a depth-1 verify) stream the weights at memory
-        // speed either way, and on a 615M-parameter shape the paired 256-bit path was 3% faster
-        // for two (`verify_cost`: 1.07-1.08 steps against 1.08-1.12)
+        // The 512-bit path takes f32 weights from three rows up: one or two (decode, a depth-1
+        // verify) stream them at memory speed either way, and on a 615M-parameter shape the
+        // paired 256-bit path was 3% faster for two (`verify_cost`: 1.07-1.08 steps against
+        // 1.08-1.12). It takes half-precision weights for every row count: widening 16 values
+        // per instruction with four weight rows per pass streamed bf16 at 19.4-21.4 GB/s for
+        // one or two rows instead of 16.1-17.3 (`examples/matmul_rows`, 512 MiB, interleaved).
         // SAFETY (all three): block `bi` writes only its features `o0..o0 + outs` of the `n`
         // rows of `y`, which outlives the loop; `w` holds them.
         #[cfg(target_arch = "x86_64")]
-        if avx512 && n > 2 {
+        if avx512 && (n > 2 || E::KIND != WeightKind::F32) {
             // (and AVX2, FMA and AVX-512F were detected on this CPU)
             unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
             return;
