@@ -14,6 +14,7 @@ pub mod error;
 pub mod kernels;
 pub mod loader;
 pub mod nn;
+pub mod quant;
 pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod resume;

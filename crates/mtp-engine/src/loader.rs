@@ -8,6 +8,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::quant::QuantMatrix;
 
 /// The precision weight matrices are kept in once loaded. On the CPU the arithmetic is f32
 /// whichever is chosen: the matrix products widen bf16 and f16 weights exactly as they read them
@@ -179,10 +180,45 @@ impl Checkpoint {
     }
 }
 
+/// Widths whose values the matrix products can read packed (see [`QuantMatrix::kept_packed`]).
+pub(crate) fn packable_bits(bits: usize) -> bool {
+    matches!(bits, 2 | 4 | 8)
+}
+
+/// The tensors of quantized module `module` (weight tensor `name`, `bits` wide) as a sanitized
+/// map holds them, each with the suffix to append to the module's canonical name: with
+/// `packed`, the u32 `.weight` with its `.scales` and `.biases` beside it (the model builder
+/// keeps it packed or dequantizes it, see `nn::Store`); otherwise the `.weight` dequantized to
+/// f32.
+pub(crate) fn load_quantized(
+    ckpt: &Checkpoint,
+    name: &str,
+    module: &str,
+    bits: usize,
+    packed: bool,
+) -> Result<Vec<(&'static str, Tensor)>> {
+    let w = ckpt.load_raw(name)?;
+    let scales = ckpt.load_raw(&format!("{module}.scales"))?;
+    let biases = ckpt.load_raw(&format!("{module}.biases"))?;
+    if packed && packable_bits(bits) {
+        // checked now, so that a malformed module fails at load whichever way it is used
+        QuantMatrix::from_parts(name, &w, &scales, &biases, bits)?;
+        return Ok(vec![
+            (".weight", w),
+            (".scales", scales),
+            (".biases", biases),
+        ]);
+    }
+    Ok(vec![(
+        ".weight",
+        dequantize_affine(name, &w, &scales, &biases, bits)?,
+    )])
+}
+
 /// Dequantizes an MLX affine-quantized matrix: `w = scales * q + biases` per group of
 /// `group_size` input columns, with `bits`-wide unsigned values packed little-endian into `u32`
 /// words. `packed`: `[..., out, in * bits / 32]` (u32); `scales`, `biases`:
-/// `[..., out, in / group_size]`. Returns f32 `[..., out, in]`.
+/// `[..., out, in / group_size]`. Returns f32 `[..., out, in]` (see [`QuantMatrix`]).
 pub fn dequantize_affine(
     name: &str,
     packed: &Tensor,
@@ -190,71 +226,7 @@ pub fn dequantize_affine(
     biases: &Tensor,
     bits: usize,
 ) -> Result<Tensor> {
-    let qerr = |message: String| Error::Quantization {
-        name: name.to_string(),
-        message,
-    };
-    if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
-        return Err(qerr(format!("unsupported bit width {bits}")));
-    }
-    if packed.dtype() != DType::U32 {
-        return Err(qerr(format!(
-            "packed weight has dtype {:?}, expected u32",
-            packed.dtype()
-        )));
-    }
-    let pdims = packed.dims().to_vec();
-    let sdims = scales.dims().to_vec();
-    if pdims.len() < 2 || sdims.len() != pdims.len() || biases.dims() != sdims.as_slice() {
-        return Err(qerr(format!(
-            "shapes do not match: weight {pdims:?}, scales {sdims:?}, biases {:?}",
-            biases.dims()
-        )));
-    }
-    let words = pdims[pdims.len() - 1];
-    let in_features = words * 32 / bits;
-    let groups = sdims[sdims.len() - 1];
-    if groups == 0
-        || !in_features.is_multiple_of(groups)
-        || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
-    {
-        return Err(qerr(format!(
-            "weight {pdims:?} ({in_features} inputs at {bits} bits) does not fit scales {sdims:?}"
-        )));
-    }
-    let group_size = in_features / groups;
-    let rows: usize = pdims[..pdims.len() - 1].iter().product();
-    let q = packed.flatten_all()?.to_vec1::<u32>()?;
-    let s = scales
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let b = biases
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let mut out = vec![0f32; rows * in_features];
-    let mask: u64 = (1u64 << bits) - 1;
-    for r in 0..rows {
-        let row_words = &q[r * words..(r + 1) * words];
-        let orow = &mut out[r * in_features..(r + 1) * in_features];
-        for (j, o) in orow.iter_mut().enumerate() {
-            let bit = j * bits;
-            let w = bit / 32;
-            let off = bit % 32;
-            let mut v = (row_words[w] as u64) >> off;
-            if off + bits > 32 && w + 1 < words {
-                v |= (row_words[w + 1] as u64) << (32 - off);
-            }
-            let qv = (v & mask) as f32;
-            let g = r * groups + j / group_size;
-            *o = s[g] * qv + b[g];
-        }
-    }
-    let mut shape = pdims;
-    let last = shape.len() - 1;
-    shape[last] = in_features;
-    Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
+    QuantMatrix::from_parts(name, packed, scales, biases, bits)?.to_tensor()
 }
 
 #[cfg(test)]

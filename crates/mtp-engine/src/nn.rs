@@ -11,6 +11,7 @@ use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, DeltaDims, Rope};
 use crate::loader::WeightDtype;
+use crate::quant::QuantMatrix;
 use crate::simd;
 
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
@@ -63,26 +64,104 @@ impl Store {
         Ok(t)
     }
 
-    /// A matrix (or stack of matrices) in the weight dtype, on the compute device.
+    /// The quantized matrix `name` (a `….weight` whose module left packed `scales` and
+    /// `biases` beside it, see [`crate::loader::load_quantized`]) of logical shape `shape`
+    /// (`[..., out, in]`), taken out of the store; `None` when `name` is not packed.
+    fn take_packed(&mut self, name: &str, shape: &[usize]) -> Result<Option<QuantMatrix>> {
+        let base = name.strip_suffix(".weight").unwrap_or(name);
+        let (sk, bk) = (format!("{base}.scales"), format!("{base}.biases"));
+        let packed = match self.map.get(name) {
+            Some(t) if t.dtype() == DType::U32 && self.map.contains_key(&sk) => t,
+            _ => return Ok(None),
+        };
+        let (inp, words) = (
+            shape.last().copied().unwrap_or(0),
+            packed.dims().last().copied().unwrap_or(0),
+        );
+        let mismatch = || Error::ShapeMismatch {
+            name: name.to_string(),
+            expected: shape.to_vec(),
+            actual: packed.dims().to_vec(),
+        };
+        if inp == 0 || !(words * 32).is_multiple_of(inp) {
+            return Err(mismatch());
+        }
+        let missing = |k: &str| Error::MissingTensor {
+            name: k.to_string(),
+            model_type: self.model_type.clone(),
+        };
+        let scales = self.map.get(&sk).ok_or_else(|| missing(&sk))?;
+        let biases = self.map.get(&bk).ok_or_else(|| missing(&bk))?;
+        let q = QuantMatrix::from_parts(name, packed, scales, biases, words * 32 / inp)?;
+        let rows: usize = shape[..shape.len() - 1].iter().product();
+        if q.in_features() != inp || q.out_features() != rows {
+            return Err(mismatch());
+        }
+        for k in [name, sk.as_str(), bk.as_str()] {
+            self.map.remove(k);
+        }
+        Ok(Some(q))
+    }
+
+    /// A matrix (or stack of matrices) in the weight dtype, on the compute device (a packed
+    /// quantized one dequantized).
     pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.take_raw(name, shape)?;
+        let t = match self.take_packed(name, shape)? {
+            Some(q) => q.to_tensor()?,
+            None => self.take_raw(name, shape)?,
+        };
         let dtype = self.dtype.for_stored(t.dtype());
         Ok(t.to_dtype(dtype)?.to_device(&self.device)?)
     }
 
-    /// A linear layer `[out, in]`.
-    pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
-        Ok(Linear {
-            w: self.tensor(&format!("{name}.weight"), &[out, inp])?,
-        })
+    /// Whether a packed quantized matrix is multiplied as it is: kept as stored, on the CPU, at a
+    /// width the products read packed.
+    fn keeps(&self, q: &QuantMatrix) -> bool {
+        self.dtype == WeightDtype::Stored && self.device.is_cpu() && q.kept_packed()
     }
 
-    /// Several linear layers with the same input, fused into one `[sum(out), in]` matrix.
+    /// A linear layer `[out, in]`.
+    pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        let name = format!("{name}.weight");
+        match self.take_packed(&name, &[out, inp])? {
+            Some(q) if self.keeps(&q) => Ok(Linear::packed(q)),
+            Some(q) => self.dense(q.to_tensor()?),
+            None => Ok(Linear::dense(self.tensor(&name, &[out, inp])?)),
+        }
+    }
+
+    /// A dequantized matrix as a dense linear layer in the weight dtype.
+    fn dense(&self, t: Tensor) -> Result<Linear> {
+        let dtype = self.dtype.for_stored(t.dtype());
+        Ok(Linear::dense(t.to_dtype(dtype)?.to_device(&self.device)?))
+    }
+
+    /// Several linear layers with the same input, fused into one `[sum(out), in]` matrix
+    /// (packed when every part is).
     pub fn fused_linear(&mut self, names: &[(&str, usize)], inp: usize) -> Result<Linear> {
-        let parts = names
+        let mut packed = Vec::new();
+        for (n, out) in names {
+            match self.take_packed(&format!("{n}.weight"), &[*out, inp])? {
+                Some(q) => packed.push(q),
+                None => break,
+            }
+        }
+        if packed.len() == names.len() && packed.iter().all(|q| self.keeps(q)) {
+            if let Some(q) = QuantMatrix::cat_rows(&packed) {
+                return Ok(Linear::packed(q));
+            }
+        }
+        let mut parts = packed
             .iter()
-            .map(|(n, out)| self.take_raw(&format!("{n}.weight"), &[*out, inp]))
+            .map(QuantMatrix::to_tensor)
             .collect::<Result<Vec<_>>>()?;
+        for (n, out) in &names[parts.len()..] {
+            let name = format!("{n}.weight");
+            parts.push(match self.take_packed(&name, &[*out, inp])? {
+                Some(q) => q.to_tensor()?,
+                None => self.take_raw(&name, &[*out, inp])?,
+            });
+        }
         // parts kept in different dtypes (a dequantized matrix next to a bf16 one) meet in f32
         let mut dtypes = parts.iter().map(|p| self.dtype.for_stored(p.dtype()));
         let first = dtypes.next().unwrap_or(DType::F32);
@@ -96,7 +175,7 @@ impl Store {
             .map(|p| p.to_dtype(dtype))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let w = Tensor::cat(&parts, 0)?.to_device(&self.device)?;
-        Ok(Linear { w })
+        Ok(Linear::dense(w))
     }
 
     /// A small f32 vector (norm weights, gates).
@@ -115,13 +194,39 @@ impl Store {
 /// `y = x W^T` with `W: [out, in]`.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub(crate) w: Tensor,
+    w: Weights,
+}
+
+/// What a [`Linear`] multiplies by.
+#[derive(Debug, Clone)]
+enum Weights {
+    /// A tensor (f32, bf16 or f16 on the CPU).
+    Dense(Tensor),
+    /// An MLX-quantized matrix kept packed ([`QuantMatrix::kept_packed`]).
+    Packed(std::sync::Arc<QuantMatrix>),
 }
 
 impl Linear {
+    /// A layer over a `[out, in]` tensor.
+    pub fn dense(w: Tensor) -> Self {
+        Linear {
+            w: Weights::Dense(w),
+        }
+    }
+
+    /// A layer over a quantized matrix kept packed.
+    pub fn packed(q: QuantMatrix) -> Self {
+        Linear {
+            w: Weights::Packed(std::sync::Arc::new(q)),
+        }
+    }
+
     /// Output features.
     pub fn out_features(&self) -> usize {
-        self.w.dims()[0]
+        match &self.w {
+            Weights::Dense(w) => w.dims()[0],
+            Weights::Packed(q) => q.out_features(),
+        }
     }
 
     /// `x: [n, in]` (f32, row-major) → `[n, out]`.
@@ -134,13 +239,17 @@ impl Linear {
     /// weights a block of widened rows at a time (never a half-precision product). Other
     /// devices use candle in the weights' dtype.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
-        let inp = self.w.dims()[1];
-        if self.w.device().is_cpu() {
-            let (storage, layout) = self.w.storage_and_layout();
+        let w = match &self.w {
+            Weights::Dense(w) => w,
+            Weights::Packed(q) => return quant_product(x, n, q),
+        };
+        let inp = w.dims()[1];
+        if w.device().is_cpu() {
+            let (storage, layout) = w.storage_and_layout();
             if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
                 (&*storage, layout.contiguous_offsets())
             {
-                match self.w.dtype() {
+                match w.dtype() {
                     DType::F32 if n <= simd::MAX_ROWS => {
                         let w = &cpu.as_slice::<f32>()?[start..end];
                         return Ok(simd::matmul_rows(x, n, w, inp));
@@ -155,13 +264,13 @@ impl Linear {
                 }
             }
         }
-        let xt = Tensor::from_slice(x, (n, inp), self.w.device())?;
-        let xt = if self.w.dtype() != DType::F32 {
-            xt.to_dtype(self.w.dtype())?
+        let xt = Tensor::from_slice(x, (n, inp), w.device())?;
+        let xt = if w.dtype() != DType::F32 {
+            xt.to_dtype(w.dtype())?
         } else {
             xt
         };
-        let y = xt.matmul(&self.w.t()?)?;
+        let y = xt.matmul(&w.t()?)?;
         let y = if y.dtype() != DType::F32 {
             y.to_dtype(DType::F32)?
         } else {
@@ -190,10 +299,52 @@ fn half_product_in<E: simd::Weight>(
     if n <= simd::MAX_ROWS || inp == 0 {
         return Ok(simd::matmul_rows(x, n, w, inp.max(1)));
     }
+    Ok(gemm_over_blocks(
+        x,
+        n,
+        w.len() / inp,
+        inp,
+        block,
+        |o0, rows| simd::widen_into(&w[o0 * inp..o0 * inp + rows.len()], rows),
+    ))
+}
+
+/// [`half_product`] for a quantized matrix kept packed: [`simd::matmul_quant`] up to
+/// [`simd::MAX_ROWS`] rows, blocks of dequantized rows through the GEMM beyond.
+fn quant_product(x: &[f32], n: usize, q: &QuantMatrix) -> Result<Vec<f32>> {
+    quant_product_in(x, n, q, WIDEN_BLOCK)
+}
+
+/// [`quant_product`] dequantizing at most `block` weights at a time.
+fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Result<Vec<f32>> {
+    if n <= simd::MAX_ROWS {
+        return Ok(simd::matmul_quant(x, n, q));
+    }
+    let inp = q.in_features();
+    Ok(gemm_over_blocks(
+        x,
+        n,
+        q.out_features(),
+        inp,
+        block,
+        |o0, rows| q.dequantize_rows(o0, rows),
+    ))
+}
+
+/// `x [n, inp] · w^T` (`w [out, inp]`) through the GEMM candle uses for f32, over blocks of at
+/// most `block` weights that `fill(o0, rows)` writes as f32 (rows `o0..`, `rows.len() / inp` of
+/// them) into a buffer kept per thread; each block's results are written in place.
+fn gemm_over_blocks(
+    x: &[f32],
+    n: usize,
+    out: usize,
+    inp: usize,
+    block: usize,
+    fill: impl Fn(usize, &mut Vec<f32>),
+) -> Vec<f32> {
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let out = w.len() / inp;
     let rows = (block / inp).clamp(1, out.max(1));
     let mut y = vec![0f32; n * out];
     let threads = candle_core::utils::get_num_threads();
@@ -205,7 +356,8 @@ fn half_product_in<E: simd::Weight>(
     WIDENED.with_borrow_mut(|wb| {
         for o0 in (0..out).step_by(rows) {
             let m = rows.min(out - o0);
-            simd::widen_into(&w[o0 * inp..(o0 + m) * inp], wb);
+            wb.resize(m * inp, 0.0);
+            fill(o0, wb);
             // SAFETY: `y` is `[n, out]` and the block writes its columns `o0..o0 + m` of every
             // row (row stride `out`); `x` is `[n, inp]` row-major; `wb` holds the block's `m`
             // weight rows of `inp` floats, read as the `[inp, m]` right-hand side (column
@@ -235,7 +387,7 @@ fn half_product_in<E: simd::Weight>(
             };
         }
     });
-    Ok(y)
+    y
 }
 
 /// Most weights [`half_product`] widens to f32 at once (16 MiB).
@@ -783,15 +935,9 @@ impl Moe {
             for (t, _) in toks {
                 xs.extend_from_slice(&x[t * d..(t + 1) * d]);
             }
-            let gu = Linear {
-                w: self.gate_up.get(ei)?,
-            }
-            .forward(&xs, m)?;
+            let gu = Linear::dense(self.gate_up.get(ei)?).forward(&xs, m)?;
             let act = swiglu_rows(&gu, m, self.inter);
-            let y = Linear {
-                w: self.down.get(ei)?,
-            }
-            .forward(&act, m)?;
+            let y = Linear::dense(self.down.get(ei)?).forward(&act, m)?;
             for (j, (t, w)) in toks.iter().enumerate() {
                 out[t * d..(t + 1) * d]
                     .iter_mut()
@@ -839,14 +985,14 @@ mod tests {
         let w: Vec<half::bf16> = (0..out * inp)
             .map(|_| half::bf16::from_f32(next()))
             .collect();
-        let wide = Linear {
-            w: Tensor::from_vec(
+        let wide = Linear::dense(
+            Tensor::from_vec(
                 w.iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
                 (out, inp),
                 &Device::Cpu,
             )
             .unwrap(),
-        };
+        );
         let want = wide.forward(&x, n).unwrap();
         for block in [inp, 1000, 4000, out * inp, 1 << 22] {
             let got = half_product_in(&x, n, &w, inp, block).unwrap();
@@ -858,9 +1004,7 @@ mod tests {
             assert!(worst < 1e-5, "block {block}: off by {worst}");
         }
         // and through `Linear` on a bf16 tensor, few rows and many
-        let half = Linear {
-            w: Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap(),
-        };
+        let half = Linear::dense(Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap());
         for rows in [1, 3, 32, 33, n] {
             let got = half.forward(&x[..rows * inp], rows).unwrap();
             let want = wide.forward(&x[..rows * inp], rows).unwrap();

@@ -13,7 +13,7 @@ use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::WeightDtype;
-use crate::loader::{dequantize_affine, Checkpoint};
+use crate::loader::{load_quantized, Checkpoint};
 use crate::nn::{DecoderLayer, Linear, Store};
 
 /// Which positions of a forward get LM-head logits.
@@ -90,8 +90,9 @@ fn route(name: &str) -> Dest {
     Dest::Target(name.to_string())
 }
 
-/// Loads every tensor of `ckpt` with canonical names, dequantizing MLX affine-quantized modules
-/// (`X.weight` u32 + `X.scales` + `X.biases`) to f32. The second map says which names came in
+/// Loads every tensor of `ckpt` with canonical names; MLX affine-quantized modules (`X.weight`
+/// u32 + `X.scales` + `X.biases`) stay packed at 2, 4 and 8 bits (see
+/// [`crate::loader::load_quantized`]) and are dequantized to f32 otherwise. The second map says which names came in
 /// through the `mtp.` prefix.
 fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     let shapes = ckpt.shapes();
@@ -115,7 +116,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
             Dest::Target(c) | Dest::Mtp(c) => c.clone(),
             Dest::Skip => continue,
         };
-        let tensor = if quantized.contains(module) && name.ends_with(".weight") {
+        let tensors = if quantized.contains(module) && name.ends_with(".weight") {
             let canonical_module = canonical.trim_end_matches(".weight");
             let bits =
                 cfg.quant_bits(module, canonical_module)
@@ -124,21 +125,22 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
                         message: "quantized tensor but config.json has no `quantization.bits`"
                             .into(),
                     })?;
-            dequantize_affine(
-                name,
-                &ckpt.load_raw(name)?,
-                &ckpt.load_raw(&format!("{module}.scales"))?,
-                &ckpt.load_raw(&format!("{module}.biases"))?,
-                bits,
-            )?
+            // Qwen3-Next's fused projections are split below, on f32 rows
+            let packed = cfg.family != Family::Qwen3Next;
+            load_quantized(ckpt, name, module, bits, packed)?
+                .into_iter()
+                .map(|(suffix, t)| (format!("{canonical_module}{suffix}"), t))
+                .collect()
         } else {
-            ckpt.load_float(name)?
+            vec![(canonical, ckpt.load_float(name)?)]
         };
-        match dest {
-            Dest::Target(c) => out.target.insert(c, tensor),
-            Dest::Mtp(c) => out.mtp.insert(c, tensor),
-            Dest::Skip => None,
-        };
+        for (c, t) in tensors {
+            match dest {
+                Dest::Target(_) => out.target.insert(c, t),
+                Dest::Mtp(_) => out.mtp.insert(c, t),
+                Dest::Skip => None,
+            };
+        }
     }
     Ok(out)
 }
@@ -390,7 +392,7 @@ impl Qwen35Model {
         }
         let norm = st.vec("norm.weight", t.hidden_size)?;
         let lm_head = if t.tie_word_embeddings {
-            Linear { w: embed.clone() }
+            Linear::dense(embed.clone())
         } else {
             st.linear("lm_head", t.vocab_size, t.hidden_size)?
         };

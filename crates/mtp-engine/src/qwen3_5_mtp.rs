@@ -65,8 +65,8 @@ pub struct MtpHead {
 /// Every checkpoint rule of a companion drafter directory (`model_type: qwen3_5_mtp`, written by
 /// `mlx_vlm.convert --mtp`, e.g. mlx-community `*-MTP-4bit`): tensors carry no prefix and are in
 /// MLX conventions (norms already shifted); `mtp.`-prefixed names (an HF export of the head
-/// alone) are shifted like embedded heads; quantized modules are dequantized; MoE experts are
-/// stacked.
+/// alone) are shifted like embedded heads; quantized modules stay packed at 2, 4 and 8 bits and
+/// are dequantized otherwise; MoE experts are stacked.
 pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
     let shapes = ckpt.shapes();
     let mut out = HashMap::new();
@@ -80,23 +80,21 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
             Some(rest) => (true, rest.to_string()),
             None => (false, name.clone()),
         };
-        let mut t = if quantized && name.ends_with(".weight") {
-            let bits = cfg
-                .quant_bits(module, canonical.trim_end_matches(".weight"))
-                .ok_or_else(|| Error::Quantization {
-                    name: name.clone(),
-                    message: "quantized tensor but config.json has no `quantization.bits`".into(),
-                })?;
-            crate::loader::dequantize_affine(
-                name,
-                &ckpt.load_raw(name)?,
-                &ckpt.load_raw(&format!("{module}.scales"))?,
-                &ckpt.load_raw(&format!("{module}.biases"))?,
-                bits,
-            )?
-        } else {
-            ckpt.load_float(name)?
-        };
+        if quantized && name.ends_with(".weight") {
+            let canonical_module = canonical.trim_end_matches(".weight");
+            let bits =
+                cfg.quant_bits(module, canonical_module)
+                    .ok_or_else(|| Error::Quantization {
+                        name: name.clone(),
+                        message: "quantized tensor but config.json has no `quantization.bits`"
+                            .into(),
+                    })?;
+            for (suffix, t) in crate::loader::load_quantized(ckpt, name, module, bits, true)? {
+                out.insert(format!("{canonical_module}{suffix}"), t);
+            }
+            continue;
+        }
+        let mut t = ckpt.load_float(name)?;
         if hf && t.rank() == 1 && is_mtp_norm(&canonical) {
             t = crate::qwen3_5::shift_norm(&t)?;
         }

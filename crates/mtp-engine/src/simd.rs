@@ -13,6 +13,8 @@
 //! to plain decoding. Several rows share each weight (or key) load, which gives the independent
 //! dependency chains that a lone dot product lacks.
 
+use crate::quant::QuantMatrix;
+
 /// 8-lane f32 vectors.
 trait Lanes {
     type V: Copy;
@@ -596,6 +598,19 @@ unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 
 impl Dst {
+    /// The same result seen from output feature `o` on (feature `o + j` is its `j`).
+    ///
+    /// # Safety
+    /// `o` is inside every row of the result.
+    #[inline(always)]
+    unsafe fn from(self, o: usize) -> Dst {
+        Dst {
+            // SAFETY: forwarded from the caller.
+            ptr: unsafe { self.ptr.add(o) },
+            out: self.out,
+        }
+    }
+
     /// # Safety
     /// `(r, o)` is inside the result and no other thread writes it.
     #[inline(always)]
@@ -774,6 +789,93 @@ fn has_avx512() -> bool {
 /// Most rows [`matmul_rows`] takes.
 pub const MAX_ROWS: usize = 32;
 
+/// [`matmul_block`] on the path this CPU runs (`avx`, `avx512`: what was detected).
+///
+/// # Safety
+/// As [`matmul_block`]; `avx` and `avx512` are [`has_avx`] and [`has_avx512`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block<E: Weight>(
+    x: &[f32],
+    n: usize,
+    w: &[E],
+    inp: usize,
+    o0: usize,
+    outs: usize,
+    dst: Dst,
+    avx: bool,
+    avx512: bool,
+) {
+    // The 512-bit path takes f32 weights from three rows up: one or two (decode, a depth-1
+    // verify) stream them at memory speed either way, and on a 615M-parameter shape the
+    // paired 256-bit path was 3% faster for two (`verify_cost`: 1.07-1.08 steps against
+    // 1.08-1.12). It takes half-precision weights for every row count: widening 16 values
+    // per instruction with four weight rows per pass streamed bf16 at 19.4-21.4 GB/s for
+    // one or two rows instead of 16.1-17.3 (`examples/matmul_rows`, 512 MiB, interleaved).
+    // SAFETY (all three): forwarded from the caller.
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && (n > 2 || E::KIND != WeightKind::F32) {
+        // (and AVX2, FMA and AVX-512F were detected on this CPU)
+        unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // (and AVX was detected on this CPU)
+        unsafe { matmul_block_avx(x, n, w, inp, o0, outs, dst) };
+        return;
+    }
+    let _ = (avx, avx512);
+    // (and the portable lanes need no particular instruction set)
+    unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
+}
+
+/// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed
+/// ([`QuantMatrix::kept_packed`]), `1 <= n <=` [`MAX_ROWS`]: each block of output features
+/// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
+/// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
+/// dequantized at load, while a step reads the packed bytes (a quarter of bf16's at 4 bits).
+pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
+    let (inp, out) = (q.in_features(), q.out_features());
+    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp);
+    thread_local! {
+        static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (avx, avx512) = (has_avx(), has_avx512());
+    let mut y = vec![0f32; n * out];
+    let dst = Dst {
+        ptr: y.as_mut_ptr(),
+        out,
+    };
+    let work = |bi: usize| {
+        let end = (bi * BLOCK + BLOCK).min(out);
+        ROWS.with_borrow_mut(|rows| {
+            let mut o = bi * BLOCK;
+            while o < end {
+                let m = QUANT_ROWS.min(end - o);
+                rows.resize(m * inp, 0.0);
+                q.dequantize_rows(o, rows);
+                // SAFETY: block `bi` writes only its features `o..o + m` of the `n` rows of
+                // `y` (through `dst` moved to feature `o`), which outlives the loop; `rows`
+                // holds those `m` weight rows.
+                unsafe { block::<f32>(x, n, rows, inp, 0, m, dst.from(o), avx, avx512) };
+                o += m;
+            }
+        });
+    };
+    let blocks = out.div_ceil(BLOCK);
+    if out * inp >= 1 << 12 {
+        crate::team::run(blocks, &work);
+    } else {
+        (0..blocks).for_each(work);
+    }
+    y
+}
+
+/// Weight rows [`matmul_quant`] dequantizes at a time: the four that the 512-bit path
+/// multiplies per pass (a few KiB to tens of KiB, in L1 or L2).
+const QUANT_ROWS: usize = 4;
+
 /// `x [n, inp] · w[out, inp]^T → [n, out]` for `1 <= n <=` [`MAX_ROWS`]: each weight row is read
 /// once for all `n` inputs (decode reads every weight once per step), parallel over blocks of
 /// output features when the matrix is large. Row `r` of the result is bit-identical to
@@ -790,30 +892,9 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
     };
     let work = |bi: usize| {
         let o0 = bi * BLOCK;
-        let outs = BLOCK.min(out - o0);
-        // The 512-bit path takes f32 weights from three rows up: one or two (decode, a depth-1
-        // verify) stream them at memory speed either way, and on a 615M-parameter shape the
-        // paired 256-bit path was 3% faster for two (`verify_cost`: 1.07-1.08 steps against
-        // 1.08-1.12). It takes half-precision weights for every row count: widening 16 values
-        // per instruction with four weight rows per pass streamed bf16 at 19.4-21.4 GB/s for
-        // one or two rows instead of 16.1-17.3 (`examples/matmul_rows`, 512 MiB, interleaved).
-        // SAFETY (all three): block `bi` writes only its features `o0..o0 + outs` of the `n`
-        // rows of `y`, which outlives the loop; `w` holds them.
-        #[cfg(target_arch = "x86_64")]
-        if avx512 && (n > 2 || E::KIND != WeightKind::F32) {
-            // (and AVX2, FMA and AVX-512F were detected on this CPU)
-            unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx {
-            // (and AVX was detected on this CPU)
-            unsafe { matmul_block_avx(x, n, w, inp, o0, outs, dst) };
-            return;
-        }
-        let _ = (avx, avx512);
-        // (and the portable lanes need no particular instruction set)
-        unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
+        // SAFETY: block `bi` writes only its features `o0..o0 + outs` of the `n` rows of `y`,
+        // which outlives the loop; `w` holds them.
+        unsafe { block(x, n, w, inp, o0, BLOCK.min(out - o0), dst, avx, avx512) };
     };
     let blocks = out.div_ceil(BLOCK);
     // the worker team makes a split pay from a few microseconds of work (measured on the demo

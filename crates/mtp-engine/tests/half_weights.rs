@@ -3,7 +3,8 @@
 //! load computes: the same logits bit for bit (up to 32 positions per forward, the few-row
 //! kernel's limit; longer prefills agree to rounding), the same greedy tokens with and without
 //! MTP, on a dense and an MoE fixture. Converting an f32 checkpoint's matrices with
-//! `WeightDtype::Convert(BF16)` rounds them, and speculation stays exact on them.
+//! `WeightDtype::Convert(BF16)` rounds them, and speculation stays exact on them. MLX 4-bit
+//! matrices kept packed compute what their dequantized load computes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -179,4 +180,43 @@ fn converting_to_bf16_at_load_rounds_the_matrices_only() {
         greedy(&converted, &p, Some(2)),
         greedy(&converted, &p, None)
     );
+}
+
+/// MLX 4-bit matrices kept packed (the default) compute what the same checkpoint dequantized to
+/// f32 at load computes, target and companion drafter alike.
+#[test]
+fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
+    let (dir, drafter) = (fixture("tiny-mlx4"), fixture("tiny-mlx4-mtp"));
+    let load = |dtype: WeightDtype| {
+        Engine::load_with_drafter(&dir, Some(&drafter), &Device::Cpu, dtype).expect("load")
+    };
+    let (packed, dequantized) = (load(WeightDtype::Stored), load(DType::F32.into()));
+    for len in [1, 5, 20, 32] {
+        let (a, b) = (
+            logits(&packed, &prompt(len)),
+            logits(&dequantized, &prompt(len)),
+        );
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "logits after {len} prompt tokens differ from the dequantized load"
+        );
+    }
+    let (a, b) = (
+        logits(&packed, &prompt(45)),
+        logits(&dequantized, &prompt(45)),
+    );
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "long prefill off by {worst}");
+    for len in [3, 17] {
+        let p = prompt(len);
+        let base = greedy(&dequantized, &p, None);
+        assert_eq!(greedy(&packed, &p, None), base);
+        for k in [1, 3] {
+            assert_eq!(greedy(&packed, &p, Some(k)), base, "MTP depth {k}");
+        }
+    }
 }

@@ -52,14 +52,16 @@ fn golden(name: &str) -> Golden {
     }
 }
 
+/// Both ways of holding the weights: converted to f32 at load, and as stored (MLX 4-bit
+/// matrices packed).
 fn check(name: &str) {
+    check_as(name, candle_core::DType::F32.into());
+    check_as(name, mtp_engine::WeightDtype::Stored);
+}
+
+fn check_as(name: &str, dtype: mtp_engine::WeightDtype) {
     let g = golden(name);
-    let engine = Engine::load(
-        &fixture(name),
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
-    .expect("load");
+    let engine = Engine::load(&fixture(name), &candle_core::Device::Cpu, dtype).expect("load");
     let mut worst = 0f32;
     for (i, ids) in g.prompt_ids.iter().enumerate() {
         let logits = engine.prompt_logits(ids).expect("logits");
@@ -70,16 +72,19 @@ fn check(name: &str) {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         worst = worst.max(delta);
-        assert!(delta < 1e-3, "{name} prompt {i}: max |logit delta| {delta}");
+        assert!(
+            delta < 1e-3,
+            "{name} {dtype:?} prompt {i}: max |logit delta| {delta}"
+        );
         let opts = GenerateOptions::greedy(g.off[i].len()).ignore_eos(true);
         let out = engine.generate(ids, &opts, |_| true).expect("generate");
         assert_eq!(
             out.tokens, g.off[i],
-            "{name} prompt {i}: greedy tokens differ"
+            "{name} {dtype:?} prompt {i}: greedy tokens differ"
         );
     }
     eprintln!(
-        "{name}: max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical",
+        "{name} ({dtype:?}): max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical",
         g.prompt_ids.len()
     );
 }

@@ -1,0 +1,272 @@
+//! MLX affine-quantized matrices: `w = scales * q + biases` per group of `group` input columns,
+//! with `bits`-wide unsigned values packed little-endian into `u32` words. This module holds the
+//! one dequantization arithmetic (`s * q` rounded, then `+ b` rounded, in f32), used both to
+//! dequantize a whole matrix at load ([`crate::loader::dequantize_affine`]) and, for matrices
+//! kept packed in memory, a few rows at a time inside the matrix products
+//! ([`crate::simd::matmul_quant`]), so both give the same bits.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// A quantized matrix `[out, inp]` (stacked matrices count as more rows).
+#[derive(Clone)]
+pub struct QuantMatrix {
+    packed: Vec<u32>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    bits: usize,
+    group: usize,
+    out: usize,
+    inp: usize,
+    /// The packed tensor's leading dimensions with the last replaced by `inp`.
+    shape: Vec<usize>,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantMatrix")
+            .field("shape", &self.shape)
+            .field("bits", &self.bits)
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+impl QuantMatrix {
+    /// Checks and gathers the parts of quantized tensor `name`: `packed` `[..., out, inp * bits
+    /// / 32]` (u32), `scales` and `biases` `[..., out, inp / group]` (any float dtype).
+    pub fn from_parts(
+        name: &str,
+        packed: &Tensor,
+        scales: &Tensor,
+        biases: &Tensor,
+        bits: usize,
+    ) -> Result<Self> {
+        let qerr = |message: String| Error::Quantization {
+            name: name.to_string(),
+            message,
+        };
+        if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
+            return Err(qerr(format!("unsupported bit width {bits}")));
+        }
+        if packed.dtype() != DType::U32 {
+            return Err(qerr(format!(
+                "packed weight has dtype {:?}, expected u32",
+                packed.dtype()
+            )));
+        }
+        let pdims = packed.dims().to_vec();
+        let sdims = scales.dims().to_vec();
+        if pdims.len() < 2 || sdims.len() != pdims.len() || biases.dims() != sdims.as_slice() {
+            return Err(qerr(format!(
+                "shapes do not match: weight {pdims:?}, scales {sdims:?}, biases {:?}",
+                biases.dims()
+            )));
+        }
+        let words = pdims[pdims.len() - 1];
+        let inp = words * 32 / bits;
+        let groups = sdims[sdims.len() - 1];
+        if groups == 0
+            || words * 32 % bits != 0
+            || !inp.is_multiple_of(groups)
+            || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
+        {
+            return Err(qerr(format!(
+                "weight {pdims:?} ({inp} inputs at {bits} bits) does not fit scales {sdims:?}"
+            )));
+        }
+        let floats = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let mut shape = pdims.clone();
+        *shape.last_mut().expect("rank >= 2") = inp;
+        Ok(QuantMatrix {
+            packed: packed.flatten_all()?.to_vec1::<u32>()?,
+            scales: floats(scales)?,
+            biases: floats(biases)?,
+            bits,
+            group: inp / groups,
+            out: pdims[..pdims.len() - 1].iter().product(),
+            inp,
+            shape,
+        })
+    }
+
+    /// Rows (output features; all of them for a stack).
+    pub fn out_features(&self) -> usize {
+        self.out
+    }
+
+    /// Columns (input features).
+    pub fn in_features(&self) -> usize {
+        self.inp
+    }
+
+    /// Bits per value.
+    pub fn bits(&self) -> usize {
+        self.bits
+    }
+
+    /// Whether [`crate::simd::matmul_quant`] reads this matrix packed (values never straddle a
+    /// word and a word never straddles a group).
+    pub fn kept_packed(&self) -> bool {
+        matches!(self.bits, 2 | 4 | 8) && self.group.is_multiple_of(32 / self.bits)
+    }
+
+    /// Bytes held (packed words, scales and biases).
+    pub fn bytes(&self) -> usize {
+        4 * (self.packed.len() + self.scales.len() + self.biases.len())
+    }
+
+    /// The rows `r0..r0 + dst.len() / inp`, dequantized into `dst`.
+    pub fn dequantize_rows(&self, r0: usize, dst: &mut [f32]) {
+        let words = self.inp * self.bits / 32;
+        let groups = self.inp / self.group;
+        for (i, row) in dst.chunks_exact_mut(self.inp).enumerate() {
+            let r = r0 + i;
+            let w = &self.packed[r * words..(r + 1) * words];
+            let s = &self.scales[r * groups..(r + 1) * groups];
+            let b = &self.biases[r * groups..(r + 1) * groups];
+            match self.bits {
+                2 if self.kept_packed() => dequantize_row_packed::<2>(w, s, b, self.group, row),
+                4 if self.kept_packed() => dequantize_row_packed::<4>(w, s, b, self.group, row),
+                8 if self.kept_packed() => dequantize_row_packed::<8>(w, s, b, self.group, row),
+                _ => dequantize_row_any(w, s, b, self.bits, self.group, row),
+            }
+        }
+    }
+
+    /// The whole matrix dequantized, in the packed tensor's shape (last dimension `inp`).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        let mut out = vec![0f32; self.out * self.inp];
+        self.dequantize_rows(0, &mut out);
+        Ok(Tensor::from_vec(out, self.shape.clone(), &Device::Cpu)?)
+    }
+
+    /// The rows of `parts` one after another (a fused projection), when they share bits and
+    /// group size.
+    pub fn cat_rows(parts: &[QuantMatrix]) -> Option<QuantMatrix> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.bits != first.bits || p.group != first.group || p.inp != first.inp)
+        {
+            return None;
+        }
+        let out = parts.iter().map(|p| p.out).sum();
+        Some(QuantMatrix {
+            packed: parts
+                .iter()
+                .flat_map(|p| p.packed.iter().copied())
+                .collect(),
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
+            biases: parts
+                .iter()
+                .flat_map(|p| p.biases.iter().copied())
+                .collect(),
+            bits: first.bits,
+            group: first.group,
+            out,
+            inp: first.inp,
+            shape: vec![out, first.inp],
+        })
+    }
+}
+
+/// One row, any bit width: value `j` starts at bit `j * bits` (and may run into the next
+/// word).
+fn dequantize_row_any(w: &[u32], s: &[f32], b: &[f32], bits: usize, group: usize, row: &mut [f32]) {
+    let mask: u64 = (1u64 << bits) - 1;
+    for (j, o) in row.iter_mut().enumerate() {
+        let bit = j * bits;
+        let (wi, off) = (bit / 32, bit % 32);
+        let mut v = (w[wi] as u64) >> off;
+        if off + bits > 32 && wi + 1 < w.len() {
+            v |= (w[wi + 1] as u64) << (32 - off);
+        }
+        let g = j / group;
+        *o = s[g] * ((v & mask) as f32) + b[g];
+    }
+}
+
+/// One row at a width that divides 32 (and whose values per word divide the group): the same
+/// arithmetic as [`dequantize_row_any`], in a form that vectorizes (one word's values at a
+/// time), compiled for AVX2 as well where the CPU has it.
+fn dequantize_row_packed<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    #[inline(always)]
+    fn imp<const B: usize>(w: &[u32], s: &[f32], b: &[f32], group: usize, row: &mut [f32]) {
+        let per_word = 32 / B;
+        let mask = (1u32 << B) - 1;
+        for ((dg, wg), (sg, bg)) in row
+            .chunks_exact_mut(group)
+            .zip(w.chunks_exact(group / per_word))
+            .zip(s.iter().zip(b))
+        {
+            for (d, word) in dg.chunks_exact_mut(per_word).zip(wg) {
+                for (j, o) in d.iter_mut().enumerate() {
+                    *o = sg * (((word >> (j * B)) & mask) as f32) + bg;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx,avx2,fma")]
+        unsafe fn avx<const B: usize>(w: &[u32], s: &[f32], b: &[f32], g: usize, row: &mut [f32]) {
+            imp::<B>(w, s, b, g, row)
+        }
+        if crate::simd::has_avx() {
+            // SAFETY: AVX2 and FMA were detected on this CPU.
+            return unsafe { avx::<B>(w, s, b, group, row) };
+        }
+    }
+    imp::<B>(w, s, b, group, row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packed and the general row functions agree bit for bit at every width they share.
+    #[test]
+    fn packed_rows_equal_the_general_arithmetic() {
+        let mut x = 3u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 32) as u32
+        };
+        for bits in [2usize, 4, 8] {
+            let (inp, group) = (256, 64);
+            let w: Vec<u32> = (0..inp * bits / 32).map(|_| next()).collect();
+            let s: Vec<f32> = (0..inp / group)
+                .map(|_| next() as f32 / u32::MAX as f32 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..inp / group)
+                .map(|_| next() as f32 / u32::MAX as f32 - 0.5)
+                .collect();
+            let (mut a, mut p) = (vec![0f32; inp], vec![0f32; inp]);
+            dequantize_row_any(&w, &s, &b, bits, group, &mut a);
+            match bits {
+                2 => dequantize_row_packed::<2>(&w, &s, &b, group, &mut p),
+                4 => dequantize_row_packed::<4>(&w, &s, &b, group, &mut p),
+                _ => dequantize_row_packed::<8>(&w, &s, &b, group, &mut p),
+            }
+            assert!(
+                a.iter().zip(&p).all(|(a, p)| a.to_bits() == p.to_bits()),
+                "{bits}"
+            );
+        }
+    }
+}
