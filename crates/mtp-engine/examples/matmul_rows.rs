@@ -1,6 +1,6 @@
 //! Memory-bound few-row matmul: the time of `simd::matmul_rows` for `n = 1..=5` rows against
 //! one row, on a weight matrix larger than the caches (the decode regime of a large model),
-//! with f32, bf16 or f16 weights.
+//! with f32, bf16 or f16 weights, or MLX 4-bit ones kept packed (`q4`, group size 64).
 //!
 //! ```text
 //! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16
@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use mtp_engine::simd::{matmul_rows, Weight};
+use candle_core::{Device, Tensor};
+use mtp_engine::quant::QuantMatrix;
+use mtp_engine::simd::{matmul_quant, matmul_rows, Weight};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -19,7 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "f32" => run::<f32>(mib, reps, |v| v),
         "bf16" => run(mib, reps, half::bf16::from_f32),
         "f16" => run(mib, reps, half::f16::from_f32),
-        other => Err(format!("weight dtype `{other}`: use f32, bf16 or f16").into()),
+        "q4" => run_q4(mib, reps),
+        other => Err(format!("weight dtype `{other}`: use f32, bf16, f16 or q4").into()),
     }
 }
 
@@ -34,12 +37,45 @@ fn run<E: Weight>(
     let w: Vec<E> = (0..out * inp)
         .map(|i| from(((i % 97) as f32 - 48.0) / 97.0))
         .collect();
+    table(reps, inp, w.len() * bytes, |x, n| {
+        matmul_rows(x, n, &w, inp)
+    })
+}
+
+fn run_q4(mib: usize, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (inp, group) = (1024, 64);
+    // half a byte per weight, plus two f32 per group of 64
+    let out = mib * (1 << 20) * 2 / inp;
+    let words: Vec<u32> = (0..out * inp / 8)
+        .map(|i| (i as u32).wrapping_mul(2654435761))
+        .collect();
+    let groups = out * inp / group;
+    let scales: Vec<f32> = (0..groups).map(|i| 0.01 + (i % 7) as f32 * 1e-3).collect();
+    let biases: Vec<f32> = (0..groups).map(|i| -0.05 + (i % 5) as f32 * 1e-3).collect();
+    let q = QuantMatrix::from_parts(
+        "bench",
+        &Tensor::from_vec(words, (out, inp / 8), &Device::Cpu)?,
+        &Tensor::from_vec(scales, (out, inp / group), &Device::Cpu)?,
+        &Tensor::from_vec(biases, (out, inp / group), &Device::Cpu)?,
+        4,
+    )?;
+    let bytes = q.bytes();
+    table(reps, inp, bytes, |x, n| matmul_quant(x, n, &q))
+}
+
+/// Times `product(x, n)` for `n = 1..=5`, each repetition back to back, and prints medians.
+fn table(
+    reps: usize,
+    inp: usize,
+    bytes: usize,
+    product: impl Fn(&[f32], usize) -> Vec<f32>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let x: Vec<f32> = (0..5 * inp)
         .map(|i| ((i % 31) as f32 - 15.0) / 31.0)
         .collect();
     let time = |n: usize| {
         let started = Instant::now();
-        let y = matmul_rows(&x[..n * inp], n, &w, inp);
+        let y = product(&x[..n * inp], n);
         (started.elapsed().as_secs_f64(), y[0])
     };
     // each repetition times every row count back to back; medians of the paired ratios
@@ -67,7 +103,7 @@ fn run<E: Weight>(
             n + 1,
             s * 1e6,
             median(r),
-            (w.len() * bytes) as f64 / s / 1e9
+            bytes as f64 / s / 1e9
         );
     }
     assert!(sink.is_finite());

@@ -194,8 +194,7 @@ fn dequantize_row_any(w: &[u32], s: &[f32], b: &[f32], bits: usize, group: usize
 }
 
 /// One row at a width that divides 32 (and whose values per word divide the group): the same
-/// arithmetic as [`dequantize_row_any`], in a form that vectorizes (one word's values at a
-/// time), compiled for AVX2 as well where the CPU has it.
+/// arithmetic as [`dequantize_row_any`], eight values at a time with AVX2 where the CPU has it.
 fn dequantize_row_packed<const B: usize>(
     w: &[u32],
     s: &[f32],
@@ -203,34 +202,107 @@ fn dequantize_row_packed<const B: usize>(
     group: usize,
     row: &mut [f32],
 ) {
-    #[inline(always)]
-    fn imp<const B: usize>(w: &[u32], s: &[f32], b: &[f32], group: usize, row: &mut [f32]) {
-        let per_word = 32 / B;
-        let mask = (1u32 << B) - 1;
-        for ((dg, wg), (sg, bg)) in row
-            .chunks_exact_mut(group)
-            .zip(w.chunks_exact(group / per_word))
-            .zip(s.iter().zip(b))
-        {
-            for (d, word) in dg.chunks_exact_mut(per_word).zip(wg) {
-                for (j, o) in d.iter_mut().enumerate() {
-                    *o = sg * (((word >> (j * B)) & mask) as f32) + bg;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx() && group.is_multiple_of(16) {
+        // SAFETY: AVX2 was detected; the slices' lengths are checked inside.
+        return unsafe { dequantize_row_avx::<B>(w, s, b, group, row) };
+    }
+    let per_word = 32 / B;
+    let mask = (1u32 << B) - 1;
+    for ((dg, wg), (sg, bg)) in row
+        .chunks_exact_mut(group)
+        .zip(w.chunks_exact(group / per_word))
+        .zip(s.iter().zip(b))
+    {
+        for (d, word) in dg.chunks_exact_mut(per_word).zip(wg) {
+            for (j, o) in d.iter_mut().enumerate() {
+                *o = sg * (((word >> (j * B)) & mask) as f32) + bg;
+            }
+        }
+    }
+}
+
+/// [`dequantize_row_packed`] eight values per step: the words holding them broadcast into the
+/// lanes, each lane shifted to its value, masked, converted, then `* s` and `+ b`, each rounded
+/// (no fused multiply-add, as in the scalar form).
+///
+/// # Safety
+/// The CPU has AVX2; `B` is 2, 4 or 8; `group` is a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2")]
+unsafe fn dequantize_row_avx<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let groups = (row.len() / group).min(s.len()).min(b.len());
+    assert!(w.len() * 32 >= groups * group * B);
+    // lane j of the 8 values from element e on: word (e + j) * B / 32, shift (e + j) * B % 32;
+    // with B | 32 and 8 | e, that is word e * B / 32 + j * B / 32 and shift (e * B % 32) + j * B % 32
+    let lane_word = _mm256_setr_epi32(
+        0,
+        (B / 32) as i32,
+        (2 * B / 32) as i32,
+        (3 * B / 32) as i32,
+        (4 * B / 32) as i32,
+        (5 * B / 32) as i32,
+        (6 * B / 32) as i32,
+        (7 * B / 32) as i32,
+    );
+    let lane_shift = _mm256_setr_epi32(
+        0,
+        (B % 32) as i32,
+        (2 * B % 32) as i32,
+        (3 * B % 32) as i32,
+        (4 * B % 32) as i32,
+        (5 * B % 32) as i32,
+        (6 * B % 32) as i32,
+        (7 * B % 32) as i32,
+    );
+    let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
+    // at 2 bits one word holds 16 values: its upper eight are shifted 16 further
+    let upper = _mm256_add_epi32(lane_shift, _mm256_set1_epi32(16));
+    let out = row.as_mut_ptr();
+    for g in 0..groups {
+        let (sv, bv) = (_mm256_set1_ps(s[g]), _mm256_set1_ps(b[g]));
+        let value = |words: __m256i, shifts: __m256i| {
+            let q = _mm256_and_si256(_mm256_srlv_epi32(words, shifts), mask);
+            _mm256_add_ps(_mm256_mul_ps(sv, _mm256_cvtepi32_ps(q)), bv)
+        };
+        let mut e = g * group;
+        while e < (g + 1) * group {
+            let first = e * B / 32;
+            // SAFETY: the words `first..` that hold values `e..e + 8` (one, or two at 8 bits)
+            // are inside `w` (asserted above); `row[e..e + 16]` at 2 bits (a group holds a
+            // multiple of 16 values there, since 16 values share a word and words do not cross
+            // groups) and `row[e..e + 8]` otherwise are inside the row.
+            unsafe {
+                match B {
+                    8 => {
+                        let two = _mm_loadl_epi64(w.as_ptr().add(first) as *const __m128i);
+                        let words =
+                            _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(two), lane_word);
+                        _mm256_storeu_ps(out.add(e), value(words, lane_shift));
+                        e += 8;
+                    }
+                    4 => {
+                        let words = _mm256_set1_epi32(*w.get_unchecked(first) as i32);
+                        _mm256_storeu_ps(out.add(e), value(words, lane_shift));
+                        e += 8;
+                    }
+                    _ => {
+                        let words = _mm256_set1_epi32(*w.get_unchecked(first) as i32);
+                        _mm256_storeu_ps(out.add(e), value(words, lane_shift));
+                        _mm256_storeu_ps(out.add(e + 8), value(words, upper));
+                        e += 16;
+                    }
                 }
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx,avx2,fma")]
-        unsafe fn avx<const B: usize>(w: &[u32], s: &[f32], b: &[f32], g: usize, row: &mut [f32]) {
-            imp::<B>(w, s, b, g, row)
-        }
-        if crate::simd::has_avx() {
-            // SAFETY: AVX2 and FMA were detected on this CPU.
-            return unsafe { avx::<B>(w, s, b, group, row) };
-        }
-    }
-    imp::<B>(w, s, b, group, row)
 }
 
 #[cfg(test)]
