@@ -187,7 +187,8 @@ pub(crate) fn packable_bits(bits: usize) -> bool {
 
 /// The tensors of quantized module `module` (weight tensor `name`, `bits` wide) as a sanitized
 /// map holds them, each with the suffix to append to the module's canonical name: with
-/// `packed`, the u32 `.weight` with its `.scales` and `.biases` beside it (the model builder
+/// `packed`, the u32 `.weight` with its `.scales`, `.biases` and `.bits` (the width the config
+/// gives, a u32 scalar) beside it (the model builder
 /// keeps it packed or dequantizes it, see `nn::Store`); otherwise the `.weight` dequantized to
 /// f32.
 pub(crate) fn load_quantized(
@@ -203,10 +204,12 @@ pub(crate) fn load_quantized(
     if packed && packable_bits(bits) {
         // checked now, so that a malformed module fails at load whichever way it is used
         QuantMatrix::from_parts(name, &w, &scales, &biases, bits)?;
+        let bits = Tensor::new(bits as u32, &Device::Cpu)?;
         return Ok(vec![
             (".weight", w),
             (".scales", scales),
             (".biases", biases),
+            (".bits", bits),
         ]);
     }
     Ok(vec![(

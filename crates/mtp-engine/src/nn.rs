@@ -64,8 +64,8 @@ impl Store {
         Ok(t)
     }
 
-    /// The quantized matrix `name` (a `….weight` whose module left packed `scales` and
-    /// `biases` beside it, see [`crate::loader::load_quantized`]) of logical shape `shape`
+    /// The quantized matrix `name` (a `….weight` whose module left packed `scales`, `biases`
+    /// and `bits` beside it, see [`crate::loader::load_quantized`]) of logical shape `shape`
     /// (`[..., out, in]`), taken out of the store; `None` when `name` is not packed.
     fn take_packed(&mut self, name: &str, shape: &[usize]) -> Result<Option<QuantMatrix>> {
         let base = name.strip_suffix(".weight").unwrap_or(name);
@@ -74,30 +74,30 @@ impl Store {
             Some(t) if t.dtype() == DType::U32 && self.map.contains_key(&sk) => t,
             _ => return Ok(None),
         };
-        let (inp, words) = (
-            shape.last().copied().unwrap_or(0),
-            packed.dims().last().copied().unwrap_or(0),
-        );
         let mismatch = || Error::ShapeMismatch {
             name: name.to_string(),
             expected: shape.to_vec(),
             actual: packed.dims().to_vec(),
         };
-        if inp == 0 || !(words * 32).is_multiple_of(inp) {
-            return Err(mismatch());
-        }
         let missing = |k: &str| Error::MissingTensor {
             name: k.to_string(),
             model_type: self.model_type.clone(),
         };
+        let bits_key = format!("{base}.bits");
         let scales = self.map.get(&sk).ok_or_else(|| missing(&sk))?;
         let biases = self.map.get(&bk).ok_or_else(|| missing(&bk))?;
-        let q = QuantMatrix::from_parts(name, packed, scales, biases, words * 32 / inp)?;
-        let rows: usize = shape[..shape.len() - 1].iter().product();
+        let bits = self.map.get(&bits_key).ok_or_else(|| missing(&bits_key))?;
+        let bits = bits.to_scalar::<u32>()? as usize;
+        let q = QuantMatrix::from_parts(name, packed, scales, biases, bits)?;
+        let inp = shape.last().copied().unwrap_or(0);
+        let Some((_, lead)) = shape.split_last() else {
+            return Err(mismatch());
+        };
+        let rows: usize = lead.iter().product();
         if q.in_features() != inp || q.out_features() != rows {
             return Err(mismatch());
         }
-        for k in [name, sk.as_str(), bk.as_str()] {
+        for k in [name, sk.as_str(), bk.as_str(), bits_key.as_str()] {
             self.map.remove(k);
         }
         Ok(Some(q))

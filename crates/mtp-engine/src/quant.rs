@@ -68,7 +68,7 @@ impl QuantMatrix {
         let inp = words * 32 / bits;
         let groups = sdims[sdims.len() - 1];
         if groups == 0
-            || words * 32 % bits != 0
+            || !(words * 32).is_multiple_of(bits)
             || !inp.is_multiple_of(groups)
             || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
         {
@@ -203,10 +203,26 @@ fn dequantize_row_packed<const B: usize>(
     row: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx512() && group.is_multiple_of(16) {
+        // SAFETY: AVX-512F was detected; the slices' lengths are checked inside.
+        return unsafe { dequantize_row_avx512::<B>(w, s, b, group, row) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx() && group.is_multiple_of(16) {
         // SAFETY: AVX2 was detected; the slices' lengths are checked inside.
         return unsafe { dequantize_row_avx::<B>(w, s, b, group, row) };
     }
+    dequantize_row_scalar::<B>(w, s, b, group, row)
+}
+
+/// [`dequantize_row_packed`] one word at a time.
+fn dequantize_row_scalar<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
     let per_word = 32 / B;
     let mask = (1u32 << B) - 1;
     for ((dg, wg), (sg, bg)) in row
@@ -305,11 +321,65 @@ unsafe fn dequantize_row_avx<const B: usize>(
     }
 }
 
+/// [`dequantize_row_avx`] sixteen values per step (the words holding them permuted into the
+/// lanes); the same arithmetic, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512F; `B` is 2, 4 or 8; `group` is a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,avx512f")]
+unsafe fn dequantize_row_avx512<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let groups = (row.len() / group).min(s.len()).min(b.len());
+    assert!(w.len() * 32 >= groups * group * B);
+    // lane j of the 16 values from element e on (16 | e): word e * B / 32 + j * B / 32, shift
+    // j * B % 32
+    let lane_word: [i32; 16] = std::array::from_fn(|j| (j * B / 32) as i32);
+    let lane_shift: [i32; 16] = std::array::from_fn(|j| (j * B % 32) as i32);
+    // SAFETY: 16 readable i32 each.
+    let (lane_word, lane_shift) = unsafe {
+        (
+            _mm512_loadu_si512(lane_word.as_ptr() as *const _),
+            _mm512_loadu_si512(lane_shift.as_ptr() as *const _),
+        )
+    };
+    let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
+    let out = row.as_mut_ptr();
+    for g in 0..groups {
+        let (sv, bv) = (_mm512_set1_ps(s[g]), _mm512_set1_ps(b[g]));
+        let mut e = g * group;
+        while e < (g + 1) * group {
+            let p = w.as_ptr().wrapping_add(e * B / 32);
+            // SAFETY: the `B / 2` words at `p` that hold values `e..e + 16` are inside `w`
+            // (asserted above), and so many are read; `row[e..e + 16]` is inside the row.
+            unsafe {
+                let words = match B {
+                    8 => _mm_loadu_si128(p as *const __m128i),
+                    4 => _mm_loadl_epi64(p as *const __m128i),
+                    _ => _mm_cvtsi32_si128(*p as i32),
+                };
+                let words = _mm512_permutexvar_epi32(lane_word, _mm512_castsi128_si512(words));
+                let q = _mm512_and_si512(_mm512_srlv_epi32(words, lane_shift), mask);
+                let v = _mm512_add_ps(_mm512_mul_ps(sv, _mm512_cvtepi32_ps(q)), bv);
+                _mm512_storeu_ps(out.add(e), v);
+            }
+            e += 16;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The packed and the general row functions agree bit for bit at every width they share.
+    /// The packed row functions (scalar, AVX2, AVX-512 where the CPU has them) and the general
+    /// one agree bit for bit at every width they share.
     #[test]
     fn packed_rows_equal_the_general_arithmetic() {
         let mut x = 3u64;
@@ -328,17 +398,54 @@ mod tests {
             let b: Vec<f32> = (0..inp / group)
                 .map(|_| next() as f32 / u32::MAX as f32 - 0.5)
                 .collect();
-            let (mut a, mut p) = (vec![0f32; inp], vec![0f32; inp]);
-            dequantize_row_any(&w, &s, &b, bits, group, &mut a);
-            match bits {
-                2 => dequantize_row_packed::<2>(&w, &s, &b, group, &mut p),
-                4 => dequantize_row_packed::<4>(&w, &s, &b, group, &mut p),
-                _ => dequantize_row_packed::<8>(&w, &s, &b, group, &mut p),
+            let mut want = vec![0f32; inp];
+            dequantize_row_any(&w, &s, &b, bits, group, &mut want);
+            type Row = fn(&[u32], &[f32], &[f32], usize, &mut [f32]);
+            let mut paths: Vec<(&str, Row)> = match bits {
+                2 => vec![("scalar", dequantize_row_scalar::<2>)],
+                4 => vec![("scalar", dequantize_row_scalar::<4>)],
+                _ => vec![("scalar", dequantize_row_scalar::<8>)],
+            };
+            #[cfg(target_arch = "x86_64")]
+            {
+                fn avx<const B: usize>(w: &[u32], s: &[f32], b: &[f32], g: usize, r: &mut [f32]) {
+                    // SAFETY: only pushed where the CPU has AVX2; `g` is a multiple of 16.
+                    unsafe { dequantize_row_avx::<B>(w, s, b, g, r) }
+                }
+                fn avx512<const B: usize>(
+                    w: &[u32],
+                    s: &[f32],
+                    b: &[f32],
+                    g: usize,
+                    r: &mut [f32],
+                ) {
+                    // SAFETY: only pushed where the CPU has AVX-512F; `g` is a multiple of 16.
+                    unsafe { dequantize_row_avx512::<B>(w, s, b, g, r) }
+                }
+                if crate::simd::has_avx() {
+                    paths.push(match bits {
+                        2 => ("avx2", avx::<2>),
+                        4 => ("avx2", avx::<4>),
+                        _ => ("avx2", avx::<8>),
+                    });
+                }
+                if crate::simd::has_avx512() {
+                    paths.push(match bits {
+                        2 => ("avx512", avx512::<2>),
+                        4 => ("avx512", avx512::<4>),
+                        _ => ("avx512", avx512::<8>),
+                    });
+                }
             }
-            assert!(
-                a.iter().zip(&p).all(|(a, p)| a.to_bits() == p.to_bits()),
-                "{bits}"
-            );
+            for (path, f) in paths {
+                let mut got = vec![0f32; inp];
+                f(&w, &s, &b, group, &mut got);
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, p)| a.to_bits() == p.to_bits());
+                assert!(same, "{bits} bits, {path}");
+            }
         }
     }
 }

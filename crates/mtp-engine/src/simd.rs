@@ -770,7 +770,7 @@ unsafe fn matmul_block_avx512<E: Weight>(
 
 /// Whether [`matmul_rows`] may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
 /// `MTP_NO_AVX512=1` to keep it to 256 bits (same results; for comparisons).
-fn has_avx512() -> bool {
+pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
