@@ -1,10 +1,11 @@
-//! Checkpoints stored in bf16 or f16 keep their matrices in half precision
-//! (`WeightDtype::Stored`), and compute exactly what the same checkpoint converted to f32 at
-//! load computes: the same logits bit for bit (up to 32 positions per forward, the few-row
-//! kernel's limit; longer prefills agree to rounding), the same greedy tokens with and without
-//! MTP, on a dense and an MoE fixture. Converting an f32 checkpoint's matrices with
-//! `WeightDtype::Convert(BF16)` rounds them, and speculation stays exact on them. MLX 4-bit
-//! matrices kept packed compute what their dequantized load computes.
+//! Weights kept as the checkpoint stores them (`WeightDtype::Stored`). Checkpoints stored in
+//! bf16 or f16 keep their matrices in half precision and compute exactly what the same
+//! checkpoint converted to f32 at load computes: the same logits bit for bit (up to 32 positions
+//! per forward, the few-row kernel's limit; longer prefills agree to rounding), the same greedy
+//! tokens with and without MTP, on a dense, a tied-embedding and an MoE fixture. MLX 4-bit
+//! matrices kept packed compute what their dequantized load computes. Converting an f32
+//! checkpoint's matrices with `WeightDtype::Convert(BF16)` rounds them, and speculation stays
+//! exact on them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
