@@ -236,15 +236,20 @@ pub fn run(args: &[String]) -> Result<()> {
         "\n## target-only ({} prompt tokens, {} generated, median of {})\n",
         a.prompt_len, a.tokens, a.reps
     );
+    let held = engine
+        .weights_held()
+        .iter()
+        .map(|(kind, bytes)| format!("{kind} {:.0} MiB", *bytes as f64 / (1 << 20) as f64))
+        .collect::<Vec<_>>()
+        .join(" + ");
     println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
     println!("| --- | --- | --- | --- |");
     println!(
-        "| mtp-engine (candle, {} weights, f32 arithmetic) | {pf:.1} | {dec:.2} | {:.0} |",
-        engine.model().weight_dtype().as_str(),
+        "| mtp-engine (candle, {held} weights, f32 arithmetic) | {pf:.1} | {dec:.2} | {:.0} |",
         peak_rss_mib().unwrap_or(f64::NAN)
     );
     let mut report = serde_json::json!({
-        "model": model_dir, "weight_dtype": engine.model().weight_dtype().as_str(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
+        "model": model_dir, "weights_held_bytes": engine.weights_held(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
     });
     let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() {
         vec![]

@@ -192,6 +192,16 @@ impl Engine {
         &self.model
     }
 
+    /// Bytes of the matrices held by the target and the drafter together, per kind (`f32`,
+    /// `bf16`, `f16`; `q4` etc. for MLX-quantized matrices kept packed).
+    pub fn weights_held(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut held = self.model.weights_held();
+        for (kind, bytes) in self.drafter.iter().flat_map(|d| d.weights_held()) {
+            *held.entry(kind).or_default() += bytes;
+        }
+        held
+    }
+
     /// The MTP head, when loaded.
     pub fn drafter(&self) -> Option<&MtpHead> {
         self.drafter.as_ref()

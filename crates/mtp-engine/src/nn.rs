@@ -221,6 +221,15 @@ impl Linear {
         }
     }
 
+    /// How the weights are held (`f32`, `bf16`, `f16`, or `q4` for a packed 4-bit matrix) and
+    /// their bytes.
+    pub fn held(&self) -> (String, usize) {
+        match &self.w {
+            Weights::Dense(w) => (w.dtype().as_str().to_string(), tensor_bytes(w)),
+            Weights::Packed(q) => (format!("q{}", q.bits()), q.bytes()),
+        }
+    }
+
     /// Output features.
     pub fn out_features(&self) -> usize {
         match &self.w {
@@ -278,6 +287,19 @@ impl Linear {
         };
         Ok(y.flatten_all()?.to_vec1::<f32>()?)
     }
+}
+
+/// Bytes of a tensor's elements.
+pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// Adds `(kind, bytes)` to a per-kind tally.
+pub(crate) fn tally(
+    into: &mut std::collections::BTreeMap<String, usize>,
+    (kind, bytes): (String, usize),
+) {
+    *into.entry(kind).or_default() += bytes;
 }
 
 /// `x [n, inp] · w^T` for half-precision weights `w [out, inp]`, in f32: up to
@@ -476,6 +498,30 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Adds this layer's matrices to a per-kind tally of bytes (see [`Linear::held`]).
+    pub fn weights_held(&self, into: &mut std::collections::BTreeMap<String, usize>) {
+        let mut linears: Vec<&Linear> = Vec::new();
+        match &self.mixer {
+            Mixer::Attention(a) => linears.extend([&a.qkv, &a.o]),
+            Mixer::Linear(d) => linears.extend([&d.proj, &d.out]),
+        }
+        match &self.mlp {
+            Mlp::Dense { gate_up, down } => linears.extend([gate_up, down]),
+            Mlp::Moe(m) => {
+                linears.push(&m.router);
+                linears.extend(m.shared_gate_up.iter());
+                linears.extend(m.shared_down.iter());
+                linears.extend(m.shared_gate.iter());
+                for t in [&m.gate_up, &m.down] {
+                    tally(into, (t.dtype().as_str().to_string(), tensor_bytes(t)));
+                }
+            }
+        }
+        for l in linears {
+            tally(into, l.held());
+        }
+    }
+
     /// Builds layer `prefix` (e.g. `layers.3`) of type `full`/linear and MoE or dense.
     pub fn load(
         st: &mut Store,

@@ -412,11 +412,25 @@ impl Qwen35Model {
         &self.cfg
     }
 
-    /// The dtype the token embeddings are kept in: the checkpoint's matrices' precision under
-    /// [`WeightDtype::Stored`] (f32 for dequantized ones), or the dtype converted to. The
-    /// arithmetic on the CPU is f32 either way.
-    pub fn weight_dtype(&self) -> DType {
-        self.embed.dtype()
+    /// Bytes of the matrices held, per kind (`f32`, `bf16`, `f16`; `q4` etc. for MLX-quantized
+    /// matrices kept packed): what [`WeightDtype`] made of the checkpoint. A tied LM head is the
+    /// embedding, counted once.
+    pub fn weights_held(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut held = std::collections::BTreeMap::new();
+        crate::nn::tally(
+            &mut held,
+            (
+                self.embed.dtype().as_str().to_string(),
+                crate::nn::tensor_bytes(&self.embed),
+            ),
+        );
+        if !self.cfg.text.tie_word_embeddings {
+            crate::nn::tally(&mut held, self.lm_head.held());
+        }
+        for l in &self.layers {
+            l.weights_held(&mut held);
+        }
+        held
     }
 
     /// Residual width.

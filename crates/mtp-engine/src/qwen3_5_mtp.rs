@@ -184,6 +184,17 @@ impl MtpHead {
         Ok(head)
     }
 
+    /// Bytes of the head's own matrices held, per kind (see
+    /// [`crate::Qwen35Model::weights_held`]; the embeddings and LM head are the target's).
+    pub fn weights_held(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut held = std::collections::BTreeMap::new();
+        crate::nn::tally(&mut held, self.fc.held());
+        for l in &self.layers {
+            l.weights_held(&mut held);
+        }
+        held
+    }
+
     /// A fresh drafter cache.
     pub fn new_cache(&self) -> MtpCache {
         MtpCache {

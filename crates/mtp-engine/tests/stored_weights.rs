@@ -106,6 +106,14 @@ fn same_as_f32(name: &str, dtype: DType, tied: bool) {
     let stored = load(&dir, WeightDtype::Stored);
     let widened = load(&dir, DType::F32);
     assert!(stored.drafter().is_some(), "{name}: MTP head loaded");
+    // every matrix held in the checkpoint's precision, at half the bytes of the f32 load
+    let (held, wide) = (stored.weights_held(), widened.weights_held());
+    assert_eq!(
+        held.keys().collect::<Vec<_>>(),
+        [dtype.as_str()],
+        "{name}: {held:?}"
+    );
+    assert_eq!(2 * held.values().sum::<usize>(), wide["f32"], "{name}");
     for len in [1, 5, 20, 32] {
         let (a, b) = (
             logits(&stored, &prompt(len)),
@@ -192,6 +200,16 @@ fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
         Engine::load_with_drafter(&dir, Some(&drafter), &Device::Cpu, dtype).expect("load")
     };
     let (packed, dequantized) = (load(WeightDtype::Stored), load(DType::F32.into()));
+    // the linear layers held packed (the embedding is dequantized), in much less memory
+    let (held, wide) = (packed.weights_held(), dequantized.weights_held());
+    assert!(
+        held.contains_key("q4") && !wide.contains_key("q4"),
+        "{held:?} / {wide:?}"
+    );
+    assert!(
+        4 * held.values().sum::<usize>() < 2 * wide.values().sum::<usize>(),
+        "{held:?} / {wide:?}"
+    );
     for len in [1, 5, 20, 32] {
         let (a, b) = (
             logits(&packed, &prompt(len)),
