@@ -215,6 +215,38 @@ impl ModelConfig {
                 ),
             });
         }
+        // sizes every layer divides or indexes by: zero (or heads that do not group) would
+        // make a product or a head lookup meaningless, so they are refused here, by name
+        let head_dim = text.head_dim.unwrap_or(0);
+        for (field, value) in [
+            ("hidden_size", text.hidden_size),
+            ("vocab_size", text.vocab_size),
+            ("num_attention_heads", text.num_attention_heads),
+            ("num_key_value_heads", text.num_key_value_heads),
+            ("head_dim", head_dim),
+            ("linear_key_head_dim", text.linear_key_head_dim),
+            ("linear_value_head_dim", text.linear_value_head_dim),
+            ("linear_conv_kernel_dim", text.linear_conv_kernel_dim),
+        ] {
+            if value == 0 {
+                return Err(Error::Config {
+                    path: path.to_path_buf(),
+                    message: format!("{field} must be > 0"),
+                });
+            }
+        }
+        if !text
+            .num_attention_heads
+            .is_multiple_of(text.num_key_value_heads)
+        {
+            return Err(Error::Config {
+                path: path.to_path_buf(),
+                message: format!(
+                    "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                    text.num_attention_heads, text.num_key_value_heads
+                ),
+            });
+        }
         let quantization = v
             .get("quantization")
             .or_else(|| v.get("quantization_config"))
@@ -310,5 +342,47 @@ impl ModelConfig {
             }
         }
         obj.get("bits").and_then(|b| b.as_u64()).map(|b| b as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zero size or heads that do not group are refused with an error naming the field,
+    /// before any layer divides by them.
+    #[test]
+    fn degenerate_sizes_are_config_errors() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-hf");
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let good: serde_json::Value = serde_json::from_str(&text).unwrap();
+        ModelConfig::from_value(&good, &dir).expect("the fixture loads");
+        for (field, value, says) in [
+            ("hidden_size", 0, "hidden_size must be > 0"),
+            ("vocab_size", 0, "vocab_size must be > 0"),
+            ("num_key_value_heads", 0, "num_key_value_heads must be > 0"),
+            ("head_dim", 0, "head_dim must be > 0"),
+            (
+                "linear_conv_kernel_dim",
+                0,
+                "linear_conv_kernel_dim must be > 0",
+            ),
+            (
+                "num_key_value_heads",
+                3,
+                "must be a multiple of num_key_value_heads",
+            ),
+        ] {
+            let mut bad = good.clone();
+            if bad.get("text_config").is_some() {
+                bad["text_config"][field] = value.into();
+            } else {
+                bad[field] = value.into();
+            }
+            let err = ModelConfig::from_value(&bad, &dir)
+                .expect_err(field)
+                .to_string();
+            assert!(err.contains(says), "{field} = {value}: {err}");
+        }
     }
 }
