@@ -239,7 +239,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let held = engine
         .weights_held()
         .iter()
-        .map(|(kind, bytes)| format!("{kind} {:.0} MiB", *bytes as f64 / (1 << 20) as f64))
+        .map(|(kind, bytes)| match *bytes as f64 {
+            b if b >= (1 << 20) as f64 => format!("{kind} {:.0} MiB", b / (1 << 20) as f64),
+            b => format!("{kind} {:.0} KiB", b / 1024.0),
+        })
         .collect::<Vec<_>>()
         .join(" + ");
     println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
