@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 
@@ -185,37 +186,41 @@ pub(crate) fn packable_bits(bits: usize) -> bool {
     matches!(bits, 2 | 4 | 8)
 }
 
-/// The tensors of quantized module `module` (weight tensor `name`, `bits` wide) as a sanitized
-/// map holds them, each with the suffix to append to the module's canonical name: with
-/// `packed`, the u32 `.weight` with its `.scales`, `.biases` and `.bits` (the width the config
-/// gives, a u32 scalar) beside it (the model builder
-/// keeps it packed or dequantizes it, see `nn::Store`); otherwise the `.weight` dequantized to
-/// f32.
+/// The tensors of quantized module `module` (weight tensor `name`, canonical module name
+/// `canonical`, width from `cfg`'s `quantization`) as a sanitized map holds them, under their
+/// canonical names: with `packed`, the u32 `.weight` with its `.scales`, `.biases` and `.bits`
+/// (the width, a u32 scalar) beside it (the model builder keeps it packed or dequantizes it,
+/// see `nn::Store`); otherwise the `.weight` dequantized to f32.
 pub(crate) fn load_quantized(
     ckpt: &Checkpoint,
+    cfg: &ModelConfig,
     name: &str,
     module: &str,
-    bits: usize,
+    canonical: &str,
     packed: bool,
-) -> Result<Vec<(&'static str, Tensor)>> {
+) -> Result<Vec<(String, Tensor)>> {
+    let bits = cfg
+        .quant_bits(module, canonical)
+        .ok_or_else(|| Error::Quantization {
+            name: name.to_string(),
+            message: "quantized tensor but config.json has no `quantization.bits`".into(),
+        })?;
     let w = ckpt.load_raw(name)?;
     let scales = ckpt.load_raw(&format!("{module}.scales"))?;
     let biases = ckpt.load_raw(&format!("{module}.biases"))?;
+    let named = |suffix: &str, t: Tensor| (format!("{canonical}{suffix}"), t);
     if packed && packable_bits(bits) {
         // checked now, so that a malformed module fails at load whichever way it is used
-        QuantMatrix::from_parts(name, &w, &scales, &biases, bits)?;
-        let bits = Tensor::new(bits as u32, &Device::Cpu)?;
+        QuantMatrix::check_parts(name, &w, &scales, &biases, bits)?;
         return Ok(vec![
-            (".weight", w),
-            (".scales", scales),
-            (".biases", biases),
-            (".bits", bits),
+            named(".weight", w),
+            named(".scales", scales),
+            named(".biases", biases),
+            named(".bits", Tensor::new(bits as u32, &Device::Cpu)?),
         ]);
     }
-    Ok(vec![(
-        ".weight",
-        dequantize_affine(name, &w, &scales, &biases, bits)?,
-    )])
+    let dense = dequantize_affine(name, &w, &scales, &biases, bits)?;
+    Ok(vec![named(".weight", dense)])
 }
 
 /// Dequantizes an MLX affine-quantized matrix: `w = scales * q + biases` per group of

@@ -318,13 +318,13 @@ fn half_product_in<E: simd::Weight>(
     inp: usize,
     block: usize,
 ) -> Result<Vec<f32>> {
-    if n <= simd::MAX_ROWS || inp == 0 {
-        return Ok(simd::matmul_rows(x, n, w, inp.max(1)));
+    if n <= simd::MAX_ROWS {
+        return Ok(simd::matmul_rows(x, n, w, inp));
     }
     Ok(gemm_over_blocks(
         x,
         n,
-        w.len() / inp,
+        w.len() / inp.max(1),
         inp,
         block,
         |o0, rows| simd::widen_into(&w[o0 * inp..o0 * inp + rows.len()], rows),
@@ -367,7 +367,7 @@ fn gemm_over_blocks(
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let rows = (block / inp).clamp(1, out.max(1));
+    let rows = (block / inp.max(1)).clamp(1, out.max(1));
     let mut y = vec![0f32; n * out];
     let threads = candle_core::utils::get_num_threads();
     let parallelism = if threads > 1 {

@@ -43,6 +43,35 @@ impl QuantMatrix {
         biases: &Tensor,
         bits: usize,
     ) -> Result<Self> {
+        let (inp, group) = Self::check_parts(name, packed, scales, biases, bits)?;
+        let floats = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let mut shape = packed.dims().to_vec();
+        let lead = shape.len() - 1;
+        let out = shape[..lead].iter().product();
+        shape[lead] = inp;
+        Ok(QuantMatrix {
+            packed: packed.flatten_all()?.to_vec1::<u32>()?,
+            scales: floats(scales)?,
+            biases: floats(biases)?,
+            bits,
+            group,
+            out,
+            inp,
+            shape,
+        })
+    }
+
+    /// The shapes and dtypes [`QuantMatrix::from_parts`] needs, checked without reading the
+    /// data: `(inp, group)`.
+    pub fn check_parts(
+        name: &str,
+        packed: &Tensor,
+        scales: &Tensor,
+        biases: &Tensor,
+        bits: usize,
+    ) -> Result<(usize, usize)> {
         let qerr = |message: String| Error::Quantization {
             name: name.to_string(),
             message,
@@ -76,21 +105,7 @@ impl QuantMatrix {
                 "weight {pdims:?} ({inp} inputs at {bits} bits) does not fit scales {sdims:?}"
             )));
         }
-        let floats = |t: &Tensor| -> Result<Vec<f32>> {
-            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-        };
-        let mut shape = pdims.clone();
-        *shape.last_mut().expect("rank >= 2") = inp;
-        Ok(QuantMatrix {
-            packed: packed.flatten_all()?.to_vec1::<u32>()?,
-            scales: floats(scales)?,
-            biases: floats(biases)?,
-            bits,
-            group: inp / groups,
-            out: pdims[..pdims.len() - 1].iter().product(),
-            inp,
-            shape,
-        })
+        Ok((inp, inp / groups))
     }
 
     /// Rows (output features; all of them for a stack).

@@ -117,20 +117,10 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
             Dest::Skip => continue,
         };
         let tensors = if quantized.contains(module) && name.ends_with(".weight") {
-            let canonical_module = canonical.trim_end_matches(".weight");
-            let bits =
-                cfg.quant_bits(module, canonical_module)
-                    .ok_or_else(|| Error::Quantization {
-                        name: name.clone(),
-                        message: "quantized tensor but config.json has no `quantization.bits`"
-                            .into(),
-                    })?;
             // Qwen3-Next's fused projections are split below, on f32 rows
             let packed = cfg.family != Family::Qwen3Next;
-            load_quantized(ckpt, name, module, bits, packed)?
-                .into_iter()
-                .map(|(suffix, t)| (format!("{canonical_module}{suffix}"), t))
-                .collect()
+            let canonical_module = canonical.trim_end_matches(".weight");
+            load_quantized(ckpt, cfg, name, module, canonical_module, packed)?
         } else {
             vec![(canonical, ckpt.load_float(name)?)]
         };

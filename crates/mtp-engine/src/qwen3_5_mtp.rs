@@ -82,16 +82,14 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
         };
         if quantized && name.ends_with(".weight") {
             let canonical_module = canonical.trim_end_matches(".weight");
-            let bits =
-                cfg.quant_bits(module, canonical_module)
-                    .ok_or_else(|| Error::Quantization {
-                        name: name.clone(),
-                        message: "quantized tensor but config.json has no `quantization.bits`"
-                            .into(),
-                    })?;
-            for (suffix, t) in crate::loader::load_quantized(ckpt, name, module, bits, true)? {
-                out.insert(format!("{canonical_module}{suffix}"), t);
-            }
+            out.extend(crate::loader::load_quantized(
+                ckpt,
+                cfg,
+                name,
+                module,
+                canonical_module,
+                true,
+            )?);
             continue;
         }
         let mut t = ckpt.load_float(name)?;
