@@ -1,6 +1,7 @@
 //! Memory-bound few-row matmul: the time of `simd::matmul_rows` for `n = 1..=5` rows against
 //! one row, on a weight matrix larger than the caches (the decode regime of a large model),
-//! with f32, bf16 or f16 weights, or MLX 4-bit ones kept packed (`q4`, group size 64).
+//! with f32, bf16 or f16 weights, or MLX-quantized ones kept packed (`q2`, `q3`, `q4`, `q5`,
+//! `q6`, `q8`; group size 64).
 //!
 //! ```text
 //! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16
@@ -21,8 +22,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "f32" => run::<f32>(mib, reps, |v| v),
         "bf16" => run(mib, reps, half::bf16::from_f32),
         "f16" => run(mib, reps, half::f16::from_f32),
-        "q4" => run_q4(mib, reps),
-        other => Err(format!("weight dtype `{other}`: use f32, bf16, f16 or q4").into()),
+        q if q
+            .strip_prefix('q')
+            .and_then(|b| b.parse::<usize>().ok())
+            .is_some() =>
+        {
+            run_quant(mib, reps, q[1..].parse()?)
+        }
+        other => Err(format!("weight dtype `{other}`: use f32, bf16, f16 or q2-q8").into()),
     }
 }
 
@@ -42,11 +49,11 @@ fn run<E: Weight>(
     })
 }
 
-fn run_q4(mib: usize, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run_quant(mib: usize, reps: usize, bits: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (inp, group) = (1024, 64);
-    // half a byte per weight, plus two f32 per group of 64
-    let out = mib * (1 << 20) * 2 / inp;
-    let words: Vec<u32> = (0..out * inp / 8)
+    // `bits` / 8 bytes per weight (plus two f32 per group of 64)
+    let out = mib * (1 << 20) * 8 / bits / inp;
+    let words: Vec<u32> = (0..out * inp * bits / 32)
         .map(|i| (i as u32).wrapping_mul(2654435761))
         .collect();
     let groups = out * inp / group;
@@ -54,10 +61,10 @@ fn run_q4(mib: usize, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
     let biases: Vec<f32> = (0..groups).map(|i| -0.05 + (i % 5) as f32 * 1e-3).collect();
     let q = QuantMatrix::from_parts(
         "bench",
-        &Tensor::from_vec(words, (out, inp / 8), &Device::Cpu)?,
+        &Tensor::from_vec(words, (out, inp * bits / 32), &Device::Cpu)?,
         &Tensor::from_vec(scales, (out, inp / group), &Device::Cpu)?,
         &Tensor::from_vec(biases, (out, inp / group), &Device::Cpu)?,
-        4,
+        bits,
     )?;
     let bytes = q.bytes();
     table(reps, inp, bytes, |x, n| matmul_quant(x, n, &q))

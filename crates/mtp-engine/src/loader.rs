@@ -181,11 +181,6 @@ impl Checkpoint {
     }
 }
 
-/// Widths whose values the matrix products can read packed (see [`QuantMatrix::kept_packed`]).
-pub(crate) fn packable_bits(bits: usize) -> bool {
-    matches!(bits, 2 | 4 | 8)
-}
-
 /// The tensors of quantized module `module` (weight tensor `name`, canonical module name
 /// `canonical`, width from `cfg`'s `quantization`) as a sanitized map holds them, under their
 /// canonical names: with `packed`, the u32 `.weight` with its `.scales`, `.biases` and `.bits`
@@ -209,7 +204,7 @@ pub(crate) fn load_quantized(
     let scales = ckpt.load_raw(&format!("{module}.scales"))?;
     let biases = ckpt.load_raw(&format!("{module}.biases"))?;
     let named = |suffix: &str, t: Tensor| (format!("{canonical}{suffix}"), t);
-    if packed && packable_bits(bits) {
+    if packed {
         // checked now, so that a malformed module fails at load whichever way it is used
         QuantMatrix::check_parts(name, &w, &scales, &biases, bits)?;
         return Ok(vec![

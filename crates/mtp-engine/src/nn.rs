@@ -114,17 +114,16 @@ impl Store {
         Ok(t.to_dtype(dtype)?.to_device(&self.device)?)
     }
 
-    /// Whether a packed quantized matrix is multiplied as it is: kept as stored, on the CPU, at a
-    /// width the products read packed.
-    fn keeps(&self, q: &QuantMatrix) -> bool {
-        self.dtype == WeightDtype::Stored && self.device.is_cpu() && q.kept_packed()
+    /// Whether packed quantized matrices are multiplied as they are: kept as stored, on the CPU.
+    fn keeps_packed(&self) -> bool {
+        self.dtype == WeightDtype::Stored && self.device.is_cpu()
     }
 
     /// A linear layer `[out, in]`.
     pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
         let name = format!("{name}.weight");
         match self.take_packed(&name, &[out, inp])? {
-            Some(q) if self.keeps(&q) => Ok(Linear::packed(q)),
+            Some(q) if self.keeps_packed() => Ok(Linear::packed(q)),
             Some(q) => self.dense(q.to_tensor()?),
             None => Ok(Linear::dense(self.tensor(&name, &[out, inp])?)),
         }
@@ -139,16 +138,68 @@ impl Store {
     /// Several linear layers with the same input, fused into one `[sum(out), in]` matrix
     /// (packed when every part is).
     pub fn fused_linear(&mut self, names: &[(&str, usize)], inp: usize) -> Result<Linear> {
+        let mut fused = self.fused(names, None, inp)?;
+        Ok(fused.remove(0))
+    }
+
+    /// Stacks of `experts` matrices (`[experts, out, in]` each, e.g. an MoE's `gate_proj` and
+    /// `up_proj`) as one linear layer per expert whose rows are that expert's rows of each
+    /// stack in turn (packed when every stack is).
+    pub fn expert_linears(
+        &mut self,
+        names: &[(&str, usize)],
+        experts: usize,
+        inp: usize,
+    ) -> Result<Vec<Linear>> {
+        self.fused(names, Some(experts), inp)
+    }
+
+    /// [`Store::fused_linear`] over plain matrices (`experts: None`, one layer out) or
+    /// [`Store::expert_linears`] over stacks.
+    fn fused(
+        &mut self,
+        names: &[(&str, usize)],
+        experts: Option<usize>,
+        inp: usize,
+    ) -> Result<Vec<Linear>> {
+        let shape = |out: usize| match experts {
+            Some(e) => vec![e, out, inp],
+            None => vec![out, inp],
+        };
+        let count = experts.unwrap_or(1);
         let mut packed = Vec::new();
         for (n, out) in names {
-            match self.take_packed(&format!("{n}.weight"), &[*out, inp])? {
+            match self.take_packed(&format!("{n}.weight"), &shape(*out))? {
                 Some(q) => packed.push(q),
                 None => break,
             }
         }
-        if packed.len() == names.len() && packed.iter().all(|q| self.keeps(q)) {
-            if let Some(q) = QuantMatrix::cat_rows(&packed) {
-                return Ok(Linear::packed(q));
+        if packed.len() == names.len() && self.keeps_packed() {
+            let mut layers = Vec::with_capacity(count);
+            for e in 0..count {
+                let parts: Vec<QuantMatrix> = if experts.is_some() {
+                    packed
+                        .iter()
+                        .zip(names)
+                        .map(|(q, (_, out))| q.slice_rows(e * out, *out))
+                        .collect()
+                } else {
+                    std::mem::take(&mut packed)
+                };
+                match QuantMatrix::cat_rows(&parts) {
+                    Some(q) => layers.push(Linear::packed(q)),
+                    None => {
+                        // parts quantized differently (mixed-precision recipes): dequantized
+                        if experts.is_none() {
+                            packed = parts;
+                        }
+                        layers.clear();
+                        break;
+                    }
+                }
+            }
+            if layers.len() == count {
+                return Ok(layers);
             }
         }
         let mut parts = packed
@@ -157,9 +208,9 @@ impl Store {
             .collect::<Result<Vec<_>>>()?;
         for (n, out) in &names[parts.len()..] {
             let name = format!("{n}.weight");
-            parts.push(match self.take_packed(&name, &[*out, inp])? {
+            parts.push(match self.take_packed(&name, &shape(*out))? {
                 Some(q) => q.to_tensor()?,
-                None => self.take_raw(&name, &[*out, inp])?,
+                None => self.take_raw(&name, &shape(*out))?,
             });
         }
         // parts kept in different dtypes (a dequantized matrix next to a bf16 one) meet in f32
@@ -174,8 +225,19 @@ impl Store {
             .iter()
             .map(|p| p.to_dtype(dtype))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let w = Tensor::cat(&parts, 0)?.to_device(&self.device)?;
-        Ok(Linear::dense(w))
+        let mut layers = Vec::with_capacity(count);
+        for e in 0..count {
+            let rows = match experts {
+                Some(_) => parts
+                    .iter()
+                    .map(|p| p.get(e))
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+                None => parts.clone(),
+            };
+            let w = Tensor::cat(&rows, 0)?.to_device(&self.device)?;
+            layers.push(Linear::dense(w));
+        }
+        Ok(layers)
     }
 
     /// A small f32 vector (norm weights, gates).
@@ -202,7 +264,7 @@ pub struct Linear {
 enum Weights {
     /// A tensor (f32, bf16 or f16 on the CPU).
     Dense(Tensor),
-    /// An MLX-quantized matrix kept packed ([`QuantMatrix::kept_packed`]).
+    /// An MLX-quantized matrix kept packed.
     Packed(std::sync::Arc<QuantMatrix>),
 }
 
@@ -235,6 +297,41 @@ impl Linear {
         match &self.w {
             Weights::Dense(w) => w.dims()[0],
             Weights::Packed(q) => q.out_features(),
+        }
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        match &self.w {
+            Weights::Dense(w) => w.dims()[1],
+            Weights::Packed(q) => q.in_features(),
+        }
+    }
+
+    /// Rows `ids` of the weight matrix in f32, `[ids.len(), in]`: an embedding lookup. A packed
+    /// matrix dequantizes only those rows, with the arithmetic of a dequantized load, so a
+    /// packed embedding gives the bits of a dequantized one.
+    pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let out = self.out_features();
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= out) {
+            return Err(Error::InvalidRequest(format!(
+                "token id {id} is outside the embedding's {out} rows"
+            )));
+        }
+        match &self.w {
+            Weights::Dense(w) => {
+                let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
+                let e = w.index_select(&idx, 0)?.to_dtype(DType::F32)?;
+                Ok(e.flatten_all()?.to_vec1::<f32>()?)
+            }
+            Weights::Packed(q) => {
+                let inp = q.in_features();
+                let mut rows = vec![0f32; ids.len() * inp];
+                for (dst, &id) in rows.chunks_exact_mut(inp).zip(ids) {
+                    q.dequantize_rows(id as usize, dst);
+                }
+                Ok(rows)
+            }
         }
     }
 
@@ -459,10 +556,10 @@ pub enum Mixer {
 #[derive(Debug)]
 pub struct Moe {
     router: Linear,
-    /// `[E, 2 I, D]`: gate rows then up rows per expert.
-    gate_up: Tensor,
-    /// `[E, D, I]`.
-    down: Tensor,
+    /// Per expert `[2 I, D]`: gate rows then up rows.
+    gate_up: Vec<Linear>,
+    /// Per expert `[D, I]`.
+    down: Vec<Linear>,
     inter: usize,
     top_k: usize,
     norm_topk: bool,
@@ -512,9 +609,7 @@ impl DecoderLayer {
                 linears.extend(m.shared_gate_up.iter());
                 linears.extend(m.shared_down.iter());
                 linears.extend(m.shared_gate.iter());
-                for t in [&m.gate_up, &m.down] {
-                    tally(into, (t.dtype().as_str().to_string(), tensor_bytes(t)));
-                }
+                linears.extend(m.gate_up.iter().chain(&m.down));
             }
         }
         for l in linears {
@@ -607,8 +702,15 @@ impl DecoderLayer {
         let mlp = if moe {
             let e = t.num_experts;
             let i = t.moe_intermediate_size;
-            let gate = st.tensor(&format!("{p}.switch_mlp.gate_proj.weight"), &[e, i, d])?;
-            let up = st.tensor(&format!("{p}.switch_mlp.up_proj.weight"), &[e, i, d])?;
+            let gate_up = st.expert_linears(
+                &[
+                    (&format!("{p}.switch_mlp.gate_proj"), i),
+                    (&format!("{p}.switch_mlp.up_proj"), i),
+                ],
+                e,
+                d,
+            )?;
+            let down = st.expert_linears(&[(&format!("{p}.switch_mlp.down_proj"), d)], e, i)?;
             let si = t.shared_expert_intermediate_size;
             let (sgu, sd, sg) = if si > 0 {
                 (
@@ -627,8 +729,8 @@ impl DecoderLayer {
             };
             Mlp::Moe(Moe {
                 router: st.linear(&format!("{p}.gate"), e, d)?,
-                gate_up: Tensor::cat(&[gate, up], 1)?.contiguous()?,
-                down: st.tensor(&format!("{p}.switch_mlp.down_proj.weight"), &[e, d, i])?,
+                gate_up,
+                down,
                 inter: i,
                 top_k: t.num_experts_per_tok.max(1),
                 norm_topk: cfg.norm_topk_prob(),
@@ -971,7 +1073,6 @@ impl Moe {
             }
         }
         let mut out = vec![0f32; n * d];
-        let dev = self.gate_up.device();
         for (ei, toks) in routes.iter().enumerate() {
             if toks.is_empty() {
                 continue;
@@ -981,16 +1082,15 @@ impl Moe {
             for (t, _) in toks {
                 xs.extend_from_slice(&x[t * d..(t + 1) * d]);
             }
-            let gu = Linear::dense(self.gate_up.get(ei)?).forward(&xs, m)?;
+            let gu = self.gate_up[ei].forward(&xs, m)?;
             let act = swiglu_rows(&gu, m, self.inter);
-            let y = Linear::dense(self.down.get(ei)?).forward(&act, m)?;
+            let y = self.down[ei].forward(&act, m)?;
             for (j, (t, w)) in toks.iter().enumerate() {
                 out[t * d..(t + 1) * d]
                     .iter_mut()
                     .zip(&y[j * d..(j + 1) * d])
                     .for_each(|(o, v)| *o += w * v);
             }
-            let _ = dev;
         }
         if let (Some(gu), Some(down), Some(gate)) =
             (&self.shared_gate_up, &self.shared_down, &self.shared_gate)

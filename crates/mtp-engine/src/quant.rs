@@ -123,12 +123,6 @@ impl QuantMatrix {
         self.bits
     }
 
-    /// Whether [`crate::simd::matmul_quant`] reads this matrix packed (values never straddle a
-    /// word and a word never straddles a group).
-    pub fn kept_packed(&self) -> bool {
-        matches!(self.bits, 2 | 4 | 8) && self.group.is_multiple_of(32 / self.bits)
-    }
-
     /// Bytes held (packed words, scales and biases).
     pub fn bytes(&self) -> usize {
         4 * (self.packed.len() + self.scales.len() + self.biases.len())
@@ -143,11 +137,17 @@ impl QuantMatrix {
             let w = &self.packed[r * words..(r + 1) * words];
             let s = &self.scales[r * groups..(r + 1) * groups];
             let b = &self.biases[r * groups..(r + 1) * groups];
+            // widths dividing 32 whose words do not straddle groups, a word at a time; the others
+            // eight values (`bits` bytes) at a time where groups hold whole octets
+            let (g, word_aligned) = (self.group, self.group.is_multiple_of(32 / self.bits));
             match self.bits {
-                2 if self.kept_packed() => dequantize_row_packed::<2>(w, s, b, self.group, row),
-                4 if self.kept_packed() => dequantize_row_packed::<4>(w, s, b, self.group, row),
-                8 if self.kept_packed() => dequantize_row_packed::<8>(w, s, b, self.group, row),
-                _ => dequantize_row_any(w, s, b, self.bits, self.group, row),
+                2 if word_aligned => dequantize_row_packed::<2>(w, s, b, g, row),
+                4 if word_aligned => dequantize_row_packed::<4>(w, s, b, g, row),
+                8 if word_aligned => dequantize_row_packed::<8>(w, s, b, g, row),
+                3 if g.is_multiple_of(8) => dequantize_row_chunked::<3>(w, s, b, g, row),
+                5 if g.is_multiple_of(8) => dequantize_row_chunked::<5>(w, s, b, g, row),
+                6 if g.is_multiple_of(8) => dequantize_row_chunked::<6>(w, s, b, g, row),
+                _ => dequantize_row_any(w, s, b, self.bits, g, row),
             }
         }
     }
@@ -157,6 +157,22 @@ impl QuantMatrix {
         let mut out = vec![0f32; self.out * self.inp];
         self.dequantize_rows(0, &mut out);
         Ok(Tensor::from_vec(out, self.shape.clone(), &Device::Cpu)?)
+    }
+
+    /// Rows `r0..r0 + n` as a matrix of their own (one expert of a stack).
+    pub fn slice_rows(&self, r0: usize, n: usize) -> QuantMatrix {
+        let words = self.inp * self.bits / 32;
+        let groups = self.inp / self.group;
+        QuantMatrix {
+            packed: self.packed[r0 * words..(r0 + n) * words].to_vec(),
+            scales: self.scales[r0 * groups..(r0 + n) * groups].to_vec(),
+            biases: self.biases[r0 * groups..(r0 + n) * groups].to_vec(),
+            bits: self.bits,
+            group: self.group,
+            out: n,
+            inp: self.inp,
+            shape: vec![n, self.inp],
+        }
     }
 
     /// The rows of `parts` one after another (a fused projection), when they share bits and
@@ -205,6 +221,222 @@ fn dequantize_row_any(w: &[u32], s: &[f32], b: &[f32], bits: usize, group: usize
         }
         let g = j / group;
         *o = s[g] * ((v & mask) as f32) + b[g];
+    }
+}
+
+/// One row at a width that does not divide 32 (3, 5, 6 bits), `group` a multiple of 8: the same
+/// arithmetic as [`dequantize_row_any`], eight values at a time. Eight `B`-bit values are exactly
+/// `B` bytes of the little-endian bit stream, read as one `u64` (AVX2: shifted in 64-bit lanes).
+fn dequantize_row_chunked<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512bw() && group.is_multiple_of(16) {
+        // SAFETY: AVX-512F and BW were detected; the slices' lengths are checked inside.
+        return unsafe { dequantize_row_chunked_avx512::<B>(w, s, b, group, row) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx() {
+        // SAFETY: AVX2 was detected; the slices' lengths are checked inside.
+        return unsafe { dequantize_row_chunked_avx::<B>(w, s, b, group, row) };
+    }
+    dequantize_row_chunked_scalar::<B>(w, s, b, group, row)
+}
+
+/// [`dequantize_row_chunked`] without SIMD.
+fn dequantize_row_chunked_scalar<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    let mask = (1u64 << B) - 1;
+    for (c, dst) in row.chunks_exact_mut(8).enumerate() {
+        let g = c * 8 / group;
+        let (sg, bg) = (s[g], b[g]);
+        let x = eight_values::<B>(w, c);
+        for (j, o) in dst.iter_mut().enumerate() {
+            *o = sg * (((x >> (j * B)) & mask) as f32) + bg;
+        }
+    }
+}
+
+/// Whether the AVX-512 path may run and the CPU has AVX-512BW (byte shuffles).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512bw() -> bool {
+    crate::simd::has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// The `B` bytes holding values `8 c..8 c + 8` of a `B`-bit packed row, as the low bytes of a
+/// `u64`.
+#[inline(always)]
+fn eight_values<const B: usize>(w: &[u32], c: usize) -> u64 {
+    let (byte, mut x) = (c * B, 0u64);
+    for k in 0..B {
+        let at = byte + k;
+        x |= (((w[at / 4] >> (8 * (at % 4))) & 0xff) as u64) << (8 * k);
+    }
+    x
+}
+
+/// The 16 bytes of a `B`-bit packed row (`w`, as its little-endian bit stream) from byte `at`
+/// on, zero past the row's end.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn sixteen_bytes(w: &[u32], at: usize) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (k, o) in out.iter_mut().enumerate() {
+        let i = at + k;
+        if i < w.len() * 4 {
+            *o = (w[i / 4] >> (8 * (i % 4))) as u8;
+        }
+    }
+    out
+}
+
+/// Byte-shuffle indices and shifts that move value `j` of an octet starting at byte `first` of
+/// a 16-byte lane into 32-bit lane `j`: its two bytes `first + j B / 8` and the next (the others
+/// zeroed), to be shifted right by `j B % 8`.
+#[cfg(target_arch = "x86_64")]
+fn octet_lanes<const B: usize>(first: usize) -> ([i8; 32], [i32; 8]) {
+    let (mut idx, mut shift) = ([-1i8; 32], [0i32; 8]);
+    for j in 0..8 {
+        let byte = first + j * B / 8;
+        // lanes 0-3 sit in the low 16-byte half, 4-7 in the high one; both halves hold the
+        // same bytes
+        idx[4 * j] = byte as i8;
+        idx[4 * j + 1] = (byte + 1) as i8;
+        shift[j] = (j * B % 8) as i32;
+    }
+    (idx, shift)
+}
+
+/// [`dequantize_row_chunked`] with AVX2, sixteen values (two octets, `2 B` bytes) per step: the
+/// 16 bytes holding them broadcast into both halves, each value's two bytes shuffled into its
+/// 32-bit lane, shifted, masked, converted, then `* s` and `+ b`, each rounded (no fused
+/// multiply-add, as in the scalar form).
+///
+/// # Safety
+/// The CPU has AVX2; `group` is a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2")]
+unsafe fn dequantize_row_chunked_avx<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let octets = row.len() / 8;
+    assert!(w.len() * 32 >= octets * 8 * B && (octets * 8).div_ceil(group) <= s.len().min(b.len()));
+    let bytes = w.len() * 4;
+    let (i0, sh) = octet_lanes::<B>(0);
+    let (i1, _) = octet_lanes::<B>(B);
+    // SAFETY: reading 32 bytes / 8 i32 from arrays of that size
+    let (idx0, idx1, shift) = unsafe {
+        (
+            _mm256_loadu_si256(i0.as_ptr() as *const __m256i),
+            _mm256_loadu_si256(i1.as_ptr() as *const __m256i),
+            _mm256_loadu_si256(sh.as_ptr() as *const __m256i),
+        )
+    };
+    let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
+    let base = w.as_ptr() as *const u8;
+    let out = row.as_mut_ptr();
+    let mut c = 0;
+    while c < octets {
+        let at = c * B;
+        let x = if at + 16 <= bytes {
+            // SAFETY: bytes `at..at + 16` lie inside `w` (little-endian words: the bit stream)
+            unsafe { _mm_loadu_si128(base.add(at) as *const __m128i) }
+        } else {
+            let tail = sixteen_bytes(w, at);
+            // SAFETY: reading 16 bytes from a 16-byte array
+            unsafe { _mm_loadu_si128(tail.as_ptr() as *const __m128i) }
+        };
+        let x = _mm256_broadcastsi128_si256(x);
+        for (half, idx) in [idx0, idx1].into_iter().enumerate() {
+            let o = c + half;
+            if o == octets {
+                break;
+            }
+            let q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(x, idx), shift), mask);
+            let g = o * 8 / group;
+            let v = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_set1_ps(s[g]), _mm256_cvtepi32_ps(q)),
+                _mm256_set1_ps(b[g]),
+            );
+            // SAFETY: `o < octets`, so `row[8 o..8 o + 8]` is inside the row.
+            unsafe { _mm256_storeu_ps(out.add(8 * o), v) };
+        }
+        c += 2;
+    }
+}
+
+/// [`dequantize_row_chunked_avx`] with AVX-512, sixteen values per step in one register (the 16
+/// bytes broadcast into all four 16-byte lanes, the first octet's values shuffled into lanes
+/// 0-7, the second's into 8-15); the same arithmetic, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW; `group` is a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,avx512f,avx512bw")]
+unsafe fn dequantize_row_chunked_avx512<const B: usize>(
+    w: &[u32],
+    s: &[f32],
+    b: &[f32],
+    group: usize,
+    row: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let blocks = row.len() / 16;
+    assert!(
+        w.len() * 32 >= blocks * 16 * B && (blocks * 16).div_ceil(group) <= s.len().min(b.len())
+    );
+    let bytes = w.len() * 4;
+    let (i0, sh) = octet_lanes::<B>(0);
+    let (i1, _) = octet_lanes::<B>(B);
+    let mut idx = [0i8; 64];
+    idx[..32].copy_from_slice(&i0);
+    idx[32..].copy_from_slice(&i1);
+    let mut shifts = [0i32; 16];
+    shifts[..8].copy_from_slice(&sh);
+    shifts[8..].copy_from_slice(&sh);
+    // SAFETY: reading 64 bytes from arrays of that size
+    let (idx, shift) = unsafe {
+        (
+            _mm512_loadu_si512(idx.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(shifts.as_ptr() as *const __m512i),
+        )
+    };
+    let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
+    let base = w.as_ptr() as *const u8;
+    let out = row.as_mut_ptr();
+    for k in 0..blocks {
+        let at = 2 * k * B;
+        let x = if at + 16 <= bytes {
+            // SAFETY: bytes `at..at + 16` lie inside `w` (little-endian words: the bit stream)
+            unsafe { _mm_loadu_si128(base.add(at) as *const __m128i) }
+        } else {
+            let tail = sixteen_bytes(w, at);
+            // SAFETY: reading 16 bytes from a 16-byte array
+            unsafe { _mm_loadu_si128(tail.as_ptr() as *const __m128i) }
+        };
+        let x = _mm512_broadcast_i32x4(x);
+        let q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi8(x, idx), shift), mask);
+        let g = k * 16 / group;
+        let v = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_set1_ps(s[g]), _mm512_cvtepi32_ps(q)),
+            _mm512_set1_ps(b[g]),
+        );
+        // SAFETY: `k < blocks`, so `row[16 k..16 k + 16]` is inside the row.
+        unsafe { _mm512_storeu_ps(out.add(16 * k), v) };
     }
 }
 
@@ -394,7 +626,7 @@ mod tests {
     use super::*;
 
     /// The packed row functions (scalar, AVX2, AVX-512 where the CPU has them) and the general
-    /// one agree bit for bit at every width they share.
+    /// one agree bit for bit at every width (3, 5 and 6 bits: eight values at a time).
     #[test]
     fn packed_rows_equal_the_general_arithmetic() {
         let mut x = 3u64;
@@ -404,8 +636,12 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 32) as u32
         };
-        for bits in [2usize, 4, 8] {
-            let (inp, group) = (256, 64);
+        // groups of 8 (one octet each) at the widths that straddle words
+        for (bits, inp, group) in [2usize, 3, 4, 5, 6, 8]
+            .map(|b| (b, 256, 64))
+            .into_iter()
+            .chain([3, 5, 6].map(|b| (b, 224, 8)))
+        {
             let w: Vec<u32> = (0..inp * bits / 32).map(|_| next()).collect();
             let s: Vec<f32> = (0..inp / group)
                 .map(|_| next() as f32 / u32::MAX as f32 - 0.5)
@@ -418,11 +654,49 @@ mod tests {
             type Row = fn(&[u32], &[f32], &[f32], usize, &mut [f32]);
             let mut paths: Vec<(&str, Row)> = match bits {
                 2 => vec![("scalar", dequantize_row_scalar::<2>)],
+                3 => vec![("scalar", dequantize_row_chunked_scalar::<3>)],
                 4 => vec![("scalar", dequantize_row_scalar::<4>)],
+                5 => vec![("scalar", dequantize_row_chunked_scalar::<5>)],
+                6 => vec![("scalar", dequantize_row_chunked_scalar::<6>)],
                 _ => vec![("scalar", dequantize_row_scalar::<8>)],
             };
             #[cfg(target_arch = "x86_64")]
-            {
+            if !matches!(bits, 2 | 4 | 8) && crate::simd::has_avx() {
+                fn chunked<const B: usize>(
+                    w: &[u32],
+                    s: &[f32],
+                    b: &[f32],
+                    g: usize,
+                    r: &mut [f32],
+                ) {
+                    // SAFETY: only pushed where the CPU has AVX2; `g` is a multiple of 8.
+                    unsafe { dequantize_row_chunked_avx::<B>(w, s, b, g, r) }
+                }
+                paths.push(match bits {
+                    3 => ("avx2", chunked::<3>),
+                    5 => ("avx2", chunked::<5>),
+                    _ => ("avx2", chunked::<6>),
+                });
+                fn chunked512<const B: usize>(
+                    w: &[u32],
+                    s: &[f32],
+                    b: &[f32],
+                    g: usize,
+                    r: &mut [f32],
+                ) {
+                    // SAFETY: only pushed where the CPU has AVX-512F/BW; `g` is a multiple of 16.
+                    unsafe { dequantize_row_chunked_avx512::<B>(w, s, b, g, r) }
+                }
+                if has_avx512bw() && group.is_multiple_of(16) {
+                    paths.push(match bits {
+                        3 => ("avx512", chunked512::<3>),
+                        5 => ("avx512", chunked512::<5>),
+                        _ => ("avx512", chunked512::<6>),
+                    });
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if matches!(bits, 2 | 4 | 8) {
                 fn avx<const B: usize>(w: &[u32], s: &[f32], b: &[f32], g: usize, r: &mut [f32]) {
                     // SAFETY: only pushed where the CPU has AVX2; `g` is a multiple of 16.
                     unsafe { dequantize_row_avx::<B>(w, s, b, g, r) }
@@ -459,7 +733,7 @@ mod tests {
                     .iter()
                     .zip(&got)
                     .all(|(a, p)| a.to_bits() == p.to_bits());
-                assert!(same, "{bits} bits, {path}");
+                assert!(same, "{bits} bits, {inp} inputs, groups of {group}, {path}");
             }
         }
     }

@@ -218,7 +218,9 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
 
     // Tied embeddings: some exports still carry an lm_head copy; the embedding is authoritative.
     if t.tie_word_embeddings {
-        s.target.remove("lm_head.weight");
+        for part in ["weight", "scales", "biases", "bits"] {
+            s.target.remove(&format!("lm_head.{part}"));
+        }
     }
 
     // Norm convention, decided from the conv1d weight layout only: Hugging Face checkpoints store
@@ -357,19 +359,20 @@ fn split_qwen3_next_projections(
 #[derive(Debug)]
 pub struct Qwen35Model {
     cfg: ModelConfig,
-    embed: Tensor,
+    /// `[vocab, hidden]`, held like any matrix (kept packed when quantized).
+    embed: Linear,
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>,
     lm_head: Linear,
-    device: Device,
     verify_mode: VerifyMode,
 }
 
 impl Qwen35Model {
-    /// Builds the model from sanitized tensors (`st` keeps whatever is not used).
-    pub fn load(cfg: &ModelConfig, st: &mut Store, device: &Device) -> Result<Self> {
+    /// Builds the model from sanitized tensors, on the store's device (`st` keeps whatever is not
+    /// used).
+    pub fn load(cfg: &ModelConfig, st: &mut Store) -> Result<Self> {
         let t = &cfg.text;
-        let embed = st.tensor("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+        let embed = st.linear("embed_tokens", t.vocab_size, t.hidden_size)?;
         let mut layers = Vec::with_capacity(t.num_hidden_layers);
         for i in 0..t.num_hidden_layers {
             layers.push(DecoderLayer::load(
@@ -382,7 +385,7 @@ impl Qwen35Model {
         }
         let norm = st.vec("norm.weight", t.hidden_size)?;
         let lm_head = if t.tie_word_embeddings {
-            Linear::dense(embed.clone())
+            embed.clone()
         } else {
             st.linear("lm_head", t.vocab_size, t.hidden_size)?
         };
@@ -392,7 +395,6 @@ impl Qwen35Model {
             layers,
             norm,
             lm_head,
-            device: device.clone(),
             verify_mode: VerifyMode::Auto,
         })
     }
@@ -407,13 +409,7 @@ impl Qwen35Model {
     /// embedding, counted once.
     pub fn weights_held(&self) -> std::collections::BTreeMap<String, usize> {
         let mut held = std::collections::BTreeMap::new();
-        crate::nn::tally(
-            &mut held,
-            (
-                self.embed.dtype().as_str().to_string(),
-                crate::nn::tensor_bytes(&self.embed),
-            ),
-        );
+        crate::nn::tally(&mut held, self.embed.held());
         if !self.cfg.text.tie_word_embeddings {
             crate::nn::tally(&mut held, self.lm_head.held());
         }
@@ -448,9 +444,7 @@ impl Qwen35Model {
 
     /// Token embeddings `[n, hidden]`.
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let idx = Tensor::from_slice(ids, ids.len(), &self.device)?;
-        let e = self.embed.index_select(&idx, 0)?.to_dtype(DType::F32)?;
-        Ok(e.flatten_all()?.to_vec1::<f32>()?)
+        self.embed.rows(ids)
     }
 
     /// LM head over hidden rows `[n, hidden]` → `[n, vocab]`.
@@ -535,7 +529,7 @@ pub fn load_dir(
     let ckpt = Checkpoint::open(dir)?;
     let s = sanitize(&ckpt, &cfg)?;
     let mut st = Store::new(s.target, &cfg.model_type, dtype, device);
-    let model = Qwen35Model::load(&cfg, &mut st, device)?;
+    let model = Qwen35Model::load(&cfg, &mut st)?;
     let left: Vec<&String> = st.names().collect();
     if !left.is_empty() {
         tracing::debug!(unused = ?left, "tensors not used by the language model");

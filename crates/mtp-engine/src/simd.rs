@@ -830,8 +830,8 @@ unsafe fn block<E: Weight>(
     unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
 }
 
-/// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed
-/// ([`QuantMatrix::kept_packed`]), `1 <= n <=` [`MAX_ROWS`]: each block of output features
+/// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed, `1 <= n <=`
+/// [`MAX_ROWS`]: each block of output features
 /// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
 /// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
 /// dequantized at load, while a step reads the packed bytes (a quarter of bf16's at 4 bits).

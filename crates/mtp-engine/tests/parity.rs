@@ -1,6 +1,7 @@
 //! Parity with mlx-vlm 0.7.10 goldens (`tests/fixtures/*/golden.json`): first-step logits within
 //! 1e-3 (f32) and 64 greedy tokens identical for every prompt, for the HF layout, MLX layout,
-//! MLX 4-bit and MoE fixtures.
+//! MLX 3-, 4- and 6-bit, MoE and MLX 4-bit MoE fixtures, each loaded both as stored (quantized
+//! matrices packed) and converted to f32.
 
 use std::path::PathBuf;
 
@@ -112,4 +113,19 @@ fn moe() {
 #[test]
 fn trained() {
     check("tiny-trained");
+}
+
+#[test]
+fn moe_mlx_4bit() {
+    check("tiny-moe-mlx4");
+}
+
+#[test]
+fn mlx_3bit() {
+    check("tiny-mlx3");
+}
+
+#[test]
+fn mlx_6bit() {
+    check("tiny-mlx6");
 }

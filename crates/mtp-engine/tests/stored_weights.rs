@@ -19,8 +19,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A copy of fixture `name` with every f32 tensor stored as `dtype`; with `tied`, its config
-/// says the LM head is the embedding (the checkpoint's `lm_head` is then ignored).
+/// A copy of fixture `name` with every f32 tensor stored as `dtype` (others as they are); with
+/// `tied`, its config says the LM head is the embedding (the checkpoint's `lm_head` is then
+/// ignored).
 fn half_copy(name: &str, dtype: DType, tied: bool) -> PathBuf {
     let src = fixture(name);
     let dst = std::env::temp_dir().join(format!(
@@ -191,25 +192,21 @@ fn converting_to_bf16_at_load_rounds_the_matrices_only() {
     );
 }
 
-/// MLX 4-bit matrices kept packed (the default) compute what the same checkpoint dequantized to
-/// f32 at load computes, target and companion drafter alike.
-#[test]
-fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
-    let (dir, drafter) = (fixture("tiny-mlx4"), fixture("tiny-mlx4-mtp"));
+/// Fixture `dir` (with companion drafter `drafter`) loaded as stored, MLX-quantized matrices
+/// kept packed, computes what its load dequantized to f32 computes: logits bit for bit up to 32
+/// positions, greedy tokens with and without MTP. Returns what each load holds.
+fn packed_same_as_dequantized(
+    dir: &Path,
+    drafter: &Path,
+) -> (
+    std::collections::BTreeMap<String, usize>,
+    std::collections::BTreeMap<String, usize>,
+) {
     let load = |dtype: WeightDtype| {
-        Engine::load_with_drafter(&dir, Some(&drafter), &Device::Cpu, dtype).expect("load")
+        Engine::load_with_drafter(dir, Some(drafter), &Device::Cpu, dtype).expect("load")
     };
     let (packed, dequantized) = (load(WeightDtype::Stored), load(DType::F32.into()));
-    // the linear layers held packed (the embedding is dequantized), in much less memory
-    let (held, wide) = (packed.weights_held(), dequantized.weights_held());
-    assert!(
-        held.contains_key("q4") && !wide.contains_key("q4"),
-        "{held:?} / {wide:?}"
-    );
-    assert!(
-        4 * held.values().sum::<usize>() < 2 * wide.values().sum::<usize>(),
-        "{held:?} / {wide:?}"
-    );
+    let name = dir.display();
     for len in [1, 5, 20, 32] {
         let (a, b) = (
             logits(&packed, &prompt(len)),
@@ -217,7 +214,7 @@ fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
         );
         assert!(
             a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "logits after {len} prompt tokens differ from the dequantized load"
+            "{name}: logits after {len} prompt tokens differ from the dequantized load"
         );
     }
     let (a, b) = (
@@ -229,13 +226,83 @@ fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
         .zip(&b)
         .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
         .fold(0f32, f32::max);
-    assert!(worst < 1e-4, "long prefill off by {worst}");
+    assert!(worst < 1e-4, "{name}: long prefill off by {worst}");
     for len in [3, 17] {
         let p = prompt(len);
         let base = greedy(&dequantized, &p, None);
-        assert_eq!(greedy(&packed, &p, None), base);
+        assert_eq!(greedy(&packed, &p, None), base, "{name}");
         for k in [1, 3] {
-            assert_eq!(greedy(&packed, &p, Some(k)), base, "MTP depth {k}");
+            assert_eq!(greedy(&packed, &p, Some(k)), base, "{name}: MTP depth {k}");
         }
     }
+    let (held, wide) = (packed.weights_held(), dequantized.weights_held());
+    assert_eq!(
+        wide.keys().collect::<Vec<_>>(),
+        ["f32"],
+        "{name}: the dequantized load holds f32 only"
+    );
+    (held, wide)
+}
+
+/// MLX 4-bit matrices kept packed (the default), the embedding included, compute what the same
+/// checkpoint dequantized to f32 at load computes, target and companion drafter alike.
+#[test]
+fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
+    let (held, wide) = packed_same_as_dequantized(&fixture("tiny-mlx4"), &fixture("tiny-mlx4-mtp"));
+    // every matrix held packed, the embedding included, in much less memory
+    assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
+    assert!(4 * held["q4"] < wide["f32"], "{held:?} / {wide:?}");
+}
+
+/// Widths whose values straddle words (3 and 6 bits) stay packed too.
+#[test]
+fn packed_3_and_6_bit_checkpoints_compute_what_their_dequantized_loads_compute() {
+    for bits in [3, 6] {
+        let (dir, drafter) = (
+            fixture(&format!("tiny-mlx{bits}")),
+            fixture(&format!("tiny-mlx{bits}-mtp")),
+        );
+        let (held, wide) = packed_same_as_dequantized(&dir, &drafter);
+        let kind = format!("q{bits}");
+        assert_eq!(held.keys().collect::<Vec<_>>(), [&kind], "{held:?}");
+        assert!(4 * held[&kind] < wide["f32"], "{held:?} / {wide:?}");
+    }
+}
+
+/// A tied LM head over a packed 4-bit embedding: the product reads the packed rows, and the
+/// embedding is held once.
+#[test]
+fn packed_4bit_tied_embeddings_compute_what_their_dequantized_load_computes() {
+    let dir = half_copy("tiny-mlx4", DType::F32, true);
+    let (held, _) = packed_same_as_dequantized(&dir, &fixture("tiny-mlx4-mtp"));
+    assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
+    let untied = Engine::load_with_drafter(
+        &fixture("tiny-mlx4"),
+        Some(&fixture("tiny-mlx4-mtp")),
+        &Device::Cpu,
+        WeightDtype::Stored,
+    )
+    .expect("load")
+    .weights_held();
+    // [256, 64] at 4 bits: 256 rows of 8 words, one f32 scale and bias each
+    assert_eq!(untied["q4"] - held["q4"], 256 * (8 + 2) * 4, "{held:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An MLX 4-bit MoE with mlx's mixed precision (8-bit routers, expert `down_proj` stacks left
+/// unquantized because their 32 inputs are less than a group): packed expert stacks, 8-bit
+/// routers and f32 stacks side by side compute what the dequantized load computes.
+#[test]
+fn packed_moe_checkpoint_computes_what_its_dequantized_load_computes() {
+    let (held, wide) =
+        packed_same_as_dequantized(&fixture("tiny-moe-mlx4"), &fixture("tiny-moe-mlx4-mtp"));
+    assert_eq!(
+        held.keys().collect::<Vec<_>>(),
+        ["f32", "q4", "q8"],
+        "{held:?}"
+    );
+    assert!(
+        2 * held.values().sum::<usize>() < wide["f32"],
+        "{held:?} / {wide:?}"
+    );
 }
