@@ -18,7 +18,7 @@ use crate::quant::QuantMatrix;
 pub enum WeightDtype {
     /// As the checkpoint stores them: f32, bf16 and f16 matrices stay as they are, so a bf16
     /// checkpoint takes half the memory of its f32 conversion and reads half the bytes per
-    /// token, with the same output; MLX-quantized matrices are dequantized to f32.
+    /// token, with the same output; MLX-quantized matrices stay packed (on the CPU).
     #[default]
     Stored,
     /// Every matrix converted to this dtype at load (bf16 or f16 halve the memory of an f32

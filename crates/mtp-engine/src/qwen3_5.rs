@@ -91,9 +91,9 @@ fn route(name: &str) -> Dest {
 }
 
 /// Loads every tensor of `ckpt` with canonical names; MLX affine-quantized modules (`X.weight`
-/// u32 + `X.scales` + `X.biases`) stay packed at 2, 4 and 8 bits (see
-/// [`crate::loader::load_quantized`]) and are dequantized to f32 otherwise. The second map says which names came in
-/// through the `mtp.` prefix.
+/// u32 + `X.scales` + `X.biases`) stay packed (see [`crate::loader::load_quantized`]), except
+/// Qwen3-Next's, which are dequantized to f32. The second map says which names came in through
+/// the `mtp.` prefix.
 fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     let shapes = ckpt.shapes();
     let quantized: BTreeSet<String> = shapes
@@ -211,7 +211,7 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
 /// stacked, Gated DeltaNet projections split into `in_proj_qkv`/`in_proj_z`/`in_proj_b`/`in_proj_a`).
 pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     // Prefix renames (HF `model.language_model.` / MLX `language_model.model.` / text-only
-    // `model.`), vision tower dropped, MLX affine quantization dequantized: see `route` and
+    // `model.`), vision tower dropped, MLX affine-quantized modules left packed: see `route` and
     // `load_renamed`.
     let mut s = load_renamed(ckpt, cfg)?;
     let t = &cfg.text;

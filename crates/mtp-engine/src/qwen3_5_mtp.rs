@@ -65,8 +65,8 @@ pub struct MtpHead {
 /// Every checkpoint rule of a companion drafter directory (`model_type: qwen3_5_mtp`, written by
 /// `mlx_vlm.convert --mtp`, e.g. mlx-community `*-MTP-4bit`): tensors carry no prefix and are in
 /// MLX conventions (norms already shifted); `mtp.`-prefixed names (an HF export of the head
-/// alone) are shifted like embedded heads; quantized modules stay packed at 2, 4 and 8 bits and
-/// are dequantized otherwise; MoE experts are stacked.
+/// alone) are shifted like embedded heads; quantized modules stay packed; MoE experts are
+/// stacked.
 pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
     let shapes = ckpt.shapes();
     let mut out = HashMap::new();
