@@ -5,6 +5,7 @@
 //! ```text
 //! cargo xtask bench --target-only                  # prefill / decode tok/s, peak memory
 //! cargo xtask bench --model models/tiny-code --depths 1,2,3,4,5 --mlx-vlm /tmp/mlxref/bin/python
+//! cargo xtask bench --model DIR-4bit --drafter DIR-MTP-4bit   # a companion drafter
 //! cargo xtask bench --provider gguf                # native vs in-process llama.cpp, same weights
 //! ```
 //!
@@ -24,6 +25,8 @@ use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 
 struct Args {
     model: Option<PathBuf>,
+    /// A companion drafter directory (`qwen3_5_mtp`) replacing any embedded head.
+    drafter: Option<PathBuf>,
     target_only: bool,
     tokens: usize,
     prompt_len: usize,
@@ -37,6 +40,7 @@ struct Args {
 fn parse(args: &[String]) -> Result<Args> {
     let mut a = Args {
         model: None,
+        drafter: None,
         target_only: false,
         tokens: 128,
         prompt_len: 128,
@@ -51,6 +55,7 @@ fn parse(args: &[String]) -> Result<Args> {
         let mut val = || it.next().with_context(|| format!("{f} needs a value"));
         match f.as_str() {
             "--model" => a.model = Some(PathBuf::from(val()?)),
+            "--drafter" => a.drafter = Some(PathBuf::from(val()?)),
             "--target-only" => a.target_only = true,
             "--tokens" => a.tokens = val()?.parse()?,
             "--prompt-len" => a.prompt_len = val()?.parse()?,
@@ -144,7 +149,7 @@ fn run_mlx(
     depths: &[usize],
 ) -> Result<serde_json::Value> {
     let arg = serde_json::json!({
-        "model": model, "drafter": serde_json::Value::Null, "prompts": prompts,
+        "model": model, "drafter": a.drafter, "prompts": prompts,
         "tokens": a.tokens, "reps": a.reps, "depths": depths,
     });
     let out = Command::new(py)
@@ -208,7 +213,12 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let t = std::time::Instant::now();
-    let engine = Engine::load(&model_dir, &Device::Cpu, WeightDtype::Stored)?;
+    let engine = Engine::load_with_drafter(
+        &model_dir,
+        a.drafter.as_deref(),
+        &Device::Cpu,
+        WeightDtype::Stored,
+    )?;
     println!(
         "loaded {} in {:.1}s",
         model_dir.display(),
@@ -465,6 +475,9 @@ fn mtp_bench(provider: &str, model: &Path, a: &Args) -> Result<Vec<serde_json::V
         .args(["--reps", &a.reps.to_string()])
         .args(["--max-tokens", &a.tokens.to_string()])
         .args(["--raw", "--json"]);
+    if let Some(d) = a.drafter.as_ref().filter(|_| provider != "gguf") {
+        cmd.arg("--drafter").arg(d);
+    }
     for (_, text) in PROMPTS {
         cmd.args(["--prompt", text]);
     }
@@ -531,6 +544,9 @@ fn run_provider(provider: &str, a: &Args) -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("models/tiny-code"));
     std::fs::create_dir_all(&a.out_dir)?;
+    if provider == "gguf" && a.drafter.is_some() {
+        bail!("--drafter: the GGUF conversion takes the head embedded in the checkpoint (mtp.*); a companion drafter directory cannot be converted with it");
+    }
     if provider != "gguf" {
         let rows = mtp_bench(provider, &model, a)?;
         provider_table(&format!("{provider}: {}", model.display()), &rows);
