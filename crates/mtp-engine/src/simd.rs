@@ -372,6 +372,7 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
     impl Sealed for half::f16 {}
+    impl Sealed for super::Unpacked {}
 }
 
 /// The element types [`matmul_rows`] reads weights in: `f32`, and the half-precision formats
@@ -382,12 +383,18 @@ mod sealed {
 pub trait Weight: Copy + Send + Sync + 'static + sealed::Sealed {
     #[doc(hidden)]
     const KIND: WeightKind;
+    /// Whether one or two inputs take the 512-bit path with four weight rows per pass: weights
+    /// that cost work per load (half precision widened, quantized rows unpacked into cache),
+    /// unlike f32 streamed from memory (see [`block`]).
+    #[doc(hidden)]
+    const WIDE_FOR_FEW: bool = true;
     /// The value as f32 (exact).
     fn to_f32(self) -> f32;
 }
 
 impl Weight for f32 {
     const KIND: WeightKind = WeightKind::F32;
+    const WIDE_FOR_FEW: bool = false;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -407,6 +414,21 @@ impl Weight for half::f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+}
+
+/// An f32 weight of a row just unpacked into a small buffer (see [`matmul_quant`]): read like
+/// f32, but from cache, so few inputs also take four rows per pass.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+#[repr(transparent)]
+pub struct Unpacked(pub f32);
+
+impl Weight for Unpacked {
+    const KIND: WeightKind = WeightKind::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self.0
     }
 }
 
@@ -645,12 +667,12 @@ unsafe fn matmul_block<L: Lanes, E: Weight>(
         // SAFETY: forwarded from the caller; `rows` holds `n` rows of `inp` floats.
         unsafe {
             match n {
-                // half-precision weights: four weight rows in flight for one or two inputs too
-                // (see `matmul_rows`)
-                1 if E::KIND != WeightKind::F32 => {
+                // half-precision or unpacked weights: four weight rows in flight for one or two
+                // inputs too (see `block`)
+                1 if E::WIDE_FOR_FEW => {
                     return groups::<L, E, 1, 4>(first(rows), w, inp, o0, outs, dst)
                 }
-                2 if E::KIND != WeightKind::F32 => {
+                2 if E::WIDE_FOR_FEW => {
                     return groups::<L, E, 2, 4>(first(rows), w, inp, o0, outs, dst)
                 }
                 3 => return groups::<L, E, 3, 4>(first(rows), w, inp, o0, outs, dst),
@@ -814,7 +836,7 @@ unsafe fn block<E: Weight>(
     // one or two rows instead of 16.1-17.3 (`examples/matmul_rows`, 512 MiB, interleaved).
     // SAFETY (all three): forwarded from the caller.
     #[cfg(target_arch = "x86_64")]
-    if avx512 && (n > 2 || E::KIND != WeightKind::F32) {
+    if avx512 && (n > 2 || E::WIDE_FOR_FEW) {
         // (and AVX2, FMA and AVX-512F were detected on this CPU)
         unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
         return;
@@ -855,10 +877,14 @@ pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
                 let m = QUANT_ROWS.min(end - o);
                 rows.resize(m * inp, 0.0);
                 q.dequantize_rows(o, rows);
+                // SAFETY: `Unpacked` is a transparent f32.
+                let unpacked = unsafe {
+                    std::slice::from_raw_parts(rows.as_ptr().cast::<Unpacked>(), rows.len())
+                };
                 // SAFETY: block `bi` writes only its features `o..o + m` of the `n` rows of
-                // `y` (through `dst` moved to feature `o`), which outlives the loop; `rows`
+                // `y` (through `dst` moved to feature `o`), which outlives the loop; `unpacked`
                 // holds those `m` weight rows.
-                unsafe { block::<f32>(x, n, rows, inp, 0, m, dst.from(o), avx, avx512) };
+                unsafe { block(x, n, unpacked, inp, 0, m, dst.from(o), avx, avx512) };
                 o += m;
             }
         });
