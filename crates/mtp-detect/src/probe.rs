@@ -185,6 +185,10 @@ pub struct ProbeReport {
     pub mtp_dtypes: Vec<String>,
     /// Whether the head is MLX affine-quantized.
     pub mlx_affine_quantized: bool,
+    /// Whether the checkpoint's weights are MLX affine-quantized (config `quantization`, or
+    /// `.scales` / `.biases` tensors), head or not: what vLLM and llama.cpp's converter cannot
+    /// read.
+    pub mlx_quantized_weights: bool,
     /// The tensor names or header key that prove the verdict.
     pub evidence: Vec<String>,
     /// Whether `config.json` claims a head (a claim, not evidence).
@@ -263,9 +267,11 @@ impl ProbeReport {
                 .as_ref()
                 .map(|a| format!(", arch {a}"))
                 .unwrap_or_default(),
-            match self.role {
-                Role::Drafter => ", companion drafter",
-                Role::Target => "",
+            match (self.role, self.mlx_quantized_weights) {
+                (Role::Drafter, true) => ", MLX-quantized companion drafter",
+                (Role::Drafter, false) => ", companion drafter",
+                (Role::Target, true) => ", MLX-quantized",
+                (Role::Target, false) => "",
             }
         );
         if let Some(f) = &self.file {
@@ -643,6 +649,7 @@ fn empty_report(format: Format) -> ProbeReport {
         mtp_tensor_count: 0,
         mtp_dtypes: Vec::new(),
         mlx_affine_quantized: false,
+        mlx_quantized_weights: false,
         evidence: Vec::new(),
         config_claims_mtp: false,
         config_claim: None,
@@ -731,6 +738,10 @@ fn probe_safetensors(
         summary = pairs(&names);
     }
     apply_summary(&mut r, &summary);
+    r.mlx_quantized_weights = cfg.as_ref().is_some_and(|c| c.quant_bits.is_some())
+        || names
+            .iter()
+            .any(|(n, _)| crate::tensors::is_mlx_quant_tensor(n));
     if r.role == Role::Drafter {
         // A drafter without its core tensors is no head at all.
         let keys: Vec<&str> = summary
@@ -963,7 +974,7 @@ fn runtime_support(
     companion_ok: bool,
 ) -> Vec<RuntimeSupport> {
     let model = target.model;
-    let mlx_quant = r.mlx_affine_quantized;
+    let mlx_quant = r.mlx_affine_quantized || r.mlx_quantized_weights;
     let t = &reg.runtimes;
     let line =
         |runtime, can: bool, verdict, reason: Option<Reason>, command: String, note: String| {
@@ -1031,11 +1042,15 @@ fn runtime_support(
                 Some(Reason::RuntimeUnsupported),
                 format!(
                     "python convert_hf_to_gguf.py {} --outfile model.gguf {} {}",
-                    shell_quote(model),
+                    if mlx_quant { "<original checkpoint>".to_string() } else { shell_quote(model) },
                     if rt == Runtime::Gguf { "; then" } else { "&&" },
                     launch_command(rt, "./model.gguf", None, r.mtp_head, depth)
                 ),
-                "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo".into(),
+                if mlx_quant {
+                    "llama.cpp serves GGUF, and its convert_hf_to_gguf.py does not read MLX-quantized weights: convert the original checkpoint (it keeps the nextn head) or use a GGUF repo".into()
+                } else {
+                    "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo".into()
+                },
             ),
             (Runtime::LlamaServer | Runtime::LmStudio | Runtime::Gguf, Format::Gguf) => {
                 let graph = t.llama_cpp_supports(&arch);

@@ -530,3 +530,37 @@ fn human_summary_and_json_carry_the_required_fields() {
     assert!(h.contains("MTP head: yes"), "{h}");
     assert!(h.contains("--spec-type draft-mtp"), "{h}");
 }
+
+/// An MLX-quantized target whose conversion dropped the head (mlx-vlm's `convert --mtp` moves it
+/// to a companion drafter): the weights are reported as MLX-quantized, vLLM is refused for the
+/// format (not for the missing head), and the GGUF routes name the original checkpoint, since
+/// llama.cpp's converter does not read MLX quantization.
+#[test]
+fn mlx_quantized_target_without_a_head_names_what_can_read_it() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-moe-mlx4");
+    let r = probe_local(&dir).unwrap();
+    assert!(!r.mtp_head);
+    assert!(r.mlx_quantized_weights && !r.mlx_affine_quantized, "{r:#?}");
+    assert!(r.render_human().contains("MLX-quantized"));
+    let vllm = r.runtime(Runtime::Vllm).unwrap();
+    assert_eq!(vllm.verdict, Verdict::FormatUnsupported, "{vllm:?}");
+    assert!(vllm.note.contains("MLX"), "{vllm:?}");
+    for rt in [Runtime::LlamaServer, Runtime::LmStudio, Runtime::Gguf] {
+        let line = r.runtime(rt).unwrap();
+        assert!(
+            line.command.contains("<original checkpoint>") && line.note.contains("MLX"),
+            "{line:?}"
+        );
+    }
+    // the same checkpoint before quantization: converted as it is
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-moe");
+    let r = probe_local(&dir).unwrap();
+    assert!(!r.mlx_quantized_weights);
+    let llama = r.runtime(Runtime::LlamaServer).unwrap();
+    assert!(
+        !llama.command.contains("<original checkpoint>"),
+        "{llama:?}"
+    );
+}
