@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct QuantMatrix {
     packed: Vec<u32>,
-    scales: Vec<f32>,
-    biases: Vec<f32>,
+    scales: Params,
+    biases: Params,
     bits: usize,
     group: usize,
     out: usize,
@@ -44,17 +44,14 @@ impl QuantMatrix {
         bits: usize,
     ) -> Result<Self> {
         let (inp, group) = Self::check_parts(name, packed, scales, biases, bits)?;
-        let floats = |t: &Tensor| -> Result<Vec<f32>> {
-            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-        };
         let mut shape = packed.dims().to_vec();
         let lead = shape.len() - 1;
         let out = shape[..lead].iter().product();
         shape[lead] = inp;
         Ok(QuantMatrix {
             packed: packed.flatten_all()?.to_vec1::<u32>()?,
-            scales: floats(scales)?,
-            biases: floats(biases)?,
+            scales: Params::from_tensor(scales)?,
+            biases: Params::from_tensor(biases)?,
             bits,
             group,
             out,
@@ -123,20 +120,21 @@ impl QuantMatrix {
         self.bits
     }
 
-    /// Bytes held (packed words, scales and biases).
+    /// Bytes held (packed words, scales and biases as stored).
     pub fn bytes(&self) -> usize {
-        4 * (self.packed.len() + self.scales.len() + self.biases.len())
+        4 * self.packed.len() + self.scales.bytes() + self.biases.bytes()
     }
 
     /// The rows `r0..r0 + dst.len() / inp`, dequantized into `dst`.
     pub fn dequantize_rows(&self, r0: usize, dst: &mut [f32]) {
         let words = self.inp * self.bits / 32;
         let groups = self.inp / self.group;
+        let (mut s_wide, mut b_wide) = (Vec::new(), Vec::new());
         for (i, row) in dst.chunks_exact_mut(self.inp).enumerate() {
             let r = r0 + i;
             let w = &self.packed[r * words..(r + 1) * words];
-            let s = &self.scales[r * groups..(r + 1) * groups];
-            let b = &self.biases[r * groups..(r + 1) * groups];
+            let s = self.scales.row(r * groups, groups, &mut s_wide);
+            let b = self.biases.row(r * groups, groups, &mut b_wide);
             // widths dividing 32 whose words do not straddle groups, a word at a time; the others
             // eight values (`bits` bytes) at a time where groups hold whole octets
             let (g, word_aligned) = (self.group, self.group.is_multiple_of(32 / self.bits));
@@ -165,8 +163,8 @@ impl QuantMatrix {
         let groups = self.inp / self.group;
         QuantMatrix {
             packed: self.packed[r0 * words..(r0 + n) * words].to_vec(),
-            scales: self.scales[r0 * groups..(r0 + n) * groups].to_vec(),
-            biases: self.biases[r0 * groups..(r0 + n) * groups].to_vec(),
+            scales: self.scales.slice(r0 * groups, n * groups),
+            biases: self.biases.slice(r0 * groups, n * groups),
             bits: self.bits,
             group: self.group,
             out: n,
@@ -191,20 +189,106 @@ impl QuantMatrix {
                 .iter()
                 .flat_map(|p| p.packed.iter().copied())
                 .collect(),
-            scales: parts
-                .iter()
-                .flat_map(|p| p.scales.iter().copied())
-                .collect(),
-            biases: parts
-                .iter()
-                .flat_map(|p| p.biases.iter().copied())
-                .collect(),
+            scales: Params::concat(&parts.iter().map(|p| &p.scales).collect::<Vec<_>>()),
+            biases: Params::concat(&parts.iter().map(|p| &p.biases).collect::<Vec<_>>()),
             bits: first.bits,
             group: first.group,
             out,
             inp: first.inp,
             shape: vec![out, first.inp],
         })
+    }
+}
+
+/// Scales or biases, kept in the precision the checkpoint stores them in (mlx writes them in the
+/// model's float type, usually bf16); widened exactly to f32 a row at a time.
+#[derive(Clone)]
+enum Params {
+    F32(Vec<f32>),
+    Bf16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
+}
+
+impl Params {
+    fn from_tensor(t: &Tensor) -> Result<Self> {
+        let flat = t.flatten_all()?;
+        Ok(match t.dtype() {
+            DType::BF16 => Params::Bf16(flat.to_vec1()?),
+            DType::F16 => Params::F16(flat.to_vec1()?),
+            _ => Params::F32(flat.to_dtype(DType::F32)?.to_vec1()?),
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Params::F32(v) => 4 * v.len(),
+            Params::Bf16(v) => 2 * v.len(),
+            Params::F16(v) => 2 * v.len(),
+        }
+    }
+
+    /// Values `at..at + n` as f32: borrowed when stored as f32, else widened into `wide`.
+    #[inline]
+    fn row<'a>(&'a self, at: usize, n: usize, wide: &'a mut Vec<f32>) -> &'a [f32] {
+        match self {
+            Params::F32(v) => &v[at..at + n],
+            Params::Bf16(v) => {
+                wide.clear();
+                wide.extend(v[at..at + n].iter().map(|x| x.to_f32()));
+                wide
+            }
+            Params::F16(v) => {
+                wide.clear();
+                wide.extend(v[at..at + n].iter().map(|x| x.to_f32()));
+                wide
+            }
+        }
+    }
+
+    fn slice(&self, at: usize, n: usize) -> Params {
+        match self {
+            Params::F32(v) => Params::F32(v[at..at + n].to_vec()),
+            Params::Bf16(v) => Params::Bf16(v[at..at + n].to_vec()),
+            Params::F16(v) => Params::F16(v[at..at + n].to_vec()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Params::F32(v) => v.len(),
+            Params::Bf16(v) => v.len(),
+            Params::F16(v) => v.len(),
+        }
+    }
+
+    /// The parts one after another; in f32 when they are stored differently.
+    fn concat(parts: &[&Params]) -> Params {
+        let bf16: Option<Vec<&[half::bf16]>> = parts
+            .iter()
+            .map(|p| match p {
+                Params::Bf16(v) => Some(v.as_slice()),
+                _ => None,
+            })
+            .collect();
+        if let Some(v) = bf16 {
+            return Params::Bf16(v.concat());
+        }
+        let f16: Option<Vec<&[half::f16]>> = parts
+            .iter()
+            .map(|p| match p {
+                Params::F16(v) => Some(v.as_slice()),
+                _ => None,
+            })
+            .collect();
+        if let Some(v) = f16 {
+            return Params::F16(v.concat());
+        }
+        let mut out = Vec::new();
+        let mut wide = Vec::new();
+        for p in parts {
+            out.extend_from_slice(p.row(0, p.len(), &mut wide));
+        }
+        Params::F32(out)
     }
 }
 

@@ -254,6 +254,19 @@ fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
     assert!(4 * held["q4"] < wide["f32"], "{held:?} / {wide:?}");
 }
 
+/// Scales and biases stored in bf16 (what mlx writes for a bf16 model) stay bf16: the same
+/// bits as their f32 widening, in less memory.
+#[test]
+fn packed_4bit_with_bf16_scales_keeps_them_in_bf16() {
+    let dir = half_copy("tiny-mlx4", DType::BF16, false);
+    let drafter = fixture("tiny-mlx4-mtp");
+    let (held, _) = packed_same_as_dequantized(&dir, &drafter);
+    let (f32_scales, _) = packed_same_as_dequantized(&fixture("tiny-mlx4"), &drafter);
+    assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
+    assert!(held["q4"] < f32_scales["q4"], "{held:?} / {f32_scales:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Widths whose values straddle words (3 and 6 bits) stay packed too.
 #[test]
 fn packed_3_and_6_bit_checkpoints_compute_what_their_dequantized_loads_compute() {
