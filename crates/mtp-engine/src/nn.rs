@@ -177,26 +177,23 @@ impl Store {
         if packed.len() == names.len() && self.keeps_packed() {
             let mut layers = Vec::with_capacity(count);
             for e in 0..count {
-                let parts: Vec<QuantMatrix> = if experts.is_some() {
-                    packed
-                        .iter()
-                        .zip(names)
-                        .map(|(q, (_, out))| q.slice_rows(e * out, *out))
-                        .collect()
-                } else {
-                    std::mem::take(&mut packed)
-                };
-                match QuantMatrix::cat_rows(&parts) {
-                    Some(q) => layers.push(Linear::packed(q)),
-                    None => {
-                        // parts quantized differently (mixed-precision recipes): dequantized
-                        if experts.is_none() {
-                            packed = parts;
-                        }
-                        layers.clear();
-                        break;
+                let sliced: Vec<QuantMatrix>;
+                let parts = match experts {
+                    Some(_) => {
+                        sliced = packed
+                            .iter()
+                            .zip(names)
+                            .map(|(q, (_, out))| q.slice_rows(e * out, *out))
+                            .collect();
+                        &sliced
                     }
-                }
+                    None => &packed,
+                };
+                // parts quantized differently (mixed-precision recipes) are dequantized below
+                let Some(q) = QuantMatrix::cat_rows(parts) else {
+                    break;
+                };
+                layers.push(Linear::packed(q));
             }
             if layers.len() == count {
                 return Ok(layers);
@@ -297,14 +294,6 @@ impl Linear {
         match &self.w {
             Weights::Dense(w) => w.dims()[0],
             Weights::Packed(q) => q.out_features(),
-        }
-    }
-
-    /// Input features.
-    pub fn in_features(&self) -> usize {
-        match &self.w {
-            Weights::Dense(w) => w.dims()[1],
-            Weights::Packed(q) => q.in_features(),
         }
     }
 

@@ -263,25 +263,31 @@ impl Params {
 
     /// The parts one after another; in f32 when they are stored differently.
     fn concat(parts: &[&Params]) -> Params {
-        let bf16: Option<Vec<&[half::bf16]>> = parts
-            .iter()
-            .map(|p| match p {
-                Params::Bf16(v) => Some(v.as_slice()),
-                _ => None,
-            })
-            .collect();
-        if let Some(v) = bf16 {
-            return Params::Bf16(v.concat());
+        /// Every part's values when all are stored as `pick` takes them.
+        fn gather<T: Copy>(parts: &[&Params], pick: fn(&Params) -> Option<&[T]>) -> Option<Vec<T>> {
+            parts
+                .iter()
+                .map(|p| pick(p))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.concat())
         }
-        let f16: Option<Vec<&[half::f16]>> = parts
-            .iter()
-            .map(|p| match p {
-                Params::F16(v) => Some(v.as_slice()),
+        fn bf16(p: &Params) -> Option<&[half::bf16]> {
+            match p {
+                Params::Bf16(v) => Some(v),
                 _ => None,
-            })
-            .collect();
-        if let Some(v) = f16 {
-            return Params::F16(v.concat());
+            }
+        }
+        fn f16(p: &Params) -> Option<&[half::f16]> {
+            match p {
+                Params::F16(v) => Some(v),
+                _ => None,
+            }
+        }
+        if let Some(v) = gather(parts, bf16) {
+            return Params::Bf16(v);
+        }
+        if let Some(v) = gather(parts, f16) {
+            return Params::F16(v);
         }
         let mut out = Vec::new();
         let mut wide = Vec::new();
@@ -368,19 +374,25 @@ fn eight_values<const B: usize>(w: &[u32], c: usize) -> u64 {
     x
 }
 
-/// The 16 bytes of a `B`-bit packed row (`w`, as its little-endian bit stream) from byte `at`
-/// on, zero past the row's end.
+/// The 16 bytes of a packed row (`w`, as its little-endian bit stream) from byte `at` on, zero
+/// past the row's end: read in place when they lie inside the row, else copied.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn sixteen_bytes(w: &[u32], at: usize) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (k, o) in out.iter_mut().enumerate() {
+fn sixteen_bytes(w: &[u32], at: usize) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128};
+    if at + 16 <= w.len() * 4 {
+        // SAFETY: bytes `at..at + 16` lie inside `w` (SSE2 is part of x86_64)
+        return unsafe { _mm_loadu_si128(w.as_ptr().cast::<u8>().add(at).cast::<__m128i>()) };
+    }
+    let mut tail = [0u8; 16];
+    for (k, o) in tail.iter_mut().enumerate() {
         let i = at + k;
         if i < w.len() * 4 {
             *o = (w[i / 4] >> (8 * (i % 4))) as u8;
         }
     }
-    out
+    // SAFETY: reading 16 bytes from a 16-byte array
+    unsafe { _mm_loadu_si128(tail.as_ptr().cast::<__m128i>()) }
 }
 
 /// Byte-shuffle indices and shifts that move value `j` of an octet starting at byte `first` of
@@ -419,7 +431,6 @@ unsafe fn dequantize_row_chunked_avx<const B: usize>(
     use std::arch::x86_64::*;
     let octets = row.len() / 8;
     assert!(w.len() * 32 >= octets * 8 * B && (octets * 8).div_ceil(group) <= s.len().min(b.len()));
-    let bytes = w.len() * 4;
     let (i0, sh) = octet_lanes::<B>(0);
     let (i1, _) = octet_lanes::<B>(B);
     // SAFETY: reading 32 bytes / 8 i32 from arrays of that size
@@ -431,20 +442,9 @@ unsafe fn dequantize_row_chunked_avx<const B: usize>(
         )
     };
     let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
-    let base = w.as_ptr() as *const u8;
     let out = row.as_mut_ptr();
-    let mut c = 0;
-    while c < octets {
-        let at = c * B;
-        let x = if at + 16 <= bytes {
-            // SAFETY: bytes `at..at + 16` lie inside `w` (little-endian words: the bit stream)
-            unsafe { _mm_loadu_si128(base.add(at) as *const __m128i) }
-        } else {
-            let tail = sixteen_bytes(w, at);
-            // SAFETY: reading 16 bytes from a 16-byte array
-            unsafe { _mm_loadu_si128(tail.as_ptr() as *const __m128i) }
-        };
-        let x = _mm256_broadcastsi128_si256(x);
+    for c in (0..octets).step_by(2) {
+        let x = _mm256_broadcastsi128_si256(sixteen_bytes(w, c * B));
         for (half, idx) in [idx0, idx1].into_iter().enumerate() {
             let o = c + half;
             if o == octets {
@@ -459,7 +459,6 @@ unsafe fn dequantize_row_chunked_avx<const B: usize>(
             // SAFETY: `o < octets`, so `row[8 o..8 o + 8]` is inside the row.
             unsafe { _mm256_storeu_ps(out.add(8 * o), v) };
         }
-        c += 2;
     }
 }
 
@@ -483,7 +482,6 @@ unsafe fn dequantize_row_chunked_avx512<const B: usize>(
     assert!(
         w.len() * 32 >= blocks * 16 * B && (blocks * 16).div_ceil(group) <= s.len().min(b.len())
     );
-    let bytes = w.len() * 4;
     let (i0, sh) = octet_lanes::<B>(0);
     let (i1, _) = octet_lanes::<B>(B);
     let mut idx = [0i8; 64];
@@ -500,19 +498,9 @@ unsafe fn dequantize_row_chunked_avx512<const B: usize>(
         )
     };
     let mask = _mm512_set1_epi32(((1u32 << B) - 1) as i32);
-    let base = w.as_ptr() as *const u8;
     let out = row.as_mut_ptr();
     for k in 0..blocks {
-        let at = 2 * k * B;
-        let x = if at + 16 <= bytes {
-            // SAFETY: bytes `at..at + 16` lie inside `w` (little-endian words: the bit stream)
-            unsafe { _mm_loadu_si128(base.add(at) as *const __m128i) }
-        } else {
-            let tail = sixteen_bytes(w, at);
-            // SAFETY: reading 16 bytes from a 16-byte array
-            unsafe { _mm_loadu_si128(tail.as_ptr() as *const __m128i) }
-        };
-        let x = _mm512_broadcast_i32x4(x);
+        let x = _mm512_broadcast_i32x4(sixteen_bytes(w, 2 * k * B));
         let q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi8(x, idx), shift), mask);
         let g = k * 16 / group;
         let v = _mm512_add_ps(
