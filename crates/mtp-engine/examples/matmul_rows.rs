@@ -6,7 +6,9 @@
 //! ```text
 //! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16
 //! ```
-//! Arguments: matrix size in MiB (of the weights as stored), repetitions, weight dtype.
+//! Arguments: matrix size in MiB (of the weights as stored; fractions allowed, e.g. `0.1875`
+//! for a cache-resident 384 × 128 f32 matrix), repetitions, weight dtype, and for f32 / bf16 /
+//! f16 the input width (default 1024).
 
 use std::time::Instant;
 
@@ -16,12 +18,14 @@ use mtp_engine::simd::{matmul_quant, matmul_rows, Weight};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let mib: usize = args.next().map_or(Ok(256), |s| s.parse())?;
+    let mib: f64 = args.next().map_or(Ok(256.0), |s| s.parse())?;
     let reps: usize = args.next().map_or(Ok(20), |s| s.parse())?;
-    match args.next().as_deref().unwrap_or("f32") {
-        "f32" => run::<f32>(mib, reps, |v| v),
-        "bf16" => run(mib, reps, half::bf16::from_f32),
-        "f16" => run(mib, reps, half::f16::from_f32),
+    let dtype = args.next().unwrap_or_else(|| "f32".into());
+    let inp: usize = args.next().map_or(Ok(1024), |s| s.parse())?;
+    match dtype.as_str() {
+        "f32" => run::<f32>(mib, reps, inp, |v| v),
+        "bf16" => run(mib, reps, inp, half::bf16::from_f32),
+        "f16" => run(mib, reps, inp, half::f16::from_f32),
         q if q
             .strip_prefix('q')
             .and_then(|b| b.parse::<usize>().ok())
@@ -34,13 +38,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn run<E: Weight>(
-    mib: usize,
+    mib: f64,
     reps: usize,
+    inp: usize,
     from: fn(f32) -> E,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let inp = 1024;
     let bytes = std::mem::size_of::<E>();
-    let out = mib * (1 << 20) / bytes / inp;
+    let out = ((mib * (1 << 20) as f64) as usize / bytes / inp).max(1);
     let w: Vec<E> = (0..out * inp)
         .map(|i| from(((i % 97) as f32 - 48.0) / 97.0))
         .collect();
@@ -49,10 +53,10 @@ fn run<E: Weight>(
     })
 }
 
-fn run_quant(mib: usize, reps: usize, bits: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run_quant(mib: f64, reps: usize, bits: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (inp, group) = (1024, 64);
     // `bits` / 8 bytes per weight (plus two f32 per group of 64)
-    let out = mib * (1 << 20) * 8 / bits / inp;
+    let out = (mib * (1 << 20) as f64) as usize * 8 / bits / inp;
     let words: Vec<u32> = (0..out * inp * bits / 32)
         .map(|i| (i as u32).wrapping_mul(2654435761))
         .collect();

@@ -46,6 +46,12 @@ trait Lanes {
     /// # Safety
     /// The CPU supports the instruction set.
     unsafe fn reduce(acc: Self::V) -> f32;
+    /// [`Lanes::reduce`] of eight vectors at once: lane `j` of the result is `reduce(v[j])`,
+    /// summed in the same order (so the same bits), in a few shuffles for all eight.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn reduce8(v: [Self::V; 8]) -> Self::V;
     /// All lanes `x`.
     ///
     /// # Safety
@@ -181,6 +187,11 @@ impl Lanes for Portable {
         ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
     }
     #[inline(always)]
+    unsafe fn reduce8(v: [Self::V; 8]) -> Self::V {
+        // SAFETY: no particular instruction set needed.
+        v.map(|a| unsafe { Self::reduce(a) })
+    }
+    #[inline(always)]
     unsafe fn splat(x: f32) -> Self::V {
         [x; 8]
     }
@@ -253,6 +264,26 @@ macro_rules! avx_v {
                 // [(a0 + a4) + (a1 + a5), (a2 + a6) + (a3 + a7), ..]
                 let h = _mm_hadd_ps(s, s);
                 _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn reduce8(v: [Self::V; 8]) -> Self::V {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees AVX.
+            unsafe {
+                // [s_j | s_{j+4}] with s_j = [a0 + a4, a1 + a5, a2 + a6, a3 + a7] of v[j]
+                let s = |j: usize| {
+                    _mm256_add_ps(
+                        _mm256_permute2f128_ps::<0x20>(v[j], v[j + 4]),
+                        _mm256_permute2f128_ps::<0x31>(v[j], v[j + 4]),
+                    )
+                };
+                let (s0, s1, s2, s3) = (s(0), s(1), s(2), s(3));
+                // per 128-bit half: [p_j, q_j, p_{j+1}, q_{j+1}] with p = s0 + s1, q = s2 + s3
+                let u = _mm256_hadd_ps(s0, s1);
+                let w = _mm256_hadd_ps(s2, s3);
+                // [p_0 + q_0, p_1 + q_1, p_2 + q_2, p_3 + q_3 | the same for 4..8]
+                _mm256_hadd_ps(u, w)
             }
         }
         #[inline(always)]
@@ -983,9 +1014,14 @@ unsafe fn widen_avx<E: Weight>(src: &[E], dst: &mut [f32]) {
 /// Causal attention of `l` new queries against a sequence's cached keys and values.
 ///
 /// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
-/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. The queries that read one KV head (its
-/// `h / hkv` heads for each of the `l` positions) are scored together against each key, so a
-/// verify forward reads the cache once; each query's arithmetic is that of a lone query.
+/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. The work is split into tasks, one per KV
+/// head and tile of positions, run in parallel on the worker team when there is enough of it
+/// (a decode step's KV heads run side by side). Within a task the queries that read the KV head
+/// are scored against eight keys at a time, each key block brought into L1 once for all of them,
+/// and the eight sums reduced together ([`Lanes::reduce8`]); each query's arithmetic is that of a lone
+/// query, whatever the tiling, so a verify row has the bits of a single-token step. A task's
+/// scores (its positions × queries per KV head × keys) stay within [`SCORE_BUDGET`] floats, so
+/// a long prompt does not hold a full score matrix.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -997,19 +1033,24 @@ pub fn attention(
     hd: usize,
     scale: f32,
 ) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx() {
-        // SAFETY: AVX was detected on this CPU.
-        return unsafe { attention_avx(q, keys, values, l, h, hkv, hd, scale) };
-    }
-    // SAFETY: the portable lanes need no particular instruction set.
-    unsafe { attention_impl::<Portable>(q, keys, values, l, h, hkv, hd, scale) }
+    attention_impl(
+        q,
+        keys,
+        values,
+        l,
+        h,
+        hkv,
+        hd,
+        scale,
+        has_avx(),
+        SCORE_BUDGET,
+    )
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma")]
+/// [`attention`] on AVX when `avx` (and detected) or the portable lanes, with tasks holding at
+/// most `budget` scores.
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_avx(
+fn attention_impl(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -1018,13 +1059,137 @@ unsafe fn attention_avx(
     hkv: usize,
     hd: usize,
     scale: f32,
+    avx: bool,
+    budget: usize,
 ) -> Vec<f32> {
-    // SAFETY: this function is only called when AVX was detected.
-    unsafe { attention_impl::<Avx>(q, keys, values, l, h, hkv, hd, scale) }
+    assert!(hkv > 0 && hd > 0 && h.is_multiple_of(hkv));
+    let t_total = keys.len() / (hkv * hd);
+    assert!(
+        q.len() == l * h * hd
+            && keys.len() == t_total * hkv * hd
+            && values.len() == keys.len()
+            && t_total >= l
+    );
+    let mut out = vec![0f32; l * h * hd];
+    if l == 0 {
+        return out;
+    }
+    let rep = h / hkv;
+    let tile = (budget / (rep * t_total)).clamp(1, l);
+    let tiles = l.div_ceil(tile);
+    let job = AttentionJob {
+        q,
+        keys,
+        values,
+        l,
+        h,
+        hkv,
+        hd,
+        scale,
+        tile,
+        out: out.as_mut_ptr(),
+    };
+    let avx = avx && has_avx();
+    let work = |task: usize| {
+        let (kvh, ti) = (task / tiles, task % tiles);
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            // SAFETY: AVX was detected on this CPU; task `(kvh, ti)` writes only its own
+            // heads and positions of `out`, which outlives the loop.
+            unsafe { attention_task_avx(&job, kvh, ti) };
+            return;
+        }
+        let _ = avx;
+        // SAFETY: the portable lanes need no particular instruction set; as above.
+        unsafe { attention_task::<Portable>(&job, kvh, ti) };
+    };
+    let tasks = hkv * tiles;
+    // a few microseconds of work pay for a split (see `matmul_rows`)
+    if tasks >= 2 && l * h * t_total * hd >= 1 << 14 {
+        crate::team::run(tasks, &work);
+    } else {
+        (0..tasks).for_each(work);
+    }
+    out
 }
 
-/// Turns scores into unnormalised softmax weights in place; returns `1 / sum`. Max, exp and sum
-/// run over 8 lanes in a fixed order, so the result depends only on the row.
+/// Most scores one attention task holds (4 MiB of f32).
+const SCORE_BUDGET: usize = 1 << 20;
+
+/// One [`attention`] call, shared by its tasks.
+struct AttentionJob<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    l: usize,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    scale: f32,
+    /// Positions per task.
+    tile: usize,
+    /// The `[l, h, hd]` result, written in place by the tasks.
+    out: *mut f32,
+}
+
+// SAFETY: tasks write disjoint heads and positions of `out` (see `attention`).
+unsafe impl Sync for AttentionJob<'_> {}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma")]
+unsafe fn attention_task_avx(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
+    // SAFETY: this function is only called when AVX was detected; the rest is forwarded.
+    unsafe { attention_task::<Avx>(job, kvh, tile) }
+}
+
+/// The dot products of `x` with the eight rows `ks` (`len` floats each), each summed exactly as
+/// [`dots`] sums one (even and odd 8-float chunks apart, [`Lanes::reduce`], then the tail),
+/// returned as one vector.
+///
+/// # Safety
+/// `x` and every row read `len` floats; the CPU supports `L`.
+#[inline(always)]
+unsafe fn dots8<L: Lanes>(x: *const f32, ks: [*const f32; 8], len: usize) -> L::V {
+    let chunks = len / 8;
+    // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
+    unsafe {
+        let mut v = [L::zero(); 8];
+        for half in 0..2 {
+            let k: [*const f32; 4] = std::array::from_fn(|m| ks[half * 4 + m]);
+            let mut even = [L::zero(); 4];
+            let mut odd = [L::zero(); 4];
+            let mut c = 0;
+            while c + 2 <= chunks {
+                let (x0, x1) = (L::load(x.add(c * 8)), L::load(x.add(c * 8 + 8)));
+                for m in 0..4 {
+                    even[m] = L::mul_add(even[m], x0, L::load(k[m].add(c * 8)));
+                    odd[m] = L::mul_add(odd[m], x1, L::load(k[m].add(c * 8 + 8)));
+                }
+                c += 2;
+            }
+            if c < chunks {
+                let x0 = L::load(x.add(c * 8));
+                for m in 0..4 {
+                    even[m] = L::mul_add(even[m], x0, L::load(k[m].add(c * 8)));
+                }
+            }
+            for m in 0..4 {
+                v[half * 4 + m] = L::add(even[m], odd[m]);
+            }
+        }
+        let mut tails = [0f32; 8];
+        for (m, tail) in tails.iter_mut().enumerate() {
+            for i in chunks * 8..len {
+                *tail += *x.add(i) * *ks[m].add(i);
+            }
+        }
+        L::add(L::reduce8(v), L::load(tails.as_ptr()))
+    }
+}
+
+/// Turns scores into unnormalised softmax weights in place; returns `1 / sum`. Max and sum run
+/// over 8 lanes in a fixed order, so the result depends only on the row; the exponentials are
+/// one flat pass (vectorized where the caller's instruction set allows).
 #[inline(always)]
 fn softmax_weights(s: &mut [f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; 8];
@@ -1038,19 +1203,17 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
         m.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         |a, b| a.max(*b),
     );
+    for v in s.iter_mut() {
+        *v = crate::kernels::exp(*v - max);
+    }
     let mut acc = [0f32; 8];
-    let mut chunks = s.chunks_exact_mut(8);
+    let mut chunks = s.chunks_exact(8);
     for c in &mut chunks {
         for j in 0..8 {
-            c[j] = crate::kernels::exp(c[j] - max);
             acc[j] += c[j];
         }
     }
-    let mut tail = 0f32;
-    for v in chunks.into_remainder() {
-        *v = crate::kernels::exp(*v - max);
-        tail += *v;
-    }
+    let tail = chunks.remainder().iter().fold(0f32, |a, v| a + v);
     let sum =
         ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
     1.0 / sum
@@ -1058,7 +1221,9 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
 
 /// `out[q][c] = inv[q] * Σ_t w_q[t] v[t][c]` for `N` queries reading the same `visible` value
 /// rows (`v[t]` at `values + t * stride`, `hd` wide). Even and odd `t` accumulate apart and are
-/// added at the end: a fixed order per query, whatever `N`.
+/// added at the end: a fixed order per query and channel, whatever `N` and however the
+/// channels are grouped into passes (eight accumulators each: four 8-channel chunks for one
+/// query, two for two, one for four).
 ///
 /// # Safety
 /// `ws[q]` reads `visible` floats, `outs[q]` writes `hd`, `values` reads `visible` rows; the CPU
@@ -1077,31 +1242,23 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
         let mut c = 0;
+        match N {
+            1 => {
+                while c + 32 <= hd {
+                    values_pass::<L, N, 4>(ws, inv, values, stride, visible, c, outs);
+                    c += 32;
+                }
+            }
+            2 => {
+                while c + 16 <= hd {
+                    values_pass::<L, N, 2>(ws, inv, values, stride, visible, c, outs);
+                    c += 16;
+                }
+            }
+            _ => {}
+        }
         while c + 8 <= hd {
-            let mut even = [L::zero(); N];
-            let mut odd = [L::zero(); N];
-            let mut t = 0;
-            while t + 2 <= visible {
-                let v0 = L::load(values.add(t * stride + c));
-                let v1 = L::load(values.add((t + 1) * stride + c));
-                for q in 0..N {
-                    even[q] = L::mul_add(even[q], L::splat(*ws[q].add(t)), v0);
-                    odd[q] = L::mul_add(odd[q], L::splat(*ws[q].add(t + 1)), v1);
-                }
-                t += 2;
-            }
-            if t < visible {
-                let v0 = L::load(values.add(t * stride + c));
-                for q in 0..N {
-                    even[q] = L::mul_add(even[q], L::splat(*ws[q].add(t)), v0);
-                }
-            }
-            for q in 0..N {
-                L::store(
-                    outs[q].add(c),
-                    L::mul(L::add(even[q], odd[q]), L::splat(inv[q])),
-                );
-            }
+            values_pass::<L, N, 1>(ws, inv, values, stride, visible, c, outs);
             c += 8;
         }
         for q in 0..N {
@@ -1122,87 +1279,132 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     }
 }
 
+/// Channels `c..c + 8 * G` of [`weighted_values`].
+///
 /// # Safety
-/// The CPU supports `L`.
+/// As [`weighted_values`], with `c + 8 * G <= hd`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_impl<L: Lanes>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    l: usize,
-    h: usize,
-    hkv: usize,
-    hd: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let t_total = keys.len() / (hkv * hd);
-    assert!(
-        q.len() == l * h * hd
-            && values.len() == keys.len()
-            && t_total >= l
-            && h.is_multiple_of(hkv)
-    );
+unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
+    ws: [*const f32; N],
+    inv: [f32; N],
+    values: *const f32,
+    stride: usize,
+    visible: usize,
+    c: usize,
+    outs: [*mut f32; N],
+) {
+    // SAFETY (all accesses): within the bounds the caller guarantees.
+    unsafe {
+        let mut even = [[L::zero(); G]; N];
+        let mut odd = [[L::zero(); G]; N];
+        let mut t = 0;
+        while t + 2 <= visible {
+            let (r0, r1) = (values.add(t * stride + c), values.add((t + 1) * stride + c));
+            for q in 0..N {
+                let (w0, w1) = (L::splat(*ws[q].add(t)), L::splat(*ws[q].add(t + 1)));
+                for g in 0..G {
+                    even[q][g] = L::mul_add(even[q][g], w0, L::load(r0.add(g * 8)));
+                    odd[q][g] = L::mul_add(odd[q][g], w1, L::load(r1.add(g * 8)));
+                }
+            }
+            t += 2;
+        }
+        if t < visible {
+            let r0 = values.add(t * stride + c);
+            for q in 0..N {
+                let w0 = L::splat(*ws[q].add(t));
+                for (g, e) in even[q].iter_mut().enumerate() {
+                    *e = L::mul_add(*e, w0, L::load(r0.add(g * 8)));
+                }
+            }
+        }
+        for q in 0..N {
+            for g in 0..G {
+                L::store(
+                    outs[q].add(c + g * 8),
+                    L::mul(L::add(even[q][g], odd[q][g]), L::splat(inv[q])),
+                );
+            }
+        }
+    }
+}
+
+/// Task `(kvh, tile)` of [`attention`]: the heads of KV head `kvh` at the positions of `tile`.
+///
+/// # Safety
+/// The CPU supports `L`; no other task writes the same heads and positions of `job.out`.
+#[inline(always)]
+unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
+    thread_local! {
+        static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (l, h, hkv, hd) = (job.l, job.h, job.hkv, job.hd);
+    let t_total = job.keys.len() / (hkv * hd);
     let rep = h / hkv;
-    let nq = l * rep;
-    let mut out = vec![0f32; l * h * hd];
-    let out_ptr = out.as_mut_ptr();
-    // scores[j * t_total + t] for query j = (position i, head r of the group) = i * rep + r
-    let mut scores = vec![0f32; nq * t_total];
-    let mut qp = vec![std::ptr::null::<f32>(); nq];
-    let mut inv = vec![0f32; nq];
     // Keys before `shared` are visible to every query; key `shared + i` only to positions > i.
     let shared = t_total - l + 1;
     let stride = hkv * hd;
-    for kvh in 0..hkv {
-        for i in 0..l {
-            for r in 0..rep {
-                let head = kvh * rep + r;
-                qp[i * rep + r] = q[(i * h + head) * hd..(i * h + head + 1) * hd].as_ptr();
+    let i0 = tile * job.tile;
+    let i1 = (i0 + job.tile).min(l);
+    // the keys the tile's last position sees (earlier positions' extra scores go unread)
+    let seen = shared + i1 - 1;
+    // query j = (position i0 + j / rep, head r = j % rep of the group)
+    let nq = (i1 - i0) * rep;
+    let qp = |j: usize| {
+        let head = kvh * rep + j % rep;
+        job.q[((i0 + j / rep) * h + head) * hd..].as_ptr()
+    };
+    let key = |t: usize| job.keys[(t * hkv + kvh) * hd..].as_ptr();
+    let mut inv = vec![0f32; rep];
+    // (taken out of the thread's buffer and put back: code in a closure would not be compiled
+    // for `L`'s instruction set)
+    let mut scores = SCORES.with_borrow_mut(std::mem::take);
+    {
+        // scores[j * seen + t]
+        scores.resize(nq * seen, 0.0);
+        let sp = scores.as_mut_ptr();
+        // SAFETY: every query and key row holds `hd` floats and `t + 8 <= seen` (or `t <
+        // seen`) keys exist; `sp` holds `nq * seen` floats; the caller guarantees `L`.
+        unsafe {
+            let mut t = 0;
+            while t + 8 <= seen {
+                let ks = std::array::from_fn(|m| key(t + m));
+                for j in 0..nq {
+                    let s = dots8::<L>(qp(j), ks, hd);
+                    L::store(sp.add(j * seen + t), L::mul(s, L::splat(job.scale)));
+                }
+                t += 8;
+            }
+            while t < seen {
+                for j in 0..nq {
+                    let [[v]] = dots::<L, f32, 1, 1>([qp(j)], [key(t)], hd);
+                    *sp.add(j * seen + t) = v * job.scale;
+                }
+                t += 1;
             }
         }
-        for t in 0..t_total {
-            let kr = &keys[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd];
-            // positions that see key t: i >= t - shared + 1
-            let first = if t < shared {
-                0
-            } else {
-                (t + 1 - shared) * rep
-            };
-            // SAFETY: every query row and `kr` hold `hd` floats; the caller guarantees `L`.
-            unsafe {
-                dots_many::<L, f32>(&qp[first..], kr.as_ptr(), hd, |j, v| {
-                    scores[(first + j) * t_total + t] = v * scale;
-                })
-            };
-        }
-        for i in 0..l {
+        for i in i0..i1 {
             let visible = shared + i;
-            for r in 0..rep {
-                let j = i * rep + r;
-                inv[j] = softmax_weights(&mut scores[j * t_total..j * t_total + visible]);
+            let row = (i - i0) * rep;
+            for (r, inv) in inv.iter_mut().enumerate() {
+                let j = row + r;
+                *inv = softmax_weights(&mut scores[j * seen..j * seen + visible]);
             }
             // the heads of this position, four, two or one at a time
-            let w = |r: usize| scores[(i * rep + r) * t_total..].as_ptr();
-            let o = |r: usize| {
-                let head = kvh * rep + r;
-                // SAFETY: `(i * h + head) * hd + hd <= out.len()`.
-                unsafe { out_ptr.add((i * h + head) * hd) }
-            };
-            let vals = values[kvh * hd..].as_ptr();
+            let w = |r: usize| scores[(row + r) * seen..].as_ptr();
+            // SAFETY: `(i * h + head) * hd + hd <= l * h * hd`, the result's length.
+            let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
+            let vals = job.values[kvh * hd..].as_ptr();
             let mut r = 0;
             // SAFETY: each weight row holds `visible` floats, each output `hd`, and `values`
-            // `visible` rows of `stride`; the caller guarantees `L`.
+            // `visible` rows of `stride`; the caller guarantees `L` and that no other task
+            // writes these outputs.
             unsafe {
                 while r + 4 <= rep {
                     weighted_values::<L, 4>(
                         [w(r), w(r + 1), w(r + 2), w(r + 3)],
-                        [
-                            inv[i * rep + r],
-                            inv[i * rep + r + 1],
-                            inv[i * rep + r + 2],
-                            inv[i * rep + r + 3],
-                        ],
+                        [inv[r], inv[r + 1], inv[r + 2], inv[r + 3]],
                         vals,
                         stride,
                         visible,
@@ -1214,7 +1416,7 @@ unsafe fn attention_impl<L: Lanes>(
                 if r + 2 <= rep {
                     weighted_values::<L, 2>(
                         [w(r), w(r + 1)],
-                        [inv[i * rep + r], inv[i * rep + r + 1]],
+                        [inv[r], inv[r + 1]],
                         vals,
                         stride,
                         visible,
@@ -1224,20 +1426,12 @@ unsafe fn attention_impl<L: Lanes>(
                     r += 2;
                 }
                 if r < rep {
-                    weighted_values::<L, 1>(
-                        [w(r)],
-                        [inv[i * rep + r]],
-                        vals,
-                        stride,
-                        visible,
-                        hd,
-                        [o(r)],
-                    );
+                    weighted_values::<L, 1>([w(r)], [inv[r]], vals, stride, visible, hd, [o(r)]);
                 }
             }
         }
     }
-    out
+    SCORES.with_borrow_mut(|s| *s = scores);
 }
 
 /// The gated delta rule, step form, for one sequence over `s` steps (Gated DeltaNet's
@@ -1677,7 +1871,12 @@ mod tests {
     #[test]
     fn attention_rows_match_single_queries_and_the_definition() {
         let mut next = rng(7);
-        for (h, hkv, hd) in [(4usize, 2usize, 16usize), (2, 2, 12), (8, 1, 32)] {
+        for (h, hkv, hd) in [
+            (4usize, 2usize, 16usize),
+            (2, 2, 12),
+            (8, 1, 32),
+            (4, 2, 64),
+        ] {
             for l in 1..=6 {
                 let t_total = 9 + l;
                 let keys: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
@@ -1686,8 +1885,27 @@ mod tests {
                 let scale = 1.0 / (hd as f32).sqrt();
                 let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
                 // SAFETY: no particular instruction set needed.
-                let portable =
-                    unsafe { attention_impl::<Portable>(&q, &keys, &values, l, h, hkv, hd, scale) };
+                let portable = attention_impl(
+                    &q,
+                    &keys,
+                    &values,
+                    l,
+                    h,
+                    hkv,
+                    hd,
+                    scale,
+                    false,
+                    SCORE_BUDGET,
+                );
+                // one position per task: the same bits
+                for budget in [1, 2 * (h / hkv) * t_total] {
+                    let tiled =
+                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, budget);
+                    assert!(all
+                        .iter()
+                        .zip(&tiled)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
                 for i in 0..l {
                     let seen = t_total - l + i + 1;
                     let one = attention(
@@ -1705,19 +1923,18 @@ mod tests {
                         .iter()
                         .zip(&one)
                         .all(|(a, b)| a.to_bits() == b.to_bits()));
-                    // SAFETY: no particular instruction set needed.
-                    let one_portable = unsafe {
-                        attention_impl::<Portable>(
-                            &q[i * h * hd..(i + 1) * h * hd],
-                            &keys[..seen * hkv * hd],
-                            &values[..seen * hkv * hd],
-                            1,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                        )
-                    };
+                    let one_portable = attention_impl(
+                        &q[i * h * hd..(i + 1) * h * hd],
+                        &keys[..seen * hkv * hd],
+                        &values[..seen * hkv * hd],
+                        1,
+                        h,
+                        hkv,
+                        hd,
+                        scale,
+                        false,
+                        SCORE_BUDGET,
+                    );
                     let same = |a: &[f32], b: &[f32]| {
                         a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
                     };
