@@ -1062,7 +1062,7 @@ fn attention_impl(
     avx: bool,
     budget: usize,
 ) -> Vec<f32> {
-    assert!(hkv > 0 && hd > 0 && h.is_multiple_of(hkv));
+    assert!(h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv));
     let t_total = keys.len() / (hkv * hd);
     assert!(
         q.len() == l * h * hd
