@@ -1,14 +1,14 @@
 //! The worker team behind the decode kernels' parallel loops ([`crate::simd`]).
 //!
-//! A decode step runs a few hundred small parallel loops (one per matrix product or delta-rule
-//! call), each a few to a few hundred microseconds long, so what a loop costs to start and to
-//! join matters as much as the work. A general-purpose pool called from outside hands the loop
-//! to a worker and puts the caller to sleep until it is done: two thread switches per loop.
-//! Here the calling thread takes part: it publishes the loop, claims chunks from a shared
-//! counter like the workers do, and waits only for chunks a worker has already started. A
-//! worker that was asleep costs the caller one wake-up call and nothing else (the caller does
-//! not wait for it to arrive). Workers spin for a short while after each loop, so that the
-//! next loop of the same step finds them awake, and then sleep.
+//! A decode step runs a few hundred small parallel loops (one per matrix product, attention or
+//! delta-rule call), each a few to a few hundred microseconds long, so what a loop costs to
+//! start and to join matters as much as the work. A general-purpose pool called from outside
+//! hands the loop to a worker and puts the caller to sleep until it is done: two thread
+//! switches per loop. Here the calling thread takes part: it publishes the loop, claims chunks
+//! from a shared counter like the workers do, and waits only for chunks a worker has already
+//! started. A worker that was asleep costs the caller one wake-up call and nothing else (the
+//! caller does not wait for it to arrive). Workers spin for a short while after each loop, so
+//! that the next loop of the same step finds them awake, and then sleep.
 //!
 //! One caller at a time owns the team; a loop started while another caller holds it (two
 //! requests decoding at once, or a loop inside a loop) runs on its own thread, in order. Which
