@@ -86,7 +86,7 @@ pub enum VerifyMode {
 
 /// The largest per-layer recurrent state [`VerifyMode::Auto`] advances with a backup copy.
 /// Measured with `examples/verify_cost` (a verify of 2 after a fully kept round): on the
-/// bundled demo model (64 KiB per layer) 1.21-1.23 plain steps against 1.30-1.33 deferred;
+/// bundled demo model (64 KiB per layer) 1.18-1.20 plain steps against 1.29-1.31 deferred;
 /// on a 32-layer 615M-parameter shape (1 MiB per layer) 1.07 against 1.08. Real Qwen3.5
 /// checkpoints have up to a few MiB per layer in f32; above this, the copy (which doubles
 /// the state's memory while a verify is in flight) is not worth it.
@@ -136,6 +136,20 @@ impl Clone for LinearState {
             } else {
                 Vec::new()
             },
+        }
+    }
+
+    /// Copies into the existing buffers, and keeps this state's backup allocation when the
+    /// source has no verify in flight (as in the speculation loop, where it is reused round
+    /// after round: a fresh one would be zero-filled by the next verify).
+    fn clone_from(&mut self, src: &Self) {
+        self.conv.clone_from(&src.conv);
+        self.state.clone_from(&src.state);
+        self.pending.clone_from(&src.pending);
+        self.deferring = src.deferring;
+        self.backs_up = src.backs_up;
+        if src.advanced() {
+            self.backup.clone_from(&src.backup);
         }
     }
 }
