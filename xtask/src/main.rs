@@ -11,6 +11,7 @@ mod llama;
 mod probe;
 mod setup;
 mod test;
+mod tokenizer;
 mod train_tiny;
 
 const HELP: &str = "\
@@ -20,6 +21,8 @@ commands:
   probe <repo-or-path> [--json]   print the MTP detection report for an artifact
   fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout)
   gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
+  tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] [--qwen3-special-tokens]
+                                  write tokenizer.json (+ tokenizer_config.json) from a GGUF vocabulary
   bench [options]                 MTP on/off benchmark on one loaded model
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
@@ -43,6 +46,7 @@ fn main() -> Result<()> {
         "probe" => probe::run(rest),
         "setup" => setup::run(rest),
         "test" => test::run(rest),
+        "tokenizer" => tokenizer::run(rest),
         "train-tiny" => train_tiny::run(rest),
         other => bail!("unknown xtask command `{other}`\n\n{HELP}"),
     }

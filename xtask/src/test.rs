@@ -47,6 +47,21 @@ pub fn run(args: &[String]) -> Result<()> {
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
+    // The tokenizer converter's checks against Hugging Face's tokenizations read llama.cpp's
+    // test vocabularies, so a plain `cargo test` (no llama.cpp source) ignores them; they run
+    // here, on the already built test binaries, with the source tree `llama::prepare` unpacked.
+    let llama_src = crate::llama::source_dir()?;
+    let cargo_args = args.iter().take_while(|a| *a != "--");
+    let status = Command::new(&cargo)
+        .args(test_args)
+        .args(cargo_args)
+        .args(["--", "--ignored", crate::tokenizer::LLAMA_CPP_VOCAB_TESTS])
+        .env(crate::llama::ENV_SOURCE, &llama_src)
+        .status()
+        .with_context(|| format!("running {cargo} test -- --ignored (tokenizer)"))?;
+    if !status.success() {
+        bail!("the tokenizer tests against llama.cpp's vocabularies failed ({status})");
+    }
     // Doc tests are not part of --all-targets.
     let status = Command::new(&cargo)
         .args([

@@ -7,7 +7,10 @@
 //!
 //! Every length read from the file is checked before it is used: against a fixed cap, and
 //! against the bytes the file can still hold. Nothing is allocated in proportion to an
-//! untrusted length; long arrays keep only their first [`KEPT_ARRAY_ITEMS`] items.
+//! untrusted length; long arrays keep only their first [`KEPT_ARRAY_ITEMS`] items, unless
+//! [`parse_gguf_with`] is asked for more ([`ParseOptions::keep_array_items`], e.g. a whole
+//! vocabulary). Kept items are stored as they are read, so memory grows with the bytes actually
+//! present in the prefix, never with a length the file merely declares.
 //!
 //! ```
 //! use mtp_detect::gguf::{parse_gguf, GgufParse};
@@ -38,8 +41,40 @@ pub const MAX_KV_COUNT: u64 = 1 << 20;
 pub const MAX_TENSOR_COUNT: u64 = 1 << 22;
 /// The most dimensions per tensor accepted (ggml uses 4).
 pub const MAX_DIMS: u32 = 8;
-/// How many items of an array are kept; the length is always kept.
+/// How many items of an array are kept by default; the length is always kept.
 pub const KEPT_ARRAY_ITEMS: usize = 64;
+
+/// What [`parse_gguf_with`] keeps of the metadata.
+///
+/// ```
+/// use mtp_detect::gguf::{ParseOptions, KEPT_ARRAY_ITEMS};
+/// assert_eq!(ParseOptions::default().keep_array_items, KEPT_ARRAY_ITEMS);
+/// let whole = ParseOptions::whole_arrays(); // e.g. to read a vocabulary
+/// assert_eq!(whole.keep_array_items, usize::MAX);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// How many items of each array are kept (the rest are checked and skipped); the array's
+    /// length is always kept. [`KEPT_ARRAY_ITEMS`] by default; `usize::MAX` keeps every item.
+    pub keep_array_items: usize,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            keep_array_items: KEPT_ARRAY_ITEMS,
+        }
+    }
+}
+
+impl ParseOptions {
+    /// Options that keep every item of every array (`tokenizer.ggml.tokens`, `merges`, …).
+    pub fn whole_arrays() -> Self {
+        ParseOptions {
+            keep_array_items: usize::MAX,
+        }
+    }
+}
 
 /// The type tags of GGUF metadata values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -152,8 +187,15 @@ pub struct GgufArray {
     pub elem_type: GgufType,
     /// The number of elements in the file.
     pub len: u64,
-    /// The first [`KEPT_ARRAY_ITEMS`] elements.
+    /// The first [`ParseOptions::keep_array_items`] elements ([`KEPT_ARRAY_ITEMS`] by default).
     pub items: Vec<GgufValue>,
+}
+
+impl GgufArray {
+    /// True when every element was kept (`items.len() == len`).
+    pub fn is_complete(&self) -> bool {
+        self.items.len() as u64 == self.len
+    }
 }
 
 impl GgufValue {
@@ -176,6 +218,22 @@ impl GgufValue {
     pub fn as_str(&self) -> Option<&str> {
         match self {
             GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The value as an array.
+    pub fn as_array(&self) -> Option<&GgufArray> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The value as a bool.
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
             _ => None,
         }
     }
@@ -375,11 +433,18 @@ struct Cursor<'a> {
     pos: usize,
     file_len: u64,
     be: bool,
+    /// Items kept per array ([`ParseOptions::keep_array_items`]).
+    kept: u64,
 }
 
 impl<'a> Cursor<'a> {
     fn remaining_in_file(&self) -> u64 {
         self.file_len.saturating_sub(self.pos as u64)
+    }
+
+    /// Bytes of the prefix not read yet: what is known to exist, unlike `remaining_in_file`.
+    fn remaining_in_buf(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
     }
 
     fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8], Stop> {
@@ -507,8 +572,11 @@ impl<'a> Cursor<'a> {
                 let len = self.u64(&what)?;
                 let arr_what = || format!("array `{key}`");
                 self.check_count(len, elem_type.min_size(), u64::MAX, &arr_what)?;
-                let kept = if keep { KEPT_ARRAY_ITEMS as u64 } else { 0 };
-                let mut items = Vec::with_capacity(len.min(kept) as usize);
+                let kept = if keep { self.kept } else { 0 };
+                // Reserve only for items whose bytes are in the prefix: `len` is checked
+                // against the file's length, which a caller may state far beyond the prefix.
+                let present = self.remaining_in_buf() / elem_type.min_size();
+                let mut items = Vec::with_capacity(len.min(kept).min(present) as usize);
                 let fixed = !matches!(elem_type, GgufType::String | GgufType::Array);
                 let mut i = 0u64;
                 while i < len {
@@ -535,11 +603,45 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Parses a GGUF header from `prefix`, the first bytes of a file of `file_len` bytes.
+/// Parses a GGUF header from `prefix`, the first bytes of a file of `file_len` bytes, keeping
+/// the first [`KEPT_ARRAY_ITEMS`] items of each array.
 ///
 /// Returns [`GgufParse::NeedMore`] when the prefix is shorter than the header, and an error
 /// when the header is malformed or runs past `file_len`.
 pub fn parse_gguf(prefix: &[u8], file_len: u64) -> Result<GgufParse, GgufErrorKind> {
+    parse_gguf_with(prefix, file_len, &ParseOptions::default())
+}
+
+/// [`parse_gguf`] with options: how many items of each array to keep.
+///
+/// The checks are the same whatever is kept. Memory for kept items grows only as their bytes
+/// are read from `prefix` (a value takes a few dozen bytes, so keeping every item of a `u8`
+/// array costs up to ~50 times the array's bytes in the prefix).
+///
+/// ```
+/// use mtp_detect::gguf::{parse_gguf_with, GgufParse, GgufValue, ParseOptions};
+/// // magic, version 3, 0 tensors, 1 metadata entry: `k` = [u8; 100]
+/// let mut b = b"GGUF".to_vec();
+/// b.extend(3u32.to_le_bytes());
+/// b.extend(0u64.to_le_bytes());
+/// b.extend(1u64.to_le_bytes());
+/// b.extend(1u64.to_le_bytes());
+/// b.extend(b"k");
+/// b.extend(9u32.to_le_bytes()); // array
+/// b.extend(0u32.to_le_bytes()); // of u8
+/// b.extend(100u64.to_le_bytes());
+/// b.extend([7u8; 100]);
+/// let GgufParse::Complete(h) = parse_gguf_with(&b, b.len() as u64, &ParseOptions::whole_arrays())
+///     .unwrap() else { panic!() };
+/// let a = h.get("k").and_then(GgufValue::as_array).unwrap();
+/// assert!(a.is_complete());
+/// assert_eq!(a.items.len(), 100);
+/// ```
+pub fn parse_gguf_with(
+    prefix: &[u8],
+    file_len: u64,
+    opts: &ParseOptions,
+) -> Result<GgufParse, GgufErrorKind> {
     let file_len = file_len.max(prefix.len() as u64);
     let mut h = GgufHeader::default();
     let mut c = Cursor {
@@ -547,6 +649,7 @@ pub fn parse_gguf(prefix: &[u8], file_len: u64) -> Result<GgufParse, GgufErrorKi
         pos: 0,
         file_len,
         be: false,
+        kept: u64::try_from(opts.keep_array_items).unwrap_or(u64::MAX),
     };
     match parse_into(&mut c, &mut h) {
         Ok(()) => {
@@ -626,4 +729,102 @@ fn parse_into(c: &mut Cursor<'_>, h: &mut GgufHeader) -> Result<(), Stop> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 file with no tensors and the given metadata entries: key, type tag, value bytes.
+    fn file(kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend((kvs.len() as u64).to_le_bytes());
+        for (k, tag, value) in kvs {
+            b.extend((k.len() as u64).to_le_bytes());
+            b.extend(k.as_bytes());
+            b.extend(tag.to_le_bytes());
+            b.extend(value);
+        }
+        b
+    }
+
+    fn string_array(n: usize) -> Vec<u8> {
+        let mut b = 8u32.to_le_bytes().to_vec();
+        b.extend((n as u64).to_le_bytes());
+        for i in 0..n {
+            let s = format!("tok{i}");
+            b.extend((s.len() as u64).to_le_bytes());
+            b.extend(s.as_bytes());
+        }
+        b
+    }
+
+    fn i32_array(n: usize) -> Vec<u8> {
+        let mut b = 5u32.to_le_bytes().to_vec();
+        b.extend((n as u64).to_le_bytes());
+        for i in 0..n {
+            b.extend((i as i32).to_le_bytes());
+        }
+        b
+    }
+
+    fn array<'h>(h: &'h GgufHeader, key: &str) -> &'h GgufArray {
+        h.get(key).and_then(GgufValue::as_array).expect(key)
+    }
+
+    fn complete(b: &[u8], opts: &ParseOptions) -> GgufHeader {
+        match parse_gguf_with(b, b.len() as u64, opts) {
+            Ok(GgufParse::Complete(h)) => h,
+            other => panic!("expected a complete header, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn whole_arrays_keep_every_item_and_the_default_keeps_the_first() {
+        let b = file(&[
+            ("tokens", 9, string_array(1000)),
+            ("types", 9, i32_array(1000)),
+            ("after", 4, 7u32.to_le_bytes().to_vec()),
+        ]);
+        let h = complete(&b, &ParseOptions::whole_arrays());
+        let (tokens, types) = (array(&h, "tokens"), array(&h, "types"));
+        assert!(tokens.is_complete() && types.is_complete());
+        assert_eq!(tokens.items[999], GgufValue::String("tok999".into()));
+        assert_eq!(types.items[999], GgufValue::I32(999));
+        assert_eq!(h.get("after"), Some(&GgufValue::U32(7)));
+        // The default (and `parse_gguf`) keep the first items, with the full length.
+        let short = complete(&b, &ParseOptions::default());
+        assert_eq!(
+            parse_gguf(&b, b.len() as u64),
+            Ok(GgufParse::Complete(short.clone()))
+        );
+        let tokens = array(&short, "tokens");
+        assert_eq!((tokens.len, tokens.items.len()), (1000, KEPT_ARRAY_ITEMS));
+        assert!(!tokens.is_complete());
+        assert_eq!(short.get("after"), Some(&GgufValue::U32(7)));
+        assert_eq!(short.header_len, h.header_len);
+    }
+
+    #[test]
+    fn a_declared_length_beyond_the_prefix_reserves_nothing_for_it() {
+        // 2^40 u8 items declared, in a file said to be big enough: keeping whole arrays must
+        // not reserve for them before their bytes are read (that would abort the process).
+        let len = 1u64 << 40;
+        let mut value = 0u32.to_le_bytes().to_vec(); // u8 items
+        value.extend(len.to_le_bytes());
+        value.extend([1u8; 16]);
+        let b = file(&[("huge", 9, value)]);
+        let opts = ParseOptions::whole_arrays();
+        match parse_gguf_with(&b, 2 * len, &opts) {
+            Ok(GgufParse::NeedMore { needed, .. }) => assert_eq!(needed, b.len() as u64 + 1),
+            other => panic!("expected NeedMore, got {other:?}"),
+        }
+        // Said as it is (the file ends there), it is an absurd count.
+        assert!(matches!(
+            parse_gguf_with(&b, b.len() as u64, &opts),
+            Err(GgufErrorKind::AbsurdCount { count, .. }) if count == len
+        ));
+    }
 }
