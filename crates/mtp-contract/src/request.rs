@@ -21,13 +21,49 @@ pub enum Role {
     Tool,
 }
 
-/// One message of a conversation history.
+impl Role {
+    /// The role as chat templates and OpenAI-style APIs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One message of a conversation history, in the OpenAI chat shape that chat templates read.
+///
+/// ```
+/// use mtp_contract::{Message, ToolCall};
+/// let call = ToolCall::function("call_1", "get_weather", serde_json::json!({"city": "Paris"}));
+/// let history = vec![
+///     Message::user("What's the weather in Paris?"),
+///     Message::assistant("").with_tool_calls(vec![call]),
+///     Message::tool("call_1", "{\"temperature\": 21}"),
+/// ];
+/// assert_eq!(history[2].tool_call_id.as_deref(), Some("call_1"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Who said it.
     pub role: Role,
     /// The text.
     pub content: String,
+    /// An assistant turn's reasoning (what a thinking model wrote between `<think>` tags),
+    /// given back to templates that render or drop it for earlier turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tools an assistant turn called.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a `tool` message: the tool's name (some templates print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Images attached to the message (paths or URLs). Text-only runtimes reject them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<String>,
@@ -39,6 +75,10 @@ impl Message {
         Message {
             role,
             content: content.into(),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
             images: Vec::new(),
         }
     }
@@ -54,7 +94,75 @@ impl Message {
     pub fn system(content: impl Into<String>) -> Self {
         Message::new(Role::System, content)
     }
+    /// A tool result answering the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::new(Role::Tool, content)
+        }
+    }
+    /// Sets the reasoning of an assistant turn.
+    pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> Self {
+        self.reasoning_content = Some(reasoning.into());
+        self
+    }
+    /// Sets the tool calls of an assistant turn.
+    pub fn with_tool_calls(mut self, calls: Vec<ToolCall>) -> Self {
+        self.tool_calls = calls;
+        self
+    }
 }
+
+/// One tool call of an assistant turn (OpenAI shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the `tool` message answering it repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `function` today.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    /// What was called.
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+/// The function a tool call names, with its arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// The arguments: a JSON object, or (as the OpenAI API sends them) a string holding one.
+    /// Chat templates are given an object either way.
+    #[serde(default)]
+    pub arguments: serde_json::Value,
+}
+
+impl ToolCall {
+    /// A function call with an id.
+    pub fn function(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        ToolCall {
+            id: Some(id.into()),
+            kind: function_kind(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments,
+            },
+        }
+    }
+}
+
+/// Chat-template variables that come from the request's own fields, so that
+/// `chat_template_kwargs` cannot set them.
+pub const RESERVED_TEMPLATE_VARIABLES: [&str; 4] =
+    ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// One generation request.
 ///
@@ -103,6 +211,14 @@ pub struct GenerateRequest {
     /// Use the prompt verbatim (no chat template).
     #[serde(default)]
     pub raw_prompt: bool,
+    /// Tools the model may call (OpenAI tool schemas, `{"type": "function", "function":
+    /// {...}}`), shown to it by the chat template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
+    /// Extra variables for the chat template (as vLLM's and llama-server's
+    /// `chat_template_kwargs`); `thinking` sets `enable_thinking` and wins over a value here.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl GenerateRequest {
@@ -158,6 +274,16 @@ impl GenerateRequest {
         self.raw_prompt = true;
         self
     }
+    /// Sets the tools the model may call.
+    pub fn tools(mut self, tools: Vec<serde_json::Value>) -> Self {
+        self.tools = tools;
+        self
+    }
+    /// Sets one extra chat-template variable.
+    pub fn chat_template_kwarg(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
+        self.chat_template_kwargs.insert(key.into(), value);
+        self
+    }
 
     /// Checks the request before any model work; the error names the field at fault.
     pub fn validate(&self) -> Result<(), ProviderError> {
@@ -181,6 +307,24 @@ impl GenerateRequest {
             return Err(ProviderError::InvalidRequest {
                 field: "max_output_tokens",
                 message: "must be at least 1".into(),
+            });
+        }
+        if let Some(i) = self.tools.iter().position(|t| !t.is_object()) {
+            return Err(ProviderError::InvalidRequest {
+                field: "tools",
+                message: format!("tool {i} is not a JSON object (expected an OpenAI tool schema)"),
+            });
+        }
+        if let Some(k) = self
+            .chat_template_kwargs
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+        {
+            return Err(ProviderError::InvalidRequest {
+                field: "chat_template_kwargs",
+                message: format!(
+                    "`{k}` is set by the request itself, not through chat_template_kwargs"
+                ),
             });
         }
         if self.stop.iter().any(String::is_empty) {
@@ -237,8 +381,12 @@ pub struct Metadata {
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateResponse {
-    /// Generated text.
+    /// Generated text (the answer; a thinking model's reasoning is in `reasoning_content`).
     pub content: String,
+    /// What a thinking model wrote between its reasoning tags, split from `content` as
+    /// llama-server's and vLLM's reasoning parsers do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Generated token ids, when the runtime knows them.
     pub token_ids: Option<Vec<u32>>,
     /// Why generation ended.
@@ -258,10 +406,13 @@ pub struct GenerateResponse {
 pub enum StreamEvent {
     /// Newly accepted text (several tokens per round when speculating).
     Delta {
-        /// The text.
+        /// The answer's new text.
         text: String,
         /// Its token ids, when known.
         token_ids: Vec<u32>,
+        /// New reasoning text of a thinking model (streamed before the answer).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reasoning: String,
     },
     /// The final response (content is the whole text).
     Done(Box<GenerateResponse>),

@@ -2,7 +2,8 @@
 
 use mtp_contract::{
     resolve, FinishReason, GenerateRequest, GenerateResponse, Message, Metadata, ProviderError,
-    Reason, Sampling, Speculation, SpeculationReport, StreamEvent, Timings, Usage,
+    Reason, Sampling, Speculation, SpeculationReport, StreamEvent, Timings, ToolCall, Usage,
+    RESERVED_TEMPLATE_VARIABLES,
 };
 use serde_json::json;
 
@@ -125,6 +126,7 @@ fn response_json_shape() {
     let resolved = resolve(None, Some(&false.into()));
     let resp = GenerateResponse {
         content: "ok".into(),
+        reasoning_content: None,
         token_ids: Some(vec![1, 2]),
         finish_reason: FinishReason::Length,
         usage: Usage {
@@ -157,11 +159,82 @@ fn response_json_shape() {
         .as_object()
         .unwrap()
         .contains_key("time_to_first_token_ms"));
+    // no reasoning: no key at all (responses of non-thinking models look as before)
+    assert!(v.get("reasoning_content").is_none());
     let back: GenerateResponse = serde_json::from_value(v).unwrap();
     assert_eq!(back, resp);
     let ev = StreamEvent::Delta {
         text: "a".into(),
         token_ids: vec![97],
+        reasoning: String::new(),
     };
-    assert_eq!(serde_json::to_value(&ev).unwrap()["type"], "delta");
+    let v = serde_json::to_value(&ev).unwrap();
+    assert_eq!(v["type"], "delta");
+    assert!(v.get("reasoning").is_none());
+    let thought = StreamEvent::Delta {
+        text: String::new(),
+        token_ids: vec![1],
+        reasoning: "hmm".into(),
+    };
+    let v = serde_json::to_value(&thought).unwrap();
+    assert_eq!(v["reasoning"], "hmm");
+    assert_eq!(serde_json::from_value::<StreamEvent>(v).unwrap(), thought);
+}
+
+#[test]
+fn messages_with_reasoning_and_tool_calls_round_trip() {
+    let call = ToolCall::function("call_1", "get_weather", json!({"city": "Paris"}));
+    let history = vec![
+        Message::user("Weather?"),
+        Message::assistant("")
+            .with_reasoning("Look it up.")
+            .with_tool_calls(vec![call]),
+        Message::tool("call_1", "sunny"),
+    ];
+    let v = serde_json::to_value(&history).unwrap();
+    assert_eq!(
+        v[1]["tool_calls"][0],
+        json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})
+    );
+    assert_eq!(v[1]["reasoning_content"], "Look it up.");
+    assert_eq!(
+        v[2],
+        json!({"role": "tool", "content": "sunny", "tool_call_id": "call_1"})
+    );
+    // a plain message keeps its old shape
+    assert_eq!(v[0], json!({"role": "user", "content": "Weather?"}));
+    let back: Vec<Message> = serde_json::from_value(v).unwrap();
+    assert_eq!(back, history);
+    // OpenAI's shape: `type` may be omitted, arguments may be a string
+    let m: Message = serde_json::from_value(json!({"role": "assistant", "content": "",
+        "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": 1}"}}]}))
+    .unwrap();
+    assert_eq!(m.tool_calls[0].kind, "function");
+    assert_eq!(m.tool_calls[0].function.arguments, json!("{\"a\": 1}"));
+}
+
+#[test]
+fn tools_and_template_kwargs_are_validated() {
+    let ok = GenerateRequest::new("hi")
+        .tools(vec![json!({"type": "function", "function": {"name": "f"}})])
+        .chat_template_kwarg("reasoning_effort", json!("low"));
+    assert!(ok.validate().is_ok());
+    let bad_tool = GenerateRequest::new("hi").tools(vec![json!("f")]);
+    assert!(matches!(
+        bad_tool.validate(),
+        Err(ProviderError::InvalidRequest { field: "tools", .. })
+    ));
+    for reserved in RESERVED_TEMPLATE_VARIABLES {
+        let r = GenerateRequest::new("hi").chat_template_kwarg(reserved, json!(1));
+        assert!(
+            matches!(
+                r.validate(),
+                Err(ProviderError::InvalidRequest {
+                    field: "chat_template_kwargs",
+                    ..
+                })
+            ),
+            "{reserved}"
+        );
+    }
 }

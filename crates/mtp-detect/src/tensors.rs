@@ -198,6 +198,25 @@ where
         .collect()
 }
 
+/// The name of an embedded head's tensor inside its `mtp.` namespace, for every namespace
+/// detection accepts (`mtp.`, `model.mtp.`, `language_model.mtp.`, `model.language_model.mtp.`,
+/// `language_model.model.mtp.`): what the engine loads the head from. `None` for names outside
+/// those namespaces.
+///
+/// ```
+/// use mtp_detect::mtp_namespace_key;
+/// assert_eq!(mtp_namespace_key("mtp.fc.weight"), Some("fc.weight"));
+/// assert_eq!(mtp_namespace_key("model.language_model.mtp.layers.0.mlp.up_proj.weight"),
+///            Some("layers.0.mlp.up_proj.weight"));
+/// assert_eq!(mtp_namespace_key("model.language_model.layers.0.mlp.up_proj.weight"), None);
+/// ```
+pub fn mtp_namespace_key(name: &str) -> Option<&str> {
+    MTP_PREFIXES
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .filter(|rest| !rest.is_empty())
+}
+
 /// The canonical key of a companion drafter's tensor: the name with any `mtp.` namespace
 /// stripped, if what remains is a drafter component (`fc.weight`, `layers.0.*`, `norm.weight`,
 /// `pre_fc_norm_*`, `eh_proj.*`). `None` for anything else.
@@ -209,10 +228,7 @@ where
 /// assert_eq!(drafter_tensor_key("lm_head.weight"), None);
 /// ```
 pub fn drafter_tensor_key(name: &str) -> Option<&str> {
-    let stripped = MTP_PREFIXES
-        .iter()
-        .find_map(|p| name.strip_prefix(p))
-        .unwrap_or(name);
+    let stripped = mtp_namespace_key(name).unwrap_or(name);
     DRAFTER_COMPONENTS
         .iter()
         .any(|c| stripped.starts_with(c))

@@ -345,6 +345,63 @@ impl ModelConfig {
     }
 }
 
+/// `generation_config.json`: the end-of-sequence ids and the sampling settings the model's
+/// authors recommend, which transformers and mlx-vlm use when a caller sets none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationConfig {
+    /// `eos_token_id` (a number or a list).
+    pub eos_token_ids: Vec<u32>,
+    /// `do_sample`: `false` means greedy whatever the other settings say.
+    pub do_sample: Option<bool>,
+    /// `temperature`.
+    pub temperature: Option<f32>,
+    /// `top_p`.
+    pub top_p: Option<f32>,
+    /// `top_k`.
+    pub top_k: Option<u32>,
+    /// `min_p`.
+    pub min_p: Option<f32>,
+    /// `repetition_penalty`.
+    pub repetition_penalty: Option<f32>,
+}
+
+impl GenerationConfig {
+    /// Reads `dir/generation_config.json`; a checkpoint without one has the empty default. A
+    /// file that is not a JSON object is an error naming it; fields of the wrong type are
+    /// ignored (as transformers ignores them).
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("generation_config.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => return Err(Error::Io { path, source }),
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if !v.is_object() {
+            return Err(Error::Config {
+                path,
+                message: "not a JSON object".into(),
+            });
+        }
+        let f32_of = |k: &str| v.get(k).and_then(|x| x.as_f64()).map(|x| x as f32);
+        Ok(GenerationConfig {
+            eos_token_ids: eos_list(v.get("eos_token_id")),
+            do_sample: v.get("do_sample").and_then(|x| x.as_bool()),
+            temperature: f32_of("temperature"),
+            top_p: f32_of("top_p"),
+            top_k: v
+                .get("top_k")
+                .and_then(|x| x.as_u64())
+                .and_then(|x| u32::try_from(x).ok()),
+            min_p: f32_of("min_p"),
+            repetition_penalty: f32_of("repetition_penalty"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@ use std::time::Instant;
 use candle_core::Device;
 use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
 
+use crate::config::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
@@ -35,6 +36,11 @@ pub struct GenerateOptions {
     pub stop_token_ids: Vec<u32>,
     /// Do not stop at EOS (parity tests, benchmarks).
     pub ignore_eos: bool,
+    /// With a checkpoint asked of [`Engine::generate_resumable`], also keep the state after
+    /// this many prompt tokens (a chat's conversation before its generation prompt: the next
+    /// turn renders the same tokens there and can resume from it). Ignored when it is not inside
+    /// the part of the prompt this call computes.
+    pub checkpoint_at: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -45,6 +51,7 @@ impl Default for GenerateOptions {
             num_draft_tokens: None,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            checkpoint_at: None,
         }
     }
 }
@@ -111,6 +118,7 @@ pub struct Engine {
     model: Qwen35Model,
     drafter: Option<MtpHead>,
     tokenizer: Option<TextTokenizer>,
+    generation: GenerationConfig,
     eos: Vec<u32>,
     dir: PathBuf,
 }
@@ -158,7 +166,13 @@ impl Engine {
         } else {
             None
         };
+        let generation = GenerationConfig::load(dir)?;
         let mut eos = model.config().eos_token_ids.clone();
+        for id in &generation.eos_token_ids {
+            if !eos.contains(id) {
+                eos.push(*id);
+            }
+        }
         if let Some(t) = &tokenizer {
             if let Some(id) = t.eos_token().and_then(|s| t.token_id(s)) {
                 if !eos.contains(&id) {
@@ -170,6 +184,7 @@ impl Engine {
             model,
             drafter,
             tokenizer,
+            generation,
             eos,
             dir: dir.to_path_buf(),
         })
@@ -205,6 +220,11 @@ impl Engine {
     /// The MTP head, when loaded.
     pub fn drafter(&self) -> Option<&MtpHead> {
         self.drafter.as_ref()
+    }
+
+    /// The checkpoint's `generation_config.json` (empty when it has none).
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
     }
 
     /// The tokenizer, when the checkpoint has one.
@@ -276,6 +296,7 @@ impl Engine {
         }
         let mut prompt_state = None;
         let mut final_state = None;
+        let mut history_state = None;
         let mut computed = prompt.len();
         let mut stops = opts.stop_token_ids.clone();
         if !opts.ignore_eos {
@@ -331,8 +352,10 @@ impl Engine {
                 &mut first_at,
                 resume,
                 checkpoint,
+                checkpoint.then_some(opts.checkpoint_at).flatten(),
                 &mut prompt_state,
                 &mut final_state,
+                &mut history_state,
                 &mut computed,
             )?;
             o.used = true;
@@ -343,12 +366,31 @@ impl Engine {
         } else {
             let t0 = Instant::now();
             let resume = resume.filter(|st| st.tokens < prompt.len());
-            let start = resume.map_or(0, |st| st.tokens);
+            let mut start = resume.map_or(0, |st| st.tokens);
             let mut cache = [resume.map_or_else(|| self.model.new_cache(), |st| st.cache.clone())];
+            computed = prompt.len() - start;
+            // The state after the conversation before the generation prompt: prefill in two
+            // parts, keeping the cache between them.
+            if let Some(n) = opts
+                .checkpoint_at
+                .filter(|&n| checkpoint && n > start && n < prompt.len())
+            {
+                let out =
+                    self.model
+                        .forward(&[prompt[start..n].to_vec()], &mut cache, LogitsAt::None)?;
+                let dm = self.model.hidden_size();
+                let rows = out.hidden.len() / dm.max(1);
+                history_state = Some(PromptState {
+                    cache: cache[0].clone(),
+                    mcache: None,
+                    last_hidden: out.hidden[rows.saturating_sub(1) * dm..].to_vec(),
+                    tokens: n,
+                });
+                start = n;
+            }
             let out =
                 self.model
                     .forward(&[prompt[start..].to_vec()], &mut cache, LogitsAt::Last)?;
-            computed = prompt.len() - start;
             if checkpoint {
                 let dm = self.model.hidden_size();
                 let rows = out.hidden.len() / dm.max(1);
@@ -420,6 +462,7 @@ impl Engine {
             computed_prompt_tokens: computed,
             prompt_state,
             final_state,
+            history_state,
         })
     }
 }

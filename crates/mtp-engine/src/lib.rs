@@ -25,7 +25,7 @@ pub mod team;
 pub mod tokenizer;
 
 pub use cache::{CacheSnapshot, SeqCache};
-pub use config::ModelConfig;
+pub use config::{GenerationConfig, ModelConfig};
 pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
@@ -33,4 +33,4 @@ pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
 pub use resume::{PromptState, ResumableOutput};
-pub use tokenizer::{ChatMessage, TextTokenizer};
+pub use tokenizer::{TextTokenizer, TokenDecoder};

@@ -69,8 +69,9 @@ fn route(name: &str) -> Dest {
     {
         return Dest::Skip;
     }
-    // HF MTP-preserving checkpoints (Qwen3.5/3.6 HF, mlx-works *-mtp): embedded head.
-    if let Some(rest) = name.strip_prefix("mtp.") {
+    // Embedded head (Qwen3.5/3.6 HF, mlx-works *-mtp, and every other namespace detection
+    // reports as a head: the rule lives in mtp-detect, once).
+    if let Some(rest) = mtp_detect::mtp_namespace_key(name) {
         return Dest::Mtp(rest.to_string());
     }
     for (prefix, repl) in [

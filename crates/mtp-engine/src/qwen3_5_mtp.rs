@@ -76,7 +76,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
         if quantized && (name.ends_with(".scales") || name.ends_with(".biases")) {
             continue;
         }
-        let (hf, canonical) = match name.strip_prefix("mtp.") {
+        let (hf, canonical) = match mtp_detect::mtp_namespace_key(name) {
             Some(rest) => (true, rest.to_string()),
             None => (false, name.clone()),
         };

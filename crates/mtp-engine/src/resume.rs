@@ -54,4 +54,8 @@ pub struct ResumableOutput {
     /// generation fed at least one token. A later call whose prompt extends the prompt and the
     /// reply (the next chat turn) resumes from it.
     pub final_state: Option<PromptState>,
+    /// The state after `checkpoint_at` prompt tokens, when a checkpoint was asked for with
+    /// [`GenerateOptions::checkpoint_at`](crate::GenerateOptions::checkpoint_at) inside the part
+    /// of the prompt this call computed.
+    pub history_state: Option<PromptState>,
 }

@@ -221,8 +221,10 @@ pub(crate) fn run(
     first_at: &mut Option<Instant>,
     resume: Option<&PromptState>,
     checkpoint: bool,
+    checkpoint_at: Option<usize>,
     state_out: &mut Option<PromptState>,
     final_out: &mut Option<PromptState>,
+    history_out: &mut Option<PromptState>,
     computed: &mut usize,
 ) -> Result<()> {
     let dm = model.hidden_size();
@@ -240,6 +242,30 @@ pub(crate) fn run(
         None => (model.new_cache(), head.new_cache(), 0, Vec::new()),
     };
     *computed = prompt.len() - start;
+    let mut start = start;
+    // The state after the conversation before the generation prompt (`checkpoint_at`): prefill
+    // the target and the drafter up to there, keep both caches, then go on as if resumed there.
+    if let Some(n) = checkpoint_at.filter(|&n| n > start && n < prompt.len()) {
+        let out = model.forward(
+            &[prompt[start..n].to_vec()],
+            std::slice::from_mut(&mut cache),
+            LogitsAt::None,
+        )?;
+        hid_all.extend_from_slice(&out.hidden);
+        let pairs = &prompt[start.max(1)..n];
+        if !pairs.is_empty() {
+            head.forward(model, pairs, &hid_all[..pairs.len() * dm], &mut mcache)?;
+        }
+        let last = hid_all[pairs.len() * dm..(pairs.len() + 1) * dm].to_vec();
+        *history_out = Some(PromptState {
+            cache: cache.clone(),
+            mcache: Some(mcache.clone()),
+            last_hidden: last.clone(),
+            tokens: n,
+        });
+        hid_all = last;
+        start = n;
+    }
     let out = model.forward(
         &[prompt[start..].to_vec()],
         std::slice::from_mut(&mut cache),

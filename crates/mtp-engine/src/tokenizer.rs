@@ -1,36 +1,20 @@
-//! Tokenizer (`tokenizer.json`) and chat template (`tokenizer_config.json` `chat_template` or
-//! `chat_template.jinja`, rendered with minijinja).
+//! A checkpoint's tokenizer (`tokenizer.json`, through Hugging Face `tokenizers`) and chat
+//! templates (found and rendered by `mtp-chat`, exactly as transformers renders them).
 
 use std::path::Path;
+use std::sync::Arc;
 
-use serde::Serialize;
+use mtp_chat::{ChatError, ChatTemplates, CheckpointError, Prompt};
+use mtp_contract::GenerateRequest;
 
 use crate::error::{Error, Result};
 
-/// One chat message for the template.
-#[derive(Debug, Clone, Serialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl ChatMessage {
-    /// A message with `role` and `content`.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
-
-/// A checkpoint's tokenizer and chat template.
+/// A checkpoint's tokenizer and chat templates.
 pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
-    template: Option<String>,
-    bos_token: Option<String>,
+    /// The templates, or why they could not be read: a template that does not compile fails
+    /// chat requests with its error, while raw prompts still work.
+    templates: std::result::Result<ChatTemplates, Arc<CheckpointError>>,
     eos_token: Option<String>,
 }
 
@@ -38,64 +22,36 @@ impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TextTokenizer")
             .field("vocab", &self.tok.get_vocab_size(true))
-            .field("chat_template", &self.template.is_some())
+            .field("chat_template", &self.has_chat_template())
             .finish()
     }
 }
 
-fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
-    match v? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o
-            .get("content")
-            .and_then(|c| c.as_str())
-            .map(str::to_string),
-        _ => None,
-    }
-}
-
 impl TextTokenizer {
-    /// Reads `dir/tokenizer.json` (required) and the chat template, if any.
+    /// Reads `dir/tokenizer.json` (required) and the chat templates, if any.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let tok = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        let mut template = None;
-        let mut bos_token = None;
-        let mut eos_token = None;
-        let cfg_path = dir.join("tokenizer_config.json");
-        if let Ok(text) = std::fs::read_to_string(&cfg_path) {
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-                path: cfg_path.clone(),
-                message: e.to_string(),
-            })?;
-            template = match v.get("chat_template") {
-                Some(serde_json::Value::String(s)) => Some(s.clone()),
-                // A list of named templates: take "default".
-                Some(serde_json::Value::Array(a)) => a
-                    .iter()
-                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                    .or(a.first())
-                    .and_then(|t| t.get("template"))
-                    .and_then(|t| t.as_str())
-                    .map(str::to_string),
-                _ => None,
-            };
-            bos_token = token_string(v.get("bos_token"));
-            eos_token = token_string(v.get("eos_token"));
-        }
-        if template.is_none() {
-            template = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
-        }
+        let templates = ChatTemplates::from_dir(dir).map_err(|e| {
+            tracing::warn!(dir = %dir.display(), "chat template unusable: {e}");
+            Arc::new(e)
+        });
+        let eos_token = templates
+            .as_ref()
+            .ok()
+            .and_then(|t| t.special_tokens().get("eos_token"))
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
         Ok(TextTokenizer {
             tok,
-            template,
-            bos_token,
+            templates,
             eos_token,
         })
     }
 
-    /// Token ids of `text` (no special tokens added).
+    /// Token ids of `text` (no special tokens added; special tokens written in the text, such
+    /// as a chat template's `<|im_start|>`, are recognised).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .tok
@@ -111,9 +67,24 @@ impl TextTokenizer {
             .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
+    /// An incremental decoder: text for each new token, without decoding the whole reply again.
+    pub fn decoder(&self) -> TokenDecoder<'_> {
+        TokenDecoder {
+            tok: &self.tok,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
+    }
+
     /// The id of a token string, if it is in the vocabulary.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tok.token_to_id(token)
+    }
+
+    /// The number of token ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tok.get_vocab_size(true)
     }
 
     /// The configured end-of-sequence token string.
@@ -121,55 +92,93 @@ impl TextTokenizer {
         self.eos_token.as_deref()
     }
 
-    /// True when the checkpoint ships a chat template.
+    /// True when the checkpoint ships a usable chat template.
     pub fn has_chat_template(&self) -> bool {
-        self.template.is_some()
+        self.templates.as_ref().is_ok_and(|t| !t.is_empty())
     }
 
-    /// Renders the chat template with `add_generation_prompt = true`; `thinking` becomes the
-    /// template's `enable_thinking` variable when given. Without a template the user contents
-    /// are joined by newlines.
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        thinking: Option<bool>,
-    ) -> Result<String> {
-        let Some(src) = &self.template else {
-            return Ok(messages
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"));
-        };
-        let mut env = minijinja::Environment::new();
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_template("chat", src)
-            .map_err(|e| Error::Template(e.to_string()))?;
-        let tmpl = env
-            .get_template("chat")
-            .map_err(|e| Error::Template(e.to_string()))?;
-        let mut ctx = std::collections::BTreeMap::<&str, minijinja::Value>::new();
-        ctx.insert("messages", minijinja::Value::from_serialize(messages));
-        ctx.insert("add_generation_prompt", true.into());
-        ctx.insert(
-            "bos_token",
-            self.bos_token.clone().unwrap_or_default().into(),
-        );
-        ctx.insert(
-            "eos_token",
-            self.eos_token.clone().unwrap_or_default().into(),
-        );
-        if let Some(t) = thinking {
-            ctx.insert("enable_thinking", t.into());
+    /// The chat templates, or why the checkpoint's could not be read.
+    pub fn templates(&self) -> std::result::Result<&ChatTemplates, &CheckpointError> {
+        self.templates.as_ref().map_err(|e| e.as_ref())
+    }
+
+    /// Renders `request` into prompt text with the checkpoint's chat template (verbatim for a
+    /// raw request).
+    pub fn render(&self, request: &GenerateRequest) -> std::result::Result<Prompt, ChatError> {
+        if request.raw_prompt {
+            return Ok(Prompt {
+                text: request.prompt.clone(),
+                reasoning: None,
+            });
         }
-        tmpl.render(ctx).map_err(|e| Error::Template(e.to_string()))
+        match &self.templates {
+            Ok(t) => t.render_request(request),
+            Err(e) => match e.as_ref() {
+                CheckpointError::Template(t) => Err(ChatError::Template(t.clone())),
+                other => Err(ChatError::Template(mtp_chat::TemplateError::Syntax {
+                    name: "chat template".into(),
+                    line: None,
+                    construct: None,
+                    message: other.to_string(),
+                })),
+            },
+        }
+    }
+}
+
+/// Decodes a reply token by token (Hugging Face `tokenizers`' stream decoding): each step
+/// decodes only the few tokens since the last complete piece, so a long reply costs time in its
+/// length, and characters split across tokens (multi-byte UTF-8 in byte-level vocabularies) come
+/// out whole.
+pub struct TokenDecoder<'a> {
+    tok: &'a tokenizers::Tokenizer,
+    ids: Vec<u32>,
+    prefix: String,
+    prefix_index: usize,
+}
+
+impl TokenDecoder<'_> {
+    /// Adds one token; returns the new text, if a complete piece is ready.
+    pub fn step(&mut self, id: u32) -> Result<Option<String>> {
+        let r = tokenizers::tokenizer::step_decode_stream(
+            self.tok,
+            vec![id],
+            true,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        );
+        match r {
+            Ok(s) => Ok(s),
+            Err(e) if e.is::<tokenizers::tokenizer::DecodeStreamError>() => {
+                // A decoder whose output for the window does not extend its output for the
+                // prefix (rare normalizing decoders): resynchronise on the window's text.
+                tracing::debug!("stream decoding resynchronised: {e}");
+                self.prefix = self.decode_window()?;
+                self.prefix_index = self.ids.len();
+                Ok(None)
+            }
+            Err(e) => Err(Error::Tokenizer(e.to_string())),
+        }
+    }
+
+    fn decode_window(&self) -> Result<String> {
+        self.tok
+            .decode(&self.ids, true)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// Ends the reply: text still held back (an incomplete character at the very end comes out
+    /// as U+FFFD, as a whole-reply decode would give it).
+    pub fn finish(&mut self) -> Result<String> {
+        let s = self.decode_window()?;
+        let out = s
+            .strip_prefix(self.prefix.as_str())
+            .map(str::to_string)
+            .unwrap_or_default();
+        self.ids.clear();
+        self.prefix.clear();
+        self.prefix_index = 0;
+        Ok(out)
     }
 }

@@ -289,6 +289,7 @@ impl Inner {
         };
         GenerateResponse {
             content: acc.content,
+            reasoning_content: (!acc.reasoning.is_empty()).then_some(acc.reasoning),
             token_ids: acc.saw_token_ids.then_some(acc.token_ids),
             finish_reason,
             usage: Usage {
@@ -446,7 +447,10 @@ impl StreamState {
                     return;
                 }
                 Ok(piece) => {
-                    if !piece.text.is_empty() || !piece.token_ids.is_empty() {
+                    if !piece.text.is_empty()
+                        || !piece.reasoning.is_empty()
+                        || !piece.token_ids.is_empty()
+                    {
                         if self.ttft_ms.is_none() {
                             self.ttft_ms =
                                 Some(self.prepared.started.elapsed().as_secs_f64() * 1000.0);
@@ -454,6 +458,7 @@ impl StreamState {
                         self.queue.push_back(Ok(StreamEvent::Delta {
                             text: piece.text,
                             token_ids: piece.token_ids,
+                            reasoning: piece.reasoning,
                         }));
                     }
                 }
@@ -603,12 +608,14 @@ impl Provider for HttpProvider {
             acc.absorb(&v)
                 .map_err(|m| inner.t.api_error(None, format!("server error: {m}")))?;
             let text = acc.content.clone();
+            let reasoning = acc.reasoning.clone();
             let ids = acc.token_ids.clone();
             let resp = inner.finish(&prepared, acc, false, None).await;
             let events = vec![
                 Ok(StreamEvent::Delta {
                     text,
                     token_ids: ids,
+                    reasoning,
                 }),
                 Ok(StreamEvent::Done(Box::new(resp))),
             ];

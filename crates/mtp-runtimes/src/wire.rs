@@ -2,7 +2,7 @@
 //! native `/completion`. One [`Accum`] absorbs either a full response or stream chunks, so the
 //! streaming and non-streaming paths read the same fields.
 
-use mtp_contract::{FinishReason, GenerateRequest, ProviderError, ResolvedSpeculation, Role};
+use mtp_contract::{FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation};
 use serde_json::{json, Map, Value};
 
 use crate::options::ServerKind;
@@ -81,12 +81,15 @@ pub(crate) fn build_body(
                 msgs.push(json!({"role": "system", "content": sys}));
             }
             for m in req.messages.iter().flatten() {
-                msgs.push(json!({"role": role(m.role), "content": m.content}));
+                msgs.push(openai_message(m));
             }
             if !req.prompt.is_empty() {
                 msgs.push(json!({"role": "user", "content": req.prompt}));
             }
             b.insert("messages".into(), Value::Array(msgs));
+            if !req.tools.is_empty() {
+                b.insert("tools".into(), Value::Array(req.tools.clone()));
+            }
         }
         Endpoint::Completion => {
             b.insert("model".into(), model.into());
@@ -138,16 +141,19 @@ pub(crate) fn build_body(
     if !req.stop.is_empty() {
         put("stop", Some(json!(req.stop)));
     }
-    if let (Some(on), Endpoint::Chat) = (req.thinking, endpoint) {
+    if endpoint == Endpoint::Chat
+        && (req.thinking.is_some() || !req.chat_template_kwargs.is_empty())
+    {
         match kind {
             ServerKind::LlamaServer | ServerKind::Vllm => {
-                put(
-                    "chat_template_kwargs",
-                    Some(json!({ "enable_thinking": on })),
-                );
+                let mut kw = req.chat_template_kwargs.clone();
+                if let Some(on) = req.thinking {
+                    kw.insert("enable_thinking".into(), on.into());
+                }
+                put("chat_template_kwargs", Some(Value::Object(kw)));
             }
             other => {
-                tracing::warn!(provider = %other, "`thinking` has no portable request field on this server; it is not sent");
+                tracing::warn!(provider = %other, "`thinking` and chat_template_kwargs have no portable request field on this server; they are not sent");
             }
         }
     }
@@ -159,13 +165,47 @@ pub(crate) fn build_body(
     Value::Object(b)
 }
 
-fn role(r: Role) -> &'static str {
-    match r {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
+/// One history message in the OpenAI chat shape: tool-call arguments as the JSON string the
+/// API specifies, reasoning as `reasoning_content` (llama-server and vLLM read it back into
+/// their templates).
+fn openai_message(m: &Message) -> Value {
+    let mut o = Map::new();
+    o.insert("role".into(), m.role.as_str().into());
+    o.insert("content".into(), m.content.clone().into());
+    if let Some(r) = &m.reasoning_content {
+        o.insert("reasoning_content".into(), r.clone().into());
     }
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = match &c.function.arguments {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "{}".to_string(),
+                    v => v.to_string(),
+                };
+                let mut call = Map::new();
+                if let Some(id) = &c.id {
+                    call.insert("id".into(), id.clone().into());
+                }
+                call.insert("type".into(), c.kind.clone().into());
+                call.insert(
+                    "function".into(),
+                    json!({"name": c.function.name, "arguments": args}),
+                );
+                Value::Object(call)
+            })
+            .collect();
+        o.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), id.clone().into());
+    }
+    if let Some(n) = &m.name {
+        o.insert("name".into(), n.clone().into());
+    }
+    Value::Object(o)
 }
 
 /// The depth to ask llama-server for: the request's explicit depth, 0 when speculation is
@@ -184,6 +224,9 @@ pub(crate) fn requested_depth(kind: ServerKind, resolved: &ResolvedSpeculation) 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Accum {
     pub content: String,
+    /// `reasoning_content` (llama-server, vLLM, LM Studio) or `reasoning` (Ollama's OpenAI
+    /// endpoint), concatenated.
+    pub reasoning: String,
     pub token_ids: Vec<u32>,
     pub saw_token_ids: bool,
     pub finish: Option<FinishReason>,
@@ -205,6 +248,7 @@ pub(crate) struct Accum {
 /// A delta produced by one absorbed object.
 pub(crate) struct Piece {
     pub text: String,
+    pub reasoning: String,
     pub token_ids: Vec<u32>,
 }
 
@@ -222,6 +266,7 @@ impl Accum {
             return Err(msg);
         }
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut ids = Vec::new();
         if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
             let t = choice
@@ -231,6 +276,17 @@ impl Accum {
                 .and_then(Value::as_str);
             if let Some(t) = t {
                 text.push_str(t);
+            }
+            let r = [
+                "/delta/reasoning_content",
+                "/message/reasoning_content",
+                "/delta/reasoning",
+                "/message/reasoning",
+            ]
+            .iter()
+            .find_map(|p| choice.pointer(p).and_then(Value::as_str));
+            if let Some(r) = r {
+                reasoning.push_str(r);
             }
             if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
                 self.finish = Some(map_finish(fr));
@@ -281,9 +337,11 @@ impl Accum {
             self.vllm_spec = Some(m.clone());
         }
         self.content.push_str(&text);
+        self.reasoning.push_str(&reasoning);
         self.token_ids.extend_from_slice(&ids);
         Ok(Piece {
             text,
+            reasoning,
             token_ids: ids,
         })
     }

@@ -348,6 +348,182 @@ fn generate_raw_uses_the_prompt_verbatim() {
 }
 
 #[test]
+fn generate_thinking_modes() {
+    // default: the template decides; the reasoning goes to stderr, the answer alone to stdout
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--max-tokens",
+        "4",
+        "think-default",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
+    assert!(err.starts_with(fake::REASONING), "{err}");
+    assert_eq!(requests_for("think-default")[0].thinking, None);
+    // on: enable_thinking true, shown
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--thinking",
+        "on",
+        "think-on",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(err.contains(fake::REASONING), "{err}");
+    assert_eq!(requests_for("think-on")[0].thinking, Some(true));
+    // off: enable_thinking false (the fake then reasons not at all)
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--thinking",
+        "off",
+        "--max-tokens",
+        "4",
+        "think-off",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
+    assert!(!err.contains("The user wants"), "{err}");
+    assert_eq!(requests_for("think-off")[0].thinking, Some(false));
+    // hide: reasons, but only the answer is printed (and --json leaves it out too)
+    let (code, out, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--thinking",
+        "hide",
+        "--max-tokens",
+        "4",
+        "think-hide",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
+    assert!(!err.contains("The user wants"), "{err}");
+    assert_eq!(requests_for("think-hide")[0].thinking, Some(true));
+    let (_, out, _) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--json",
+        "think-json",
+    ]);
+    assert_eq!(json(&out)["reasoning_content"], fake::REASONING);
+    let (_, out, _) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "think",
+        "--json",
+        "--thinking",
+        "hide",
+        "think-json-hide",
+    ]);
+    assert!(json(&out).get("reasoning_content").is_none(), "{out}");
+    // a bad mode is a usage error naming the values
+    let (code, _, err) = mtp(&["generate", "--provider", "fake", "--thinking", "maybe", "x"]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    assert!(err.contains("on") && err.contains("hide"), "{err}");
+}
+
+#[test]
+fn generate_system_and_messages_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("conv.json");
+    std::fs::write(
+        &file,
+        r#"[{"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": null, "reasoning_content": "Greet back.",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wave", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "waved"}]"#,
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--messages",
+        path,
+        "--system",
+        "Sys.",
+        "msgs-then-prompt",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let r = &requests_for("msgs-then-prompt")[0];
+    assert_eq!(r.system_prompt.as_deref(), Some("Sys."));
+    let h = r.messages.as_ref().expect("history");
+    assert_eq!(h.len(), 4);
+    assert_eq!(h[2].reasoning_content.as_deref(), Some("Greet back."));
+    assert_eq!(h[2].tool_calls[0].function.name, "wave");
+    assert_eq!(h[3].tool_call_id.as_deref(), Some("c1"));
+    // without a prompt, the file's last turn is the prompt
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--messages",
+        path,
+    ]);
+    assert_eq!(code, OK, "{err}");
+    // neither a prompt nor --messages: usage error
+    let (code, _, err) = mtp(&["generate", "--provider", "fake"]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    // a broken file: one error line naming the file and the message at fault
+    std::fs::write(
+        &file,
+        r#"[{"role": "user", "content": "ok"}, {"role": "robot"}]"#,
+    )
+    .unwrap();
+    let (code, _, err) = mtp(&["generate", "--provider", "fake", "--messages", path, "x"]);
+    assert_ne!(code, OK);
+    assert!(
+        err.contains("--messages") && err.contains("message 1: unknown role `robot`"),
+        "{err}"
+    );
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--messages",
+        "/no/such/file.json",
+        "x",
+    ]);
+    assert_ne!(code, OK);
+    assert!(err.contains("/no/such/file.json"), "{err}");
+    // --raw sends the prompt verbatim: it cannot take a conversation
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--raw",
+        "--system",
+        "s",
+        "x",
+    ]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+}
+
+#[test]
 fn generate_errors_are_one_line_and_non_zero() {
     let cases: &[(&[&str], &str)] = &[
         (&["--model", "fail-load"], "cannot start provider `fake` for model fail-load: cannot load model fail-load: config.json is missing"),
@@ -539,6 +715,58 @@ fn chat_require_acceleration_refuses_to_start_without_a_lane() {
     assert!(!out.contains("mtp chat ·"), "{out}");
     assert!(err.contains("refusing to start"), "{err}");
     assert!(requests_for("chat-refused").is_empty());
+}
+
+#[test]
+fn chat_thinking_system_and_reasoning_history() {
+    let (code, out, err) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "think",
+            "--max-tokens",
+            "3",
+        ],
+        &[
+            "chat-think-1",
+            "/thinking",
+            "/thinking hide",
+            "chat-think-2",
+            "/thinking off",
+            "/system Answer in French.",
+            "/system",
+            "chat-think-3",
+            "/thinking maybe",
+            "/system clear",
+            "chat-think-4",
+        ],
+    );
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.contains("thinking: the chat template's default"),
+        "{out}"
+    );
+    assert!(out.contains("thinking hide for the next turns"), "{out}");
+    assert!(out.contains("system prompt: Answer in French."), "{out}");
+    assert!(out.contains("unknown /thinking argument `maybe`"), "{out}");
+    // the reasoning of turn 1 was shown (stderr), turn 2's was not
+    assert_eq!(err.matches(fake::REASONING).count(), 1, "{err}");
+    let r1 = &requests_for("chat-think-1")[0];
+    assert_eq!(r1.thinking, None);
+    let r2 = &requests_for("chat-think-2")[0];
+    assert_eq!(r2.thinking, Some(true));
+    // the history keeps each answer's reasoning for the template
+    let h2 = r2.messages.as_ref().unwrap();
+    assert_eq!(h2[1].reasoning_content.as_deref(), Some(fake::REASONING));
+    let r3 = &requests_for("chat-think-3")[0];
+    assert_eq!(r3.thinking, Some(false));
+    assert_eq!(r3.system_prompt.as_deref(), Some("Answer in French."));
+    assert_eq!(r3.messages.as_ref().unwrap().len(), 4);
+    let r4 = &requests_for("chat-think-4")[0];
+    assert_eq!(r4.system_prompt, None);
+    // one cache key for the whole session
+    assert_eq!(r1.prompt_cache_key, r4.prompt_cache_key);
 }
 
 #[test]

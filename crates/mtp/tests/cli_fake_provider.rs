@@ -5,7 +5,8 @@
 //!
 //! Model names steer it: `slow` streams one round per 150 ms (for Ctrl-C), `nolane` loads no
 //! drafter (`mtp_head_not_cached`), `fail-load` fails to load, `garbage` answers with
-//! degenerate repetition, `empty` answers nothing.
+//! degenerate repetition, `empty` answers nothing, `think` reasons first ([`REASONING`],
+//! streamed before the answer) unless the request says `thinking: false`.
 //!
 //! Included by the other `cli_*` tests with `#[path]`; compiled alone it tests itself.
 #![allow(dead_code)]
@@ -26,6 +27,9 @@ pub static REQUESTS: Mutex<Vec<GenerateRequest>> = Mutex::new(Vec::new());
 pub static OPTIONS: Mutex<Vec<(String, ProviderOptions)>> = Mutex::new(Vec::new());
 /// Every `prompt_cache_clear` key.
 pub static CLEARS: Mutex<Vec<Option<String>>> = Mutex::new(Vec::new());
+
+/// What a `think` model reasons before its answer.
+pub const REASONING: &str = "The user wants code.\nStart with main.";
 
 /// The words the fake "generates", cyclically.
 pub const WORDS: [&str; 8] = ["fn", "main", "()", "{", "println!", "(\"hi\")", ";", "}\n"];
@@ -97,6 +101,7 @@ fn token(i: usize) -> String {
 }
 
 struct Run {
+    reasoning: Option<String>,
     chunks: Vec<(String, Vec<u32>)>,
     response: GenerateResponse,
 }
@@ -169,8 +174,11 @@ impl Fake {
         } else {
             40.0
         };
+        let reasoning = (self.model.contains("think") && req.thinking != Some(false))
+            .then(|| REASONING.to_string());
         let response = GenerateResponse {
             content: tokens.iter().map(|t| t.0.as_str()).collect(),
+            reasoning_content: reasoning.clone(),
             token_ids: Some(tokens.iter().map(|t| t.1).collect()),
             finish_reason: FinishReason::Length,
             usage: Usage {
@@ -191,7 +199,11 @@ impl Fake {
             },
             partial: false,
         };
-        Ok(Run { chunks, response })
+        Ok(Run {
+            reasoning,
+            chunks,
+            response,
+        })
     }
 }
 
@@ -261,13 +273,26 @@ impl Provider for Fake {
         } else {
             Duration::ZERO
         };
-        let deltas = futures::stream::iter(run.chunks).then(move |(text, ids)| async move {
+        // reasoning first, in two pieces, as a thinking model streams it
+        let mut pieces: Vec<(String, Vec<u32>, String)> = Vec::new();
+        if let Some(r) = &run.reasoning {
+            let (a, b) = r.split_at(r.len() / 2);
+            pieces.push((String::new(), vec![900], a.to_string()));
+            pieces.push((String::new(), vec![901], b.to_string()));
+        }
+        pieces.extend(
+            run.chunks
+                .into_iter()
+                .map(|(t, ids)| (t, ids, String::new())),
+        );
+        let deltas = futures::stream::iter(pieces).then(move |(text, ids, reasoning)| async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             Ok(StreamEvent::Delta {
                 text,
                 token_ids: ids,
+                reasoning,
             })
         });
         let done =

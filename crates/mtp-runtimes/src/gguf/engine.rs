@@ -16,6 +16,7 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::speculative::{MtpSpeculative, MtpSpeculativeParams};
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
+use mtp_chat::{ReasoningStart, ReplyText, Split};
 use mtp_contract::{DraftStats, FinishReason, Sampling};
 
 /// What one call asks of the loop.
@@ -27,6 +28,8 @@ pub(crate) struct Job {
     pub max_new: usize,
     /// Stop sequences.
     pub stop: Vec<String>,
+    /// How to split reasoning from the reply (chat prompts of thinking templates).
+    pub reasoning: Option<ReasoningStart>,
     /// Sampling controls.
     pub sampling: Sampling,
     /// `Some(depth)` to speculate.
@@ -41,6 +44,7 @@ pub(crate) struct Job {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Outcome {
     pub text: String,
+    pub reasoning: Option<String>,
     pub ids: Vec<u32>,
     pub finish: Option<FinishReason>,
     pub stats: DraftStats,
@@ -54,17 +58,17 @@ pub(crate) struct Outcome {
 
 /// Receives text as it is accepted; returns false to cancel.
 pub(crate) trait Sink {
-    fn delta(&mut self, text: &str, ids: &[u32]) -> bool;
+    fn delta(&mut self, text: &Split, ids: &[u32]) -> bool;
 }
 
-/// Turns accepted tokens into text: complete UTF-8 only, stop sequences cut, and text that
-/// could still become the start of a stop sequence held back until it cannot.
+/// Turns accepted tokens into text: complete UTF-8 only (a character split across tokens comes
+/// out whole), cut at stop strings and split into reasoning and answer by the shared
+/// [`ReplyText`] (which holds back what could still start a stop string or a tag).
 struct Text<'a> {
     model: &'a LlamaModel,
-    stop: Vec<String>,
     bytes: Vec<u8>,
-    text: String,
-    emitted: usize,
+    reply: ReplyText,
+    pending: Split,
     ids: Vec<u32>,
     pending_ids: Vec<u32>,
     max_new: usize,
@@ -76,17 +80,21 @@ enum Step {
 }
 
 impl<'a> Text<'a> {
-    fn new(model: &'a LlamaModel, stop: Vec<String>, max_new: usize) -> Self {
+    fn new(model: &'a LlamaModel, job: &Job) -> Self {
         Text {
             model,
-            stop,
             bytes: Vec::new(),
-            text: String::new(),
-            emitted: 0,
+            reply: ReplyText::new(job.stop.clone(), job.reasoning.clone()),
+            pending: Split::default(),
             ids: Vec::new(),
             pending_ids: Vec::new(),
-            max_new,
+            max_new: job.max_new,
         }
+    }
+
+    fn add(&mut self, s: Split) {
+        self.pending.content.push_str(&s.content);
+        self.pending.reasoning.push_str(&s.reasoning);
     }
 
     /// Adds one accepted token. Returns whether generation ends with it.
@@ -100,34 +108,32 @@ impl<'a> Text<'a> {
         self.pending_ids.push(id);
         self.bytes
             .extend_from_slice(&vocab.token_to_piece(tok, false, None));
-        match std::str::from_utf8(&self.bytes) {
+        let piece = match std::str::from_utf8(&self.bytes) {
             Ok(s) => {
-                self.text.push_str(s);
+                let s = s.to_string();
                 self.bytes.clear();
+                s
             }
             Err(e) => {
                 let good = e.valid_up_to();
                 if e.error_len().is_some() {
                     // Invalid bytes: pass them on as replacement characters.
-                    self.text.push_str(&String::from_utf8_lossy(&self.bytes));
+                    let s = String::from_utf8_lossy(&self.bytes).into_owned();
                     self.bytes.clear();
-                } else if good > 0 {
+                    s
+                } else {
+                    // An incomplete character at the end waits for the next token.
                     let rest = self.bytes.split_off(good);
-                    self.text.push_str(&String::from_utf8_lossy(&self.bytes));
+                    let s = String::from_utf8_lossy(&self.bytes).into_owned();
                     self.bytes = rest;
+                    s
                 }
             }
-        }
-        for s in &self.stop {
-            let from = self.emitted.saturating_sub(s.len());
-            let from = (0..=from)
-                .rev()
-                .find(|&i| self.text.is_char_boundary(i))
-                .unwrap_or(0);
-            if let Some(pos) = self.text[from..].find(s.as_str()) {
-                self.text.truncate(from + pos);
-                return Step::Stop(FinishReason::Stop);
-            }
+        };
+        let split = self.reply.push(&piece);
+        self.add(split);
+        if self.reply.stopped() {
+            return Step::Stop(FinishReason::Stop);
         }
         if self.ids.len() >= self.max_new {
             return Step::Stop(FinishReason::Length);
@@ -141,31 +147,26 @@ impl<'a> Text<'a> {
         if out.finish != Some(FinishReason::Cancelled) {
             self.flush(sink, true);
         }
-        out.text = self.text;
+        out.text = self.reply.content().to_string();
+        out.reasoning = self.reply.reasoning().map(str::to_string);
         out.ids = self.ids;
         out
     }
 
-    /// The text that can be shown now (everything when `all`).
+    /// Sends the text that can be shown now (everything when `all`).
     fn flush(&mut self, sink: &mut dyn Sink, all: bool) -> bool {
-        let hold = if all {
-            0
-        } else {
-            self.stop
-                .iter()
-                .map(|s| s.len().saturating_sub(1))
-                .max()
-                .unwrap_or(0)
-        };
-        let mut end = self.text.len().saturating_sub(hold).max(self.emitted);
-        while !self.text.is_char_boundary(end) {
-            end -= 1;
+        if all {
+            let tail = String::from_utf8_lossy(&std::mem::take(&mut self.bytes)).into_owned();
+            let a = self.reply.push(&tail);
+            self.add(a);
+            let b = self.reply.finish();
+            self.add(b);
         }
-        if end > self.emitted || (all && !self.pending_ids.is_empty()) {
-            let piece = self.text[self.emitted..end].to_string();
-            self.emitted = end;
+        let has_text = !self.pending.content.is_empty() || !self.pending.reasoning.is_empty();
+        if has_text || (all && !self.pending_ids.is_empty()) {
+            let split = std::mem::take(&mut self.pending);
             let ids = std::mem::take(&mut self.pending_ids);
-            return sink.delta(&piece, &ids);
+            return sink.delta(&split, &ids);
         }
         true
     }
@@ -272,7 +273,7 @@ fn run_plain(
         .map_err(|e| err("creating the llama.cpp context", e))?;
     let mut smpl = sampler(model, &job.sampling);
     let mut out = Outcome::default();
-    let mut text = Text::new(model, job.stop.clone(), job.max_new);
+    let mut text = Text::new(model, job);
 
     let mut batch = LlamaBatch::new(job.tokens.len().max(1), 1);
     let last = job.tokens.len() - 1;
@@ -346,7 +347,7 @@ fn run_mtp(
     .map_err(|e| err("initialising MTP speculation", e))?;
     let mut smpl = sampler(model, &job.sampling);
     let mut out = Outcome::default();
-    let mut text = Text::new(model, job.stop.clone(), job.max_new);
+    let mut text = Text::new(model, job);
 
     // Prefill all but the last prompt token.
     let (head, last) = job.tokens.split_at(job.tokens.len() - 1);

@@ -43,10 +43,11 @@ use futures::StreamExt;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
+use mtp_chat::{ChatError, ChatTemplate, ChatTemplates, Prompt, Split};
 use mtp_contract::{
     plan, resolve, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse,
-    Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Role, Speculation,
-    SpeculationStatus, StreamEvent, Timings, Usage,
+    Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Speculation, SpeculationStatus,
+    StreamEvent, Timings, Usage,
 };
 
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
@@ -121,6 +122,37 @@ struct Loaded {
     model: LlamaModel,
 }
 
+/// The GGUF's `tokenizer.chat_template` and the special tokens it sees (the vocabulary's BOS
+/// and EOS token texts, as transformers passes `bos_token`/`eos_token`).
+fn chat_templates(
+    llama: &LlamaModel,
+    path: &Path,
+    model: &str,
+) -> Result<ChatTemplates, ChatError> {
+    let Ok(source) = llama.meta_val_str("tokenizer.chat_template") else {
+        return Err(ChatError::NoTemplate);
+    };
+    let name = format!("{} tokenizer.chat_template", path.display());
+    let template = ChatTemplate::new(source, name).map_err(|e| {
+        tracing::warn!(model, "chat template unusable: {e}");
+        ChatError::Template(e)
+    })?;
+    let vocab = llama.vocab();
+    let mut special = serde_json::Map::new();
+    for (key, tok) in [("bos_token", vocab.bos()), ("eos_token", vocab.eos())] {
+        if tok.0 < 0 {
+            continue;
+        }
+        let bytes = vocab.token_to_piece(tok, true, None);
+        if let Ok(text) = String::from_utf8(bytes) {
+            if !text.is_empty() {
+                special.insert(key.into(), text.into());
+            }
+        }
+    }
+    Ok(ChatTemplates::single(template, special))
+}
+
 struct Inner {
     name: String,
     path: PathBuf,
@@ -129,6 +161,8 @@ struct Inner {
     default: Option<Speculation>,
     n_ctx: u32,
     threads: i32,
+    /// The GGUF's chat template, compiled once, or the error chat requests get.
+    templates: Result<ChatTemplates, ChatError>,
     loaded: Mutex<Option<Arc<Loaded>>>,
     busy: Arc<AtomicBool>,
 }
@@ -223,6 +257,7 @@ impl GgufProvider {
                 path.display()
             ))
         })?;
+        let templates = chat_templates(&llama, &path, model);
         Ok(GgufProvider {
             inner: Arc::new(Inner {
                 name: model.to_string(),
@@ -232,6 +267,7 @@ impl GgufProvider {
                 default: opts.speculation.clone(),
                 n_ctx,
                 threads,
+                templates,
                 loaded: Mutex::new(Some(Arc::new(Loaded { model: llama }))),
                 busy: Arc::new(AtomicBool::new(false)),
             }),
@@ -263,57 +299,21 @@ impl GgufProvider {
         }
     }
 
-    /// The prompt text: verbatim for raw requests, else the GGUF's chat template.
-    fn prompt_text(
-        &self,
-        model: &LlamaModel,
-        req: &GenerateRequest,
-    ) -> Result<String, ProviderError> {
+    /// The prompt: verbatim for raw requests, else the GGUF's `tokenizer.chat_template`
+    /// rendered by the workspace's one renderer, with the GGUF's own special tokens.
+    fn prompt(&self, req: &GenerateRequest) -> Result<Prompt, ProviderError> {
         if req.raw_prompt {
-            return Ok(req.prompt.clone());
+            return Ok(Prompt {
+                text: req.prompt.clone(),
+                reasoning: None,
+            });
         }
-        let template = model.meta_val_str("tokenizer.chat_template").map_err(|_| {
-            ProviderError::InvalidRequest {
-                field: "raw_prompt",
-                message: "the GGUF file has no chat template; send the prompt with raw_prompt"
-                    .into(),
-            }
-        })?;
-        let mut messages = Vec::new();
-        if let Some(s) = &req.system_prompt {
-            messages.push(serde_json::json!({"role": "system", "content": s}));
+        match &self.inner.templates {
+            Ok(t) => t
+                .render_request(req)
+                .map_err(|e| e.into_provider_error(&self.inner.name)),
+            Err(e) => Err(e.clone().into_provider_error(&self.inner.name)),
         }
-        for m in req.messages.iter().flatten() {
-            let role = match m.role {
-                Role::System => "system",
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::Tool => "tool",
-            };
-            messages.push(serde_json::json!({"role": role, "content": m.content}));
-        }
-        messages.push(serde_json::json!({"role": "user", "content": req.prompt}));
-        let mut env = minijinja::Environment::new();
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        let render_err =
-            |e: minijinja::Error| self.api_err(format!("rendering the chat template: {e}"));
-        env.add_template_owned("chat", template)
-            .map_err(render_err)?;
-        let tmpl = env.get_template("chat").map_err(render_err)?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => true,
-            enable_thinking => req.thinking.unwrap_or(false),
-        })
-        .map_err(render_err)
     }
 
     /// Validates, plans, tokenizes and starts the blocking loop; events arrive on the stream.
@@ -332,9 +332,12 @@ impl GgufProvider {
             &req.sampling,
             &self.inner.lane,
         )?;
-        let text = self.prompt_text(&loaded.model, &req)?;
+        let prompt = self.prompt(&req)?;
         let vocab = loaded.model.vocab();
-        let tokens = vocab.tokenize(text.as_bytes(), vocab.should_add_bos(), true);
+        // A chat template writes the BOS token itself (transformers tokenizes its output with
+        // `add_special_tokens=False`); a raw prompt gets the one the vocabulary asks for.
+        let add_bos = req.raw_prompt && vocab.should_add_bos();
+        let tokens = vocab.tokenize(prompt.text.as_bytes(), add_bos, true);
         let depth = match &decision {
             Plan::Speculate { depth, .. } => Some(*depth),
             Plan::TargetOnly { .. } => None,
@@ -365,6 +368,7 @@ impl GgufProvider {
             tokens,
             max_new,
             stop: req.stop.clone(),
+            reasoning: prompt.reasoning.clone(),
             sampling: req.sampling.clone(),
             depth,
             n_ctx: self.inner.n_ctx,
@@ -434,6 +438,7 @@ impl GgufProvider {
         };
         GenerateResponse {
             content: out.text,
+            reasoning_content: out.reasoning,
             token_ids: Some(out.ids),
             finish_reason: out.finish.unwrap_or(FinishReason::Length),
             usage: Usage {
@@ -455,11 +460,12 @@ struct ChannelSink {
 }
 
 impl engine::Sink for ChannelSink {
-    fn delta(&mut self, text: &str, ids: &[u32]) -> bool {
+    fn delta(&mut self, text: &Split, ids: &[u32]) -> bool {
         self.tx
             .send(Ok(StreamEvent::Delta {
-                text: text.to_string(),
+                text: text.content.clone(),
                 token_ids: ids.to_vec(),
+                reasoning: text.reasoning.clone(),
             }))
             .is_ok()
     }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::Speculation;
 
@@ -93,6 +93,24 @@ pub struct SamplingArgs {
     pub frequency_penalty: Option<f32>,
 }
 
+/// Whether a thinking model reasons before it answers, and whether its reasoning is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ThinkingMode {
+    /// Reason first (`enable_thinking: true`); the reasoning is shown, dimmed, on stderr.
+    On,
+    /// Answer directly (`enable_thinking: false`).
+    Off,
+    /// Reason first, but show only the answer.
+    Hide,
+}
+
+impl ThinkingMode {
+    /// The request's `thinking` field for this mode.
+    pub fn request_value(self) -> bool {
+        !matches!(self, ThinkingMode::Off)
+    }
+}
+
 /// `mtp generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -109,10 +127,23 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// Use the prompt verbatim (no chat template).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["system", "messages", "thinking"])]
     pub raw: bool,
-    /// The prompt.
-    pub prompt: String,
+    /// A system prompt, placed first in the conversation.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// The conversation so far: a JSON file holding an OpenAI-style messages array (roles
+    /// system, user, assistant with `reasoning_content`/`tool_calls`, tool), `-` for stdin.
+    /// The prompt, when given, is added as the last user turn.
+    #[arg(long, value_name = "FILE")]
+    pub messages: Option<PathBuf>,
+    /// A thinking model's reasoning: `on` (shown dimmed on stderr), `off` (answer directly),
+    /// `hide` (reason, show only the answer). Without it, the chat template's default.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub thinking: Option<ThinkingMode>,
+    /// The prompt (the last user turn); optional with --messages.
+    #[arg(required_unless_present = "messages")]
+    pub prompt: Option<String>,
 }
 
 /// `mtp chat`.
@@ -127,9 +158,14 @@ pub struct ChatArgs {
     /// Upper bound on generated tokens per answer.
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub max_tokens: u32,
-    /// A system prompt for the whole session.
+    /// A system prompt for the whole session (`/system` changes it).
     #[arg(long)]
     pub system: Option<String>,
+    /// A thinking model's reasoning: `on` (shown dimmed), `off` (answer directly), `hide`
+    /// (reason, show only the answer); `/thinking` changes it. Without it, the chat template's
+    /// default.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub thinking: Option<ThinkingMode>,
 }
 
 /// `mtp probe`.

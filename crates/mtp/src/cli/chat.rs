@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use rustyline::error::ReadlineError;
 
-use crate::cli::args::ChatArgs;
+use crate::cli::args::{ChatArgs, ThinkingMode};
 use crate::cli::error::CliError;
 use crate::cli::open_provider;
 use crate::cli::output::{
@@ -26,8 +26,11 @@ commands:
   /speculation off      skip the drafter for the next calls (the lane stays loaded)
   /speculation on       use the drafter again (only if a lane was loaded at startup)
   /depth N              draft N tokens per round for the next calls (/depth default resets)
+  /thinking [on|off|hide|default]
+                        a thinking model's reasoning: shown, off, done but hidden, template default
+  /system [TEXT|clear]  show, set or remove the system prompt (the history stays)
   /stats                this session's tokens, tok/s and acceptance
-  /clear                forget the history and clear the prompt cache
+  /reset, /clear        forget the history and clear the prompt cache
   /help                 this list
   /quit                 leave (Ctrl-D too); Ctrl-C stops the current answer";
 
@@ -81,6 +84,8 @@ struct Stats {
 struct Session {
     llm: Arc<dyn Provider>,
     args: ChatArgs,
+    system: Option<String>,
+    thinking: Option<ThinkingMode>,
     history: Vec<Message>,
     key: String,
     per_call: PerCall,
@@ -127,6 +132,8 @@ pub(crate) fn run(
         .unwrap_or_default();
     let mut s = Session {
         llm,
+        system: args.system.clone(),
+        thinking: args.thinking,
         args,
         history: Vec::new(),
         key: format!("mtp-chat-{}-{stamp}", std::process::id()),
@@ -159,9 +166,11 @@ pub(crate) fn run(
 
 /// Handles a `/command`; false means quit.
 fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> {
-    let mut words = cmd.split_whitespace();
-    let name = words.next().unwrap_or("");
-    let arg = words.next();
+    let cmd = cmd.trim();
+    let (name, rest) = cmd
+        .split_once(char::is_whitespace)
+        .map_or((cmd, ""), |(n, r)| (n, r.trim()));
+    let arg = rest.split_whitespace().next();
     match (name, arg) {
         ("quit" | "exit" | "q", _) => return Ok(false),
         ("help" | "?", _) => out.line(HELP)?,
@@ -226,7 +235,46 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
             Err(e) => out.line(&format!("invalid /depth `{n}`: {e}"))?,
         },
         ("stats", _) => out.line(&stats_text(&s.stats))?,
-        ("clear", _) => {
+        ("system", None) => out.line(&match &s.system {
+            Some(p) => format!("system prompt: {p}"),
+            None => "no system prompt (the chat template's default, if it has one).".into(),
+        })?,
+        ("system", Some("clear" | "off" | "none")) if rest.split_whitespace().count() == 1 => {
+            s.system = None;
+            out.line("system prompt removed for the next turns.")?;
+        }
+        ("system", Some(_)) => {
+            s.system = Some(rest.to_string());
+            out.line("system prompt set for the next turns (the history stays; /reset starts over).")?;
+        }
+        ("thinking", None) => out.line(&format!(
+            "thinking: {}",
+            match s.thinking {
+                Some(ThinkingMode::On) => "on (reasoning shown, dimmed)",
+                Some(ThinkingMode::Off) => "off (the model answers directly)",
+                Some(ThinkingMode::Hide) => "hidden (the model reasons; only the answer is shown)",
+                None => "the chat template's default (reasoning shown when there is any)",
+            }
+        ))?,
+        ("thinking", Some(v)) => {
+            let mode = match v {
+                "on" | "true" => Some(Some(ThinkingMode::On)),
+                "off" | "false" => Some(Some(ThinkingMode::Off)),
+                "hide" => Some(Some(ThinkingMode::Hide)),
+                "default" => Some(None),
+                _ => None,
+            };
+            match mode {
+                Some(m) => {
+                    s.thinking = m;
+                    out.line(&format!("thinking {v} for the next turns."))?;
+                }
+                None => out.line(&format!(
+                    "unknown /thinking argument `{v}`; use on, off, hide or default"
+                ))?,
+            }
+        }
+        ("clear" | "reset", _) => {
             s.history.clear();
             match s.llm.prompt_cache_clear(Some(&s.key)) {
                 Ok(()) => out.line("history cleared; the prompt cache was cleared too.")?,
@@ -296,15 +344,19 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
         .prompt_cache_key(s.key.clone())
         .max_output_tokens(s.args.max_tokens)
         .sampling(s.args.sampling.to_sampling());
-    if let Some(sys) = &s.args.system {
+    if let Some(sys) = &s.system {
         req = req.system_prompt(sys.clone());
     }
+    if let Some(t) = s.thinking {
+        req = req.thinking(t.request_value());
+    }
+    let show_reasoning = s.thinking != Some(ThinkingMode::Hide);
     if s.per_call.off {
         req = req.speculation(Speculation::off());
     } else if let Some(d) = s.per_call.depth {
         req = req.speculation(Speculation::depth(d)?);
     }
-    match stream_answer(&s.llm, req, out).await {
+    match stream_answer(&s.llm, req, show_reasoning, out).await {
         Ok(Outcome::Done(r, wall)) => {
             out.note(&summary_line(&r, wall))?;
             s.stats.turns += 1;
@@ -333,7 +385,9 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
             }
             s.stats.last = Some(speculation_phrase(rep));
             s.history.push(Message::user(prompt));
-            s.history.push(Message::assistant(r.content.clone()));
+            let mut answer = Message::assistant(r.content.clone());
+            answer.reasoning_content = r.reasoning_content.clone();
+            s.history.push(answer);
         }
         Ok(Outcome::Stopped(text, tokens, wall)) => {
             out.note(&format!("[stopped after {tokens} tokens]"))?;
@@ -359,6 +413,7 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
 async fn stream_answer(
     llm: &Arc<dyn Provider>,
     req: GenerateRequest,
+    show_reasoning: bool,
     out: &mut Out,
 ) -> Result<Outcome, ProviderError> {
     let started = Instant::now();
@@ -370,7 +425,7 @@ async fn stream_answer(
         _ = &mut ctrl_c => return Ok(Outcome::Stopped(String::new(), 0, started.elapsed())),
         s = llm.generate_stream(req) => s?,
     };
-    let mut live = LiveAnswer::start(out);
+    let mut live = LiveAnswer::start(out, show_reasoning);
     loop {
         tokio::select! {
             biased;
@@ -381,8 +436,14 @@ async fn stream_answer(
                 return Ok(Outcome::Stopped(text, tokens, started.elapsed()));
             }
             ev = stream.next() => match ev {
-                Some(Ok(StreamEvent::Delta { text, token_ids })) => {
-                    let n = if token_ids.is_empty() { 1 } else { token_ids.len() as u64 };
+                Some(Ok(StreamEvent::Delta { text, token_ids, reasoning })) => {
+                    // runtimes that send no token ids: one token per piece of text
+                    let n = if token_ids.is_empty() && !(text.is_empty() && reasoning.is_empty()) {
+                        1
+                    } else {
+                        token_ids.len() as u64
+                    };
+                    live.push_reasoning(out, &reasoning).map_err(io_err)?;
                     live.push(out, &text, n).map_err(io_err)?;
                 }
                 Some(Ok(StreamEvent::Done(r))) => {

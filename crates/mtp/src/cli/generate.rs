@@ -1,23 +1,40 @@
 //! `mtp generate`: one answer, streamed, then a summary line; or the whole response as JSON.
+//!
+//! The answer goes to stdout; a thinking model's reasoning (unless `--thinking hide`) goes to
+//! stderr, dimmed on a terminal, so that `mtp generate … > answer.txt` keeps only the answer.
 
 use std::time::Instant;
 
 use futures::StreamExt;
 
-use crate::cli::args::GenerateArgs;
+use crate::cli::args::{GenerateArgs, ThinkingMode};
 use crate::cli::error::CliError;
 use crate::cli::open_provider;
-use crate::cli::output::{summary_line, Out};
+use crate::cli::output::{summary_line, Out, Reasoning};
 use crate::{GenerateRequest, StreamEvent};
 
 pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> {
+    let history = match &a.messages {
+        Some(path) => Some(crate::cli::messages::read(path)?),
+        None => None,
+    };
     let (llm, model) = open_provider(&a.model)?;
-    let mut req = GenerateRequest::new(a.prompt)
+    let mut req = GenerateRequest::new(a.prompt.clone().unwrap_or_default())
         .max_output_tokens(a.max_tokens)
         .sampling(a.sampling.to_sampling());
+    if let Some(h) = history {
+        req = req.messages(h);
+    }
+    if let Some(s) = &a.system {
+        req = req.system_prompt(s.clone());
+    }
+    if let Some(t) = a.thinking {
+        req = req.thinking(t.request_value());
+    }
     if a.raw {
         req = req.raw();
     }
+    let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
     let ctx = || format!("generation with {} on {} failed", model, llm.name());
     req.validate().map_err(|source| CliError::Provider {
         context: "invalid flags".into(),
@@ -25,13 +42,16 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     })?;
     let started = Instant::now();
     if a.json {
-        let r = llm
+        let mut r = llm
             .generate(req)
             .await
             .map_err(|source| CliError::Provider {
                 context: ctx(),
                 source,
             })?;
+        if !show_reasoning {
+            r.reasoning_content = None;
+        }
         let v = serde_json::to_string_pretty(&r).map_err(|e| CliError::InvalidFlag {
             flag: "--json",
             message: e.to_string(),
@@ -48,19 +68,27 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         })?;
     let mut wrote_any = false;
     let mut ended_newline = true;
+    let mut reasoning = Reasoning::new(out, show_reasoning);
     while let Some(ev) = stream.next().await {
         match ev.map_err(|source| CliError::Provider {
             context: ctx(),
             source,
         })? {
-            StreamEvent::Delta { text, .. } => {
+            StreamEvent::Delta {
+                text,
+                reasoning: thought,
+                ..
+            } => {
+                reasoning.push(out, &thought)?;
                 if !text.is_empty() {
+                    reasoning.end(out)?;
                     wrote_any = true;
                     ended_newline = text.ends_with('\n');
                 }
                 out.text(&text)?;
             }
             StreamEvent::Done(r) => {
+                reasoning.end(out)?;
                 if wrote_any && !ended_newline {
                     out.text("\n")?;
                 }

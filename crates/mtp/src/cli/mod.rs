@@ -13,8 +13,8 @@
 //!
 //! | command | what it does |
 //! | --- | --- |
-//! | `mtp generate [flags] PROMPT` | streams the answer to stdout, then one summary line on stderr (tokens, tok/s, acceptance, or the reason MTP was not used); `--json` prints the whole response instead |
-//! | `mtp chat [flags]` | the REPL: full history + one `prompt_cache_key` per session; `/speculation [on\|off]`, `/depth N`, `/stats`, `/clear`, `/help`, `/quit`; live tok/s; Ctrl-C stops the answer |
+//! | `mtp generate [flags] PROMPT` | streams the answer to stdout (a thinking model's reasoning to stderr), then one summary line on stderr (tokens, tok/s, acceptance, or the reason MTP was not used); `--system`, `--messages FILE` (an OpenAI-style conversation), `--thinking on\|off\|hide`; `--json` prints the whole response instead |
+//! | `mtp chat [flags]` | the REPL: full history through the model's chat template + one `prompt_cache_key` per session; `/speculation [on\|off]`, `/depth N`, `/thinking`, `/system`, `/stats`, `/reset`, `/help`, `/quit`; live tok/s; Ctrl-C stops the answer |
 //! | `mtp probe REPO\|PATH [--json]` | `mtp-detect`'s report; exit 1 on bad input |
 //! | `mtp bench [flags]` | one loaded model, speculation off vs on per call, interleaved A/B, medians, markdown table or `--json` |
 //! | `mtp models download\|list\|verify` | Hub → Hugging Face cache (model + companion in one job), what is installed and its head, a greedy sanity check |
@@ -49,6 +49,7 @@ mod chat;
 mod error;
 mod generate;
 pub(crate) mod hub;
+mod messages;
 mod models;
 mod output;
 mod probe;

@@ -164,6 +164,54 @@ impl Out {
     }
 }
 
+/// Dim text on a terminal (ANSI faint), as is elsewhere.
+fn dim(live: bool, s: &str) -> String {
+    if live && !s.is_empty() {
+        format!("\x1b[2m{s}\x1b[0m")
+    } else {
+        s.to_string()
+    }
+}
+
+/// A thinking model's streamed reasoning on stderr (dimmed on a terminal), ended by a newline
+/// before the answer starts; or nothing, when hidden.
+pub struct Reasoning {
+    show: bool,
+    live: bool,
+    wrote: bool,
+    ended_newline: bool,
+}
+
+impl Reasoning {
+    /// Starts; `show` false drops every piece.
+    pub fn new(out: &Out, show: bool) -> Self {
+        Reasoning {
+            show,
+            live: out.live,
+            wrote: false,
+            ended_newline: true,
+        }
+    }
+
+    /// Prints a piece of reasoning.
+    pub fn push(&mut self, out: &mut Out, text: &str) -> std::io::Result<()> {
+        if !self.show || text.is_empty() {
+            return Ok(());
+        }
+        self.wrote = true;
+        self.ended_newline = text.ends_with('\n');
+        out.status(&dim(self.live, text))
+    }
+
+    /// Ends the reasoning (once): a newline and a blank line on stderr, if any was printed.
+    pub fn end(&mut self, out: &mut Out) -> std::io::Result<()> {
+        if std::mem::take(&mut self.wrote) {
+            out.status(if self.ended_newline { "\n" } else { "\n\n" })?;
+        }
+        Ok(())
+    }
+}
+
 /// A streamed answer with a live tok/s. When the output is live, complete lines are printed as
 /// they arrive and a status line below them shows the tok/s and the line in progress; otherwise
 /// text goes straight to stdout as it arrives.
@@ -175,6 +223,12 @@ pub struct LiveAnswer {
     live: bool,
     width: usize,
     partial: String,
+    /// Reasoning shown (dimmed) before the answer, or not at all.
+    show_reasoning: bool,
+    reasoning_partial: String,
+    reasoning_open: bool,
+    /// The whole reasoning received.
+    pub reasoning: String,
     first: Option<Instant>,
     drawn: Option<Instant>,
     first_tokens: u64,
@@ -187,8 +241,9 @@ pub struct LiveAnswer {
 const CLEAR_LINE: &str = "\r\x1b[2K";
 
 impl LiveAnswer {
-    /// Starts a live answer on `out`.
-    pub fn start(out: &Out) -> Self {
+    /// Starts a live answer on `out`; `show_reasoning` prints a thinking model's reasoning
+    /// (dimmed, on stderr) before the answer.
+    pub fn start(out: &Out, show_reasoning: bool) -> Self {
         let width = if out.live {
             console::Term::stderr().size().1 as usize
         } else {
@@ -198,6 +253,10 @@ impl LiveAnswer {
             live: out.live && width >= 20,
             width,
             partial: String::new(),
+            show_reasoning,
+            reasoning_partial: String::new(),
+            reasoning_open: false,
+            reasoning: String::new(),
             first: None,
             drawn: None,
             first_tokens: 0,
@@ -226,18 +285,79 @@ impl LiveAnswer {
             .unwrap_or_else(|| "[   …   tok/s]".into());
         // Keep the line strictly narrower than the terminal.
         let room = self.width.saturating_sub(rate.chars().count() + 2);
-        let chars: Vec<char> = self.partial.chars().filter(|c| !c.is_control()).collect();
+        let line = if self.reasoning_open {
+            &self.reasoning_partial
+        } else {
+            &self.partial
+        };
+        let chars: Vec<char> = line.chars().filter(|c| !c.is_control()).collect();
         let tail: String = chars[chars.len().saturating_sub(room)..].iter().collect();
-        format!("\x1b[2m{rate}\x1b[0m {tail}")
+        if self.reasoning_open {
+            format!("\x1b[2m{rate} {tail}\x1b[0m")
+        } else {
+            format!("\x1b[2m{rate}\x1b[0m {tail}")
+        }
     }
 
-    /// Adds a delta of `tokens` tokens.
+    /// Adds a piece of reasoning (shown dimmed on stderr, line by line, unless hidden).
+    pub fn push_reasoning(&mut self, out: &mut Out, delta: &str) -> std::io::Result<()> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        self.reasoning.push_str(delta);
+        if !self.show_reasoning {
+            return Ok(());
+        }
+        self.reasoning_open = true;
+        if !self.live {
+            return out.status(delta);
+        }
+        self.reasoning_partial.push_str(delta);
+        let mut lines = String::new();
+        while let Some(i) = self.reasoning_partial.find('\n') {
+            lines.extend(self.reasoning_partial.drain(..=i));
+        }
+        out.status(CLEAR_LINE)?;
+        out.status(&dim(true, &lines))?;
+        self.drawn = Some(Instant::now());
+        out.status(&self.status())
+    }
+
+    /// Closes the reasoning before the answer: its last line and a blank line.
+    fn close_reasoning(&mut self, out: &mut Out) -> std::io::Result<()> {
+        if !std::mem::take(&mut self.reasoning_open) {
+            return Ok(());
+        }
+        if self.live {
+            out.status(CLEAR_LINE)?;
+            let rest = std::mem::take(&mut self.reasoning_partial);
+            out.status(&dim(true, &rest))?;
+            out.status(if rest.is_empty() { "\n" } else { "\n\n" })
+        } else {
+            out.status(if self.reasoning.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            })
+        }
+    }
+
+    /// Adds a delta of `tokens` tokens (answer text; its reasoning went to
+    /// [`LiveAnswer::push_reasoning`]).
     pub fn push(&mut self, out: &mut Out, delta: &str, tokens: u64) -> std::io::Result<()> {
         if self.first.is_none() {
             self.first = Some(Instant::now());
             self.first_tokens = tokens;
         }
         self.tokens += tokens;
+        if delta.is_empty() {
+            if self.live && self.reasoning_open {
+                out.status(CLEAR_LINE)?;
+                out.status(&self.status())?;
+            }
+            return Ok(());
+        }
+        self.close_reasoning(out)?;
         self.text.push_str(delta);
         if !self.live {
             return out.text(delta);
@@ -260,7 +380,8 @@ impl LiveAnswer {
     }
 
     /// Ends the live display and prints what is left of the last line, and a newline.
-    pub fn finish(self, out: &mut Out) -> std::io::Result<String> {
+    pub fn finish(mut self, out: &mut Out) -> std::io::Result<String> {
+        self.close_reasoning(out)?;
         if self.live {
             out.status(CLEAR_LINE)?;
             out.text(&self.partial)?;

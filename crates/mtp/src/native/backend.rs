@@ -2,9 +2,31 @@
 
 use std::sync::Arc;
 
+use mtp_chat::ReasoningStart;
 use mtp_contract::{DraftStats, FinishReason, GenerateRequest, ProviderError, Sampling, Timings};
 
 use super::prefix_cache::CacheState;
+
+/// A request rendered with the chat template and tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedPrompt {
+    /// The prompt's token ids.
+    pub ids: Vec<u32>,
+    /// How to read the reply when the template writes reasoning blocks.
+    pub reasoning: Option<ReasoningStart>,
+    /// The length of the conversation before the generation prompt (the header that opens the
+    /// assistant's turn), when it is a proper prefix of `ids`: the next turn of a chat re-renders
+    /// the conversation up to there identically, so a state kept there can be resumed.
+    pub history_len: Option<usize>,
+}
+
+/// The text of a reply, token by token: each step's cost does not grow with the reply.
+pub trait TextDecoder {
+    /// Adds one token; returns its text once a complete piece is ready.
+    fn step(&mut self, id: u32) -> Result<Option<String>, ProviderError>;
+    /// Ends the reply: what is still held back.
+    fn finish(&mut self) -> Result<String, ProviderError>;
+}
 
 /// A drafter lane loaded next to the target.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +53,9 @@ pub struct Job<'a, S> {
     pub max_tokens: usize,
     /// Keep the state at the end of the prompt and at the end of generation.
     pub checkpoint: bool,
+    /// Also keep the state after this many prompt tokens (see
+    /// [`RenderedPrompt::history_len`]), when `checkpoint` is set.
+    pub checkpoint_at: Option<usize>,
     /// Called with each batch of accepted tokens; returning `false` stops generation.
     pub on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
 }
@@ -49,6 +74,8 @@ pub struct RunOutput<S> {
     pub computed_prompt_tokens: usize,
     /// The state after the prompt, when `checkpoint` was asked for.
     pub prompt_state: Option<Arc<S>>,
+    /// The state after `checkpoint_at` prompt tokens, when asked for and computed here.
+    pub history_state: Option<Arc<S>>,
     /// The state after the last generated token, when `checkpoint` was asked for.
     pub final_state: Option<Arc<S>>,
 }
@@ -64,11 +91,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The drafter loaded with the model, if any.
     fn drafter(&self) -> Option<DrafterLane>;
 
-    /// Renders the request (chat template, system prompt, history, `thinking`) into token ids.
-    fn render(&self, request: &GenerateRequest) -> Result<Vec<u32>, ProviderError>;
+    /// Renders the request (chat template, system prompt, history, tools, `thinking`) into
+    /// token ids.
+    fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError>;
 
-    /// Decodes token ids into text.
-    fn detokenize(&self, ids: &[u32]) -> Result<String, ProviderError>;
+    /// An incremental decoder for one reply.
+    fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError>;
 
     /// Runs one generation job.
     fn run(&self, job: Job<'_, Self::State>) -> Result<RunOutput<Self::State>, ProviderError>;

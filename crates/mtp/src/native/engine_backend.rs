@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use mtp_contract::{GenerateRequest, ProviderError, Role};
-use mtp_engine::{ChatMessage, Engine, GenerateOptions};
+use mtp_contract::{GenerateRequest, ProviderError};
+use mtp_engine::{Engine, GenerateOptions, TextTokenizer};
 
-use super::backend::{Backend, DrafterLane, Job, RunOutput};
+use super::backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
 use super::prefix_cache::CacheState;
 
 /// The candle engine with the name of the drafter it loaded.
@@ -50,6 +50,30 @@ impl EngineBackend {
     }
 }
 
+struct Decoder<'a>(mtp_engine::TokenDecoder<'a>);
+
+impl TextDecoder for Decoder<'_> {
+    fn step(&mut self, id: u32) -> Result<Option<String>, ProviderError> {
+        self.0.step(id).map_err(api)
+    }
+    fn finish(&mut self) -> Result<String, ProviderError> {
+        self.0.finish().map_err(api)
+    }
+}
+
+impl EngineBackend {
+    fn tokenizer(&self) -> Result<&TextTokenizer, ProviderError> {
+        self.engine
+            .tokenizer()
+            .ok_or_else(|| ProviderError::ModelLoad {
+                model: self.engine.dir().display().to_string(),
+                message: "the checkpoint has no tokenizer.json, so text cannot be encoded or \
+                          decoded"
+                    .into(),
+            })
+    }
+}
+
 /// Bytes of the safetensors files of a checkpoint (what loading maps into memory).
 fn dir_weight_bytes(dir: &Path) -> usize {
     std::fs::read_dir(dir)
@@ -74,54 +98,38 @@ impl Backend for EngineBackend {
         self.drafter.clone()
     }
 
-    fn render(&self, request: &GenerateRequest) -> Result<Vec<u32>, ProviderError> {
-        let tok = self
-            .engine
-            .tokenizer()
-            .ok_or_else(|| ProviderError::ModelLoad {
-                model: self.engine.dir().display().to_string(),
-                message: "the checkpoint has no tokenizer.json, so text cannot be encoded".into(),
-            })?;
-        if request.raw_prompt {
-            return tok.encode(&request.prompt).map_err(api);
-        }
-        let mut msgs = Vec::new();
-        if let Some(s) = &request.system_prompt {
-            msgs.push(ChatMessage::new("system", s.clone()));
-        }
-        for m in request.messages.iter().flatten() {
-            let role = match m.role {
-                Role::System => "system",
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::Tool => "tool",
-            };
-            msgs.push(ChatMessage::new(role, m.content.clone()));
-        }
-        if !request.prompt.is_empty() {
-            msgs.push(ChatMessage::new("user", request.prompt.clone()));
-        }
-        let text = tok
-            .apply_chat_template(&msgs, request.thinking)
-            .map_err(api)?;
-        let ids = tok.encode(&text).map_err(api)?;
+    fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError> {
+        let model = self.engine.dir().display().to_string();
+        let tok = self.tokenizer()?;
+        let prompt = tok
+            .render(request)
+            .map_err(|e| e.into_provider_error(&model))?;
+        let ids = tok.encode(&prompt.text).map_err(api)?;
         if ids.is_empty() {
             return Err(ProviderError::InvalidRequest {
                 field: "prompt",
                 message: "the rendered prompt has no tokens".into(),
             });
         }
-        Ok(ids)
+        // Where a later turn of the same conversation can resume: only worth a second render
+        // and encode when the caller keeps a prefix cache.
+        let history_len = match (&request.prompt_cache_key, tok.templates()) {
+            (Some(_), Ok(t)) => t
+                .history_prefix(request, &prompt)
+                .and_then(|h| tok.encode(&h).ok())
+                .filter(|h| !h.is_empty() && h.len() < ids.len() && ids.starts_with(h))
+                .map(|h| h.len()),
+            _ => None,
+        };
+        Ok(RenderedPrompt {
+            ids,
+            reasoning: prompt.reasoning,
+            history_len,
+        })
     }
 
-    fn detokenize(&self, ids: &[u32]) -> Result<String, ProviderError> {
-        match self.engine.tokenizer() {
-            Some(t) => t.decode(ids).map_err(api),
-            None => Err(ProviderError::ModelLoad {
-                model: self.engine.dir().display().to_string(),
-                message: "the checkpoint has no tokenizer.json, so tokens cannot be decoded".into(),
-            }),
-        }
+    fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError> {
+        Ok(Box::new(Decoder(self.tokenizer()?.decoder())))
     }
 
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
@@ -129,6 +137,7 @@ impl Backend for EngineBackend {
         if let Some(d) = job.depth {
             opts = opts.num_draft_tokens(d as usize);
         }
+        opts.checkpoint_at = job.checkpoint_at;
         let resume = job.resume.as_ref().map(|(_, s)| &s.0);
         let out = self
             .engine
@@ -151,6 +160,9 @@ impl Backend for EngineBackend {
                 .prompt_state
                 .map(|s| std::sync::Arc::new(EngineState(s))),
             final_state: out.final_state.map(|s| std::sync::Arc::new(EngineState(s))),
+            history_state: out
+                .history_state
+                .map(|s| std::sync::Arc::new(EngineState(s))),
         })
     }
 

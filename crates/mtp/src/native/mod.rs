@@ -9,7 +9,7 @@ mod prefix_cache;
 mod provider;
 mod shared;
 
-pub use backend::{Backend, DrafterLane, Job, RunOutput};
+pub use backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
 pub use engine_backend::{EngineBackend, EngineState};
 pub use factory::{create, loaded_checkpoints, loaded_copies, EXTRA_KEYS};
 pub use prefix_cache::{

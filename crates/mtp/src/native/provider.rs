@@ -11,7 +11,9 @@ use mtp_contract::{
 };
 use tokio::sync::mpsc;
 
-use super::backend::{Backend, Job};
+use mtp_chat::ReplyText;
+
+use super::backend::{Backend, Job, RenderedPrompt};
 use super::prefix_cache::{CacheState, PrefixCache};
 
 /// A loaded model plus the prefix cache that every provider on these weights shares.
@@ -83,48 +85,6 @@ impl<B: Backend> NativeProvider<B> {
         self.loaded()
             .map(|l| l.backend.runtime())
             .unwrap_or_else(|_| "unloaded".into())
-    }
-}
-
-/// Incremental detokenization: emits only complete UTF-8 text, never text past a stop
-/// sequence, and holds back a suffix that may be the start of one.
-#[derive(Default)]
-struct TextStream {
-    emitted: usize,
-    stop_at: Option<usize>,
-}
-
-impl TextStream {
-    /// Given the full text so far, returns the new text that is safe to emit.
-    fn push(&mut self, full: &str, stops: &[String]) -> String {
-        let mut end = full.trim_end_matches('\u{FFFD}').len();
-        if let Some(pos) = stops.iter().filter_map(|s| full.find(s.as_str())).min() {
-            self.stop_at = Some(pos);
-            end = end.min(pos);
-        } else {
-            // Hold back the longest suffix that is a proper prefix of a stop sequence.
-            let hold = stops
-                .iter()
-                .flat_map(|s| {
-                    (1..s.len())
-                        .filter(move |&n| s.is_char_boundary(n))
-                        .map(move |n| &s[..n])
-                })
-                .filter(|p| full[..end].ends_with(p))
-                .map(str::len)
-                .max()
-                .unwrap_or(0);
-            end -= hold;
-        }
-        while end > 0 && !full.is_char_boundary(end) {
-            end -= 1;
-        }
-        if end <= self.emitted || !full.is_char_boundary(self.emitted) {
-            return String::new();
-        }
-        let out = full[self.emitted..end].to_string();
-        self.emitted = end;
-        out
     }
 }
 
@@ -285,56 +245,62 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Result<StreamEvent, ProviderError>>)
 fn run_job<B: Backend>(
     loaded: &Loaded<B>,
     request: &GenerateRequest,
-    prompt: &[u32],
+    prompt: &RenderedPrompt,
     plan: &Plan,
     runtime: &str,
     started: Instant,
     tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
 ) -> Result<GenerateResponse, ProviderError> {
     let backend = &loaded.backend;
+    let ids = prompt.ids.as_slice();
     let key = request.prompt_cache_key.as_deref();
     let resume = key.and_then(|k| {
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
-        c.lookup(k, prompt).map(|h| (h.tokens, h.state))
+        c.lookup(k, ids).map(|h| (h.tokens, h.state))
     });
     let depth = match plan {
         Plan::Speculate { depth, .. } => Some(*depth),
         Plan::TargetOnly { .. } => None,
     };
     let max_tokens = request.max_output_tokens.unwrap_or(512) as usize;
-    let mut generated: Vec<u32> = Vec::new();
-    let mut text = TextStream::default();
+    let mut decoder = backend.decoder()?;
+    let mut reply = ReplyText::new(request.stop.clone(), prompt.reasoning.clone());
     let mut first_token_at: Option<Instant> = None;
     let mut cancelled = false;
     let mut failure: Option<ProviderError> = None;
     let mut on_tokens = |toks: &[u32]| -> bool {
         first_token_at.get_or_insert_with(Instant::now);
-        generated.extend_from_slice(toks);
-        let full = match backend.detokenize(&generated) {
-            Ok(t) => t,
-            Err(e) => {
-                failure = Some(e);
-                return false;
+        let mut piece = String::new();
+        for &t in toks {
+            match decoder.step(t) {
+                Ok(Some(p)) => piece.push_str(&p),
+                Ok(None) => {}
+                Err(e) => {
+                    failure = Some(e);
+                    return false;
+                }
             }
-        };
-        let delta = text.push(&full, &request.stop);
+        }
+        let split = reply.push(&piece);
         let ev = StreamEvent::Delta {
-            text: delta,
+            text: split.content,
             token_ids: toks.to_vec(),
+            reasoning: split.reasoning,
         };
         if tx.blocking_send(Ok(ev)).is_err() {
             cancelled = true;
             return false;
         }
-        text.stop_at.is_none()
+        !reply.stopped()
     };
     let out = backend.run(Job {
-        prompt,
+        prompt: ids,
         resume,
         depth,
         sampling: &request.sampling,
         max_tokens,
         checkpoint: key.is_some(),
+        checkpoint_at: prompt.history_len,
         on_tokens: &mut on_tokens,
     })?;
     if let Some(e) = failure {
@@ -343,39 +309,54 @@ fn run_job<B: Backend>(
     if cancelled {
         return Err(ProviderError::Cancelled);
     }
+    // What the decoder and the reply still hold (an incomplete character, a suffix that could
+    // have started a stop string or a tag) goes out last.
+    let tail = decoder.finish()?;
+    let mut last = reply.push(&tail);
+    let rest = reply.finish();
+    last.content.push_str(&rest.content);
+    last.reasoning.push_str(&rest.reasoning);
+    if !last.content.is_empty() || !last.reasoning.is_empty() {
+        let ev = StreamEvent::Delta {
+            text: last.content,
+            token_ids: Vec::new(),
+            reasoning: last.reasoning,
+        };
+        if tx.blocking_send(Ok(ev)).is_err() {
+            return Err(ProviderError::Cancelled);
+        }
+    }
     if let Some(k) = key {
-        let mut all = prompt.to_vec();
+        let mut all = ids.to_vec();
         all.extend_from_slice(&out.tokens);
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
-        for state in [out.prompt_state, out.final_state].into_iter().flatten() {
+        for state in [out.history_state, out.prompt_state, out.final_state]
+            .into_iter()
+            .flatten()
+        {
             let n = state.tokens().min(all.len());
             c.insert(k, all[..n].to_vec(), state);
         }
     }
-    let mut content = backend.detokenize(&out.tokens)?;
-    let mut finish = out.finish;
-    if let Some(pos) = request
-        .stop
-        .iter()
-        .filter_map(|s| content.find(s.as_str()))
-        .min()
-    {
-        content.truncate(pos);
-        finish = FinishReason::Stop;
-    }
+    let finish = if reply.stopped() {
+        FinishReason::Stop
+    } else {
+        out.finish
+    };
     let speculation = plan.report(runtime, &out.stats);
     let mut timings = out.timings;
     if let Some(t) = first_token_at {
         timings.time_to_first_token_ms = Some(t.duration_since(started).as_secs_f64() * 1e3);
     }
     Ok(GenerateResponse {
-        content,
+        content: reply.content().to_string(),
+        reasoning_content: reply.reasoning().map(str::to_string),
         token_ids: Some(out.tokens.clone()),
         finish_reason: finish,
         usage: Usage {
-            input_tokens: prompt.len() as u64,
+            input_tokens: ids.len() as u64,
             output_tokens: out.tokens.len() as u64,
-            cached_input_tokens: prompt.len().saturating_sub(out.computed_prompt_tokens) as u64,
+            cached_input_tokens: ids.len().saturating_sub(out.computed_prompt_tokens) as u64,
         },
         metadata: Metadata {
             speculation,

@@ -18,6 +18,9 @@ use super::*;
 struct Fake {
     delay: Duration,
     runs: AtomicUsize,
+    /// When set, the bytes "generated" (then end of sequence), and a prompt starting with
+    /// `think:` ends inside a reasoning block as a thinking template's does.
+    script: Option<&'static str>,
 }
 
 struct St(Vec<u32>);
@@ -42,16 +45,35 @@ impl Backend for Fake {
             output_preserving: Some(true),
         })
     }
-    fn render(&self, r: &GenerateRequest) -> Result<Vec<u32>, ProviderError> {
+    fn render(&self, r: &GenerateRequest) -> Result<RenderedPrompt, ProviderError> {
         let mut s = String::new();
         for m in r.messages.iter().flatten() {
             s.push_str(&m.content);
         }
         s.push_str(&r.prompt);
-        Ok(s.bytes().map(u32::from).collect())
+        let reasoning = (self.script.is_some() && r.prompt.starts_with("think:")).then(|| {
+            mtp_chat::ReasoningStart {
+                tags: mtp_chat::ThinkTags::default(),
+                opened: true,
+            }
+        });
+        Ok(RenderedPrompt {
+            ids: s.bytes().map(u32::from).collect(),
+            reasoning,
+            history_len: None,
+        })
     }
-    fn detokenize(&self, ids: &[u32]) -> Result<String, ProviderError> {
-        Ok(ids.iter().map(|&i| char::from(i as u8)).collect())
+    fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError> {
+        struct Bytes;
+        impl TextDecoder for Bytes {
+            fn step(&mut self, id: u32) -> Result<Option<String>, ProviderError> {
+                Ok(Some(char::from(id as u8).to_string()))
+            }
+            fn finish(&mut self) -> Result<String, ProviderError> {
+                Ok(String::new())
+            }
+        }
+        Ok(Box::new(Bytes))
     }
     fn run(&self, job: Job<'_, St>) -> Result<RunOutput<St>, ProviderError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
@@ -64,9 +86,23 @@ impl Backend for Fake {
         while out.len() < job.max_tokens {
             std::thread::sleep(self.delay);
             let n = step.min(job.max_tokens - out.len());
-            let chunk: Vec<u32> = (0..n)
-                .map(|i| b'a' as u32 + (next - b'a' as u32 + i as u32) % 26)
-                .collect();
+            let chunk: Vec<u32> = match self.script {
+                Some(text) => {
+                    let rest = &text.as_bytes()[out.len().min(text.len())..];
+                    if rest.is_empty() {
+                        finish = FinishReason::Stop;
+                        break;
+                    }
+                    rest[..n.min(rest.len())]
+                        .iter()
+                        .map(|b| *b as u32)
+                        .collect()
+                }
+                None => (0..n)
+                    .map(|i| b'a' as u32 + (next - b'a' as u32 + i as u32) % 26)
+                    .collect(),
+            };
+            let n = chunk.len();
             next = b'a' as u32 + (next - b'a' as u32 + n as u32) % 26;
             if let Some(d) = job.depth {
                 stats.record_round(d as usize, n - 1);
@@ -87,6 +123,7 @@ impl Backend for Fake {
             computed_prompt_tokens: computed,
             prompt_state: job.checkpoint.then(|| Arc::new(St(job.prompt.to_vec()))),
             final_state: job.checkpoint.then(|| Arc::new(St(all))),
+            history_state: None,
         })
     }
     fn weight_bytes(&self) -> usize {
@@ -95,9 +132,18 @@ impl Backend for Fake {
 }
 
 fn provider(default: Option<Speculation>, delay_ms: u64) -> NativeProvider<Fake> {
+    scripted(default, delay_ms, None)
+}
+
+fn scripted(
+    default: Option<Speculation>,
+    delay_ms: u64,
+    script: Option<&'static str>,
+) -> NativeProvider<Fake> {
     let fake = Fake {
         delay: Duration::from_millis(delay_ms),
         runs: AtomicUsize::new(0),
+        script,
     };
     let lane = Lane::Ready {
         drafter: "embedded".into(),
@@ -199,6 +245,74 @@ async fn stop_sequences_truncate_stream_and_content() {
     assert_eq!(done.finish_reason, FinishReason::Stop);
 }
 
+/// Collects a stream: (reasoning deltas, answer deltas, final response).
+async fn collect(
+    p: &NativeProvider<Fake>,
+    req: GenerateRequest,
+) -> (String, String, mtp_contract::GenerateResponse) {
+    let mut s = p.generate_stream(req).await.unwrap();
+    let (mut reasoning, mut content, mut done) = (String::new(), String::new(), None);
+    while let Some(ev) = s.next().await {
+        match ev.unwrap() {
+            StreamEvent::Delta {
+                text, reasoning: r, ..
+            } => {
+                reasoning.push_str(&r);
+                content.push_str(&text);
+            }
+            StreamEvent::Done(r) => done = Some(*r),
+        }
+    }
+    (reasoning, content, done.expect("a final response"))
+}
+
+/// A thinking template opened `<think>` at the end of the prompt: the reply's reasoning is
+/// streamed and returned apart from the answer, at every draft depth (several tokens per
+/// delta), and the two streams add up to the response's fields.
+#[tokio::test]
+async fn reasoning_is_split_from_the_answer() {
+    let script = "\nFirst, 2 + 2.\n</think>\n\nIt is 4.";
+    for spec in [
+        Speculation::off(),
+        Speculation::depth(1).unwrap(),
+        Speculation::depth(4).unwrap(),
+    ] {
+        let p = scripted(Some(Speculation::native_mtp()), 0, Some(script));
+        let (reasoning, content, r) = collect(
+            &p,
+            GenerateRequest::new("think: 2+2?")
+                .max_output_tokens(100)
+                .speculation(spec.clone()),
+        )
+        .await;
+        assert_eq!(reasoning, "First, 2 + 2.", "{spec:?}");
+        assert_eq!(content, "It is 4.", "{spec:?}");
+        assert_eq!(r.reasoning_content.as_deref(), Some("First, 2 + 2."));
+        assert_eq!(r.content, "It is 4.");
+        assert_eq!(r.finish_reason, FinishReason::Stop);
+    }
+    // Without a thinking template, the same bytes are all answer.
+    let p = scripted(Some(Speculation::native_mtp()), 0, Some(script));
+    let (reasoning, content, r) =
+        collect(&p, GenerateRequest::new("plain").max_output_tokens(100)).await;
+    assert_eq!(reasoning, "");
+    assert_eq!(content, script);
+    assert_eq!(r.reasoning_content, None);
+    // A stop string ends the answer; the reasoning before it stays.
+    let p = scripted(Some(Speculation::native_mtp()), 0, Some(script));
+    let (_, content, r) = collect(
+        &p,
+        GenerateRequest::new("think: 2+2?")
+            .max_output_tokens(100)
+            .stop(" 4"),
+    )
+    .await;
+    assert_eq!(content, "It is");
+    assert_eq!(r.content, "It is");
+    assert_eq!(r.reasoning_content.as_deref(), Some("First, 2 + 2."));
+    assert_eq!(r.finish_reason, FinishReason::Stop);
+}
+
 #[tokio::test]
 async fn prefix_cache_reuse_and_history_rules() {
     let p = provider(Some(Speculation::native_mtp()), 0);
@@ -257,6 +371,7 @@ async fn refusals_and_unavailable_lanes() {
     let fake = Fake {
         delay: Duration::ZERO,
         runs: AtomicUsize::new(0),
+        script: None,
     };
     let lane = Lane::Unavailable {
         reason: Reason::MtpHeadNotCached,
