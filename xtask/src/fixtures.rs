@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 
 /// Shape of a generated checkpoint.
 #[derive(Debug, Clone)]
@@ -37,6 +37,11 @@ pub struct Shape {
     pub oracle_head: bool,
     pub seed: u64,
     pub dtype: DType,
+    /// The LM head is the embedding (`tie_word_embeddings`): no `lm_head.weight` is written.
+    pub tied: bool,
+    /// Weights from integer arithmetic only (uniform, no `ln`/`cos`), so that the checkpoint
+    /// is bit-identical on every machine and a reference golden computed on one holds on all.
+    pub portable: bool,
 }
 
 impl Default for Shape {
@@ -59,6 +64,8 @@ impl Default for Shape {
             oracle_head: false,
             seed: 0,
             dtype: DType::F32,
+            tied: false,
+            portable: false,
         }
     }
 }
@@ -69,10 +76,23 @@ struct Gen {
     out: HashMap<String, Tensor>,
     /// Write zeros for layer outputs and unit norms (the oracle head's target).
     oracle: bool,
+    /// Uniform values of standard deviation `std` from integer bits (see [`Shape::portable`]).
+    portable: bool,
 }
 
 impl Gen {
     fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
+        if self.portable {
+            // uniform on [-√3·std, √3·std): exact in f32 (24 random bits, power-of-two scale,
+            // one rounding of the final product)
+            let half = std * 3f32.sqrt();
+            return (0..n)
+                .map(|_| {
+                    let bits = (self.rng.next_u64() >> 40) as i64 - (1 << 23);
+                    half * (bits as f32 / (1u32 << 23) as f32)
+                })
+                .collect();
+        }
         (0..n)
             .map(|_| {
                 let u1: f32 = self.rng.gen_range(1e-7f32..1.0);
@@ -148,6 +168,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         dtype: s.dtype,
         out: HashMap::new(),
         oracle: s.oracle_head,
+        portable: s.portable,
     };
     let d = s.hidden;
     let e = g.normal(s.vocab * d, 1.0);
@@ -172,7 +193,14 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
             let conv = g.normal(conv_dim * 4, 0.5);
             g.put(&format!("{a}.conv1d.weight"), conv, &[conv_dim, 1, 4])?;
             let a_log: Vec<f32> = (0..s.linear_v_heads)
-                .map(|_| g.rng.gen_range(1.0f32..16.0).ln())
+                .map(|_| {
+                    if g.portable {
+                        // ln of 1..16 spans 0..2.77: eighths in that range, exact in f32
+                        (g.rng.next_u32() % 23) as f32 * 0.125
+                    } else {
+                        g.rng.gen_range(1.0f32..16.0).ln()
+                    }
+                })
                 .collect();
             g.put(&format!("{a}.A_log"), a_log, &[s.linear_v_heads])?;
             g.put(
@@ -190,7 +218,9 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         g.common(&p, s)?;
     }
     g.norm("model.language_model.norm.weight", d)?;
-    g.linear("lm_head", s.vocab, d)?;
+    if !s.tied {
+        g.linear("lm_head", s.vocab, d)?;
+    }
     if s.mtp && s.oracle_head {
         // fc over [norm(embed(t + 1)) | norm(hidden(t))]: keep the embedding half only.
         let mut fc = vec![0f32; d * 2 * d];
@@ -228,7 +258,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         "rms_norm_eps": 1e-6,
         "vocab_size": s.vocab,
         "max_position_embeddings": 32768,
-        "tie_word_embeddings": false,
+        "tie_word_embeddings": s.tied,
         "attention_bias": false,
         "hidden_act": "silu",
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
@@ -246,7 +276,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
             "out_hidden_size": d, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
             "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
             "deepstack_visual_indexes": []},
-        "tie_word_embeddings": false,
+        "tie_word_embeddings": s.tied,
         "eos_token_id": 0,
         "vocab_size": s.vocab,
     });
@@ -262,6 +292,24 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
 pub fn run(args: &[String]) -> Result<()> {
     let mut s = Shape::default();
     let mut out = PathBuf::from("target/fixtures/bench-qwen3_5");
+    if args.iter().any(|a| a == "--real-vocab") {
+        let mut out = PathBuf::from("target/fixtures/real-vocab");
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--real-vocab" => {}
+                "--out" => out = PathBuf::from(it.next().context("--out needs a value")?),
+                other => bail!("`{other}` does not go with --real-vocab (its shape is fixed)"),
+            }
+        }
+        let src = crate::llama::source_dir()?;
+        crate::real_vocab::write(&out, &src)?;
+        println!(
+            "wrote {} (the real-vocabulary test checkpoint)",
+            out.display()
+        );
+        return Ok(());
+    }
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().with_context(|| format!("{a} needs a value"));

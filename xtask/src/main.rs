@@ -9,6 +9,7 @@ mod fixtures;
 mod gguf;
 mod llama;
 mod probe;
+mod real_vocab;
 mod setup;
 mod test;
 mod tokenizer;
@@ -19,7 +20,8 @@ cargo xtask <command> [args]
 
 commands:
   probe <repo-or-path> [--json]   print the MTP detection report for an artifact
-  fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout)
+  fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout);
+                                  --real-vocab: the tiny one at a real Qwen vocabulary
   gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
   tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] [--qwen3-special-tokens]
                                   write tokenizer.json (+ tokenizer_config.json) from a GGUF vocabulary

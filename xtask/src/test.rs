@@ -7,6 +7,9 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
 
+/// The name filter of the tests that need the llama.cpp source (`#[ignore]`d without it).
+pub const NEEDS_LLAMA_CPP_SRC: &str = "llama_cpp_src";
+
 /// Runs the full test suite. Extra arguments are passed to `cargo test`.
 pub fn run(args: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -47,20 +50,25 @@ pub fn run(args: &[String]) -> Result<()> {
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
-    // The tokenizer converter's checks against Hugging Face's tokenizations read llama.cpp's
-    // test vocabularies, so a plain `cargo test` (no llama.cpp source) ignores them; they run
-    // here, on the already built test binaries, with the source tree `llama::prepare` unpacked.
+    // Tests on llama.cpp's real vocabularies (the tokenizer converter against Hugging Face's
+    // tokenizations; the engine, the providers and the CLI on the real-vocabulary checkpoint)
+    // need the llama.cpp source, so a plain `cargo test` ignores them (their path contains
+    // `llama_cpp_src`). They run here, on the test binaries already built, with the source
+    // tree `llama::prepare` unpacked and the checkpoint `real_vocab::prepare` writes from it.
     let llama_src = crate::llama::source_dir()?;
+    let real_vocab = crate::real_vocab::prepare(&llama_src)?;
     let cargo_args = args.iter().take_while(|a| *a != "--");
     let status = Command::new(&cargo)
         .args(test_args)
         .args(cargo_args)
-        .args(["--", "--ignored", crate::tokenizer::LLAMA_CPP_VOCAB_TESTS])
+        .args(["--", "--ignored", NEEDS_LLAMA_CPP_SRC])
         .env(crate::llama::ENV_SOURCE, &llama_src)
+        .env(crate::real_vocab::ENV_MODEL, &real_vocab)
+        .env(crate::llama::ENV_SERVER, &llama_server)
         .status()
-        .with_context(|| format!("running {cargo} test -- --ignored (tokenizer)"))?;
+        .with_context(|| format!("running {cargo} test -- --ignored {NEEDS_LLAMA_CPP_SRC}"))?;
     if !status.success() {
-        bail!("the tokenizer tests against llama.cpp's vocabularies failed ({status})");
+        bail!("the tests on llama.cpp's real vocabularies failed ({status})");
     }
     // Doc tests are not part of --all-targets.
     let status = Command::new(&cargo)

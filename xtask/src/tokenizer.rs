@@ -38,10 +38,6 @@ use serde_json::{json, Map, Value};
 const USAGE: &str = "usage: cargo xtask tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] \
                      [--qwen3-special-tokens]";
 
-/// The name filter of the tests that check the converter against llama.cpp's vocabularies
-/// (`#[ignore]`d without `MTP_LLAMA_CPP_SRC`; `cargo xtask test` runs them).
-pub const LLAMA_CPP_VOCAB_TESTS: &str = "tokenizer::tests::llama_cpp_vocabs::";
-
 /// The most header bytes read: a 256k-token vocabulary with 500k merges takes ~20 MiB.
 const MAX_HEADER: u64 = 256 << 20;
 

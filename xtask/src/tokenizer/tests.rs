@@ -1,5 +1,5 @@
 //! The converter on small synthetic vocabularies (always), and on llama.cpp's test vocabularies
-//! against Hugging Face's own tokenizations (`llama_cpp_vocabs`, needs the llama.cpp source).
+//! against Hugging Face's own tokenizations (`llama_cpp_src`, needs the llama.cpp source).
 
 use std::path::{Path, PathBuf};
 
@@ -427,7 +427,7 @@ fn qwen3_names_replace_the_placeholders_only() {
 /// Checks against llama.cpp b11434's tokenizer test data: `models/ggml-vocab-<pre>.gguf` with
 /// `.inp` (test strings) and `.out` (the ids Hugging Face's tokenizer gave them, written by
 /// llama.cpp's `convert_hf_to_gguf_update.py` with `add_special_tokens=False`).
-mod llama_cpp_vocabs {
+mod llama_cpp_src {
     use super::*;
 
     const WHY: &str =

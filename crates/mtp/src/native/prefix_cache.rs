@@ -2,8 +2,10 @@
 //! `prompt_cache_key`, holding a few checkpoints of the full decoding state per key.
 //!
 //! A hybrid model's recurrent state cannot be trimmed back to an arbitrary position, so the
-//! cache stores whole-state checkpoints at known token positions (by default two per key: the
-//! end of the last prompt and the end of the last answer). A new request resumes from the
+//! cache stores whole-state checkpoints at known token positions (by default three per key: the
+//! end of the last conversation before its generation prompt, which the next chat turn renders
+//! again even when the template rewrites earlier answers (Qwen3.5 drops their reasoning); the
+//! end of the last prompt; and the end of the last answer). A new request resumes from the
 //! longest checkpoint whose tokens are a strict prefix of its own prompt, and computes only the
 //! rest.
 
@@ -21,7 +23,7 @@ pub trait CacheState: Send + Sync {
 /// Default budget: 512 MiB.
 pub const DEFAULT_BUDGET_BYTES: usize = 512 * 1024 * 1024;
 /// Default checkpoints kept per key.
-pub const DEFAULT_CHECKPOINTS_PER_KEY: usize = 2;
+pub const DEFAULT_CHECKPOINTS_PER_KEY: usize = 3;
 
 struct Checkpoint<S> {
     tokens: Vec<u32>,

@@ -1,0 +1,135 @@
+//! The engine on a checkpoint at a real Qwen vocabulary (151,936 ids, llama.cpp b11434's
+//! `ggml-vocab-qwen35.gguf` as a Hugging Face tokenizer, NFC), with the chat template published
+//! with Qwen3.5-4B, tied embeddings, `<|im_end|>` only in `generation_config.json`, and an
+//! embedded MTP head (`cargo xtask fixtures --real-vocab`).
+//!
+//! Against `tests/fixtures/real-vocab/golden.json` (transformers' `apply_chat_template` and
+//! mlx-vlm 0.7.10 on the same checkpoint, `make_golden.py`): for every conversation the prompt
+//! text and ids are transformers' exactly, and greedy output with and without MTP is mlx-vlm's.
+//!
+//! The checkpoint is built from the llama.cpp source, so these tests are ignored by a plain
+//! `cargo test`; `cargo xtask test` builds it and runs them (`MTP_REAL_VOCAB_MODEL`).
+
+mod llama_cpp_src {
+    use std::path::{Path, PathBuf};
+
+    use candle_core::Device;
+    use mtp_contract::{GenerateRequest, Message};
+    use mtp_engine::{Engine, GenerateOptions, WeightDtype};
+    use serde_json::Value;
+
+    const IGNORED: &str =
+        "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it";
+
+    fn checkpoint() -> PathBuf {
+        let dir = std::env::var_os("MTP_REAL_VOCAB_MODEL")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("{IGNORED}"));
+        assert!(dir.join("config.json").is_file(), "{}", dir.display());
+        dir
+    }
+
+    fn golden() -> Value {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/real-vocab/golden.json");
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("golden")).expect("json")
+    }
+
+    fn fnv1a64(path: &Path) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in std::fs::read(path).expect("file") {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// The golden was made on these very files.
+    fn same_checkpoint(dir: &Path, g: &Value) {
+        for (file, want) in g["files"].as_object().expect("files") {
+            assert_eq!(
+                fnv1a64(&dir.join(file)),
+                want.as_str().unwrap(),
+                "{file} differs from the one golden.json was made on: regenerate it \
+                 (tests/fixtures/real-vocab/make_golden.py)"
+            );
+        }
+    }
+
+    fn request(case: &Value) -> GenerateRequest {
+        let messages: Vec<Message> =
+            serde_json::from_value(case["messages"].clone()).expect("messages");
+        let mut req = GenerateRequest::new("").messages(messages);
+        if let Some(t) = case["enable_thinking"].as_bool() {
+            req = req.thinking(t);
+        }
+        if let Some(tools) = case["tools"].as_array() {
+            req = req.tools(tools.clone());
+        }
+        req
+    }
+
+    #[test]
+    #[ignore = "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it"]
+    fn real_vocab_prompts_and_greedy_output_match_the_reference() {
+        let dir = checkpoint();
+        let g = golden();
+        same_checkpoint(&dir, &g);
+        let engine = Engine::load(&dir, &Device::Cpu, WeightDtype::Stored).expect("loads");
+        assert!(engine.drafter().is_some(), "the embedded head is loaded");
+        let tok = engine.tokenizer().expect("tokenizer");
+        assert_eq!(
+            tok.vocab_size(),
+            151_936 - 290 + 23,
+            "real ids, placeholders left out"
+        );
+        // `<|im_end|>` comes from generation_config.json only
+        let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+        assert!(engine.eos_token_ids().contains(&im_end));
+        assert!(engine.eos_token_ids().contains(&151_643));
+        let n = g["tokens"].as_u64().unwrap() as usize;
+        for case in g["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let prompt = tok.render(&request(case)).expect("renders");
+            assert_eq!(
+                prompt.text,
+                case["text"].as_str().unwrap(),
+                "{name}: prompt text"
+            );
+            let ids = tok.encode(&prompt.text).unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+            assert_eq!(ids, want, "{name}: prompt ids");
+            let off = GenerateOptions::greedy(n).ignore_eos(true);
+            let out = engine.generate(&ids, &off, |_| true).unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["off"].clone()).unwrap();
+            assert_eq!(out.tokens, want, "{name}: greedy, MTP off");
+            let on = off.clone().num_draft_tokens(2);
+            let out = engine.generate(&ids, &on, |_| true).unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["mtp"].clone()).unwrap();
+            assert_eq!(out.tokens, want, "{name}: greedy, MTP depth 2");
+            assert!(out.speculation.is_some_and(|s| s.used), "{name}");
+        }
+    }
+
+    /// Stream decoding at the real vocabulary: multi-byte characters split across byte-level
+    /// tokens come out whole, and the pieces add up to the whole decode.
+    #[test]
+    #[ignore = "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it"]
+    fn real_vocab_stream_decoding() {
+        let dir = checkpoint();
+        let tok = mtp_engine::TextTokenizer::from_dir(&dir).expect("tokenizer");
+        let text = "Ünïcödé résumé 日本語の文章 🎉🦙 <think>x</think> done";
+        let ids = tok.encode(text).unwrap();
+        assert!(ids.contains(&151_667), "<think> is one token");
+        let mut d = tok.decoder();
+        let mut pieces = Vec::new();
+        for &id in &ids {
+            if let Some(p) = d.step(id).unwrap() {
+                assert!(!p.contains('\u{FFFD}'), "{p:?}");
+                pieces.push(p);
+            }
+        }
+        pieces.push(d.finish().unwrap());
+        assert_eq!(pieces.concat(), tok.decode(&ids).unwrap());
+        assert_eq!(pieces.concat(), text);
+    }
+}
