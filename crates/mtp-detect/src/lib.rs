@@ -52,7 +52,7 @@ pub use runtimes::{launch_command, Runtime, RuntimeSupport, Verdict};
 pub use source::{LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
-    mtp_namespace_key, mtp_tensor_names, MtpStyle, MtpTensor, MtpTensorSummary,
+    mtp_namespace_key, mtp_tensor_names, MtpStyle, MtpTensor, MtpTensorSummary, MTP_PREFIXES,
 };
 
 /// The README's example, compiled and run as a doctest.
