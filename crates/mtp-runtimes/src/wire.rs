@@ -527,6 +527,56 @@ mod tests {
         assert!(a.timings.is_none() && a.stats.is_none() && a.vllm_spec.is_none());
     }
 
+    /// llama-server (`--reasoning-format deepseek`, the default for thinking templates), vLLM
+    /// (`--reasoning-parser`) and LM Studio stream reasoning as `reasoning_content`; Ollama's
+    /// OpenAI endpoint as `reasoning`. Both land in the reasoning, never in the answer.
+    #[test]
+    fn reasoning_fields_are_read_apart_from_the_answer() {
+        let mut a = Accum::default();
+        let p = a
+            .absorb(&json!({"choices":[{"delta":{"reasoning_content":"think "}}]}))
+            .unwrap();
+        assert_eq!((p.text.as_str(), p.reasoning.as_str()), ("", "think "));
+        a.absorb(&json!({"choices":[{"delta":{"reasoning":"more"}}]}))
+            .unwrap();
+        a.absorb(&json!({"choices":[{"delta":{"content":"answer"}}]}))
+            .unwrap();
+        assert_eq!(a.reasoning, "think more");
+        assert_eq!(a.content, "answer");
+        let mut b = Accum::default();
+        b.absorb(&json!({"choices":[{"message":{"content":"4","reasoning_content":"2+2"}}]}))
+            .unwrap();
+        assert_eq!((b.content.as_str(), b.reasoning.as_str()), ("4", "2+2"));
+    }
+
+    /// History with tool calls and reasoning goes out in the OpenAI shape: arguments as a JSON
+    /// string, reasoning as `reasoning_content`; tools and template kwargs are passed on.
+    #[test]
+    fn chat_bodies_carry_tool_calls_tools_and_template_kwargs() {
+        let call = mtp_contract::ToolCall::function("c1", "f", json!({"x": 1}));
+        let req = GenerateRequest::new("next")
+            .messages(vec![
+                Message::user("q"),
+                Message::assistant("")
+                    .with_reasoning("r")
+                    .with_tool_calls(vec![call]),
+                Message::tool("c1", "1"),
+            ])
+            .tools(vec![json!({"type": "function", "function": {"name": "f"}})])
+            .chat_template_kwarg("reasoning_effort", json!("low"))
+            .thinking(false);
+        let b = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, None);
+        let m = &b["messages"];
+        assert_eq!(m[1]["tool_calls"][0]["function"]["arguments"], "{\"x\":1}");
+        assert_eq!(m[1]["reasoning_content"], "r");
+        assert_eq!(m[2]["tool_call_id"], "c1");
+        assert_eq!(b["tools"][0]["function"]["name"], "f");
+        assert_eq!(
+            b["chat_template_kwargs"],
+            json!({"reasoning_effort": "low", "enable_thinking": false})
+        );
+    }
+
     #[test]
     fn absorbs_errors_and_usage() {
         let mut a = Accum::default();
