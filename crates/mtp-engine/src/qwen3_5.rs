@@ -529,6 +529,7 @@ pub fn load_dir(
     }
     let ckpt = Checkpoint::open(dir)?;
     let s = sanitize(&ckpt, &cfg)?;
+    check_mtp_layers(&cfg, &s.mtp, dir)?;
     let mut st = Store::new(s.target, &cfg.model_type, dtype, device);
     let model = Qwen35Model::load(&cfg, &mut st)?;
     let left: Vec<&String> = st.names().collect();
@@ -536,4 +537,32 @@ pub fn load_dir(
         tracing::debug!(unused = ?left, "tensors not used by the language model");
     }
     Ok((model, s.mtp))
+}
+
+/// An embedded head must have the decoder layers `mtp_num_hidden_layers` declares (the head is
+/// built from the layers the checkpoint holds). A checkpoint without one is fine whatever the
+/// config says (quantized exports strip the head; the engine then runs without it), and so is a
+/// head the config does not declare (Qwen3-Next ships one without `mtp_num_hidden_layers`).
+fn check_mtp_layers(
+    cfg: &ModelConfig,
+    mtp: &HashMap<String, Tensor>,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let declared = cfg.text.mtp_num_hidden_layers;
+    if declared == 0 || mtp.is_empty() {
+        return Ok(());
+    }
+    let found = (0..)
+        .take_while(|i| mtp.contains_key(&format!("layers.{i}.input_layernorm.weight")))
+        .count();
+    if found != declared {
+        return Err(Error::Config {
+            path: dir.join("config.json"),
+            message: format!(
+                "mtp_num_hidden_layers = {declared}, but the checkpoint's MTP head has {found} \
+                 decoder layer(s)"
+            ),
+        });
+    }
+    Ok(())
 }
