@@ -8,6 +8,8 @@
 //! cargo xtask fixtures --out /tmp/t --hidden 64 --layers 4 --interval 2 --heads 4 --kv-heads 2 \
 //!     --head-dim 16 --intermediate 128 --vocab 256 --linear-heads 2,4 --linear-dim 16
 //! cargo xtask fixtures --out /tmp/oracle --oracle-head   # MTP machinery benchmark (see below)
+//! cargo xtask fixtures --out /tmp/big --dtype bf16 --hidden 2048 --layers 16 --shard-mib 512
+//!                                                        # sharded, as published checkpoints are
 //! ```
 
 use std::collections::HashMap;
@@ -42,6 +44,9 @@ pub struct Shape {
     /// Weights from integer arithmetic only (uniform, no `ln`/`cos`), so that the checkpoint
     /// is bit-identical on every machine and a reference golden computed on one holds on all.
     pub portable: bool,
+    /// Write shards of about this many bytes with a `model.safetensors.index.json`, as
+    /// published checkpoints are (`None`: one `model.safetensors`).
+    pub shard_bytes: Option<usize>,
 }
 
 impl Default for Shape {
@@ -66,6 +71,7 @@ impl Default for Shape {
             dtype: DType::F32,
             tied: false,
             portable: false,
+            shard_bytes: None,
         }
     }
 }
@@ -239,7 +245,10 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         g.common("mtp.layers.0", s)?;
     }
     let n: usize = g.out.values().map(|t| t.elem_count()).sum();
-    candle_core::safetensors::save(&g.out, out.join("model.safetensors"))?;
+    match s.shard_bytes {
+        None => candle_core::safetensors::save(&g.out, out.join("model.safetensors"))?,
+        Some(limit) => write_shards(out, g.out, limit)?,
+    }
     let text = serde_json::json!({
         "model_type": "qwen3_5_text",
         "hidden_size": d,
@@ -286,6 +295,48 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         r#"{"do_sample": false, "eos_token_id": 0}"#,
     )?;
     Ok(n)
+}
+
+/// Writes `tensors` as `model-0000i-of-0000n.safetensors` shards of about `limit` bytes each
+/// (tensors in name order, a shard closed once it passes the limit) and the
+/// `model.safetensors.index.json` that maps every tensor to its shard, as transformers'
+/// `save_pretrained` lays out published checkpoints.
+fn write_shards(out: &Path, tensors: HashMap<String, Tensor>, limit: usize) -> Result<()> {
+    let mut names: Vec<String> = tensors.keys().cloned().collect();
+    names.sort();
+    let mut shards: Vec<Vec<String>> = vec![Vec::new()];
+    let mut size = 0usize;
+    let mut total = 0usize;
+    for name in names {
+        let bytes = tensors[&name].elem_count() * tensors[&name].dtype().size_in_bytes();
+        if size > 0 && size + bytes > limit.max(1) {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        total += bytes;
+        shards.last_mut().expect("one shard").push(name);
+    }
+    let n = shards.len();
+    let mut weight_map = serde_json::Map::new();
+    for (i, names) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+        // tensors share their storage: the clones are cheap
+        let part: HashMap<&str, Tensor> = names
+            .iter()
+            .map(|k| (k.as_str(), tensors[k].clone()))
+            .collect();
+        candle_core::safetensors::save(&part, out.join(&file))?;
+        for k in names {
+            weight_map.insert(k.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    std::fs::write(
+        out.join("model.safetensors.index.json"),
+        serde_json::to_string_pretty(&index)?,
+    )?;
+    Ok(())
 }
 
 /// `cargo xtask fixtures [--out DIR] [shape flags]`.
@@ -335,6 +386,8 @@ pub fn run(args: &[String]) -> Result<()> {
             }
             "--linear-dim" => s.linear_dim = num(val()?)?,
             "--seed" => s.seed = num(val()?)? as u64,
+            "--shard-mib" => s.shard_bytes = Some(num(val()?)? << 20),
+            "--tied" => s.tied = true,
             "--no-mtp" => s.mtp = false,
             "--oracle-head" => s.oracle_head = true,
             "--dtype" => {

@@ -60,6 +60,7 @@ pub fn shape(vocab: usize) -> Shape {
         dtype: DType::F32,
         tied: true,
         portable: true,
+        shard_bytes: None,
     }
 }
 

@@ -49,7 +49,7 @@ pub use probe::{
 pub use registry::{registry, Entry, Registry};
 pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
 pub use runtimes::{launch_command, Runtime, RuntimeSupport, Verdict};
-pub use source::{LocalReader, Reader};
+pub use source::{is_safe_relative, LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
     mtp_namespace_key, mtp_tensor_names, MtpStyle, MtpTensor, MtpTensorSummary, MTP_PREFIXES,

@@ -1,11 +1,17 @@
 //! Reading checkpoints: memory-mapped safetensors (single file or sharded through
 //! `model.safetensors.index.json`), floating-point dtypes and MLX affine dequantization.
+//!
+//! Half-precision tensors are left where they lie in the mapped files ([`Param::Mapped`]) and
+//! multiplied there; everything else is copied tensor by tensor, each copied range's pages given
+//! back as soon as it is copied, so loading never holds a file's pages and its copy at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::MmapedSafetensors;
-use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, WithDType};
+use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -45,11 +51,155 @@ impl WeightDtype {
     }
 }
 
+/// A tensor read in place from a memory-mapped checkpoint file: the engine multiplies by it
+/// where it lies (half precision), so a bf16 checkpoint's matrices are never copied and its
+/// pages are the page cache's, shared and evictable like llama.cpp's mmap.
+#[derive(Clone)]
+pub struct MappedTensor {
+    map: Arc<Mmap>,
+    /// Byte offset of the first element in `map`.
+    start: usize,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+impl std::fmt::Debug for MappedTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedTensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+/// A slice of `T` over `bytes`, when they are aligned for `T` and a whole number of `T`s.
+fn cast_slice<T: WithDType>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !bytes.len().is_multiple_of(size)
+    {
+        return None;
+    }
+    // SAFETY: the pointer is aligned for T and the length is a whole number of T, checked
+    // above; T is f32, bf16 or f16 here (`WithDType` floats), for which every bit pattern is a
+    // value; the bytes live as long as the map borrowed by the returned slice.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
+impl MappedTensor {
+    /// The shape.
+    pub fn dims(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element type as stored.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn byte_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.byte_len()]
+    }
+
+    /// The elements in place, when `T` is the stored element type and the data is aligned for
+    /// it (safetensors writers align every tensor; a file that does not is copied instead).
+    pub fn as_slice<T: WithDType>(&self) -> Option<&[T]> {
+        (T::DTYPE == self.dtype)
+            .then(|| cast_slice(self.bytes()))
+            .flatten()
+    }
+
+    /// A copy as a candle tensor on the CPU. The copied range's pages are then given back
+    /// (`MADV_DONTNEED`: the file's pages stay in the page cache but no longer count in this
+    /// process's memory), so copying a whole checkpoint tensor by tensor never holds the file
+    /// and the copy at once.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        let t = Tensor::from_raw_buffer(self.bytes(), self.dtype, &self.shape, &Device::Cpu)?;
+        // SAFETY: a read-only file mapping: after MADV_DONTNEED the next read of these pages
+        // faults them in again from the file, with the same contents, so nothing that reads the
+        // map (this tensor or any other view of it) can observe a change.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, self.start, self.byte_len())
+        };
+        Ok(t)
+    }
+}
+
+/// A checkpoint tensor as sanitized: copied into a candle tensor, or still in place in the
+/// file (matrices the model multiplies by as stored).
+#[derive(Debug, Clone)]
+pub enum Param {
+    /// In memory.
+    Tensor(Tensor),
+    /// In the memory-mapped file.
+    Mapped(MappedTensor),
+}
+
+impl From<Tensor> for Param {
+    fn from(t: Tensor) -> Self {
+        Param::Tensor(t)
+    }
+}
+
+impl Param {
+    /// The shape.
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Param::Tensor(t) => t.dims(),
+            Param::Mapped(m) => m.dims(),
+        }
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.dims().len()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Param::Tensor(t) => t.dtype(),
+            Param::Mapped(m) => m.dtype(),
+        }
+    }
+
+    /// As a candle tensor (a mapped one is copied, see [`MappedTensor::to_tensor`]).
+    pub fn into_tensor(self) -> Result<Tensor> {
+        match self {
+            Param::Tensor(t) => Ok(t),
+            Param::Mapped(m) => m.to_tensor(),
+        }
+    }
+
+    /// A candle tensor view, for reading small tensors (a mapped one is copied).
+    pub fn tensor(&self) -> Result<Tensor> {
+        self.clone().into_tensor()
+    }
+}
+
+/// Where one tensor lies.
+#[derive(Debug, Clone)]
+struct Entry {
+    file: usize,
+    start: usize,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
 /// The tensors of one checkpoint directory, memory-mapped; nothing is copied until a tensor is
-/// asked for.
+/// asked for, and half-precision matrices are not copied at all (see [`MappedTensor`]).
 pub struct Checkpoint {
     dir: PathBuf,
-    st: MmapedSafetensors,
+    /// `MTP_NO_MMAP` is set: every tensor is copied into memory (as llama.cpp's `--no-mmap`,
+    /// for file systems where reading through a mapping is slow).
+    copy_all: bool,
+    maps: Vec<Arc<Mmap>>,
+    entries: BTreeMap<String, Entry>,
     shapes: BTreeMap<String, Vec<usize>>,
 }
 
@@ -57,6 +207,7 @@ impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpoint")
             .field("dir", &self.dir)
+            .field("files", &self.maps.len())
             .field("tensors", &self.shapes.len())
             .finish()
     }
@@ -67,6 +218,23 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// The candle type of a safetensors element type, for the types checkpoints use.
+fn candle_dtype(d: safetensors::Dtype) -> Option<DType> {
+    use safetensors::Dtype as S;
+    Some(match d {
+        S::U8 => DType::U8,
+        S::U32 => DType::U32,
+        S::I16 => DType::I16,
+        S::I32 => DType::I32,
+        S::I64 => DType::I64,
+        S::BF16 => DType::BF16,
+        S::F16 => DType::F16,
+        S::F32 => DType::F32,
+        S::F64 => DType::F64,
+        _ => return None,
+    })
 }
 
 /// The safetensors files of a checkpoint directory: the shards named by the index when there is
@@ -86,10 +254,27 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
                 path: index.clone(),
                 message: "no `weight_map` object".into(),
             })?;
-        let mut files: Vec<String> = map
-            .values()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect();
+        let mut files: Vec<String> = Vec::new();
+        for (tensor, f) in map {
+            let Some(f) = f.as_str() else {
+                return Err(Error::Config {
+                    path: index.clone(),
+                    message: format!("weight_map[{tensor:?}] is not a file name"),
+                });
+            };
+            // the one path rule (mtp-detect's): a shard is a plain relative path in the folder
+            if !mtp_detect::is_safe_relative(f) {
+                return Err(Error::Config {
+                    path: index.clone(),
+                    message: format!(
+                        "weight_map names the shard {:?}, which is not a plain relative path \
+                         inside the checkpoint folder",
+                        f.chars().take(200).collect::<String>()
+                    ),
+                });
+            }
+            files.push(f.to_string());
+        }
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
@@ -114,10 +299,13 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 impl Checkpoint {
-    /// Memory-maps every safetensors file of `dir` and reads their headers.
+    /// Memory-maps every safetensors file of `dir` and reads their headers (checked by the
+    /// `safetensors` crate: sizes, offsets, and data that matches the file's length).
     pub fn open(dir: &Path) -> Result<Self> {
         let files = safetensors_files(dir)?;
-        for f in &files {
+        let mut maps = Vec::with_capacity(files.len());
+        let mut entries = BTreeMap::new();
+        for (i, f) in files.iter().enumerate() {
             if !f.is_file() {
                 return Err(Error::Io {
                     path: f.clone(),
@@ -127,21 +315,47 @@ impl Checkpoint {
                     ),
                 });
             }
+            let file = std::fs::File::open(f).map_err(io_err(f))?;
+            // SAFETY: the file is mapped read-only; like every mmap-based loader we rely on it
+            // not being truncated or rewritten while the engine runs.
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err(f))?;
+            let st_err = |message: String| Error::Safetensors {
+                path: f.clone(),
+                message,
+            };
+            let st =
+                safetensors::SafeTensors::deserialize(&map).map_err(|e| st_err(e.to_string()))?;
+            let base = map.as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                let Some(dtype) = candle_dtype(view.dtype()) else {
+                    return Err(st_err(format!(
+                        "{name} has element type {:?}, which this engine does not read",
+                        view.dtype()
+                    )));
+                };
+                let entry = Entry {
+                    file: i,
+                    start: view.data().as_ptr() as usize - base,
+                    shape: view.shape().to_vec(),
+                    dtype,
+                };
+                if entries.insert(name.clone(), entry).is_some() {
+                    return Err(st_err(format!("{name} is stored in more than one file")));
+                }
+            }
+            // read ahead: the first forward then finds the pages in the page cache
+            let _ = map.advise(memmap2::Advice::WillNeed);
+            maps.push(Arc::new(map));
         }
-        // SAFETY: the files are mapped read-only; like every mmap-based loader we rely on them not
-        // being truncated while the engine runs.
-        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| Error::Safetensors {
-            path: dir.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        let shapes = st
-            .tensors()
-            .into_iter()
-            .map(|(name, view)| (name, view.shape().to_vec()))
+        let shapes = entries
+            .iter()
+            .map(|(k, e)| (k.clone(), e.shape.clone()))
             .collect();
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
-            st,
+            copy_all: std::env::var_os("MTP_NO_MMAP").is_some_and(|v| !v.is_empty() && v != "0"),
+            maps,
+            entries,
             shapes,
         })
     }
@@ -156,23 +370,43 @@ impl Checkpoint {
         &self.shapes
     }
 
-    /// Loads one tensor as stored (no dtype conversion), on the CPU.
-    pub fn load_raw(&self, name: &str) -> Result<Tensor> {
-        self.st
-            .load(name, &Device::Cpu)
-            .map_err(|e| Error::Safetensors {
-                path: self.dir.clone(),
-                message: format!("{name}: {e}"),
-            })
+    /// One tensor where it lies in its file.
+    pub fn mapped(&self, name: &str) -> Result<MappedTensor> {
+        let e = self.entries.get(name).ok_or_else(|| Error::Safetensors {
+            path: self.dir.clone(),
+            message: format!("{name}: no such tensor"),
+        })?;
+        Ok(MappedTensor {
+            map: Arc::clone(&self.maps[e.file]),
+            start: e.start,
+            shape: e.shape.clone(),
+            dtype: e.dtype,
+        })
     }
 
-    /// Loads one floating-point tensor in the precision it is stored in (f32, bf16 or f16; f64
-    /// becomes f32), on the CPU.
-    pub fn load_float(&self, name: &str) -> Result<Tensor> {
-        let t = self.load_raw(name)?;
+    /// Loads one tensor as stored (no dtype conversion), on the CPU: a copy.
+    pub fn load_raw(&self, name: &str) -> Result<Tensor> {
+        self.mapped(name)?.to_tensor()
+    }
+
+    /// One floating-point tensor in the precision it is stored in (f32, bf16 or f16; f64 becomes
+    /// f32): half-precision tensors stay in the file ([`Param::Mapped`]) when aligned, the
+    /// others are copied.
+    pub fn load_float(&self, name: &str) -> Result<Param> {
+        let m = self.mapped(name)?;
+        let aligned = !self.copy_all
+            && match m.dtype() {
+                DType::BF16 => m.as_slice::<half::bf16>().is_some(),
+                DType::F16 => m.as_slice::<half::f16>().is_some(),
+                _ => false,
+            };
+        if aligned {
+            return Ok(Param::Mapped(m));
+        }
+        let t = m.to_tensor()?;
         match t.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => Ok(t),
-            DType::F64 => Ok(t.to_dtype(DType::F32)?),
+            DType::F32 | DType::F16 | DType::BF16 => Ok(Param::Tensor(t)),
+            DType::F64 => Ok(Param::Tensor(t.to_dtype(DType::F32)?)),
             other => Err(Error::Safetensors {
                 path: self.dir.clone(),
                 message: format!("{name} has dtype {other:?}; expected f32, f16 or bf16"),

@@ -10,13 +10,13 @@ use crate::cache::LayerCache;
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, DeltaDims, Rope};
-use crate::loader::WeightDtype;
+use crate::loader::{MappedTensor, Param, WeightDtype};
 use crate::quant::QuantMatrix;
 use crate::simd;
 
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
 pub struct Store {
-    map: HashMap<String, Tensor>,
+    map: HashMap<String, Param>,
     model_type: String,
     dtype: WeightDtype,
     device: Device,
@@ -26,7 +26,7 @@ impl Store {
     /// Wraps sanitized tensors; matrices are kept in `dtype` (see [`WeightDtype`]) on `device`
     /// when taken.
     pub fn new(
-        map: HashMap<String, Tensor>,
+        map: HashMap<String, Param>,
         model_type: &str,
         dtype: WeightDtype,
         device: &Device,
@@ -49,7 +49,7 @@ impl Store {
         self.map.keys()
     }
 
-    fn take_raw(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+    fn take_param(&mut self, name: &str, shape: &[usize]) -> Result<Param> {
         let t = self.map.remove(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_string(),
             model_type: self.model_type.clone(),
@@ -64,6 +64,10 @@ impl Store {
         Ok(t)
     }
 
+    fn take_raw(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.take_param(name, shape)?.into_tensor()
+    }
+
     /// The quantized matrix `name` (a `….weight` whose module left packed `scales`, `biases`
     /// and `bits` beside it, see [`crate::loader::load_quantized`]) of logical shape `shape`
     /// (`[..., out, in]`), taken out of the store; `None` when `name` is not packed.
@@ -71,7 +75,7 @@ impl Store {
         let base = name.strip_suffix(".weight").unwrap_or(name);
         let (sk, bk) = (format!("{base}.scales"), format!("{base}.biases"));
         let packed = match self.map.get(name) {
-            Some(t) if t.dtype() == DType::U32 && self.map.contains_key(&sk) => t,
+            Some(Param::Tensor(t)) if t.dtype() == DType::U32 && self.map.contains_key(&sk) => t,
             _ => return Ok(None),
         };
         let mismatch = || Error::ShapeMismatch {
@@ -84,11 +88,11 @@ impl Store {
             model_type: self.model_type.clone(),
         };
         let bits_key = format!("{base}.bits");
-        let scales = self.map.get(&sk).ok_or_else(|| missing(&sk))?;
-        let biases = self.map.get(&bk).ok_or_else(|| missing(&bk))?;
+        let scales = self.map.get(&sk).ok_or_else(|| missing(&sk))?.tensor()?;
+        let biases = self.map.get(&bk).ok_or_else(|| missing(&bk))?.tensor()?;
         let bits = self.map.get(&bits_key).ok_or_else(|| missing(&bits_key))?;
-        let bits = bits.to_scalar::<u32>()? as usize;
-        let q = QuantMatrix::from_parts(name, packed, scales, biases, bits)?;
+        let bits = bits.tensor()?.to_scalar::<u32>()? as usize;
+        let q = QuantMatrix::from_parts(name, packed, &scales, &biases, bits)?;
         let inp = shape.last().copied().unwrap_or(0);
         let Some((_, lead)) = shape.split_last() else {
             return Err(mismatch());
@@ -119,13 +123,21 @@ impl Store {
         self.dtype == WeightDtype::Stored && self.device.is_cpu()
     }
 
-    /// A linear layer `[out, in]`.
+    /// A linear layer `[out, in]`: multiplied in place in the mapped file when it is a
+    /// half-precision matrix kept as stored on the CPU (no copy), else from memory.
     pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
         let name = format!("{name}.weight");
         match self.take_packed(&name, &[out, inp])? {
             Some(q) if self.keeps_packed() => Ok(Linear::packed(q)),
             Some(q) => self.dense(q.to_tensor()?),
-            None => Ok(Linear::dense(self.tensor(&name, &[out, inp])?)),
+            None => match self.take_param(&name, &[out, inp])? {
+                Param::Mapped(m)
+                    if self.device.is_cpu() && self.dtype.for_stored(m.dtype()) == m.dtype() =>
+                {
+                    Ok(Linear::mapped(m))
+                }
+                p => self.dense(p.into_tensor()?),
+            },
         }
     }
 
@@ -167,6 +179,11 @@ impl Store {
             None => vec![out, inp],
         };
         let count = experts.unwrap_or(1);
+        if experts.is_none() {
+            if let Some(parts) = self.take_mapped_parts(names, inp)? {
+                return Ok(vec![Linear::parts(parts)]);
+            }
+        }
         let mut packed = Vec::new();
         for (n, out) in names {
             match self.take_packed(&format!("{n}.weight"), &shape(*out))? {
@@ -237,6 +254,45 @@ impl Store {
         Ok(layers)
     }
 
+    /// The parts of a fused matrix, taken out of the store, when every part is a half-precision
+    /// matrix of one type, in place in the mapped checkpoint and kept as stored on the CPU:
+    /// then the fused layer multiplies them where they lie. `None` (nothing taken) otherwise.
+    fn take_mapped_parts(
+        &mut self,
+        names: &[(&str, usize)],
+        inp: usize,
+    ) -> Result<Option<Vec<MappedTensor>>> {
+        if !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let keys: Vec<String> = names.iter().map(|(n, _)| format!("{n}.weight")).collect();
+        let mut dtype = None;
+        for (k, (_, out)) in keys.iter().zip(names) {
+            let Some(Param::Mapped(m)) = self.map.get(k) else {
+                return Ok(None);
+            };
+            let kept = self.dtype.for_stored(m.dtype()) == m.dtype();
+            if !kept || dtype.is_some_and(|d| d != m.dtype()) {
+                return Ok(None);
+            }
+            dtype = Some(m.dtype());
+            if m.dims() != [*out, inp] {
+                return Err(Error::ShapeMismatch {
+                    name: k.clone(),
+                    expected: vec![*out, inp],
+                    actual: m.dims().to_vec(),
+                });
+            }
+        }
+        let mut parts = Vec::with_capacity(keys.len());
+        for k in &keys {
+            if let Some(Param::Mapped(m)) = self.map.remove(k) {
+                parts.push(m);
+            }
+        }
+        Ok(Some(parts))
+    }
+
     /// A small f32 vector (norm weights, gates).
     pub fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.take_raw(name, &[len])?;
@@ -261,6 +317,11 @@ pub struct Linear {
 enum Weights {
     /// A tensor (f32, bf16 or f16 on the CPU).
     Dense(Tensor),
+    /// A bf16 or f16 matrix where it lies in the memory-mapped checkpoint (never copied).
+    Mapped(MappedTensor),
+    /// A fused matrix (q/k/v, gate/up, …) whose parts lie in the mapped checkpoint: the rows
+    /// of each part in turn, all of one half-precision type and width.
+    Parts(std::sync::Arc<[MappedTensor]>),
     /// An MLX-quantized matrix kept packed.
     Packed(std::sync::Arc<QuantMatrix>),
 }
@@ -270,6 +331,21 @@ impl Linear {
     pub fn dense(w: Tensor) -> Self {
         Linear {
             w: Weights::Dense(w),
+        }
+    }
+
+    /// A layer over a half-precision matrix read in place from the checkpoint file.
+    pub fn mapped(m: MappedTensor) -> Self {
+        Linear {
+            w: Weights::Mapped(m),
+        }
+    }
+
+    /// A layer over a fused matrix whose parts are read in place from the checkpoint file
+    /// (half precision, one type and width; see [`Store::fused_linear`]).
+    fn parts(parts: Vec<MappedTensor>) -> Self {
+        Linear {
+            w: Weights::Parts(parts.into()),
         }
     }
 
@@ -285,6 +361,16 @@ impl Linear {
     pub fn held(&self) -> (String, usize) {
         match &self.w {
             Weights::Dense(w) => (w.dtype().as_str().to_string(), tensor_bytes(w)),
+            Weights::Mapped(m) => (
+                m.dtype().as_str().to_string(),
+                m.dims().iter().product::<usize>() * m.dtype().size_in_bytes(),
+            ),
+            Weights::Parts(p) => (
+                p[0].dtype().as_str().to_string(),
+                p.iter()
+                    .map(|m| m.dims().iter().product::<usize>() * m.dtype().size_in_bytes())
+                    .sum(),
+            ),
             Weights::Packed(q) => (format!("q{}", q.bits()), q.bytes()),
         }
     }
@@ -293,6 +379,8 @@ impl Linear {
     pub fn out_features(&self) -> usize {
         match &self.w {
             Weights::Dense(w) => w.dims()[0],
+            Weights::Mapped(m) => m.dims()[0],
+            Weights::Parts(p) => p.iter().map(|m| m.dims()[0]).sum(),
             Weights::Packed(q) => q.out_features(),
         }
     }
@@ -312,6 +400,27 @@ impl Linear {
                 let idx = Tensor::from_slice(ids, ids.len(), w.device())?;
                 let e = w.index_select(&idx, 0)?.to_dtype(DType::F32)?;
                 Ok(e.flatten_all()?.to_vec1::<f32>()?)
+            }
+            Weights::Parts(_) => Err(Error::Unsupported(
+                "row lookup in a fused matrix (embeddings are never fused)".into(),
+            )),
+            Weights::Mapped(m) => {
+                let inp = m.dims()[1];
+                let mut rows = vec![0f32; ids.len() * inp];
+                fn gather<E: simd::Weight>(w: &[E], inp: usize, ids: &[u32], rows: &mut [f32]) {
+                    for (dst, &id) in rows.chunks_exact_mut(inp).zip(ids) {
+                        let src = &w[id as usize * inp..(id as usize + 1) * inp];
+                        for (d, v) in dst.iter_mut().zip(src) {
+                            *d = v.to_f32(); // exact widening, as the products read them
+                        }
+                    }
+                }
+                if let Some(w) = m.as_slice::<half::bf16>() {
+                    gather(w, inp, ids, &mut rows);
+                } else if let Some(w) = m.as_slice::<half::f16>() {
+                    gather(w, inp, ids, &mut rows);
+                }
+                Ok(rows)
             }
             Weights::Packed(q) => {
                 let inp = q.in_features();
@@ -337,6 +446,36 @@ impl Linear {
         let w = match &self.w {
             Weights::Dense(w) => w,
             Weights::Packed(q) => return quant_product(x, n, q),
+            Weights::Mapped(m) => {
+                let inp = m.dims()[1];
+                if let Some(w) = m.as_slice::<half::bf16>() {
+                    return half_product(x, n, w, inp);
+                }
+                if let Some(w) = m.as_slice::<half::f16>() {
+                    return half_product(x, n, w, inp);
+                }
+                return Err(Error::Unsupported(format!(
+                    "a mapped {:?} matrix (only bf16 and f16 are multiplied in place)",
+                    m.dtype()
+                )));
+            }
+            Weights::Parts(p) => {
+                let inp = p[0].dims()[1];
+                let bf16: Option<Vec<&[half::bf16]>> =
+                    p.iter().map(|m| m.as_slice::<half::bf16>()).collect();
+                if let Some(parts) = bf16 {
+                    return parts_product(x, n, &parts, inp);
+                }
+                let f16: Option<Vec<&[half::f16]>> =
+                    p.iter().map(|m| m.as_slice::<half::f16>()).collect();
+                if let Some(parts) = f16 {
+                    return parts_product(x, n, &parts, inp);
+                }
+                return Err(Error::Unsupported(format!(
+                    "mapped {:?} parts (only bf16 and f16 are multiplied in place)",
+                    p[0].dtype()
+                )));
+            }
         };
         let inp = w.dims()[1];
         if w.device().is_cpu() {
@@ -415,6 +554,39 @@ fn half_product_in<E: simd::Weight>(
         block,
         |o0, rows| simd::widen_into(&w[o0 * inp..o0 * inp + rows.len()], rows),
     ))
+}
+
+/// [`half_product`] over a matrix held in parts (rows of each part in turn): the same blocks,
+/// so the same bits, as the fused matrix — [`simd::matmul_rows_parts`] for few rows, and for
+/// prefill the blocks of widened rows filled from whichever parts they span.
+fn parts_product<E: simd::Weight>(
+    x: &[f32],
+    n: usize,
+    parts: &[&[E]],
+    inp: usize,
+) -> Result<Vec<f32>> {
+    if n <= simd::MAX_ROWS {
+        return Ok(simd::matmul_rows_parts(x, n, parts, inp));
+    }
+    let out: usize = parts.iter().map(|p| p.len() / inp.max(1)).sum();
+    Ok(gemm_over_blocks(x, n, out, inp, WIDEN_BLOCK, |o0, rows| {
+        // the elements `o0 * inp ..` of the fused matrix, widened from the parts they lie in
+        let mut skip = o0 * inp;
+        let mut done = 0;
+        for p in parts {
+            if done == rows.len() {
+                break;
+            }
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let take = (p.len() - skip).min(rows.len() - done);
+            simd::widen_to(&p[skip..skip + take], &mut rows[done..done + take]);
+            done += take;
+            skip = 0;
+        }
+    }))
 }
 
 /// [`half_product`] for a quantized matrix kept packed: [`simd::matmul_quant`] up to
@@ -1153,5 +1325,62 @@ mod tests {
                 assert_eq!(got, want, "{rows} rows: the few-row kernel widens exactly");
             }
         }
+    }
+
+    /// Matrices multiplied where they lie in a mapped checkpoint, whole or as the parts of a
+    /// fused matrix, give the bits of the same bf16 matrix in memory, for few rows (decode,
+    /// verify) and many (prefill, whose blocks of widened rows span the parts).
+    #[test]
+    fn mapped_matrices_and_parts_compute_what_memory_computes() {
+        let (inp, sizes) = (64usize, [37usize, 53, 9]);
+        let mut seed = 3u64;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut tensors = HashMap::new();
+        for (i, out) in sizes.iter().enumerate() {
+            let w: Vec<half::bf16> = (0..out * inp)
+                .map(|_| half::bf16::from_f32(rnd()))
+                .collect();
+            let t = Tensor::from_vec(w, (*out, inp), &Device::Cpu).unwrap();
+            tensors.insert(format!("p{i}.weight"), t);
+        }
+        candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+        let ckpt = crate::loader::Checkpoint::open(dir.path()).unwrap();
+        let mapped: Vec<MappedTensor> = (0..sizes.len())
+            .map(|i| ckpt.mapped(&format!("p{i}.weight")).unwrap())
+            .collect();
+        let whole: Vec<Tensor> = (0..sizes.len())
+            .map(|i| tensors[&format!("p{i}.weight")].clone())
+            .collect();
+        let fused_mem = Linear::dense(Tensor::cat(&whole, 0).unwrap());
+        let fused_map = Linear::parts(mapped.clone());
+        let one_mem = Linear::dense(whole[1].clone());
+        let one_map = Linear::mapped(mapped[1].clone());
+        assert_eq!(fused_map.held(), fused_mem.held());
+        for n in [1, 2, 5, 32, 33, 45, 130] {
+            let x: Vec<f32> = (0..n * inp).map(|_| rnd()).collect();
+            let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(fused_map.forward(&x, n).unwrap()),
+                bits(fused_mem.forward(&x, n).unwrap()),
+                "fused, {n} rows"
+            );
+            assert_eq!(
+                bits(one_map.forward(&x, n).unwrap()),
+                bits(one_mem.forward(&x, n).unwrap()),
+                "single, {n} rows"
+            );
+        }
+        assert_eq!(
+            one_map.rows(&[0, 36, 5]).unwrap(),
+            one_mem.rows(&[0, 36, 5]).unwrap()
+        );
+        assert!(
+            one_map.rows(&[53]).is_err(),
+            "a row past the matrix is an error"
+        );
     }
 }

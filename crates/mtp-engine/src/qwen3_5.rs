@@ -13,7 +13,7 @@ use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::WeightDtype;
-use crate::loader::{load_quantized, Checkpoint};
+use crate::loader::{load_quantized, Checkpoint, Param};
 use crate::nn::{DecoderLayer, Linear, Store};
 
 /// Which positions of a forward get LM-head logits.
@@ -41,9 +41,9 @@ pub struct ForwardOutput {
 /// names without the `mtp.` prefix).
 pub struct Sanitized {
     /// Language-model tensors.
-    pub target: HashMap<String, Tensor>,
+    pub target: HashMap<String, Param>,
     /// MTP-head tensors embedded in the checkpoint (`mtp.*`), already in MLX conventions.
-    pub mtp: HashMap<String, Tensor>,
+    pub mtp: HashMap<String, Param>,
 }
 
 /// RMSNorm weights stored zero-centred in Hugging Face checkpoints (used as `1 + w`).
@@ -122,6 +122,9 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
             let packed = cfg.family != Family::Qwen3Next;
             let canonical_module = canonical.trim_end_matches(".weight");
             load_quantized(ckpt, cfg, name, module, canonical_module, packed)?
+                .into_iter()
+                .map(|(k, t)| (k, Param::Tensor(t)))
+                .collect()
         } else {
             vec![(canonical, ckpt.load_float(name)?)]
         };
@@ -138,7 +141,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
 
 /// Joins per-expert or fused expert tensors into `switch_mlp.{gate,up,down}_proj.weight`
 /// stacks `[E, out, in]`.
-pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usize) -> Result<()> {
+pub(crate) fn merge_experts(map: &mut HashMap<String, Param>, num_experts: usize) -> Result<()> {
     // HF Qwen3.5-MoE (transformers 5): fused `experts.gate_up_proj` [E, 2I, D] and
     // `experts.down_proj` [E, D, I].
     let fused: Vec<String> = map
@@ -153,10 +156,13 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
             .trim_end_matches(".weight")
             .trim_end_matches(".experts.gate_up_proj")
             .to_string();
-        let gu = map.remove(&key).ok_or_else(|| Error::MissingTensor {
-            name: key.clone(),
-            model_type: "qwen3_5_moe".into(),
-        })?;
+        let gu = map
+            .remove(&key)
+            .ok_or_else(|| Error::MissingTensor {
+                name: key.clone(),
+                model_type: "qwen3_5_moe".into(),
+            })?
+            .into_tensor()?;
         let dims = gu.dims().to_vec();
         if dims.len() != 3 || dims[1] % 2 != 0 {
             return Err(Error::ShapeMismatch {
@@ -168,11 +174,11 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
         let i = dims[1] / 2;
         map.insert(
             format!("{base}.switch_mlp.gate_proj.weight"),
-            gu.narrow(1, 0, i)?.contiguous()?,
+            gu.narrow(1, 0, i)?.contiguous()?.into(),
         );
         map.insert(
             format!("{base}.switch_mlp.up_proj.weight"),
-            gu.narrow(1, i, i)?.contiguous()?,
+            gu.narrow(1, i, i)?.contiguous()?.into(),
         );
         for down in [
             format!("{base}.experts.down_proj"),
@@ -193,14 +199,18 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Tensor>, num_experts: usiz
             let mut parts = Vec::with_capacity(num_experts);
             for e in 0..num_experts {
                 let k = format!("{base}.experts.{e}.{proj}.weight");
-                parts.push(map.remove(&k).ok_or_else(|| Error::MissingTensor {
-                    name: k,
-                    model_type: "moe".into(),
-                })?);
+                parts.push(
+                    map.remove(&k)
+                        .ok_or_else(|| Error::MissingTensor {
+                            name: k,
+                            model_type: "moe".into(),
+                        })?
+                        .into_tensor()?,
+                );
             }
             map.insert(
                 format!("{base}.switch_mlp.{proj}.weight"),
-                Tensor::stack(&parts, 0)?,
+                Tensor::stack(&parts, 0)?.into(),
             );
         }
     }
@@ -241,10 +251,11 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         let v = if k.ends_with("conv1d.weight") && v.rank() == 3 {
             // HF torch layout [C, 1, K] and MLX layout [C, K, 1] both become [C, K].
             let dims = v.dims().to_vec();
+            let v = v.into_tensor()?;
             if dims[2] == 1 {
-                v.reshape((dims[0], dims[1]))?
+                v.reshape((dims[0], dims[1]))?.into()
             } else {
-                v.reshape((dims[0], dims[2]))?
+                v.reshape((dims[0], dims[2]))?.into()
             }
         } else if hf_layout
             && v.rank() == 1
@@ -252,7 +263,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         {
             // HF zero-centred RMSNorm weights (Qwen3.5/3.6/Next HF layout); the gated norm of
             // linear attention (`linear_attn.norm.weight`) is stored as-is.
-            shift_norm(&v)?
+            shift_norm(&v.tensor()?)?.into()
         } else {
             v
         };
@@ -279,7 +290,7 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     for k in keys {
         if let Some(v) = s.mtp.remove(&k) {
             let v = if v.rank() == 1 && is_mtp_norm(&k) {
-                shift_norm(&v)?
+                shift_norm(&v.tensor()?)?.into()
             } else {
                 v
             };
@@ -304,10 +315,7 @@ pub(crate) fn is_mtp_norm(k: &str) -> bool {
             || k.ends_with("pre_fc_norm_hidden.weight"))
 }
 
-fn split_qwen3_next_projections(
-    map: &mut HashMap<String, Tensor>,
-    cfg: &ModelConfig,
-) -> Result<()> {
+fn split_qwen3_next_projections(map: &mut HashMap<String, Param>, cfg: &ModelConfig) -> Result<()> {
     let t = &cfg.text;
     let (nk, dk, nv, dv) = (
         t.linear_num_key_heads,
@@ -324,6 +332,7 @@ fn split_qwen3_next_projections(
     for key in keys {
         let base = key.trim_end_matches(".in_proj_qkvz.weight").to_string();
         let Some(w) = map.remove(&key) else { continue };
+        let w = w.into_tensor()?;
         let group = 2 * dk + 2 * r * dv;
         let d = w.dims()[1];
         let w = w.reshape((nk, group, d))?;
@@ -335,22 +344,25 @@ fn split_qwen3_next_projections(
             .reshape((nk * r * dv, d))?;
         map.insert(
             format!("{base}.in_proj_qkv.weight"),
-            Tensor::cat(&[q, k, v], 0)?,
+            Tensor::cat(&[q, k, v], 0)?.into(),
         );
-        map.insert(format!("{base}.in_proj_z.weight"), z);
+        map.insert(format!("{base}.in_proj_z.weight"), z.into());
         let ba_key = format!("{base}.in_proj_ba.weight");
-        let ba = map.remove(&ba_key).ok_or(Error::MissingTensor {
-            name: ba_key,
-            model_type: "qwen3_next".into(),
-        })?;
+        let ba = map
+            .remove(&ba_key)
+            .ok_or(Error::MissingTensor {
+                name: ba_key,
+                model_type: "qwen3_next".into(),
+            })?
+            .into_tensor()?;
         let ba = ba.reshape((nk, 2 * r, d))?;
         map.insert(
             format!("{base}.in_proj_b.weight"),
-            ba.narrow(1, 0, r)?.reshape((nk * r, d))?,
+            ba.narrow(1, 0, r)?.reshape((nk * r, d))?.into(),
         );
         map.insert(
             format!("{base}.in_proj_a.weight"),
-            ba.narrow(1, r, r)?.reshape((nk * r, d))?,
+            ba.narrow(1, r, r)?.reshape((nk * r, d))?.into(),
         );
     }
     Ok(())
@@ -519,7 +531,7 @@ pub fn load_dir(
     dir: &std::path::Path,
     device: &Device,
     dtype: WeightDtype,
-) -> Result<(Qwen35Model, HashMap<String, Tensor>)> {
+) -> Result<(Qwen35Model, HashMap<String, Param>)> {
     let cfg = ModelConfig::load(dir)?;
     if cfg.model_type == "qwen3_5_mtp" {
         return Err(Error::Unsupported(format!(
@@ -545,7 +557,7 @@ pub fn load_dir(
 /// head the config does not declare (Qwen3-Next ships one without `mtp_num_hidden_layers`).
 fn check_mtp_layers(
     cfg: &ModelConfig,
-    mtp: &HashMap<String, Tensor>,
+    mtp: &HashMap<String, Param>,
     dir: &std::path::Path,
 ) -> Result<()> {
     let declared = cfg.text.mtp_num_hidden_layers;

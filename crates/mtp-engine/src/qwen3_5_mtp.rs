@@ -8,14 +8,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
 use crate::cache::{KvCache, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::loader::Checkpoint;
 use crate::loader::WeightDtype;
+use crate::loader::{Checkpoint, Param};
 use crate::nn::{DecoderLayer, Linear, Store};
 use crate::qwen3_5::{is_mtp_norm, merge_experts, Qwen35Model};
 
@@ -67,7 +67,7 @@ pub struct MtpHead {
 /// MLX conventions (norms already shifted); `mtp.`-prefixed names (an HF export of the head
 /// alone) are shifted like embedded heads; quantized modules stay packed; MoE experts are
 /// stacked.
-pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
+pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, Param>> {
     let shapes = ckpt.shapes();
     let mut out = HashMap::new();
     for name in shapes.keys() {
@@ -82,19 +82,16 @@ pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<HashMap<String, 
         };
         if quantized && name.ends_with(".weight") {
             let canonical_module = canonical.trim_end_matches(".weight");
-            out.extend(crate::loader::load_quantized(
-                ckpt,
-                cfg,
-                name,
-                module,
-                canonical_module,
-                true,
-            )?);
+            out.extend(
+                crate::loader::load_quantized(ckpt, cfg, name, module, canonical_module, true)?
+                    .into_iter()
+                    .map(|(k, t)| (k, Param::Tensor(t))),
+            );
             continue;
         }
         let mut t = ckpt.load_float(name)?;
         if hf && t.rank() == 1 && is_mtp_norm(&canonical) {
-            t = crate::qwen3_5::shift_norm(&t)?;
+            t = crate::qwen3_5::shift_norm(&t.tensor()?)?.into();
         }
         out.insert(canonical, t);
     }
@@ -108,7 +105,7 @@ impl MtpHead {
     /// Builds the head from sanitized tensors (names without `mtp.`), using the target's text
     /// config for shapes.
     pub fn load(
-        tensors: HashMap<String, Tensor>,
+        tensors: HashMap<String, Param>,
         cfg: &ModelConfig,
         dtype: WeightDtype,
         device: &Device,

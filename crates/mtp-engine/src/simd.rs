@@ -965,11 +965,73 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
     y
 }
 
+/// [`matmul_rows`] over a matrix held in parts (`[sum of out_i, inp]` whose rows are the parts'
+/// rows in turn, e.g. a fused q/k/v projection whose parts stay where they lie in a mapped
+/// checkpoint): `[n, sum of out_i]`, one task per block of any part, each output feature
+/// computed exactly as [`matmul_rows`] computes it on the whole matrix (a feature's arithmetic
+/// does not depend on its neighbours; tested below).
+pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: usize) -> Vec<f32> {
+    assert!(
+        (1..=MAX_ROWS).contains(&n)
+            && x.len() == n * inp
+            && parts.iter().all(|w| w.len().is_multiple_of(inp))
+    );
+    let outs: Vec<usize> = parts.iter().map(|w| w.len() / inp).collect();
+    let out: usize = outs.iter().sum();
+    let (avx, avx512) = (has_avx(), has_avx512());
+    let mut y = vec![0f32; n * out];
+    // (part, first feature in the part, first feature in the result) of every block
+    let mut blocks = Vec::new();
+    let mut at = 0;
+    for (p, &o) in outs.iter().enumerate() {
+        for o0 in (0..o).step_by(BLOCK) {
+            blocks.push((p, o0, at + o0));
+        }
+        at += o;
+    }
+    let dst = Dst {
+        ptr: y.as_mut_ptr(),
+        out,
+    };
+    let work = |bi: usize| {
+        let (p, o0, at) = blocks[bi];
+        // SAFETY: the block writes only features `at..at + outs` of the `n` rows of `y` (its
+        // own, disjoint from every other block's), which outlives the loop; `parts[p]` holds
+        // the block's weight rows.
+        unsafe {
+            let dst = dst.from(at - o0);
+            block(
+                x,
+                n,
+                parts[p],
+                inp,
+                o0,
+                BLOCK.min(outs[p] - o0),
+                dst,
+                avx,
+                avx512,
+            )
+        };
+    };
+    if out * inp >= 1 << 12 {
+        crate::team::run(blocks.len(), &work);
+    } else {
+        (0..blocks.len()).for_each(work);
+    }
+    y
+}
+
 /// `src` widened to f32 (exact) into `out` (resized to fit), in parallel over blocks: what a
 /// product over half-precision weights that is too large for [`matmul_rows`] multiplies, a
 /// block of weight rows at a time.
 pub fn widen_into<E: Weight>(src: &[E], out: &mut Vec<f32>) {
     out.resize(src.len(), 0.0);
+    widen_to(src, out);
+}
+
+/// `src` widened to f32 (exact) into `out`, which holds as many values, in parallel over blocks.
+pub fn widen_to<E: Weight>(src: &[E], out: &mut [f32]) {
+    assert_eq!(src.len(), out.len(), "widen_to: lengths differ");
     crate::team::chunks_mut(out, WIDEN_CHUNK, |i, dst| {
         let src = &src[i * WIDEN_CHUNK..i * WIDEN_CHUNK + dst.len()];
         #[cfg(target_arch = "x86_64")]
@@ -1726,6 +1788,45 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
+    /// A matrix held in parts gives every feature the bits of the whole matrix, at every row
+    /// count, for part sizes on and off the block and lane boundaries and odd widths.
+    #[test]
+    fn parts_match_the_whole_matrix() {
+        let mut r = rng(11);
+        for inp in [16usize, 67, 128] {
+            for sizes in [
+                vec![37usize, 53],
+                vec![1, 8, 3],
+                vec![64, 64],
+                vec![7, 300, 5],
+            ] {
+                let total: usize = sizes.iter().sum();
+                let w: Vec<half::bf16> = (0..total * inp)
+                    .map(|_| half::bf16::from_f32(r()))
+                    .collect();
+                let mut parts = Vec::new();
+                let mut at = 0;
+                for s in &sizes {
+                    parts.push(&w[at * inp..(at + s) * inp]);
+                    at += s;
+                }
+                for n in 1..=MAX_ROWS {
+                    let x: Vec<f32> = (0..n * inp).map(|_| r()).collect();
+                    let whole = matmul_rows(&x, n, &w, inp);
+                    let split = matmul_rows_parts(&x, n, &parts, inp);
+                    let same = whole
+                        .iter()
+                        .zip(&split)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same && whole.len() == split.len(),
+                        "inp {inp} {sizes:?} n {n}"
+                    );
+                }
+            }
         }
     }
 

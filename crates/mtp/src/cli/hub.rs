@@ -93,14 +93,8 @@ fn validate_revision(rev: &str) -> Result<(), HubError> {
     })
 }
 
-/// True for a relative path without `..`, absolute parts or backslashes.
-pub fn is_safe_relative(p: &str) -> bool {
-    !p.is_empty()
-        && !p.starts_with('/')
-        && !p.contains('\\')
-        && !p.contains('\0')
-        && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
-}
+/// The one path rule for files named by a listing (detection's): a plain relative path.
+pub use mtp_detect::is_safe_relative;
 
 /// The Hugging Face cache directory: `--cache-dir`, else `mtp-detect`'s rule
 /// (`HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`).
