@@ -34,3 +34,8 @@ pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
 pub use resume::{PromptState, ResumableOutput};
 pub use tokenizer::{TextTokenizer, TokenDecoder};
+
+/// The README's example, compiled as a doctest so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
