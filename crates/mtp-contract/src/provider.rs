@@ -298,6 +298,15 @@ pub trait Provider: Send + Sync {
     async fn generate_stream(&self, request: GenerateRequest)
         -> Result<EventStream, ProviderError>;
 
+    /// The sampling the model's authors recommend (a checkpoint's `generation_config.json`:
+    /// greedy when it says `do_sample: false`, else its temperature, top-p, top-k and min-p),
+    /// for callers that set none themselves, as transformers and mlx-vlm use it; `None` when the
+    /// runtime knows of none (an HTTP server applies its own defaults). Penalties a config may
+    /// also recommend are left out: they would force target-only decoding.
+    fn recommended_sampling(&self) -> Option<Sampling> {
+        None
+    }
+
     /// Clears the prompt cache for a key, or everything with `None`.
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         let _ = key;

@@ -440,6 +440,74 @@ fn generate_thinking_modes() {
     assert!(err.contains("on") && err.contains("hide"), "{err}");
 }
 
+/// Without sampling flags the model's recommended sampling (generation_config.json) is used and
+/// the summary says so; a flag that chooses a decoding replaces it; seed and penalties add to it.
+#[test]
+fn generate_uses_the_models_recommended_sampling_unless_told() {
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "sampler",
+        "samp-default",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(
+        requests_for("samp-default")[0].sampling,
+        fake::recommended()
+    );
+    assert!(
+        err.contains("sampled: temperature 0.6, top-p 0.95, top-k 20 (generation_config.json)"),
+        "{err}"
+    );
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "sampler",
+        "--temperature",
+        "0",
+        "samp-greedy",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let s = &requests_for("samp-greedy")[0].sampling;
+    assert!(
+        s.is_greedy() && s.top_p.is_none() && s.top_k.is_none(),
+        "{s:?}"
+    );
+    assert!(!err.contains("generation_config"), "{err}");
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "sampler",
+        "--seed",
+        "5",
+        "samp-seed",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let s = &requests_for("samp-seed")[0].sampling;
+    assert_eq!(
+        (s.temperature, s.top_k, s.seed),
+        (Some(0.6), Some(20), Some(5))
+    );
+    // a model that recommends nothing: greedy, no note
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "samp-none",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert!(requests_for("samp-none")[0].sampling.is_greedy());
+    assert!(!err.contains("generation_config"), "{err}");
+}
+
 #[test]
 fn generate_system_and_messages_file() {
     let dir = tempfile::tempdir().unwrap();

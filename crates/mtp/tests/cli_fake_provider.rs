@@ -6,7 +6,8 @@
 //! Model names steer it: `slow` streams one round per 150 ms (for Ctrl-C), `nolane` loads no
 //! drafter (`mtp_head_not_cached`), `fail-load` fails to load, `garbage` answers with
 //! degenerate repetition, `empty` answers nothing, `think` reasons first ([`REASONING`],
-//! streamed before the answer) unless the request says `thinking: false`.
+//! streamed before the answer) unless the request says `thinking: false`, `sampler` recommends
+//! [`RECOMMENDED`] (as a checkpoint's generation_config.json would).
 //!
 //! Included by the other `cli_*` tests with `#[path]`; compiled alone it tests itself.
 #![allow(dead_code)]
@@ -27,6 +28,16 @@ pub static REQUESTS: Mutex<Vec<GenerateRequest>> = Mutex::new(Vec::new());
 pub static OPTIONS: Mutex<Vec<(String, ProviderOptions)>> = Mutex::new(Vec::new());
 /// Every `prompt_cache_clear` key.
 pub static CLEARS: Mutex<Vec<Option<String>>> = Mutex::new(Vec::new());
+
+/// The sampling a `sampler` model recommends.
+pub fn recommended() -> mtp::Sampling {
+    mtp::Sampling {
+        temperature: Some(0.6),
+        top_p: Some(0.95),
+        top_k: Some(20),
+        ..Default::default()
+    }
+}
 
 /// What a `think` model reasons before its answer.
 pub const REASONING: &str = "The user wants code.\nStart with main.";
@@ -298,6 +309,9 @@ impl Provider for Fake {
         let done =
             futures::stream::once(async move { Ok(StreamEvent::Done(Box::new(run.response))) });
         Ok(deltas.chain(done).boxed())
+    }
+    fn recommended_sampling(&self) -> Option<mtp::Sampling> {
+        self.model.contains("sampler").then(recommended)
     }
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         CLEARS.lock().unwrap().push(key.map(str::to_string));

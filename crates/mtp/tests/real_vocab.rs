@@ -107,6 +107,31 @@ mod llama_cpp_src {
         assert!(r2.usage.input_tokens > 16);
     }
 
+    /// Detection at the real vocabulary (`mtp probe --json`): the embedded head found from the
+    /// weights, tied embeddings and all; and the provider recommends the checkpoint's
+    /// generation_config.json sampling (do_sample with temperature 0.6, top-p 0.95, top-k 20).
+    #[test]
+    #[ignore = "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it"]
+    fn real_vocab_probe_and_recommended_sampling() {
+        let dir = checkpoint();
+        let model = dir.to_str().unwrap();
+        let (io, c) = mtp::cli::Io::captured();
+        let code = mtp::cli::run_with(["mtp", "probe", model, "--json"], io);
+        assert_eq!(code, std::process::ExitCode::SUCCESS, "{}", c.stderr());
+        let v: Value = serde_json::from_str(&c.stdout()).expect("probe JSON");
+        let text = v.to_string();
+        assert!(
+            text.contains("mtp.fc.weight"),
+            "the head's tensors are the evidence: {text}"
+        );
+        let llm = create_llm("native", model, ProviderOptions::default()).unwrap();
+        let s = llm.recommended_sampling().expect("generation_config.json");
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k),
+            (Some(0.6), Some(0.95), Some(20))
+        );
+    }
+
     /// `mtp generate` on the real checkpoint: the reasoning goes to stderr, the summary says what
     /// MTP did; `--thinking off` renders the closed empty block, so the reply is all answer.
     #[test]

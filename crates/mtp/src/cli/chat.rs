@@ -84,6 +84,7 @@ struct Stats {
 struct Session {
     llm: Arc<dyn Provider>,
     args: ChatArgs,
+    sampling: crate::Sampling,
     system: Option<String>,
     thinking: Option<ThinkingMode>,
     history: Vec<Message>,
@@ -125,6 +126,12 @@ pub(crate) fn run(
             )
         }
     ))?;
+    let chosen = args.sampling.choose(llm.as_ref());
+    if let Some(note) = &chosen.note {
+        out.line(&format!(
+            "sampling: {note}; set --temperature etc. to choose"
+        ))?;
+    }
     out.line("/help lists the commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.")?;
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -132,6 +139,7 @@ pub(crate) fn run(
         .unwrap_or_default();
     let mut s = Session {
         llm,
+        sampling: chosen.sampling,
         system: args.system.clone(),
         thinking: args.thinking,
         args,
@@ -343,7 +351,7 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
         .messages(s.history.clone())
         .prompt_cache_key(s.key.clone())
         .max_output_tokens(s.args.max_tokens)
-        .sampling(s.args.sampling.to_sampling());
+        .sampling(s.sampling.clone());
     if let Some(sys) = &s.system {
         req = req.system_prompt(sys.clone());
     }

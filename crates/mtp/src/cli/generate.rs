@@ -19,9 +19,10 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         None => None,
     };
     let (llm, model) = open_provider(&a.model)?;
+    let chosen = a.sampling.choose(llm.as_ref());
     let mut req = GenerateRequest::new(a.prompt.clone().unwrap_or_default())
         .max_output_tokens(a.max_tokens)
-        .sampling(a.sampling.to_sampling());
+        .sampling(chosen.sampling);
     if let Some(h) = history {
         req = req.messages(h);
     }
@@ -96,7 +97,11 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                     // A runtime that streams nothing but the final response.
                     out.line(&r.content)?;
                 }
-                out.note(&summary_line(&r, started.elapsed()))?;
+                let mut summary = summary_line(&r, started.elapsed());
+                if let Some(n) = &chosen.note {
+                    summary.insert_str(summary.len() - 1, &format!(" · {n}"));
+                }
+                out.note(&summary)?;
                 return Ok(());
             }
         }

@@ -250,7 +250,57 @@ fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError>
     Ok((llm, model))
 }
 
+/// The sampling of a call and, when it came from the model, how the summary names it.
+pub(crate) struct ChosenSampling {
+    pub(crate) sampling: Sampling,
+    pub(crate) note: Option<String>,
+}
+
 impl SamplingArgs {
+    /// The flags' sampling; when no flag chose a decoding (temperature, top-p, top-k, min-p),
+    /// the model's recommended one (its `generation_config.json`), as transformers and mlx-vlm
+    /// use it, with the seed and penalties the flags gave.
+    pub(crate) fn choose(&self, llm: &dyn Provider) -> ChosenSampling {
+        let mine = self.to_sampling();
+        let chose = self.temperature.is_some()
+            || self.top_p.is_some()
+            || self.top_k.is_some()
+            || self.min_p.is_some();
+        match llm.recommended_sampling().filter(|_| !chose) {
+            Some(r) => {
+                let note = if r.is_greedy() {
+                    "greedy (generation_config.json)".to_string()
+                } else {
+                    let mut parts = vec![format!("temperature {}", r.temperature.unwrap_or(1.0))];
+                    if let Some(p) = r.top_p {
+                        parts.push(format!("top-p {p}"));
+                    }
+                    if let Some(k) = r.top_k {
+                        parts.push(format!("top-k {k}"));
+                    }
+                    if let Some(m) = r.min_p {
+                        parts.push(format!("min-p {m}"));
+                    }
+                    format!("sampled: {} (generation_config.json)", parts.join(", "))
+                };
+                ChosenSampling {
+                    sampling: Sampling {
+                        temperature: r.temperature,
+                        top_p: r.top_p,
+                        top_k: r.top_k,
+                        min_p: r.min_p,
+                        ..mine
+                    },
+                    note: Some(note),
+                }
+            }
+            None => ChosenSampling {
+                sampling: mine,
+                note: None,
+            },
+        }
+    }
+
     fn to_sampling(&self) -> Sampling {
         Sampling {
             temperature: self.temperature,

@@ -103,4 +103,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Approximate bytes of weights held in memory.
     fn weight_bytes(&self) -> usize;
+
+    /// The checkpoint's recommended sampling (see `Provider::recommended_sampling`).
+    fn recommended_sampling(&self) -> Option<Sampling> {
+        None
+    }
 }

@@ -169,4 +169,25 @@ impl Backend for EngineBackend {
     fn weight_bytes(&self) -> usize {
         self.weight_bytes
     }
+
+    fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
+        // transformers' rule: `do_sample` decides; without it generation is greedy, whatever
+        // temperature the file also names
+        let g = self.engine.generation_config();
+        let any = g.temperature.is_some() || g.top_p.is_some() || g.top_k.is_some();
+        match g.do_sample {
+            Some(true) => {}
+            Some(false) => return Some(mtp_contract::Sampling::greedy()),
+            None if any => return Some(mtp_contract::Sampling::greedy()),
+            None => return None,
+        }
+        Some(mtp_contract::Sampling {
+            // transformers' defaults where a sampling config leaves one out
+            temperature: Some(g.temperature.unwrap_or(1.0)),
+            top_p: g.top_p,
+            top_k: g.top_k,
+            min_p: g.min_p,
+            ..Default::default()
+        })
+    }
 }

@@ -218,6 +218,10 @@ impl<B: Backend> Provider for NativeProvider<B> {
         Ok(tokio_stream_from(rx))
     }
 
+    fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
+        self.loaded().ok()?.backend.recommended_sampling()
+    }
+
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         let loaded = self.loaded()?;
         let mut cache = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
