@@ -349,90 +349,43 @@ fn generate_raw_uses_the_prompt_verbatim() {
 
 #[test]
 fn generate_thinking_modes() {
+    // `mtp generate --model think [--thinking MODE] [extra…] PROMPT` with 4 tokens
+    let think = |mode: Option<&str>, extra: &[&str], prompt: &str| {
+        let mut args = vec!["generate", "--provider", "fake", "--model", "think"];
+        if let Some(m) = mode {
+            args.extend(["--thinking", m]);
+        }
+        args.extend(["--max-tokens", "4"]);
+        args.extend_from_slice(extra);
+        args.push(prompt);
+        mtp(&args)
+    };
+    let answer = format!("{}\n", fake::expected_text(4));
     // default: the template decides; the reasoning goes to stderr, the answer alone to stdout
-    let (code, out, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--max-tokens",
-        "4",
-        "think-default",
-    ]);
+    let (code, out, err) = think(None, &[], "think-default");
     assert_eq!(code, OK, "{err}");
-    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
+    assert_eq!(out, answer);
     assert!(err.starts_with(fake::REASONING), "{err}");
     assert_eq!(requests_for("think-default")[0].thinking, None);
     // on: enable_thinking true, shown
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--thinking",
-        "on",
-        "think-on",
-    ]);
+    let (code, _, err) = think(Some("on"), &[], "think-on");
     assert_eq!(code, OK, "{err}");
     assert!(err.contains(fake::REASONING), "{err}");
     assert_eq!(requests_for("think-on")[0].thinking, Some(true));
-    // off: enable_thinking false (the fake then reasons not at all)
-    let (code, out, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--thinking",
-        "off",
-        "--max-tokens",
-        "4",
-        "think-off",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
-    assert!(!err.contains("The user wants"), "{err}");
-    assert_eq!(requests_for("think-off")[0].thinking, Some(false));
-    // hide: reasons, but only the answer is printed (and --json leaves it out too)
-    let (code, out, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--thinking",
-        "hide",
-        "--max-tokens",
-        "4",
-        "think-hide",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    assert_eq!(out, format!("{}\n", fake::expected_text(4)));
-    assert!(!err.contains("The user wants"), "{err}");
-    assert_eq!(requests_for("think-hide")[0].thinking, Some(true));
-    let (_, out, _) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--json",
-        "think-json",
-    ]);
+    // off: enable_thinking false (the fake then reasons not at all); hide: reasons, but only
+    // the answer is printed
+    for (mode, thinking) in [("off", false), ("hide", true)] {
+        let prompt = format!("think-{mode}");
+        let (code, out, err) = think(Some(mode), &[], &prompt);
+        assert_eq!(code, OK, "{err}");
+        assert_eq!(out, answer, "{mode}");
+        assert!(!err.contains("The user wants"), "{mode}: {err}");
+        assert_eq!(requests_for(&prompt)[0].thinking, Some(thinking), "{mode}");
+    }
+    // --json carries the reasoning, unless hidden
+    let (_, out, _) = think(None, &["--json"], "think-json");
     assert_eq!(json(&out)["reasoning_content"], fake::REASONING);
-    let (_, out, _) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "think",
-        "--json",
-        "--thinking",
-        "hide",
-        "think-json-hide",
-    ]);
+    let (_, out, _) = think(Some("hide"), &["--json"], "think-json-hide");
     assert!(json(&out).get("reasoning_content").is_none(), "{out}");
     // a bad mode is a usage error naming the values
     let (code, _, err) = mtp(&["generate", "--provider", "fake", "--thinking", "maybe", "x"]);

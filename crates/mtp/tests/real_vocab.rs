@@ -138,46 +138,22 @@ mod llama_cpp_src {
     #[ignore = "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it"]
     fn real_vocab_cli_generate() {
         let dir = checkpoint();
-        let model = dir.to_str().unwrap();
-        let (io, c) = mtp::cli::Io::captured();
-        let code = mtp::cli::run_with(
-            [
-                "mtp",
-                "generate",
-                "--model",
-                model,
-                "--max-tokens",
-                "6",
-                "--temperature",
-                "0",
-                "Hi",
-            ],
-            io,
-        );
-        assert_eq!(code, std::process::ExitCode::SUCCESS, "{}", c.stderr());
-        assert_eq!(c.stdout(), "", "all reasoning: nothing on stdout");
-        assert!(c.stderr().contains("6 tokens"), "{}", c.stderr());
-        assert!(c.stderr().contains("MTP on"), "{}", c.stderr());
-        let (io, c) = mtp::cli::Io::captured();
-        let code = mtp::cli::run_with(
-            [
-                "mtp",
-                "generate",
-                "--model",
-                model,
-                "--max-tokens",
-                "6",
-                "--temperature",
-                "0",
-                "--thinking",
-                "off",
-                "--json",
-                "Hi",
-            ],
-            io,
-        );
-        assert_eq!(code, std::process::ExitCode::SUCCESS, "{}", c.stderr());
-        let v: Value = serde_json::from_str(&c.stdout()).unwrap();
+        let generate = |extra: &[&str]| {
+            let mut args = vec!["mtp", "generate", "--model", dir.to_str().unwrap()];
+            args.extend(["--max-tokens", "6", "--temperature", "0"]);
+            args.extend_from_slice(extra);
+            args.push("Hi");
+            let (io, c) = mtp::cli::Io::captured();
+            let code = mtp::cli::run_with(args, io);
+            assert_eq!(code, std::process::ExitCode::SUCCESS, "{}", c.stderr());
+            (c.stdout(), c.stderr())
+        };
+        let (out, err) = generate(&[]);
+        assert_eq!(out, "", "all reasoning: nothing on stdout");
+        assert!(err.contains("6 tokens"), "{err}");
+        assert!(err.contains("MTP on"), "{err}");
+        let (out, _) = generate(&["--thinking", "off", "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
         assert!(v.get("reasoning_content").is_none(), "{v}");
         assert_eq!(v["usage"]["output_tokens"], 6);
     }
