@@ -397,67 +397,35 @@ fn generate_thinking_modes() {
 /// the summary says so; a flag that chooses a decoding replaces it; seed and penalties add to it.
 #[test]
 fn generate_uses_the_models_recommended_sampling_unless_told() {
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "sampler",
-        "samp-default",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    assert_eq!(
-        requests_for("samp-default")[0].sampling,
-        fake::recommended()
-    );
+    // `mtp generate --model MODEL [flags…] PROMPT`: the request's sampling and stderr
+    let run = |model: &str, flags: &[&str], prompt: &str| {
+        let mut args = vec!["generate", "--provider", "fake", "--model", model];
+        args.extend_from_slice(flags);
+        args.push(prompt);
+        let (code, _, err) = mtp(&args);
+        assert_eq!(code, OK, "{err}");
+        (requests_for(prompt)[0].sampling.clone(), err)
+    };
+    let (s, err) = run("sampler", &[], "samp-default");
+    assert_eq!(s, fake::recommended());
     assert!(
         err.contains("sampled: temperature 0.6, top-p 0.95, top-k 20 (generation_config.json)"),
         "{err}"
     );
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "sampler",
-        "--temperature",
-        "0",
-        "samp-greedy",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    let s = &requests_for("samp-greedy")[0].sampling;
+    let (s, err) = run("sampler", &["--temperature", "0"], "samp-greedy");
     assert!(
         s.is_greedy() && s.top_p.is_none() && s.top_k.is_none(),
         "{s:?}"
     );
     assert!(!err.contains("generation_config"), "{err}");
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "sampler",
-        "--seed",
-        "5",
-        "samp-seed",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    let s = &requests_for("samp-seed")[0].sampling;
+    let (s, _) = run("sampler", &["--seed", "5"], "samp-seed");
     assert_eq!(
         (s.temperature, s.top_k, s.seed),
         (Some(0.6), Some(20), Some(5))
     );
     // a model that recommends nothing: greedy, no note
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "fake",
-        "--model",
-        "m",
-        "samp-none",
-    ]);
-    assert_eq!(code, OK, "{err}");
-    assert!(requests_for("samp-none")[0].sampling.is_greedy());
+    let (s, err) = run("m", &[], "samp-none");
+    assert!(s.is_greedy());
     assert!(!err.contains("generation_config"), "{err}");
 }
 
