@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
-    /// The request pinned speculation off (`false` or `{"mode":"off"}`).
+    /// Speculation was turned off explicitly: by the request (`false` or `{"mode":"off"}`), or
+    /// by the provider's own setting (created with `{"mode":"off"}`, `--speculation off`).
     DisabledByRequest,
-    /// Neither the request nor the provider asked for speculation, or the provider default is off.
+    /// Nobody asked for speculation: neither the request nor the provider gave a block.
     DisabledByDefault,
     /// The artifact carries no MTP head and no companion drafter is known.
     NoMtpHead,
@@ -73,7 +74,7 @@ impl Reason {
     pub fn default_message(self) -> &'static str {
         match self {
             Reason::DisabledByRequest => {
-                "MTP acceleration off: this request pinned speculation off; omit `speculation` to use the provider default."
+                "MTP acceleration off: speculation was turned off (this request's `speculation`, or the provider's own setting, e.g. `--speculation off`)."
             }
             Reason::DisabledByDefault => {
                 "MTP acceleration off: speculation was not requested; pass speculation={\"mode\":\"native_mtp\"} (or --speculation native_mtp)."

@@ -98,7 +98,7 @@ impl DraftStats {
 /// let v = serde_json::to_value(&rep).unwrap();
 /// assert_eq!(v["used"], false);
 /// assert_eq!(v["reason"], "disabled_by_request");
-/// assert!(v["message"].as_str().unwrap().contains("pinned speculation off"));
+/// assert!(v["message"].as_str().unwrap().contains("speculation was turned off"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpeculationReport {

@@ -387,12 +387,14 @@ pub struct ResolvedSpeculation {
 }
 
 impl ResolvedSpeculation {
-    /// The reason to report when speculation is off by choice, `None` when it was requested.
+    /// The reason to report when speculation is off by choice, `None` when it was requested:
+    /// `disabled_by_request` when someone turned it off (the request, or the provider's own
+    /// setting, e.g. `--speculation off`), `disabled_by_default` when nobody asked for it.
     pub fn disabled_reason(&self) -> Option<Reason> {
         match (self.requested, self.mode_source) {
             (true, _) => None,
-            (false, Source::Request) => Some(Reason::DisabledByRequest),
-            (false, _) => Some(Reason::DisabledByDefault),
+            (false, Source::Request | Source::ProviderDefault) => Some(Reason::DisabledByRequest),
+            (false, Source::BuiltIn) => Some(Reason::DisabledByDefault),
         }
     }
 

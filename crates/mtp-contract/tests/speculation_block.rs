@@ -162,13 +162,14 @@ fn resolution_precedence_table() {
             false,
             Some(Reason::DisabledByRequest),
         ),
+        // the provider's own explicit "off" is a choice, not the absence of one
         (
             Some(&off),
             None,
             false,
             None,
             false,
-            Some(Reason::DisabledByDefault),
+            Some(Reason::DisabledByRequest),
         ),
         (
             Some(&off),
@@ -176,7 +177,7 @@ fn resolution_precedence_table() {
             false,
             Some(5),
             false,
-            Some(Reason::DisabledByDefault),
+            Some(Reason::DisabledByRequest),
         ),
         (Some(&off), Some(&on), true, None, false, None),
         (None, Some(&d5), true, Some(5), false, None),

@@ -32,6 +32,9 @@ pub struct ServerSpec {
     pub build: Option<String>,
     /// Where the settings were read (for messages), e.g. `/props speculative.types = none`.
     pub detail: Option<String>,
+    /// The model file the server loaded (llama-server `/props` `model_path`), which a launch
+    /// hint names.
+    pub model_path: Option<String>,
 }
 
 impl ServerSpec {
@@ -93,7 +96,33 @@ impl ServerSpec {
                 .and_then(Value::as_str)
                 .map(str::to_string),
             detail,
+            model_path: props
+                .get("model_path")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string),
         }
+    }
+
+    /// Reads llama-server's `/slots` JSON: each slot says `"speculative": true` when the server
+    /// built a speculative context for it (a drafter was loaded at launch). b11434 exposes
+    /// this where `/props` cannot (its `default_generation_settings` come from the sampling
+    /// defaults only, so they say `speculative.types = none` on every server). `None` when the
+    /// body has no slots with that key (an older build, or `--no-slots`).
+    ///
+    /// ```
+    /// use mtp_runtimes::ServerSpec;
+    /// let slots = serde_json::json!([{"id": 0, "n_ctx": 1024, "speculative": true}]);
+    /// assert_eq!(ServerSpec::lane_from_llama_slots(&slots), Some(true));
+    /// assert_eq!(ServerSpec::lane_from_llama_slots(&serde_json::json!([{"id": 0}])), None);
+    /// ```
+    pub fn lane_from_llama_slots(slots: &Value) -> Option<bool> {
+        let flags: Vec<bool> = slots
+            .as_array()?
+            .iter()
+            .filter_map(|s| s.get("speculative").and_then(Value::as_bool))
+            .collect();
+        (!flags.is_empty()).then(|| flags.iter().any(|f| *f))
     }
 
     /// The speculative types include something other than `none` but not MTP.
@@ -424,6 +453,11 @@ pub(crate) fn unavailable_message(
     resolved: &ResolvedSpeculation,
     spec: &ServerSpec,
 ) -> String {
+    // the file the server runs, when it says; never a safetensors folder for llama-server
+    let model = match (kind, &spec.model_path) {
+        (ServerKind::LlamaServer | ServerKind::OpenAiCompatible, Some(p)) => p.as_str(),
+        _ => model,
+    };
     let hint = kind.launch_hint(model, resolved.num_draft_tokens.or(spec.n_max).unwrap_or(3));
     let shown = match (spec.lane, &spec.detail) {
         (Some(false), Some(d)) => format!("shows no MTP lane ({d})"),
@@ -435,7 +469,7 @@ pub(crate) fn unavailable_message(
             ServerKind::Vllm => {
                 "could not be checked for an MTP lane (its /metrics page was unavailable; keep metrics on)".to_string()
             }
-            _ => "does not show its speculative settings (/props has no speculative.types)".to_string(),
+            _ => "does not show its speculative settings (neither /props speculative.types nor /slots speculative)".to_string(),
         },
     };
     match kind {
@@ -627,7 +661,7 @@ mod tests {
                 &silent,
                 false,
                 Some(Reason::DisabledByRequest),
-                "pinned speculation off",
+                "speculation was turned off",
             ),
             (
                 ServerKind::LlamaServer,

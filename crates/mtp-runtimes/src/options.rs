@@ -82,11 +82,28 @@ impl ServerKind {
     /// use mtp_runtimes::ServerKind;
     /// let hint = ServerKind::LlamaServer.launch_hint("qwen.gguf", 3);
     /// assert!(hint.contains("--spec-type draft-mtp --spec-draft-n-max 3"));
+    /// // a checkpoint folder is not something llama-server loads: the hint converts it first
+    /// let dir = std::env::temp_dir();
+    /// let hint = ServerKind::LlamaServer.launch_hint(dir.to_str().unwrap(), 2);
+    /// assert!(hint.contains("convert_hf_to_gguf.py") && hint.contains(".gguf --spec-type draft-mtp"));
     /// ```
     pub fn launch_hint(self, model: &str, depth: u32) -> String {
         use mtp_detect::{launch_command, Runtime};
         let cmd = |rt: Runtime| launch_command(rt, model, None, true, depth);
+        // llama-server runs a GGUF: a model named as a checkpoint folder must be converted first
+        let folder = std::path::Path::new(model).is_dir();
+        let gguf_hint = |what: &str| {
+            let out = format!("{}.gguf", model.trim_end_matches('/'));
+            format!(
+                "{what} a GGUF with the MTP head (llama.cpp's convert_hf_to_gguf.py {model} \
+                 --outfile {out}), then `{}`",
+                launch_command(Runtime::LlamaServer, &out, None, true, depth)
+            )
+        };
         match self {
+            ServerKind::LlamaServer if folder => {
+                gguf_hint("llama-server runs GGUF files: convert the checkpoint to")
+            }
             ServerKind::LlamaServer => format!(
                 "restart it as `{}` (the GGUF must carry the MTP head)",
                 cmd(Runtime::LlamaServer)

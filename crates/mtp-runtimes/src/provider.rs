@@ -160,6 +160,24 @@ impl Inner {
                         }
                     }
                 }
+                // `/props` naming MTP, or another drafter, is what an older build launched;
+                // otherwise (b11434 always says `none` there) `/slots` shows whether a
+                // speculative context exists
+                if spec.lane != Some(true) && !spec.non_mtp_drafter() {
+                    if let Some(text) = self.t.get_optional("/slots").await? {
+                        let lane = serde_json::from_str::<Value>(&text)
+                            .ok()
+                            .and_then(|v| ServerSpec::lane_from_llama_slots(&v));
+                        if let Some(lane) = lane {
+                            spec.lane = Some(lane);
+                            spec.detail = Some(format!(
+                                "/slots speculative = {lane} (a drafter {} loaded at launch; \
+                                 this build's /props shows only sampling defaults)",
+                                if lane { "is" } else { "is not" }
+                            ));
+                        }
+                    }
+                }
             }
             _ => {}
         }

@@ -303,9 +303,12 @@ impl Accum {
                 let st = v.get("stop_type").and_then(Value::as_str).unwrap_or("eos");
                 self.finish = Some(map_finish(st));
             }
+            // `tokens_evaluated` is the whole prompt; `tokens_cached` is NOT the prompt tokens
+            // reused from the cache but every position in the slot's cache at the end (prompt
+            // and reply: 35 for a 20-token prompt and 16 tokens), so the cached count comes
+            // from `timings.cache_n` below
             self.input_tokens = u64_at(v, "/tokens_evaluated").or(self.input_tokens);
             self.output_tokens = u64_at(v, "/tokens_predicted").or(self.output_tokens);
-            self.cached_tokens = u64_at(v, "/tokens_cached").or(self.cached_tokens);
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.input_tokens = u64_at(u, "/prompt_tokens").or(self.input_tokens);
@@ -317,8 +320,17 @@ impl Accum {
             }
         }
         if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
+            // llama-server: `prompt_n` prompt tokens computed, `cache_n` reused from the
+            // cache, `predicted_n` generated
+            let (prompt_n, cache_n) = (u64_at(t, "/prompt_n"), u64_at(t, "/cache_n"));
             if self.cached_tokens.is_none() {
-                self.cached_tokens = u64_at(t, "/cache_n");
+                self.cached_tokens = cache_n;
+            }
+            if self.input_tokens.is_none() {
+                self.input_tokens = prompt_n.map(|p| p + cache_n.unwrap_or(0));
+            }
+            if self.output_tokens.is_none() {
+                self.output_tokens = u64_at(t, "/predicted_n");
             }
             self.timings = Some(t.clone());
         }

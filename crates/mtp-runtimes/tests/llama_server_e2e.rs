@@ -11,9 +11,9 @@
 //! - with MTP the report says `used`, with the server's drafted/accepted counts; without it,
 //!   `server_side`.
 //!
-//! `cargo xtask test` builds the server once (cached outside the clone) and sets
-//! `MTP_LLAMA_SERVER`; under a plain `cargo test` without it these tests print a note and pass
-//! without running anything. With `MTP_RECORD_FIXTURES=1` the run also writes the real
+//! `cargo xtask test` builds the server once (cached outside the clone), sets
+//! `MTP_LLAMA_SERVER` and runs this test; a plain `cargo test` ignores it (it never passes
+//! without running), and run by hand without the variable it fails saying so. With `MTP_RECORD_FIXTURES=1` the run also writes the real
 //! `/props`, `/completion` and `/v1/chat/completions` bodies under
 //! `tests/fixtures/llama_server/recorded_b11434/`.
 
@@ -29,29 +29,25 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use mtp_contract::{
-    FinishReason, GenerateRequest, GenerateResponse, ProviderOptions, Reason, Sampling,
-    Speculation, StreamEvent,
+    FinishReason, GenerateRequest, GenerateResponse, ProviderError, ProviderOptions, Reason,
+    Sampling, Speculation, StreamEvent,
 };
 use serde_json::{json, Value};
 
 const ENV_SERVER: &str = "MTP_LLAMA_SERVER";
 const DRAFT_N_MAX: u32 = 3;
 
-fn server_bin() -> Option<PathBuf> {
-    match std::env::var_os(ENV_SERVER) {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            assert!(p.is_file(), "{ENV_SERVER}={} is not a file", p.display());
-            Some(p)
-        }
-        None => {
-            eprintln!(
-                "note: {ENV_SERVER} is unset, so the real llama-server end-to-end test is skipped \
-                 (`cargo xtask test` builds llama-server b11434 and sets it)"
-            );
-            None
-        }
-    }
+fn server_bin() -> PathBuf {
+    let p = std::env::var_os(ENV_SERVER)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "{ENV_SERVER} is unset: this test needs llama-server b11434 \
+             (`cargo xtask test` builds it and sets the variable)"
+            )
+        });
+    assert!(p.is_file(), "{ENV_SERVER}={} is not a file", p.display());
+    p
 }
 
 fn workspace() -> PathBuf {
@@ -237,9 +233,21 @@ fn bytes_text(ids: &[Value]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// A request for `n` greedy tokens of `prompt` that refuses to run unaccelerated.
+fn strict(prompt: &str, n: u32) -> GenerateRequest {
+    GenerateRequest::new(prompt)
+        .raw()
+        .max_output_tokens(n)
+        .sampling(greedy())
+        .speculation(Speculation::native_mtp().with_require_acceleration(true))
+}
+
+// The name holds `llama_cpp_src`: `cargo xtask test` runs the ignored tests that need the
+// llama.cpp build by that filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_llama_server_with_and_without_mtp() {
-    let Some(bin) = server_bin() else { return };
+#[ignore = "needs llama-server b11434 (MTP_LLAMA_SERVER); cargo xtask test builds it and runs this"]
+async fn llama_cpp_src_real_llama_server_with_and_without_mtp() {
+    let bin = server_bin();
     let tmp = tempfile::tempdir().expect("tempdir");
     for (name, dir) in checkpoints() {
         let gguf = tmp.path().join(format!("{name}.gguf"));
@@ -271,7 +279,34 @@ async fn real_llama_server_with_and_without_mtp() {
             let r = complete(&plain.base, p, n).await;
             assert!(!r.metadata.speculation.used, "{name}: plain server drafted");
             assert_eq!(r.metadata.speculation.reason, Some(Reason::ServerSide));
+            // the server's own counts: every prompt token, none more from the cache
+            let u = r.usage;
+            assert!(
+                u.input_tokens > 0 && u.cached_input_tokens <= u.input_tokens,
+                "{u:?}"
+            );
+            assert_eq!(u.output_tokens, u64::from(n));
             off.push(r);
+        }
+        // the same prompt twice in a row: the second time the slot's cache serves part of the
+        // prompt (a hybrid model resumes at a recurrent-state checkpoint), and the usage says
+        // so: never the whole cache's length, which counts the reply too
+        let _ = complete(&plain.base, &prompts[0], n).await;
+        let again = complete(&plain.base, &prompts[0], n).await;
+        let u = again.usage;
+        assert_eq!(u.input_tokens, off[0].usage.input_tokens);
+        assert!(
+            u.cached_input_tokens > 0 && u.cached_input_tokens < u.input_tokens,
+            "{u:?}"
+        );
+        // no drafter: --require-acceleration refuses before generating
+        let p =
+            mtp_runtimes::create("llama-server", "tiny-mtp", &opts(&plain.base)).expect("create");
+        match p.generate(strict(&prompts[0], 4)).await {
+            Err(ProviderError::SpeculationUnavailable { message, .. }) => {
+                assert!(message.contains("/slots speculative = false"), "{message}")
+            }
+            other => panic!("{name}: a plain server passed require_acceleration: {other:?}"),
         }
         drop(plain);
 
@@ -304,6 +339,23 @@ async fn real_llama_server_with_and_without_mtp() {
             assert_eq!(r.finish_reason, FinishReason::Length);
             assert_eq!(r.usage.output_tokens, u64::from(n));
         }
+
+        // A drafting server passes --require-acceleration: b11434's /props says
+        // `speculative.types = none` on every server, its /slots shows the drafter.
+        let p = mtp_runtimes::create("llama-server", "tiny-mtp", &opts(&mtp.base)).expect("create");
+        let r = p
+            .generate(strict(&prompts[0], n))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{name}: require_acceleration refused a drafting server: {e}")
+            });
+        assert!(r.metadata.speculation.used, "{name}");
+        assert_eq!(r.content, off[0].content);
+        assert!(
+            p.speculation_status().lane_loaded,
+            "{name}: {:?}",
+            p.speculation_status()
+        );
 
         // Streaming reports the same text and counts from the final chunk.
         let (text, done) = stream(&mtp.base, &prompts[0], n).await;

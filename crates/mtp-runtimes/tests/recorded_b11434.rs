@@ -52,6 +52,15 @@ async fn recorded_b11434_bodies_give_the_servers_counts() {
         assert_eq!(r.content, want);
         assert_eq!(r.finish_reason, FinishReason::Length);
         assert_eq!(r.usage.output_tokens, 16);
+        // the recorded call: 20 prompt tokens, 16 of them from the slot's cache (timings
+        // prompt_n 4 + cache_n 16); the native body's `tokens_cached` (35: prompt and reply in
+        // the cache) is not the cached prompt
+        assert_eq!(
+            (r.usage.input_tokens, r.usage.cached_input_tokens),
+            (20, 16),
+            "raw {raw}: {:?}",
+            r.usage
+        );
         let s = &r.metadata.speculation;
         assert!(s.used, "{s:?}");
         assert_eq!((s.drafted, s.accepted), (Some(16), Some(9)), "{s:?}");

@@ -118,7 +118,8 @@ fn generate_speculation_off_reports_the_reason() {
         "gen-off",
     ]);
     assert_eq!(code, OK, "{err}");
-    assert!(err.contains("MTP not used (disabled_by_default)"), "{err}");
+    // the user said off: that is a request, not the absence of one
+    assert!(err.contains("MTP not used (disabled_by_request)"), "{err}");
     let (_, out, _) = mtp(&[
         "generate",
         "--provider",
@@ -680,7 +681,7 @@ fn chat_speculation_off_at_startup_loads_no_lane() {
     );
     assert_eq!(code, OK);
     assert!(
-        out.contains("no MTP lane loaded (disabled_by_default)"),
+        out.contains("no MTP lane loaded (disabled_by_request)"),
         "{out}"
     );
     assert!(out.contains("cannot turn speculation on"), "{out}");

@@ -74,7 +74,9 @@ pub fn register() {
                 }
             } else if !wants {
                 Lane::Unavailable {
-                    reason: Reason::DisabledByDefault,
+                    reason: mtp::resolve(opts.speculation.as_ref(), None)
+                        .disabled_reason()
+                        .unwrap_or(Reason::DisabledByDefault),
                     message: "started with --speculation off".into(),
                 }
             } else {

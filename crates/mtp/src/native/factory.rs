@@ -140,15 +140,20 @@ pub fn create(
     let cache = CacheConfig::from_env();
     let dir = local_dir(model, &cache)?;
     let report = probe_local(&dir).map_err(|e| load_err(model, e.to_string()))?;
-    let default_mode = resolve(opts.speculation.as_ref(), None).mode;
+    let default_resolved = resolve(opts.speculation.as_ref(), None);
+    let default_mode = default_resolved.mode;
     let explicit = opts.speculation.as_ref().and_then(|s| s.drafter.clone());
 
     // Decide the lane from evidence, and which drafter directory (if any) the engine loads.
     let (lane, drafter_dir): (Lane, Option<PathBuf>) = if default_mode == SpeculationMode::Off {
         (
             Lane::Unavailable {
-                reason: Reason::DisabledByDefault,
-                message: "MTP acceleration off: this provider was created with speculation off, so no MTP lane was loaded; create it with speculation on to use MTP.".into(),
+                // `disabled_by_request` when it was created with speculation off explicitly,
+                // `disabled_by_default` when nobody asked for it
+                reason: default_resolved
+                    .disabled_reason()
+                    .unwrap_or(Reason::DisabledByDefault),
+                message: "MTP acceleration off: this provider was created with speculation off, so no MTP lane was loaded; create it with speculation on (--speculation native_mtp) to use MTP.".into(),
             },
             None,
         )
