@@ -398,6 +398,11 @@ pub struct GenerateResponse {
     /// True when the content is incomplete because the transport broke off.
     #[serde(default)]
     pub partial: bool,
+    /// What the caller should know about how this call ran that the other fields do not say,
+    /// e.g. that the reply stopped at the model's context length rather than at
+    /// `max_output_tokens`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One item of a streamed generation.

@@ -144,6 +144,7 @@ fn response_json_shape() {
             timings: Timings::default(),
         },
         partial: false,
+        warnings: Vec::new(),
     };
     let v = serde_json::to_value(&resp).unwrap();
     assert_eq!(v["finish_reason"], "length");

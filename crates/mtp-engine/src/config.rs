@@ -132,6 +132,8 @@ pub struct TextConfig {
     pub mlp_only_layers: Option<Vec<usize>>,
     /// Layers of the MTP head (0 = none declared; Qwen3-Next ships a head without declaring it).
     pub mtp_num_hidden_layers: usize,
+    /// The longest sequence (prompt and reply) the model was trained for, when the config says.
+    pub max_position_embeddings: Option<usize>,
     /// The MTP head has embeddings of its own (not implemented: `true` is refused).
     pub mtp_use_dedicated_embeddings: bool,
     /// Precision of the recurrent state in other runtimes (`float32` in every published
@@ -182,6 +184,7 @@ impl TextConfig {
             decoder_sparse_step: get(o, "decoder_sparse_step", bad)?.unwrap_or(1),
             mlp_only_layers: get(o, "mlp_only_layers", bad)?,
             mtp_num_hidden_layers: get(o, "mtp_num_hidden_layers", bad)?.unwrap_or(0),
+            max_position_embeddings: get(o, "max_position_embeddings", bad)?,
             mtp_use_dedicated_embeddings: get(o, "mtp_use_dedicated_embeddings", bad)?
                 .unwrap_or(false),
             mamba_ssm_dtype: get(o, "mamba_ssm_dtype", bad)?,

@@ -627,7 +627,8 @@ fn gemm_over_blocks(
     }
     let rows = (block / inp.max(1)).clamp(1, out.max(1));
     let mut y = vec![0f32; n * out];
-    let threads = candle_core::utils::get_num_threads();
+    // the engine's one thread setting (`team`), not candle's own
+    let threads = crate::team::threads();
     let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {

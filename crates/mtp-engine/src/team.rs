@@ -14,7 +14,9 @@
 //! requests decoding at once, or a loop inside a loop) runs on its own thread, in order. Which
 //! thread runs a chunk never changes what the chunk computes.
 //!
-//! Size: `MTP_NUM_THREADS` (the threads that run a loop, the caller included) when set, else
+//! Size: [`set_threads`] before the first loop (the native provider's `threads` option, `mtp
+//! --threads`), else `MTP_NUM_THREADS` (the threads that run a loop, the caller included) when
+//! set, else
 //! the machine's available parallelism.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -72,15 +74,34 @@ struct Team {
     wake: Condvar,
 }
 
+/// The size asked for by [`set_threads`] before the team started.
+static REQUESTED: OnceLock<usize> = OnceLock::new();
+
+/// Asks for `n` threads (the caller included) for every parallel loop of this process: the
+/// team's size, and the GEMM's of prefill. Only the first call before the team starts counts
+/// (it starts with the first parallel loop); returns the size in effect, which differs from
+/// `n` when the team already runs.
+pub fn set_threads(n: usize) -> usize {
+    let _ = REQUESTED.set(n.max(1));
+    threads()
+}
+
+/// The threads that run a parallel loop, the caller included.
+pub fn threads() -> usize {
+    team().workers.load(SeqCst) + 1
+}
+
 /// The team, its workers started on first use.
 fn team() -> &'static Team {
     static TEAM: OnceLock<&'static Team> = OnceLock::new();
     TEAM.get_or_init(|| {
-        let threads = std::env::var(THREADS_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = REQUESTED.get().copied().unwrap_or_else(|| {
+            std::env::var(THREADS_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        });
         let team: &'static Team = Box::leak(Box::new(Team {
             workers: AtomicUsize::new(0),
             owned: AtomicBool::new(false),

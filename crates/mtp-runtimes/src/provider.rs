@@ -320,6 +320,7 @@ impl Inner {
                 timings,
             },
             partial,
+            warnings: Vec::new(),
         }
     }
 

@@ -514,24 +514,125 @@ fn generate_system_and_messages_file() {
 }
 
 #[test]
+/// One error line each; exit 1 for what failed at run time, 2 for a flag's value (clap's
+/// checks and ours alike).
 fn generate_errors_are_one_line_and_non_zero() {
-    let cases: &[(&[&str], &str)] = &[
-        (&["--model", "fail-load"], "cannot start provider `fake` for model fail-load: cannot load model fail-load: config.json is missing"),
-        (&["--model", "m", "--max-tokens", "0"], "`max_output_tokens` must be at least 1"),
-        (&["--model", "m", "--num-draft-tokens", "0"], "invalid num_draft_tokens 0"),
-        (&["--model", "m", "--num-draft-tokens", "17"], "it must be an integer from 1 to 16"),
-        (&["--model", "m", "--top-p", "1.5"], "top_p"),
+    let usage = ExitCode::from(2);
+    let cases: &[(&[&str], ExitCode, &str)] = &[
+        (&["--model", "fail-load"], ExitCode::FAILURE, "cannot start provider `fake` for model fail-load: cannot load model fail-load: config.json is missing"),
+        (&["--model", "m", "--num-draft-tokens", "0"], usage, "invalid num_draft_tokens 0"),
+        (&["--model", "m", "--num-draft-tokens", "17"], usage, "it must be an integer from 1 to 16"),
+        (&["--model", "m", "--top-p", "1.5"], usage, "top_p"),
+        // negative values reach the range check (not a "looks like a flag" error)
+        (&["--model", "m", "--temperature", "-1"], usage, "temperature"),
+        (&["--model", "m", "--ctx-size", "8"], usage, "--ctx-size"),
+        (&["--model", "m", "--prompt-file", "/no/such/prompt.txt"], usage, "/no/such/prompt.txt"),
     ];
-    for (extra, expected) in cases {
+    for (extra, want_code, expected) in cases {
         let mut args = vec!["generate", "--provider", "fake"];
         args.extend_from_slice(extra);
-        args.push("gen-errors");
+        if !extra.contains(&"--prompt-file") {
+            args.push("gen-errors");
+        }
         let (code, out, err) = mtp(&args);
-        assert_eq!(code, ExitCode::FAILURE, "{extra:?}");
+        assert_eq!(code, *want_code, "{extra:?}: {err}");
         assert!(out.is_empty(), "{extra:?}: {out}");
-        assert_eq!(err.lines().count(), 1, "{extra:?}: {err}");
         assert!(err.contains(expected), "{extra:?}: {err}");
+        if *want_code == ExitCode::FAILURE {
+            assert_eq!(err.lines().count(), 1, "{extra:?}: {err}");
+        }
     }
+    // --max-tokens 0 and -n 0: clap's range check, exit 2
+    for flag in ["--max-tokens", "-n"] {
+        let (code, _, err) = mtp(&["generate", "--provider", "fake", flag, "0", "x"]);
+        assert_eq!(code, usage, "{err}");
+        assert!(err.contains("0 is not in 1..=4294967295"), "{err}");
+    }
+}
+
+/// The ways to give a prompt and the other llama.cpp-style flags: `-p`, `--prompt-file`,
+/// `-n`, repeatable `--stop`; runtime options only where they apply.
+#[test]
+fn generate_prompt_sources_and_runtime_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "flag-file-prompt").unwrap();
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--prompt-file",
+        file.to_str().unwrap(),
+        "-n",
+        "3",
+        "--stop",
+        "END",
+        "--stop",
+        "\n\n",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let r = &requests_for("flag-file-prompt")[0];
+    assert_eq!(r.max_output_tokens, Some(3));
+    assert_eq!(r.stop, vec!["END".to_string(), "\n\n".to_string()]);
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "-p",
+        "flag-p-prompt",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    assert_eq!(requests_for("flag-p-prompt").len(), 1);
+    // -p and a positional prompt together: usage error
+    let (code, _, _) = mtp(&["generate", "--provider", "fake", "-p", "a", "b"]);
+    assert_eq!(code, ExitCode::from(2));
+    // --ctx-size / --threads / --dtype reach the provider as its options
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "opts-model",
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        "--dtype",
+        "bf16",
+        "opts-prompt",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let extra = fake::OPTIONS
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(m, _)| m == "opts-model")
+        .map(|(_, o)| o.extra.clone())
+        .unwrap();
+    assert_eq!(extra.get("ctx_size").map(String::as_str), Some("2048"));
+    assert_eq!(extra.get("threads").map(String::as_str), Some("2"));
+    assert_eq!(extra.get("dtype").map(String::as_str), Some("bf16"));
+    // ...and are usage errors for an HTTP server, whose launch sets them
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "llama-server",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--ctx-size",
+        "2048",
+        "x",
+    ]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    assert!(
+        err.contains("--ctx-size") && err.contains("when it starts"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -946,7 +1047,7 @@ fn bench_without_a_lane_has_nothing_to_compare() {
         "{err}"
     );
     let (code, _, err) = mtp(&["bench", "--provider", "fake", "--model", "m", "--reps", "0"]);
-    assert_eq!(code, ExitCode::FAILURE);
+    assert_eq!(code, ExitCode::from(2), "a flag's value: usage error");
     assert!(err.contains("invalid --reps"), "{err}");
     let (code, _, err) = mtp(&[
         "bench",
@@ -957,7 +1058,7 @@ fn bench_without_a_lane_has_nothing_to_compare() {
         "--depths",
         "0",
     ]);
-    assert_eq!(code, ExitCode::FAILURE);
+    assert_eq!(code, ExitCode::from(2), "a flag's value: usage error");
     assert!(err.contains("invalid num_draft_tokens 0"), "{err}");
 }
 

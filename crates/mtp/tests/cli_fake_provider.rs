@@ -211,6 +211,7 @@ impl Fake {
                 },
             },
             partial: false,
+            warnings: Vec::new(),
         };
         Ok(Run {
             reasoning,

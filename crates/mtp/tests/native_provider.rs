@@ -484,3 +484,72 @@ async fn report_json_on_the_bundled_demo_model() {
         })
     );
 }
+
+/// The context is enforced: the reply stops where prompt and reply fill it (`finish_reason:
+/// length` and a warning saying why), a prompt that fills it alone is refused naming both
+/// sizes, and `ctx_size` lowers it below the model's `max_position_embeddings`.
+#[tokio::test]
+async fn context_length_is_enforced() {
+    empty_hub_cache();
+    let opts = on(2).extra("ctx_size", "48");
+    let llm = create_llm("native", &fixture("tiny-trained"), opts).unwrap();
+    let prompt = "the quick brown fox "; // 20 byte tokens
+    let r = llm
+        .generate(GenerateRequest::new(prompt).raw().max_output_tokens(4_000_000_000))
+        .await
+        .unwrap();
+    assert_eq!(r.usage.input_tokens, 20);
+    assert_eq!(r.usage.output_tokens, 28, "48 - 20");
+    assert_eq!(r.finish_reason, mtp::FinishReason::Length);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("context length") && w.contains("48-token")),
+        "{:?}",
+        r.warnings
+    );
+    // a bound inside the context: no warning
+    let r = llm
+        .generate(GenerateRequest::new(prompt).raw().max_output_tokens(8))
+        .await
+        .unwrap();
+    assert_eq!(r.usage.output_tokens, 8);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    // a prompt as long as the context
+    let long = "x".repeat(48);
+    let err = llm
+        .generate(GenerateRequest::new(long).raw().max_output_tokens(4))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, ProviderError::InvalidRequest { field: "prompt", .. })
+            && msg.contains("48 tokens")
+            && msg.contains("context holds 48"),
+        "{msg}"
+    );
+    // a ctx_size that is not a positive integer
+    let err = create_llm(
+        "native",
+        &fixture("tiny-trained"),
+        on(2).extra("ctx_size", "0"),
+    )
+    .err()
+    .expect("ctx_size 0 is refused");
+    assert!(err.to_string().contains("ctx_size"), "{err}");
+}
+
+/// A drafter named as a path that does not exist is an error naming it, not a target-only run
+/// whose message suggests downloading the path.
+#[tokio::test]
+async fn a_missing_drafter_path_is_an_error_naming_it() {
+    empty_hub_cache();
+    for d in ["./no/such/drafter", "/no/such/drafter", "../nope-mtp"] {
+        let opts =
+            ProviderOptions::default().speculation(Speculation::native_mtp().with_drafter(d).unwrap());
+        let err = create_llm("native", &fixture("tiny-trained"), opts)
+            .err()
+            .unwrap_or_else(|| panic!("{d}: loaded"));
+        let msg = err.to_string();
+        assert!(msg.contains(d) && msg.contains("does not exist"), "{msg}");
+        assert!(!msg.contains("mtp models download"), "{msg}");
+    }
+}

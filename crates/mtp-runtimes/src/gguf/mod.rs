@@ -59,7 +59,7 @@ pub const LLAMA_BUILD: &str = "b11434";
 /// `runtime` in reports.
 pub const RUNTIME: &str = "llama.cpp b11434";
 /// The `ProviderOptions.extra` keys this provider reads.
-pub const EXTRA_KEYS: [&str; 2] = ["n_ctx", "threads"];
+pub const EXTRA_KEYS: [&str; 3] = ["n_ctx", "ctx_size", "threads"];
 
 const DEFAULT_N_CTX: u32 = 4096;
 const DEFAULT_MAX_NEW: usize = 512;
@@ -223,9 +223,23 @@ impl GgufProvider {
                 ),
             });
         }
-        let n_ctx = parse_extra::<u32>(opts, "n_ctx")?
-            .filter(|n| *n >= 16)
-            .unwrap_or(DEFAULT_N_CTX);
+        // `ctx_size` is the name the other in-process provider (and `mtp --ctx-size`) uses
+        let n_ctx = match (
+            parse_extra::<u32>(opts, "n_ctx")?,
+            parse_extra::<u32>(opts, "ctx_size")?,
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: format!(
+                        "n_ctx ({a}) and ctx_size ({b}) are the same option; give one"
+                    ),
+                })
+            }
+            (a, b) => a.or(b),
+        }
+        .filter(|n| *n >= 16)
+        .unwrap_or(DEFAULT_N_CTX);
         let threads = parse_extra::<i32>(opts, "threads")?
             .filter(|n| *n > 0)
             .unwrap_or_else(|| {
@@ -354,11 +368,11 @@ impl GgufProvider {
                 ),
             });
         }
-        let max_new = req
+        let asked = req
             .max_output_tokens
             .map(|n| n as usize)
-            .unwrap_or(DEFAULT_MAX_NEW)
-            .min(room);
+            .unwrap_or(DEFAULT_MAX_NEW);
+        let max_new = asked.min(room);
         if self.inner.busy.swap(true, Ordering::AcqRel) {
             return Err(ProviderError::Busy {
                 model: self.inner.name.clone(),
@@ -403,6 +417,7 @@ impl GgufProvider {
                         &decision,
                         out,
                         input_tokens,
+                        (max_new < asked).then_some(asked),
                     )))),
                     Err(e) => Err(this.api_err(e)),
                 };
@@ -417,11 +432,14 @@ impl GgufProvider {
         Ok(stream.boxed())
     }
 
+    /// The final response; `clipped` is the `max_output_tokens` asked for when the context
+    /// left less room than that.
     fn response(
         &self,
         decision: &Plan,
         out: engine::Outcome,
         input_tokens: u64,
+        clipped: Option<usize>,
     ) -> GenerateResponse {
         let speculation = decision.report(RUNTIME, &out.stats);
         let n_out = out.ids.len() as u64;
@@ -436,11 +454,20 @@ impl GgufProvider {
             verify_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.verify_ms),
             rollback_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.rollback_ms),
         };
+        let finish_reason = out.finish.unwrap_or(FinishReason::Length);
+        let mut warnings = Vec::new();
+        if let (Some(asked), FinishReason::Length) = (clipped, finish_reason) {
+            warnings.push(format!(
+                "stopped at the context length: {input_tokens} prompt and {n_out} reply tokens \
+                 fill the {}-token context (n_ctx), before max_output_tokens ({asked})",
+                self.inner.n_ctx
+            ));
+        }
         GenerateResponse {
             content: out.text,
             reasoning_content: out.reasoning,
             token_ids: Some(out.ids),
-            finish_reason: out.finish.unwrap_or(FinishReason::Length),
+            finish_reason,
             usage: Usage {
                 input_tokens,
                 output_tokens: n_out,
@@ -451,6 +478,7 @@ impl GgufProvider {
                 timings,
             },
             partial: false,
+            warnings,
         }
     }
 }

@@ -62,28 +62,42 @@ pub struct ModelArgs {
     /// API key of an HTTP runtime (never printed).
     #[arg(long, env = "MTP_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
+    /// Context length (prompt and reply) of an in-process runtime: for `native`, a limit below
+    /// the model's own (`max_position_embeddings`); for `gguf`, llama.cpp's n_ctx (default 4096).
+    /// An HTTP server sets its context when it starts.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
+    pub ctx_size: Option<u32>,
+    /// CPU threads of an in-process runtime (default: every core; MTP_NUM_THREADS for native).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+    /// The precision the native engine keeps weights in: `auto` (as the checkpoint stores them:
+    /// bf16 stays bf16), `f32`, `bf16` or `f16`.
+    #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "bf16", "f16"])]
+    pub dtype: Option<String>,
 }
 
-/// Sampling controls (see `Sampling` in the contract).
+/// Sampling controls (see `Sampling` in the contract). Without any of temperature, top-p,
+/// top-k and min-p, the model's own recommendation (its generation_config.json) is used, else
+/// greedy.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SamplingArgs {
-    /// Softmax temperature; 0 (the default) is greedy.
-    #[arg(long)]
+    /// Softmax temperature, 0 or more; 0 is greedy.
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling mass in (0, 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<u32>,
-    /// Drop tokens below min_p × the top probability.
-    #[arg(long)]
+    /// Drop tokens below min_p × the top probability, in [0, 1].
+    #[arg(long, allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Seed for deterministic sampling.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Repetition penalty (1.0 neutral; other values force target-only decoding).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub repetition_penalty: Option<f32>,
     /// Presence penalty (0.0 neutral; other values force target-only decoding).
     #[arg(long, allow_negative_numbers = true)]
@@ -120,9 +134,14 @@ pub struct GenerateArgs {
     /// Sampling.
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Upper bound on generated tokens.
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    /// Upper bound on generated tokens, 1 to 4294967295 (the reply also stops at the
+    /// context length).
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
+    /// Stop the reply at this string (repeatable); the string is not part of the reply.
+    #[arg(long = "stop", value_name = "STRING")]
+    pub stops: Vec<String>,
     /// Print one JSON object: content, token_ids, finish_reason, usage, metadata.
     #[arg(long)]
     pub json: bool,
@@ -141,8 +160,20 @@ pub struct GenerateArgs {
     /// `hide` (reason, show only the answer). Without it, the chat template's default.
     #[arg(long, value_enum, value_name = "MODE")]
     pub thinking: Option<ThinkingMode>,
-    /// The prompt (the last user turn); optional with --messages.
-    #[arg(required_unless_present = "messages")]
+    /// Read the prompt from a file (`-` for stdin).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_flag"])]
+    pub prompt_file: Option<PathBuf>,
+    /// The prompt, as a flag (llama.cpp's `-p`).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        value_name = "TEXT",
+        conflicts_with = "prompt"
+    )]
+    pub prompt_flag: Option<String>,
+    /// The prompt (the last user turn); optional with --messages, --prompt-file or -p. `-`
+    /// reads it from stdin.
+    #[arg(required_unless_present_any = ["messages", "prompt_file", "prompt_flag"])]
     pub prompt: Option<String>,
 }
 
@@ -155,8 +186,10 @@ pub struct ChatArgs {
     /// Sampling.
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Upper bound on generated tokens per answer.
-    #[arg(long, value_name = "N", default_value_t = 512)]
+    /// Upper bound on generated tokens per answer, 1 to 4294967295 (an answer also stops at
+    /// the context length).
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
     /// A system prompt for the whole session (`/system` changes it).
     #[arg(long)]

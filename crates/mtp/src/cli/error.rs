@@ -83,6 +83,15 @@ pub enum CliError {
         /// Why.
         message: String,
     },
+    /// The request the flags make is invalid (a value out of range, a bad combination).
+    #[error("invalid request: {source}")]
+    BadRequest {
+        /// The contract's error, naming the field.
+        source: ProviderError,
+    },
+    /// The user pressed Ctrl-C; what was generated was printed.
+    #[error("interrupted")]
+    Interrupted,
     /// Writing output or reading input failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
@@ -92,6 +101,18 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The process exit code: 2 for usage errors (flags and their values), 130 after Ctrl-C,
+    /// 1 for everything that failed at run time.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::InvalidFlag { .. }
+            | CliError::Speculation(_)
+            | CliError::BadRequest { .. } => 2,
+            CliError::Interrupted => 130,
+            _ => 1,
+        }
+    }
+
     /// What the person can do next, when there is something useful to say.
     pub fn hint(&self) -> Option<String> {
         match self {

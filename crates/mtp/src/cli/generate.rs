@@ -13,16 +13,38 @@ use crate::cli::open_provider;
 use crate::cli::output::{summary_line, Out, Reasoning};
 use crate::{GenerateRequest, StreamEvent};
 
+/// The prompt the flags give: `--prompt-file FILE` (`-`: stdin), `-p TEXT`, or the positional
+/// argument (`-`: stdin); empty with only `--messages`.
+fn prompt_text(a: &GenerateArgs) -> Result<String, CliError> {
+    let read = |path: &std::path::Path, flag: &'static str| -> Result<String, CliError> {
+        crate::cli::messages::read_text(path)
+            .map_err(|message| CliError::InvalidFlag { flag, message })
+    };
+    if let Some(f) = &a.prompt_file {
+        return read(f, "--prompt-file");
+    }
+    match (a.prompt_flag.as_ref(), a.prompt.as_deref()) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some("-")) => read(std::path::Path::new("-"), "PROMPT"),
+        (None, Some(p)) => Ok(p.to_string()),
+        (None, None) => Ok(String::new()),
+    }
+}
+
 pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> {
     let history = match &a.messages {
         Some(path) => Some(crate::cli::messages::read(path)?),
         None => None,
     };
+    let prompt = prompt_text(&a)?;
     let (llm, model) = open_provider(&a.model)?;
     let chosen = a.sampling.choose(llm.as_ref());
-    let mut req = GenerateRequest::new(a.prompt.clone().unwrap_or_default())
+    let mut req = GenerateRequest::new(prompt)
         .max_output_tokens(a.max_tokens)
         .sampling(chosen.sampling);
+    for s in &a.stops {
+        req = req.stop(s.clone());
+    }
     if let Some(h) = history {
         req = req.messages(h);
     }
@@ -37,10 +59,8 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     }
     let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
     let ctx = || format!("generation with {} on {} failed", model, llm.name());
-    req.validate().map_err(|source| CliError::Provider {
-        context: "invalid flags".into(),
-        source,
-    })?;
+    req.validate()
+        .map_err(|source| CliError::BadRequest { source })?;
     let started = Instant::now();
     if a.json {
         let mut r = llm
@@ -60,6 +80,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         out.line(&v)?;
         return Ok(());
     }
+    // listen before the call: a runtime may prefill inside `generate_stream`
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     let mut stream = llm
         .generate_stream(req)
         .await
@@ -70,7 +93,27 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     let mut wrote_any = false;
     let mut ended_newline = true;
     let mut reasoning = Reasoning::new(out, show_reasoning);
-    while let Some(ev) = stream.next().await {
+    let mut tokens = 0u64;
+    loop {
+        let ev = tokio::select! {
+            biased;
+            _ = &mut ctrl_c => {
+                drop(stream); // cancels generation
+                reasoning.end(out)?;
+                if wrote_any && !ended_newline {
+                    out.text("\n")?;
+                }
+                let secs = started.elapsed().as_secs_f64();
+                out.note(&format!(
+                    "[stopped (Ctrl-C) after {tokens} tokens in {secs:.2} s]"
+                ))?;
+                return Err(CliError::Interrupted);
+            }
+            ev = stream.next() => match ev {
+                Some(ev) => ev,
+                None => break,
+            },
+        };
         match ev.map_err(|source| CliError::Provider {
             context: ctx(),
             source,
@@ -78,8 +121,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
             StreamEvent::Delta {
                 text,
                 reasoning: thought,
-                ..
+                token_ids,
             } => {
+                tokens += token_ids.len() as u64;
                 reasoning.push(out, &thought)?;
                 if !text.is_empty() {
                     reasoning.end(out)?;
@@ -102,6 +146,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                     summary.insert_str(summary.len() - 1, &format!(" · {n}"));
                 }
                 out.note(&summary)?;
+                for w in &r.warnings {
+                    out.note(&format!("mtp: note: {w}"))?;
+                }
                 return Ok(());
             }
         }

@@ -26,8 +26,8 @@ fn bad(message: String) -> CliError {
     }
 }
 
-/// Reads `path` (`-` for stdin) into messages.
-pub(crate) fn read(path: &Path) -> Result<Vec<Message>, CliError> {
+/// The text of `path` (`-` for stdin), at most 64 MiB of UTF-8; the error names the file.
+pub(crate) fn read_text(path: &Path) -> Result<String, String> {
     let shown = path.display().to_string();
     let mut text = String::new();
     let read = if shown == "-" {
@@ -37,10 +37,17 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Message>, CliError> {
     } else {
         std::fs::File::open(path).and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
     };
-    read.map_err(|e| bad(format!("cannot read {shown}: {e}")))?;
+    read.map_err(|e| format!("cannot read {shown}: {e}"))?;
     if text.len() as u64 > MAX_BYTES {
-        return Err(bad(format!("{shown} is larger than {MAX_BYTES} bytes")));
+        return Err(format!("{shown} is larger than {MAX_BYTES} bytes"));
     }
+    Ok(text)
+}
+
+/// Reads `path` (`-` for stdin) into messages.
+pub(crate) fn read(path: &Path) -> Result<Vec<Message>, CliError> {
+    let shown = path.display().to_string();
+    let text = read_text(path).map_err(bad)?;
     let v: Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("{shown} is not JSON: {e}")))?;
     parse(&v).map_err(|m| bad(format!("{shown}: {m}")))

@@ -77,7 +77,8 @@ pub fn run() -> ExitCode {
 }
 
 /// Runs the command with these arguments (the first is the program name) and this I/O.
-/// Exit codes: 0 success, 1 failure (one `mtp: error:` line on stderr), 2 bad usage.
+/// Exit codes: 0 success, 1 failure (one `mtp: error:` line on stderr), 2 bad usage (clap's
+/// and ours: a flag's value out of range, a bad combination), 130 after Ctrl-C.
 pub fn run_with<I, T>(args: I, io: Io) -> ExitCode
 where
     I: IntoIterator<Item = T>,
@@ -130,10 +131,12 @@ where
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`mtp probe … | head`): nothing left to say.
         Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        // Ctrl-C: the partial answer and its stats were printed; 130 as shells expect
+        Err(CliError::Interrupted) => ExitCode::from(130),
         Err(e) => {
             tracing::debug!(error = ?e, "command failed");
             out.error(&e);
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -225,6 +228,7 @@ fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError>
     if let Some(k) = &m.api_key {
         opts = opts.api_key(k.clone());
     }
+    opts = runtime_options(m, opts)?;
     tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
     let llm = crate::create_llm(&m.provider, &model, opts).map_err(|source| CliError::Start {
         provider: m.provider.clone(),
@@ -248,6 +252,44 @@ fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError>
         }
     }
     Ok((llm, model))
+}
+
+/// `--ctx-size`, `--threads` and `--dtype` as the in-process providers' options (`ctx_size`,
+/// `threads`, `dtype`); an HTTP server's context, threads and precision are its launch
+/// settings, so there they are usage errors that say so.
+fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderOptions, CliError> {
+    let http = mtp_runtimes::PROVIDERS.contains(&m.provider.as_str());
+    let given = [
+        (
+            "--ctx-size",
+            m.ctx_size.map(|n| ("ctx_size", n.to_string())),
+        ),
+        ("--threads", m.threads.map(|n| ("threads", n.to_string()))),
+        ("--dtype", m.dtype.clone().map(|d| ("dtype", d))),
+    ];
+    for (flag, value) in given {
+        let Some((key, value)) = value else { continue };
+        if http {
+            return Err(CliError::InvalidFlag {
+                flag,
+                message: format!(
+                    "applies to the in-process providers (native, gguf); a {} server sets it \
+                     when it starts (e.g. llama-server -c N -t N)",
+                    m.provider
+                ),
+            });
+        }
+        if flag == "--dtype" && m.provider == "gguf" {
+            return Err(CliError::InvalidFlag {
+                flag,
+                message: "applies to the native engine; a GGUF file's precision is its \
+                          quantization type"
+                    .into(),
+            });
+        }
+        opts = opts.extra(key, value);
+    }
+    Ok(opts)
 }
 
 /// The sampling of a call and, when it came from the model, how the summary names it.

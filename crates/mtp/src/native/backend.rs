@@ -104,6 +104,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Approximate bytes of weights held in memory.
     fn weight_bytes(&self) -> usize;
 
+    /// The longest sequence (prompt and reply) the model takes, when its config says.
+    fn context_length(&self) -> Option<usize> {
+        None
+    }
+
     /// The checkpoint's recommended sampling (see `Provider::recommended_sampling`).
     fn recommended_sampling(&self) -> Option<Sampling> {
         None

@@ -170,6 +170,10 @@ impl Backend for EngineBackend {
         self.weight_bytes
     }
 
+    fn context_length(&self) -> Option<usize> {
+        self.engine.model().config().text.max_position_embeddings
+    }
+
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
         // transformers' rule: `do_sample` decides; without it generation is greedy, whatever
         // temperature the file also names

@@ -21,12 +21,25 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 4] = [
+pub const EXTRA_KEYS: [&str; 6] = [
     "device",
     "dtype",
     "prompt_cache_bytes",
     "prompt_cache_checkpoints",
+    "ctx_size",
+    "threads",
 ];
+
+/// What `parse_extra` read.
+struct Extra {
+    device: Device,
+    dtype: WeightDtype,
+    runtime: String,
+    cache_bytes: usize,
+    checkpoints: usize,
+    ctx_size: Option<usize>,
+    threads: Option<usize>,
+}
 
 fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
     static SHARED: OnceLock<SharedModels<Loaded<EngineBackend>>> = OnceLock::new();
@@ -50,10 +63,7 @@ fn load_err(model: &str, message: impl Into<String>) -> ProviderError {
     }
 }
 
-fn parse_extra(
-    model: &str,
-    opts: &ProviderOptions,
-) -> Result<(Device, WeightDtype, String, usize, usize), ProviderError> {
+fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderError> {
     for k in opts.extra.keys() {
         if !EXTRA_KEYS.contains(&k.as_str()) {
             return Err(ProviderError::InvalidRequest {
@@ -70,7 +80,7 @@ fn parse_extra(
         Some(other) => {
             return Err(load_err(
                 model,
-                format!("device `{other}` is not available in this build (it runs on `cpu`); rebuild mtp-engine with its `cuda` or `metal` feature"),
+                format!("device `{other}` is not available: this version of the native engine runs on the CPU only (`cpu`)"),
             ))
         }
     };
@@ -97,13 +107,27 @@ fn parse_extra(
             }),
         }
     };
-    Ok((
+    let positive = |key: &'static str| -> Result<Option<usize>, ProviderError> {
+        match opts.extra.get(key) {
+            None => Ok(None),
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: format!("`{key}` must be a positive integer, got `{v}`"),
+                }),
+            },
+        }
+    };
+    Ok(Extra {
         device,
         dtype,
         runtime,
-        num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
-        num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
-    ))
+        cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
+        checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
+        ctx_size: positive("ctx_size")?,
+        threads: positive("threads")?,
+    })
 }
 
 fn local_dir(spec: &str, cache: &CacheConfig) -> Result<PathBuf, ProviderError> {
@@ -136,7 +160,27 @@ pub fn create(
     model: &str,
     opts: &ProviderOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let (device, dtype, runtime, cache_bytes, checkpoints) = parse_extra(model, opts)?;
+    let Extra {
+        device,
+        dtype,
+        runtime,
+        cache_bytes,
+        checkpoints,
+        ctx_size,
+        threads,
+    } = parse_extra(model, opts)?;
+    if let Some(n) = threads {
+        let running = mtp_engine::team::set_threads(n);
+        if running != n {
+            return Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!(
+                    "`threads` {n}: the engine's threads are set once per process, and this one \
+                     already runs with {running}"
+                ),
+            });
+        }
+    }
     let cache = CacheConfig::from_env();
     let dir = local_dir(model, &cache)?;
     let report = probe_local(&dir).map_err(|e| load_err(model, e.to_string()))?;
@@ -159,6 +203,14 @@ pub fn create(
         )
     } else if let Some(d) = explicit {
         let depth = report.registry.as_ref().map_or(3, |r| r.default_depth);
+        // a drafter named as a path that is not there is the caller's mistake: say so, instead
+        // of running target-only with a download hint that would reject the path
+        if let Err(mtp_detect::DetectError::NotFound { path }) = resolve_model(&d, &cache) {
+            return Err(load_err(
+                model,
+                format!("the drafter {path} does not exist (it was read as a path)"),
+            ));
+        }
         match local_dir(&d, &cache) {
             Err(_) => (
                 Lane::Unavailable {
@@ -249,11 +301,8 @@ pub fn create(
             checkpoints,
         ))
     })?;
-    Ok(Arc::new(NativeProvider::new(
-        name,
-        model,
-        loaded,
-        opts.speculation.clone(),
-        lane,
-    )))
+    Ok(Arc::new(
+        NativeProvider::new(name, model, loaded, opts.speculation.clone(), lane)
+            .with_ctx_size(ctx_size),
+    ))
 }

@@ -42,6 +42,8 @@ pub struct NativeProvider<B: Backend> {
     default: Option<Speculation>,
     lane: Lane,
     busy: Arc<AtomicBool>,
+    /// A context shorter than the model's (`ctx_size`), if asked for.
+    ctx_size: Option<usize>,
 }
 
 struct BusyGuard(Arc<AtomicBool>);
@@ -68,7 +70,15 @@ impl<B: Backend> NativeProvider<B> {
             default,
             lane,
             busy: Arc::new(AtomicBool::new(false)),
+            ctx_size: None,
         }
+    }
+
+    /// Limits the context (prompt and reply) to `n` tokens, or the model's own length if that
+    /// is shorter; `None` keeps the model's.
+    pub fn with_ctx_size(mut self, n: Option<usize>) -> Self {
+        self.ctx_size = n;
+        self
     }
 
     fn loaded(&self) -> Result<Arc<Loaded<B>>, ProviderError> {
@@ -187,12 +197,33 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let guard = BusyGuard(Arc::clone(&self.busy));
         let started = Instant::now();
         let prompt = loaded.backend.render(&request)?;
+        // the context: the model's length (`max_position_embeddings`), or `ctx_size` if shorter
+        let ctx = match (loaded.backend.context_length(), self.ctx_size) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(ctx) = ctx.filter(|&c| prompt.ids.len() >= c) {
+            return Err(ProviderError::InvalidRequest {
+                field: "prompt",
+                message: format!(
+                    "the prompt is {} tokens and the context holds {ctx} (prompt and reply); \
+                     shorten it{}",
+                    prompt.ids.len(),
+                    match self.ctx_size {
+                        Some(c) if c == ctx => " or raise ctx_size (--ctx-size)",
+                        _ => "",
+                    }
+                ),
+            });
+        }
         let runtime = loaded.backend.runtime();
         let (tx, rx) = mpsc::channel::<Result<StreamEvent, ProviderError>>(64);
         let provider = self.name.clone();
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
-            let result = run_job(&loaded, &request, &prompt, &plan, &runtime, started, &tx);
+            let result = run_job(
+                &loaded, &request, &prompt, ctx, &plan, &runtime, started, &tx,
+            );
             // Release the provider and this job's hold on the weights before the caller sees
             // the final event, so that its next call is never refused as busy and an
             // `unload` right after the call really frees the weights.
@@ -246,10 +277,12 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Result<StreamEvent, ProviderError>>)
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_job<B: Backend>(
     loaded: &Loaded<B>,
     request: &GenerateRequest,
     prompt: &RenderedPrompt,
+    ctx: Option<usize>,
     plan: &Plan,
     runtime: &str,
     started: Instant,
@@ -266,7 +299,10 @@ fn run_job<B: Backend>(
         Plan::Speculate { depth, .. } => Some(*depth),
         Plan::TargetOnly { .. } => None,
     };
-    let max_tokens = request.max_output_tokens.unwrap_or(512) as usize;
+    let asked = request.max_output_tokens.unwrap_or(512) as usize;
+    // never past the context: the reply gets what the prompt leaves
+    let room = ctx.map_or(usize::MAX, |c| c.saturating_sub(ids.len()));
+    let max_tokens = asked.min(room);
     let mut decoder = backend.decoder()?;
     let mut reply = ReplyText::new(request.stop.clone(), prompt.reasoning.clone());
     let mut first_token_at: Option<Instant> = None;
@@ -347,6 +383,16 @@ fn run_job<B: Backend>(
     } else {
         out.finish
     };
+    let mut warnings = Vec::new();
+    if finish == FinishReason::Length && max_tokens < asked && out.tokens.len() >= max_tokens {
+        warnings.push(format!(
+            "stopped at the context length: {} prompt and {} reply tokens fill the {}-token \
+             context, before max_output_tokens ({asked})",
+            ids.len(),
+            out.tokens.len(),
+            ctx.unwrap_or(0)
+        ));
+    }
     let speculation = plan.report(runtime, &out.stats);
     let mut timings = out.timings;
     if let Some(t) = first_token_at {
@@ -367,5 +413,6 @@ fn run_job<B: Backend>(
             timings,
         },
         partial: false,
+        warnings,
     })
 }
