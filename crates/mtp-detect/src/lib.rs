@@ -48,7 +48,9 @@ pub use probe::{
 };
 pub use registry::{registry, Entry, Registry};
 pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
-pub use runtimes::{launch_command, Runtime, RuntimeSupport, Verdict};
+pub use runtimes::{
+    launch_command, launch_command_in, CommandStyle, Runtime, RuntimeSupport, Verdict,
+};
 pub use source::{is_safe_relative, LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,

@@ -14,7 +14,9 @@ use crate::gguf::{self, parse_gguf, GgufHeader, GgufParse};
 use crate::hub::{HubConfig, HubReader};
 use crate::registry::{registry, Entry, MatchKind, Registry, Status};
 use crate::repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
-use crate::runtimes::{launch_command, native_code, shell_quote, Runtime, RuntimeSupport, Verdict};
+use crate::runtimes::{
+    launch_command_in, native_in, shell_quote, CommandStyle, Runtime, RuntimeSupport, Verdict,
+};
 use crate::source::{FileEntry, LocalReader, Reader};
 use crate::st::{header_len, parse_header, parse_index, MAX_INDEX_LEN};
 use crate::tensors::{MtpStyle, MtpTensorSummary};
@@ -63,6 +65,8 @@ pub struct ProbeOptions {
     pub gguf_prefix: u64,
     /// The largest GGUF prefix fetched.
     pub gguf_cap: u64,
+    /// How the report writes the way to run the model (code, or the `mtp` command line).
+    pub style: CommandStyle,
 }
 
 impl Default for ProbeOptions {
@@ -75,6 +79,7 @@ impl Default for ProbeOptions {
             file: None,
             gguf_prefix: gguf::DEFAULT_PREFIX,
             gguf_cap: gguf::MAX_PREFIX,
+            style: CommandStyle::Library,
         }
     }
 }
@@ -484,7 +489,7 @@ pub fn probe_reader(
         model: &model_ref,
         file: hf_file.as_deref(),
     };
-    report.runtimes = runtime_support(&report, reg, &target, depth, companion_ok);
+    report.runtimes = runtime_support(&report, reg, &target, depth, companion_ok, opts.style);
     report.bytes_read = reader.bytes_read();
     report.files_read = files_read;
     Ok(report)
@@ -972,8 +977,18 @@ fn runtime_support(
     target: &ModelRef<'_>,
     depth: u32,
     companion_ok: bool,
+    style: CommandStyle,
 ) -> Vec<RuntimeSupport> {
     let model = target.model;
+    let launch_command =
+        |rt, model: &str, file, mtp, depth| launch_command_in(style, rt, model, file, mtp, depth);
+    let native_code =
+        |model: &str, drafter, mtp, depth| native_in(style, model, drafter, mtp, depth);
+    // the drafter option as the reader will write it
+    let drafter_opt = match style {
+        CommandStyle::Library => "`drafter`",
+        CommandStyle::Cli => "--drafter",
+    };
     let mlx_quant = r.mlx_affine_quantized || r.mlx_quantized_weights;
     let t = &reg.runtimes;
     let line =
@@ -1007,7 +1022,7 @@ fn runtime_support(
                     Some(if r.mtp_head { Reason::RuntimeUnsupported } else { Reason::DrafterMismatch }),
                     native_code(&target, Some(model), true, depth),
                     if ok {
-                        "a companion drafter: load the target and name this repo as `drafter`".into()
+                        format!("a companion drafter: load the target and pass this as {drafter_opt}")
                     } else {
                         format!("the native engine runs qwen3_5_mtp drafters with their core tensors; this is `{mt}`")
                     },
@@ -1143,7 +1158,7 @@ fn runtime_support(
                     }
                 } else {
                     line(rt, false, Verdict::RuntimeReadyNoHead, Some(Reason::NoMtpHead), native_code(model, None, false, depth),
-                        "the weights carry no MTP head and no companion drafter is registered; name one with `drafter`".into())
+                        format!("the weights carry no MTP head and no companion drafter is registered; name one with {drafter_opt}"))
                 }
             }
         });

@@ -15,7 +15,7 @@
 use std::fmt;
 
 use mtp_contract::Reason;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The runtimes the probe reports on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -172,6 +172,93 @@ pub fn launch_command(
         Runtime::Gguf => provider_code("gguf", model, None, mtp, depth),
         Runtime::Ollama => format!("ollama run {m}"),
     }
+}
+
+/// How a report writes the way to run a model: as code (`mtp::create_llm(…)`, for library
+/// users and `--json`), or as the `mtp` command line (what a person at the terminal types).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandStyle {
+    /// `mtp::create_llm(…)` code for the in-process providers.
+    #[default]
+    Library,
+    /// `mtp generate …` for the in-process providers.
+    Cli,
+}
+
+/// [`launch_command`] in a [`CommandStyle`]: the servers' commands are the same either way;
+/// the in-process providers are `mtp generate …` lines in the CLI style.
+///
+/// ```
+/// use mtp_detect::runtimes::{launch_command_in, CommandStyle, Runtime};
+/// assert_eq!(
+///     launch_command_in(CommandStyle::Cli, Runtime::Native, "org/m", None, true, 3),
+///     "mtp generate --model org/m --num-draft-tokens 3 \"Hello\""
+/// );
+/// assert_eq!(
+///     launch_command_in(CommandStyle::Cli, Runtime::Gguf, "./m.gguf", None, false, 3),
+///     "mtp generate --provider gguf --model ./m.gguf --speculation off \"Hello\""
+/// );
+/// ```
+pub fn launch_command_in(
+    style: CommandStyle,
+    runtime: Runtime,
+    model: &str,
+    file: Option<&str>,
+    mtp: bool,
+    depth: u32,
+) -> String {
+    match (style, runtime) {
+        (CommandStyle::Cli, Runtime::Native) => cli_command("native", model, None, mtp, depth),
+        (CommandStyle::Cli, Runtime::Gguf) => {
+            let m = match file {
+                Some(f) => format!("{}/{f}", model.trim_end_matches('/')),
+                None => model.to_string(),
+            };
+            cli_command("gguf", &m, None, mtp, depth)
+        }
+        _ => launch_command(runtime, model, file, mtp, depth),
+    }
+}
+
+/// The native engine's way to run `model` with a named companion `drafter`, in `style`.
+pub fn native_in(
+    style: CommandStyle,
+    model: &str,
+    drafter: Option<&str>,
+    mtp: bool,
+    depth: u32,
+) -> String {
+    match style {
+        CommandStyle::Library => native_code(model, drafter, mtp, depth),
+        CommandStyle::Cli => cli_command("native", model, drafter, mtp, depth),
+    }
+}
+
+/// `mtp generate --provider P --model M [--drafter D] (--num-draft-tokens N | --speculation
+/// off) "Hello"` (the provider flag left out for `native`, the default).
+pub fn cli_command(
+    provider: &str,
+    model: &str,
+    drafter: Option<&str>,
+    mtp: bool,
+    depth: u32,
+) -> String {
+    let mut s = String::from("mtp generate");
+    if provider != "native" {
+        s.push_str(&format!(" --provider {provider}"));
+    }
+    s.push_str(&format!(" --model {}", shell_quote(model)));
+    if let Some(d) = drafter {
+        s.push_str(&format!(" --drafter {}", shell_quote(d)));
+    }
+    if mtp {
+        s.push_str(&format!(" --num-draft-tokens {depth}"));
+    } else {
+        s.push_str(" --speculation off");
+    }
+    s.push_str(" \"Hello\"");
+    s
 }
 
 /// The native engine's Rust code for `model`, with a named companion `drafter` when given.

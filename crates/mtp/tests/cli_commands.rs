@@ -622,6 +622,8 @@ fn generate_prompt_sources_and_runtime_flags() {
         "generate",
         "--provider",
         "llama-server",
+        "--model",
+        "m",
         "--base-url",
         "http://127.0.0.1:9",
         "--ctx-size",
@@ -1257,13 +1259,23 @@ fn binary_unknown_provider_is_one_clear_line() {
 fn binary_missing_demo_model_says_how_to_get_it() {
     bin()
         .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
-        .args(["generate", "--provider", "llama-server", "hi"])
+        .args(["generate", "hi"])
         .assert()
         .code(1)
         .stderr(predicate::str::contains(
             "no --model given and the bundled demo model is missing at /nonexistent/tiny-mtp",
         ))
         .stderr(predicate::str::contains("cargo xtask train-tiny"));
+    // an HTTP server has no default model: a usage error that does not name the demo model
+    bin()
+        .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
+        .args(["generate", "--provider", "llama-server", "hi"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "needs the name of the model it serves",
+        ))
+        .stderr(predicate::str::contains("tiny-mtp").not());
 }
 
 #[test]
@@ -1306,4 +1318,26 @@ fn binary_verbose_shows_detail() {
         .stderr
         .clone();
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), 1);
+}
+
+/// `mtp probe` at the terminal writes the in-process ways to run a model as `mtp generate`
+/// lines and names flags; `--json` (for programs) and `-v` keep the library calls.
+#[test]
+fn probe_speaks_the_command_line() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let target = dir.join("tiny-trained");
+    let (code, out, err) = mtp(&["probe", target.to_str().unwrap()]);
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.contains("mtp generate --model ") && out.contains("--num-draft-tokens 3"),
+        "{out}"
+    );
+    assert!(!out.contains("create_llm"), "{out}");
+    let drafter = dir.join("tiny-mlx-mtp");
+    let (_, out, _) = mtp(&["probe", drafter.to_str().unwrap()]);
+    assert!(out.contains("pass this as --drafter"), "{out}");
+    let (_, out, _) = mtp(&["probe", target.to_str().unwrap(), "--json"]);
+    assert!(out.contains("mtp::create_llm"), "{out}");
+    let (_, out, _) = mtp(&["-v", "probe", target.to_str().unwrap()]);
+    assert!(out.contains("mtp::create_llm"), "{out}");
 }

@@ -495,14 +495,20 @@ async fn context_length_is_enforced() {
     let llm = create_llm("native", &fixture("tiny-trained"), opts).unwrap();
     let prompt = "the quick brown fox "; // 20 byte tokens
     let r = llm
-        .generate(GenerateRequest::new(prompt).raw().max_output_tokens(4_000_000_000))
+        .generate(
+            GenerateRequest::new(prompt)
+                .raw()
+                .max_output_tokens(4_000_000_000),
+        )
         .await
         .unwrap();
     assert_eq!(r.usage.input_tokens, 20);
     assert_eq!(r.usage.output_tokens, 28, "48 - 20");
     assert_eq!(r.finish_reason, mtp::FinishReason::Length);
     assert!(
-        r.warnings.iter().any(|w| w.contains("context length") && w.contains("48-token")),
+        r.warnings
+            .iter()
+            .any(|w| w.contains("context length") && w.contains("48-token")),
         "{:?}",
         r.warnings
     );
@@ -521,8 +527,13 @@ async fn context_length_is_enforced() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(
-        matches!(err, ProviderError::InvalidRequest { field: "prompt", .. })
-            && msg.contains("48 tokens")
+        matches!(
+            err,
+            ProviderError::InvalidRequest {
+                field: "prompt",
+                ..
+            }
+        ) && msg.contains("48 tokens")
             && msg.contains("context holds 48"),
         "{msg}"
     );
@@ -543,8 +554,8 @@ async fn context_length_is_enforced() {
 async fn a_missing_drafter_path_is_an_error_naming_it() {
     empty_hub_cache();
     for d in ["./no/such/drafter", "/no/such/drafter", "../nope-mtp"] {
-        let opts =
-            ProviderOptions::default().speculation(Speculation::native_mtp().with_drafter(d).unwrap());
+        let opts = ProviderOptions::default()
+            .speculation(Speculation::native_mtp().with_drafter(d).unwrap());
         let err = create_llm("native", &fixture("tiny-trained"), opts)
             .err()
             .unwrap_or_else(|| panic!("{d}: loaded"));

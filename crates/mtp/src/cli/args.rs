@@ -8,7 +8,18 @@ use crate::Speculation;
 
 /// `mtp`: multi-token-prediction speculative decoding of local LLMs.
 #[derive(Debug, Parser)]
-#[command(name = "mtp", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "mtp",
+    version,
+    about = "Run local LLMs faster with multi-token prediction (MTP): the model drafts its own \
+             next tokens and verifies them in one pass, with the same greedy output. Every answer \
+             says whether it was accelerated, and why not.",
+    long_about = None,
+    after_help = "Start with `mtp generate \"fn main() {\"` (the bundled demo model), \
+                  `mtp probe <repo or path>` (does it carry an MTP head, what can run it) and \
+                  `mtp chat --model <path>`. `--provider help` lists the runtimes.",
+    propagate_version = true
+)]
 pub struct Cli {
     /// Show detail on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -36,10 +47,13 @@ pub enum Command {
 /// Which provider and model to load, and the provider-level speculation default.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// Provider (runtime) name; `mtp generate --provider help` lists the registered ones.
+    /// The runtime: `native` (this engine, in process; `mlx` is another name for it), `gguf`
+    /// (llama.cpp in process), or an HTTP server: `llama-server`, `lmstudio`, `vllm`, `ollama`,
+    /// `openai-compatible`. `--provider help` lists them.
     #[arg(long, default_value = "native")]
     pub provider: String,
-    /// Model repo id or path. Without it, the bundled demo model (`models/tiny-code`, or
+    /// Model repo id or path (for an HTTP server: the model name it serves). Without it, the
+    /// in-process runtimes load the bundled demo model (`models/tiny-code`, or
     /// `MTP_DEFAULT_MODEL`).
     #[arg(long)]
     pub model: Option<String>,

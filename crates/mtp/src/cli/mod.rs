@@ -91,6 +91,18 @@ where
         live,
     } = io;
     let mut out = Out::new(stdout, stderr, live);
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // `--provider help` lists the runtimes, whatever else the line lacks (e.g. a prompt)
+    let asks_providers = args
+        .windows(2)
+        .any(|w| w[0] == "--provider" && w[1] == "help")
+        || args.iter().any(|a| a == "--provider=help");
+    if asks_providers {
+        return match out.line(&provider_list()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -123,7 +135,7 @@ where
     let result = match cli.command {
         Command::Generate(a) => rt.block_on(generate::run(a, &mut out)),
         Command::Chat(a) => chat::run(a, &rt, &mut out, input),
-        Command::Probe(a) => probe::run(a, &mut out),
+        Command::Probe(a) => probe::run(a, cli.verbose, &mut out),
         Command::Bench(a) => rt.block_on(bench::run(a, &mut out)),
         Command::Models(a) => models::run(a, &rt, &mut out),
     };
@@ -177,10 +189,43 @@ pub fn default_model_path() -> PathBuf {
     }
 }
 
-/// The model to load: `--model`, else the bundled demo model (which must exist).
+/// `--provider help`: every registered runtime, with a line on what it is.
+fn provider_list() -> String {
+    let about = |name: &str| {
+        match name {
+        "native" => "this engine, in process: safetensors checkpoints (HF or MLX layout), MTP head or companion drafter",
+        "mlx" => "another name for native (it runs the MLX layouts too)",
+        "gguf" => "llama.cpp b11434 in process: a .gguf file with its nextn head",
+        "llama-server" => "a running llama-server (--base-url); MTP with --spec-type draft-mtp at launch",
+        "lmstudio" => "a running LM Studio server (--base-url)",
+        "vllm" => "a running vLLM server (--base-url); MTP with --speculative-config at launch",
+        "ollama" => "a running Ollama server (--base-url); it exposes no MTP",
+        "openai-compatible" => "any other OpenAI-compatible server (--base-url)",
+        _ => "registered by the embedding application",
+    }
+    };
+    let mut s = String::from("providers (--provider NAME):\n");
+    for name in crate::providers() {
+        s.push_str(&format!("  {name:<18} {}\n", about(&name)));
+    }
+    s.trim_end().to_string()
+}
+
+/// The model to load: `--model`, else the bundled demo model (which must exist); an HTTP
+/// server has no default: it names the model it serves.
 fn model_name(m: &ModelArgs) -> Result<String, CliError> {
     if let Some(name) = &m.model {
         return Ok(name.clone());
+    }
+    if mtp_runtimes::PROVIDERS.contains(&m.provider.as_str()) {
+        return Err(CliError::InvalidFlag {
+            flag: "--model",
+            message: format!(
+                "a {} server needs the name of the model it serves (its alias, or an id from \
+                 its /v1/models)",
+                m.provider
+            ),
+        });
     }
     let path = default_model_path();
     if !path.exists() {

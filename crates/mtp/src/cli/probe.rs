@@ -1,12 +1,19 @@
 //! `mtp probe`: the detection report of `mtp-detect` (the same as `cargo xtask probe`).
 //! A path is read locally; a repo id from the Hugging Face cache, else the Hub (`HF_ENDPOINT`).
+//! The in-process runtimes' rows are `mtp generate …` lines, or `mtp::create_llm(…)` code with
+//! `--json` or `-v`.
 
 use crate::cli::args::ProbeArgs;
 use crate::cli::error::CliError;
 use crate::cli::output::Out;
 
-pub(crate) fn run(a: ProbeArgs, out: &mut Out) -> Result<(), CliError> {
-    let opts = mtp_detect::ProbeOptions::default();
+pub(crate) fn run(a: ProbeArgs, verbose: u8, out: &mut Out) -> Result<(), CliError> {
+    let mut opts = mtp_detect::ProbeOptions::default();
+    // at the terminal the ways to run it are `mtp generate …` lines; the library calls with
+    // --json (for programs) or -v
+    if !a.json && verbose == 0 {
+        opts.style = mtp_detect::CommandStyle::Cli;
+    }
     tracing::debug!(target = %a.target, cache = %opts.cache.hub_cache.display(), hub = opts.hub.is_some(), "probing");
     let report = mtp_detect::probe(&a.target, &opts).map_err(|e| CliError::Probe {
         target: a.target.clone(),
