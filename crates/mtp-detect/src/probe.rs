@@ -855,15 +855,24 @@ pub(crate) fn split_parts(name: &str) -> Option<(&str, u32, u32)> {
     Some((stem, idx.parse().ok()?, count.parse().ok()?))
 }
 
-fn choose_gguf<'a>(files: &'a [FileEntry], warnings: &mut Vec<String>) -> Option<&'a FileEntry> {
+/// Whether `name` (a file name or repo-relative path) is a GGUF one loads as a model: a
+/// `.gguf` that is not a vision projector (`mmproj*`) and, of a split model, the first shard
+/// (llama.cpp finds the others from it).
+pub fn is_gguf_model_file(name: &str) -> bool {
+    let l = name.to_ascii_lowercase();
+    l.ends_with(".gguf")
+        && !l.rsplit('/').next().unwrap_or(&l).starts_with("mmproj")
+        && split_parts(name).is_none_or(|(_, i, _)| i == 1)
+}
+
+fn choose_gguf<'a>(
+    files: &'a [FileEntry],
+    style: CommandStyle,
+    warnings: &mut Vec<String>,
+) -> Option<&'a FileEntry> {
     let candidates: Vec<&FileEntry> = files
         .iter()
-        .filter(|f| {
-            let l = f.path.to_ascii_lowercase();
-            l.ends_with(".gguf")
-                && !l.rsplit('/').next().unwrap_or(&l).starts_with("mmproj")
-                && split_parts(&f.path).is_none_or(|(_, i, _)| i == 1)
-        })
+        .filter(|f| is_gguf_model_file(&f.path))
         .collect();
     let pick = candidates
         .iter()
@@ -872,8 +881,12 @@ fn choose_gguf<'a>(files: &'a [FileEntry], warnings: &mut Vec<String>) -> Option
         .copied();
     if let Some(p) = pick {
         if candidates.len() > 1 {
+            let how = match style {
+                CommandStyle::Cli => "pass --file NAME to choose another",
+                CommandStyle::Library => "set ProbeOptions::file to choose another",
+            };
             warnings.push(format!(
-                "{} GGUF files; probed {} (pass --file to choose another)",
+                "{} GGUF files; probed {} ({how})",
                 candidates.len(),
                 p.path
             ));
@@ -892,8 +905,10 @@ fn probe_gguf(
     let mut r = empty_report(Format::Gguf);
     let file = match chosen {
         Some(f) => f,
-        None => choose_gguf(files, &mut r.warnings).ok_or_else(|| DetectError::NoWeights {
-            place: reader.place(),
+        None => choose_gguf(files, opts.style, &mut r.warnings).ok_or_else(|| {
+            DetectError::NoWeights {
+                place: reader.place(),
+            }
         })?,
     };
     r.file = Some(file.path.clone());

@@ -535,7 +535,10 @@ pub fn load_dir(
     let cfg = ModelConfig::load(dir)?;
     if cfg.model_type == "qwen3_5_mtp" {
         return Err(Error::Unsupported(format!(
-            "{} is a qwen3_5_mtp drafter, not a target model; pass it as the drafter",
+            "{} is a qwen3_5_mtp companion drafter, not a target model: load the target model it \
+             was made for and give this folder as its drafter (`--drafter {}` on the command line, \
+             `speculation.drafter` in code)",
+            dir.display(),
             dir.display()
         )));
     }

@@ -579,3 +579,20 @@ fn second_forward_inside_a_verify_is_an_error() {
         .zip(&want.logits[vocab..])
         .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
+
+#[test]
+fn a_drafter_loaded_as_the_target_says_how_to_use_it() {
+    let dir = fixture("tiny-mlx4-mtp");
+    let err = match Engine::load(&dir, &Device::Cpu, DType::F32) {
+        Ok(_) => panic!("a drafter must not load as a target"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("companion drafter, not a target model"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("--drafter {}", dir.display())),
+        "{err}"
+    );
+}

@@ -5,7 +5,8 @@
 //!
 //! Model names steer it: `slow` streams one round per 150 ms (for Ctrl-C), `nolane` loads no
 //! drafter (`mtp_head_not_cached`), `fail-load` fails to load, `garbage` answers with
-//! degenerate repetition, `empty` answers nothing, `think` reasons first ([`REASONING`],
+//! degenerate repetition, `empty` answers nothing, `knows` continues a few well-known prompts
+//! correctly (others babble like the rest), `diverge` changes its last token when speculating, `think` reasons first ([`REASONING`],
 //! streamed before the answer) unless the request says `thinking: false`, `sampler` recommends
 //! [`RECOMMENDED`] (as a checkpoint's generation_config.json would).
 //!
@@ -104,6 +105,20 @@ pub fn expected_text(n: usize) -> String {
     (0..n).map(token).collect()
 }
 
+/// What a `knows` model continues a few well-known prompts with, as words.
+fn known_reply(prompt: &str) -> Option<Vec<&'static str>> {
+    let text = if prompt.contains("capital of France") {
+        "Paris. It is also the largest city in the country and sits on the Seine."
+    } else if prompt.contains("Wednesday,") {
+        "Thursday, Friday, Saturday, Sunday. Those are the days of the week in order."
+    } else if prompt.contains("fibonacci") {
+        "if n < 2: return n ⏎ return fibonacci(n - 1) + fibonacci(n - 2)"
+    } else {
+        return None;
+    };
+    Some(text.split(' ').collect())
+}
+
 fn token(i: usize) -> String {
     let w = WORDS[i % WORDS.len()];
     if w.ends_with('\n') {
@@ -134,15 +149,29 @@ impl Fake {
         } else {
             req.max_output_tokens.unwrap_or(32) as usize
         };
-        let tokens: Vec<(String, u32)> = (0..n)
+        let known = if self.model.contains("knows") {
+            known_reply(&req.prompt)
+        } else {
+            None
+        };
+        let mut tokens: Vec<(String, u32)> = (0..n)
             .map(|i| {
                 if self.model.contains("garbage") {
                     ("a".to_string(), 0)
+                } else if let Some(words) = &known {
+                    let w = words[i % words.len()];
+                    (format!("{w} "), 100 + i as u32)
                 } else {
                     (token(i), (i % WORDS.len()) as u32)
                 }
             })
             .collect();
+        // `diverge`: speculation changes the last token (a broken verifier)
+        if self.model.contains("diverge") && matches!(p, Plan::Speculate { .. }) {
+            if let Some(last) = tokens.last_mut() {
+                *last = ("drift ".to_string(), 999);
+            }
+        }
         let mut stats = DraftStats::default();
         let (per, report) = match &p {
             Plan::Speculate {

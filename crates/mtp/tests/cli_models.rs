@@ -356,7 +356,8 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
         "{text}"
     );
     assert!(
-        line("org/model-MTP").contains("MTP head: embedded (1 layer, 3 tensors)"),
+        line("org/model-MTP")
+            .contains("MTP head: this is a companion drafter for org/model (1 layer, 3 tensors)"),
         "{text}"
     );
 
@@ -374,6 +375,7 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
     assert_eq!(rows[0]["installed"], true);
     assert_eq!(rows[0]["companion"], "org/model-MTP");
     assert_eq!(rows[0]["companion_installed"], true);
+    assert_eq!(rows[1]["drafter_for"], json!(["org/model"]));
 }
 
 #[test]
@@ -529,8 +531,8 @@ fn verify(args: &[&str]) -> (ExitCode, String, String) {
 fn verify_loads_an_installed_model_and_checks_greedy_output() {
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
-    install(cache.path(), "org/good", None);
-    let (code, out, err) = verify(&["org/good", "--cache-dir", &c]);
+    install(cache.path(), "org/knows-good", None);
+    let (code, out, err) = verify(&["org/knows-good", "--cache-dir", &c]);
     assert_eq!(code, ExitCode::SUCCESS, "{err}");
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok ")).count(),
@@ -538,13 +540,60 @@ fn verify_loads_an_installed_model_and_checks_greedy_output() {
         "{out}"
     );
     assert!(
-        out.contains("org/good answers sensibly on 3 prompts"),
+        out.contains(
+            "org/knows-good passed: 3 known-answer prompts answered, greedy output well-formed \
+             and identical with MTP on and off"
+        ),
         "{out}"
     );
     let opened = fake::OPTIONS.lock().unwrap();
     assert!(opened
         .iter()
-        .any(|(m, _)| m.ends_with("models--org--good/snapshots/abc123")));
+        .any(|(m, _)| m.ends_with("models--org--knows-good/snapshots/abc123")));
+    drop(opened);
+    // plain continuations (no chat template: a thinking model would spend the budget
+    // reasoning), greedy, each once with MTP and once without
+    let reqs = fake::REQUESTS.lock().unwrap();
+    let france: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.prompt == "The capital of France is")
+        .collect();
+    assert!(france.len() >= 2, "{}", france.len());
+    assert!(france.iter().all(|r| r.raw_prompt));
+    assert!(france
+        .iter()
+        .any(|r| r.speculation.as_ref().and_then(|s| s.mode) == Some(mtp::SpeculationMode::Off)));
+}
+
+#[test]
+fn verify_fails_fluent_text_that_does_not_answer() {
+    // well-formed, varied text that is not a continuation of the prompt: what a garbled or
+    // mis-converted checkpoint produces, and what must not be called sensible
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    install(cache.path(), "org/babble", None);
+    let (code, out, err) = verify(&["org/babble", "--cache-dir", &c]);
+    assert_eq!(code, ExitCode::FAILURE, "{out}");
+    assert!(
+        err.contains(
+            "3 of 3 prompts failed; first: the greedy continuation does not contain `Paris`"
+        ),
+        "{err}"
+    );
+    assert!(!out.contains("passed"), "{out}");
+}
+
+#[test]
+fn verify_fails_when_mtp_changes_greedy_output() {
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    install(cache.path(), "org/knows-diverge", None);
+    let (code, out, err) = verify(&["org/knows-diverge", "--cache-dir", &c]);
+    assert_eq!(code, ExitCode::FAILURE, "{out}");
+    assert!(
+        err.contains("MTP changed the greedy output (it differs from the target-only output after"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -649,4 +698,101 @@ fn probe_bad_input_is_exit_code_1_with_one_line() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("HF_ENDPOINT is not set"));
+}
+
+/// A GGUF v3 header with one key (`general.architecture`) and no tensors.
+fn tiny_gguf() -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes()); // tensors
+    b.extend(1u64.to_le_bytes()); // key-value pairs
+    let key = b"general.architecture";
+    b.extend((key.len() as u64).to_le_bytes());
+    b.extend(key);
+    b.extend(8u32.to_le_bytes()); // string
+    let v = b"qwen35";
+    b.extend((v.len() as u64).to_le_bytes());
+    b.extend(v);
+    b
+}
+
+#[test]
+fn verify_routes_a_gguf_repo_to_the_gguf_provider() {
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    let root = cache.path().join("models--org--model-GGUF");
+    let snap = root.join("snapshots/abc123");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(root.join("refs")).unwrap();
+    std::fs::write(root.join("refs/main"), "abc123").unwrap();
+    std::fs::write(snap.join("Model-Q4_K_M.gguf"), tiny_gguf()).unwrap();
+    std::fs::write(snap.join("mmproj-Model-F16.gguf"), tiny_gguf()).unwrap();
+    let run = |extra: &[&str]| {
+        let (io, cap) = mtp::cli::Io::captured();
+        let mut args = vec![
+            "mtp",
+            "models",
+            "verify",
+            "org/model-GGUF",
+            "--cache-dir",
+            &c,
+        ];
+        args.extend_from_slice(extra);
+        let code = mtp::cli::run_with(args, io);
+        (code, cap.stderr())
+    };
+    // no --provider: the gguf route, whether or not this build links llama.cpp (the tiny file
+    // has no weights, so loading fails either way), never the safetensors loader
+    let (code, err) = run(&[]);
+    assert_eq!(code, ExitCode::FAILURE, "{err}");
+    assert!(err.contains("cannot start provider `gguf`"), "{err}");
+    assert!(!err.contains("config.json"), "{err}");
+    // --file names the GGUF; one that is not there is a usage error naming it
+    let (code, err) = run(&["--file", "Model-Q8_0.gguf"]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    assert!(err.contains("Model-Q8_0.gguf does not exist"), "{err}");
+    // forcing the native engine on GGUF weights says what to do instead
+    let (code, err) = run(&["--provider", "native"]);
+    assert_eq!(code, ExitCode::FAILURE, "{err}");
+    assert!(
+        err.contains(
+            "holds GGUF weights (Model-Q4_K_M.gguf), which the native engine does not read"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn probe_takes_the_gguf_named_by_file() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("Model-Q4_K_M.gguf"), tiny_gguf()).unwrap();
+    std::fs::write(d.path().join("Model-Q8_0.gguf"), tiny_gguf()).unwrap();
+    let dir = dir_arg(d.path());
+    let json = |extra: &[&str]| -> Value {
+        let out = bin(None)
+            .args(["probe", &dir, "--json"])
+            .args(extra)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        serde_json::from_slice(&out).unwrap()
+    };
+    let v = json(&[]);
+    assert_eq!(v["file"], "Model-Q4_K_M.gguf");
+    assert!(v["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("2 GGUF files; probed Model-Q4_K_M.gguf"));
+    let v = json(&["--file", "Model-Q8_0.gguf"]);
+    assert_eq!(v["file"], "Model-Q8_0.gguf");
+    // at the terminal the hint names the flag
+    bin(None)
+        .args(["probe", &dir])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "pass --file NAME to choose another",
+        ));
 }

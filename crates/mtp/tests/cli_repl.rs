@@ -145,5 +145,7 @@ fn ctrl_c_stops_the_answer_not_the_session() {
     );
     s.send_line("/stats").unwrap();
     expect(&mut s, "(1 stopped)");
+    // it ran with the drafter: counted, and said to be missing from the draft figures
+    expect(&mut s, "speculated turns 1 (1 stopped before reporting;");
     quit(s);
 }

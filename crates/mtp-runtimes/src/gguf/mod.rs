@@ -101,15 +101,29 @@ fn locate(model: &str) -> Result<PathBuf, ProviderError> {
         let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
             .map_err(|e| load_err(format!("{}: {e}", p.display())))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|f| f.extension().is_some_and(|x| x == "gguf"))
+            .filter(|f| {
+                f.is_file()
+                    && f.file_name()
+                        .is_some_and(|n| mtp_detect::is_gguf_model_file(&n.to_string_lossy()))
+            })
             .collect();
         found.sort();
         return match found.len() {
             1 => Ok(found.remove(0)),
-            0 => Err(load_err(format!("no .gguf file in {}", p.display()))),
-            _ => Err(load_err(format!(
-                "{} holds several .gguf files; name one of them",
+            0 => Err(load_err(format!(
+                "no GGUF model file in {} (vision projectors `mmproj*` and later shards of a \
+                 split model do not count)",
                 p.display()
+            ))),
+            _ => Err(load_err(format!(
+                "{} holds several GGUF models; name one of them: {}",
+                p.display(),
+                found
+                    .iter()
+                    .filter_map(|f| f.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))),
         };
     }
@@ -570,5 +584,54 @@ impl Provider for GgufProvider {
             *l = None;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::locate;
+
+    fn dir_with(names: &[&str]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().expect("tempdir");
+        for n in names {
+            std::fs::write(d.path().join(n), b"GGUF").expect("write");
+        }
+        d
+    }
+
+    fn message(r: Result<std::path::PathBuf, mtp_contract::ProviderError>) -> String {
+        match r {
+            Ok(p) => panic!("expected an error, got {}", p.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_folder_resolves_to_its_one_model_file() {
+        // the vision projector and the later shards of a split model are not models to load
+        let d = dir_with(&[
+            "Model-Q4_K_M-00001-of-00002.gguf",
+            "Model-Q4_K_M-00002-of-00002.gguf",
+            "mmproj-Model-F16.gguf",
+            "README.md",
+        ]);
+        let p = locate(&d.path().to_string_lossy()).expect("one model");
+        assert_eq!(
+            p.file_name().expect("name"),
+            "Model-Q4_K_M-00001-of-00002.gguf"
+        );
+    }
+
+    #[test]
+    fn several_models_or_none_are_named() {
+        let d = dir_with(&["Model-Q8_0.gguf", "Model-Q4_K_M.gguf"]);
+        let m = message(locate(&d.path().to_string_lossy()));
+        assert!(
+            m.contains("several GGUF models; name one of them: Model-Q4_K_M.gguf, Model-Q8_0.gguf"),
+            "{m}"
+        );
+        let d = dir_with(&["mmproj-F16.gguf"]);
+        let m = message(locate(&d.path().to_string_lossy()));
+        assert!(m.contains("no GGUF model file in"), "{m}");
     }
 }

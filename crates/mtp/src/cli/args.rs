@@ -223,6 +223,9 @@ pub struct ProbeArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Which GGUF to probe when the repo holds several (a file name inside it).
+    #[arg(long, value_name = "NAME")]
+    pub file: Option<String>,
 }
 
 /// `mtp bench`.
@@ -305,9 +308,12 @@ pub struct ListArgs {
 pub struct VerifyArgs {
     /// Repo id (`org/name`, from the cache) or a local path.
     pub repo: String,
-    /// Provider to load it with.
-    #[arg(long, default_value = "native")]
-    pub provider: String,
+    /// Provider to load it with (default: `gguf` when the weights are GGUF, else `native`).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Which GGUF to load when the repo holds several (a file name inside it).
+    #[arg(long, value_name = "NAME")]
+    pub file: Option<String>,
     /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,

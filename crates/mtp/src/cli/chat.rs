@@ -77,6 +77,9 @@ struct Stats {
     tokens: u64,
     seconds: f64,
     speculated_turns: u64,
+    /// Speculated turns stopped with Ctrl-C: they ran with the drafter, but the runtime's
+    /// report (drafted/accepted) never came, so their drafts are not in `draft`.
+    speculated_stopped: u64,
     draft: DraftStats,
     last: Option<String>,
 }
@@ -307,6 +310,12 @@ fn stats_text(st: &Stats) -> String {
         "turns {} ({} stopped) · {} tokens · {rate}\nspeculated turns {}",
         st.turns, st.stopped, st.tokens, st.speculated_turns
     );
+    if st.speculated_stopped > 0 {
+        s.push_str(&format!(
+            " ({} stopped before reporting; the draft figures below leave them out)",
+            st.speculated_stopped
+        ));
+    }
     if let Some(rate) = st.draft.acceptance_rate() {
         s.push_str(&format!(
             " · drafted {} · accepted {} · acceptance {:.0}% · {:.2} accepted per round",
@@ -401,6 +410,13 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
             out.note(&format!("[stopped after {tokens} tokens]"))?;
             s.stats.turns += 1;
             s.stats.stopped += 1;
+            // it ran with the drafter when a lane is loaded and this call did not skip it
+            if s.llm.speculation_status().lane_loaded && !s.per_call.off {
+                s.stats.speculated_turns += 1;
+                s.stats.speculated_stopped += 1;
+                s.stats.last =
+                    Some("stopped with Ctrl-C before the runtime's speculation report".into());
+            }
             s.stats.tokens += tokens;
             s.stats.seconds += wall.as_secs_f64();
             s.history.push(Message::user(prompt));

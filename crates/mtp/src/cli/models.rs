@@ -91,6 +91,9 @@ struct Row {
     mtp_head: String,
     companion: Option<String>,
     companion_installed: Option<bool>,
+    /// The installed models that fetched this repo as their MTP companion.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    drafter_for: Vec<String>,
     path: Option<PathBuf>,
 }
 
@@ -138,16 +141,28 @@ async fn probe_companion(
 }
 
 /// The MTP head as the artifact proves it (`mtp-detect`), or the companion recorded at download.
-fn head_status(snapshot: &Path, companion: Option<(&str, bool)>) -> String {
+/// `drafter_of` lists the installed models that recorded this repo as their companion.
+fn head_status(snapshot: &Path, companion: Option<(&str, bool)>, drafter_of: &[&str]) -> String {
     let report = mtp_detect::probe_local(snapshot);
-    match (&report, companion) {
-        (Ok(r), _) if r.mtp_head => format!(
-            "embedded ({} layer{}, {} tensors)",
+    let layers = |r: &mtp_detect::ProbeReport| {
+        format!(
+            "{} layer{}, {} tensors",
             r.mtp_layers,
             if r.mtp_layers == 1 { "" } else { "s" },
             r.mtp_tensor_count
-        ),
-        (Ok(r), _) if r.role == mtp_detect::Role::Drafter => "is a companion drafter".into(),
+        )
+    };
+    match (&report, companion) {
+        // A drafter is all head; say what it is before what it holds.
+        (Ok(r), _) if r.role == mtp_detect::Role::Drafter => {
+            let of = if drafter_of.is_empty() {
+                String::new()
+            } else {
+                format!(" for {}", drafter_of.join(", "))
+            };
+            format!("this is a companion drafter{of} ({})", layers(r))
+        }
+        (Ok(r), _) if r.mtp_head => format!("embedded ({})", layers(r)),
         (_, Some((c, true))) => format!("companion {c}"),
         (_, Some((c, false))) => format!("companion {c} MISSING"),
         (Ok(r), None) => match &r.companion {
@@ -164,6 +179,11 @@ fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
     let all = hub::scan(&cache)?;
     let mut rows = Vec::new();
     for i in &all {
+        let drafter_of: Vec<&str> = all
+            .iter()
+            .filter(|t| t.companion.as_deref() == Some(i.repo.as_str()))
+            .map(|t| t.repo.as_str())
+            .collect();
         let comp = i.companion.as_ref().map(|c| {
             let ok = hub::installed(&cache, c).is_some_and(|x| x.snapshot.is_some());
             (c.as_str(), ok)
@@ -173,11 +193,12 @@ fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
             repo: i.repo.clone(),
             installed,
             mtp_head: match &i.snapshot {
-                Some(s) => head_status(s, comp),
+                Some(s) => head_status(s, comp, &drafter_of),
                 None => "–".into(),
             },
             companion: i.companion.clone(),
             companion_installed: comp.map(|(_, ok)| ok),
+            drafter_for: drafter_of.iter().map(|s| s.to_string()).collect(),
             path: i.snapshot.clone(),
         });
     }
@@ -211,11 +232,13 @@ fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The fixed prompts of `models verify`.
-pub const VERIFY_PROMPTS: [&str; 3] = [
-    "fn main() {",
-    "The capital of France is",
-    "def fibonacci(n):",
+/// The fixed prompts of `models verify`, each a plain-text continuation (no chat template, so
+/// a thinking model answers too) with the word any working language model continues it with.
+/// A garbled or mis-converted checkpoint still produces text; it does not produce these.
+pub const VERIFY_PROMPTS: [(&str, &str); 3] = [
+    ("The capital of France is", "Paris"),
+    ("Monday, Tuesday, Wednesday,", "Thursday"),
+    ("def fibonacci(n):\n", "return"),
 ];
 
 /// Why greedy output looks broken, or `None` when it looks sane.
@@ -269,6 +292,51 @@ pub fn degenerate(text: &str, token_ids: Option<&[u32]>) -> Option<String> {
     None
 }
 
+/// The provider and model path `verify` loads: GGUF weights go to the `gguf` provider (the
+/// file named by `--file`, else the one model file the folder holds), the rest to `native`,
+/// unless `--provider` says otherwise.
+fn verify_route(a: &VerifyArgs, model: String) -> Result<(String, String), CliError> {
+    let dir = Path::new(&model);
+    let file = match &a.file {
+        Some(f) => {
+            if !mtp_detect::is_safe_relative(f) {
+                return Err(CliError::InvalidFlag {
+                    flag: "--file",
+                    message: format!("`{f}` is not a file name inside the repo"),
+                });
+            }
+            let p = dir.join(f);
+            if !p.is_file() {
+                return Err(CliError::InvalidFlag {
+                    flag: "--file",
+                    message: format!("{} does not exist", p.display()),
+                });
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let gguf = match &file {
+        Some(p) => mtp_detect::is_gguf_model_file(&p.to_string_lossy()),
+        None => {
+            dir.is_dir()
+                && mtp_detect::probe_local(dir).is_ok_and(|r| r.format == mtp_detect::Format::Gguf)
+        }
+    };
+    let provider = a.provider.clone().unwrap_or_else(|| {
+        if gguf || mtp_detect::is_gguf_model_file(&model) {
+            "gguf".to_string()
+        } else {
+            "native".to_string()
+        }
+    });
+    let model = match file {
+        Some(p) => p.to_string_lossy().into_owned(),
+        None => model,
+    };
+    Ok((provider, model))
+}
+
 async fn verify(a: VerifyArgs, out: &mut Out) -> Result<(), CliError> {
     let path = Path::new(&a.repo);
     let model = if path.exists() {
@@ -298,38 +366,74 @@ async fn verify(a: VerifyArgs, out: &mut Out) -> Result<(), CliError> {
         }
         snap.to_string_lossy().into_owned()
     };
+    let (provider, model) = verify_route(&a, model)?;
     let llm = crate::create_llm(
-        &a.provider,
+        &provider,
         &model,
         ProviderOptions::default().speculation(Speculation::native_mtp()),
     )
     .map_err(|source| CliError::Start {
-        provider: a.provider.clone(),
+        provider: provider.clone(),
         model: model.clone(),
         source,
     })?;
     let mut failures = Vec::new();
-    for prompt in VERIFY_PROMPTS {
+    let mut mtp_checked = false;
+    for (prompt, answer) in VERIFY_PROMPTS {
         let req = GenerateRequest::new(prompt)
+            .raw()
             .max_output_tokens(a.max_tokens)
             .sampling(Sampling::greedy());
-        let r = llm
-            .generate(req)
-            .await
-            .map_err(|source| CliError::Provider {
-                context: format!("verifying {} on prompt {prompt:?}", a.repo),
-                source,
-            })?;
+        let repo = a.repo.as_str();
+        let generate = |req: GenerateRequest| {
+            let llm = llm.clone();
+            async move {
+                llm.generate(req)
+                    .await
+                    .map_err(|source| CliError::Provider {
+                        context: format!("verifying {repo} on prompt {prompt:?}"),
+                        source,
+                    })
+            }
+        };
+        let r = generate(req.clone()).await?;
         let excerpt: String = r
             .content
             .chars()
             .take(60)
             .collect::<String>()
             .replace('\n', "⏎");
-        match degenerate(&r.content, r.token_ids.as_deref()) {
+        let mut why = degenerate(&r.content, r.token_ids.as_deref());
+        if why.is_none() && !r.content.contains(answer) {
+            why = Some(format!(
+                "the greedy continuation does not contain `{answer}`"
+            ));
+        }
+        // With MTP on, greedy output must be the target's own: run it again without drafting.
+        let rep = &r.metadata.speculation;
+        if why.is_none() && rep.used {
+            let plain = generate(req.speculation(Speculation::off())).await?;
+            mtp_checked |= plain.content == r.content;
+            if plain.content != r.content {
+                let at = common_prefix_chars(&plain.content, &r.content);
+                let message = format!(
+                    "MTP changed the greedy output (it differs from the target-only output after \
+                     {at} characters)"
+                );
+                if rep.output_preserving == Some(true) {
+                    why = Some(message);
+                } else {
+                    out.note(&format!(
+                        "{message}; {} does not promise identical output",
+                        rep.runtime
+                    ))?;
+                }
+            }
+        }
+        match why {
             None => out.line(&format!(
                 "ok    {prompt:?} → {excerpt:?} · {}",
-                speculation_phrase(&r.metadata.speculation)
+                speculation_phrase(rep)
             ))?,
             Some(why) => {
                 out.line(&format!("FAIL  {prompt:?} → {excerpt:?} · {why}"))?;
@@ -348,9 +452,19 @@ async fn verify(a: VerifyArgs, out: &mut Out) -> Result<(), CliError> {
         });
     }
     out.line(&format!(
-        "{} answers sensibly on {} prompts",
+        "{} passed: {} known-answer prompts answered, greedy output well-formed{}",
         a.repo,
-        VERIFY_PROMPTS.len()
+        VERIFY_PROMPTS.len(),
+        if mtp_checked {
+            " and identical with MTP on and off"
+        } else {
+            " (MTP was not used, so not checked)"
+        }
     ))?;
     Ok(())
+}
+
+/// Characters two strings share from the start.
+fn common_prefix_chars(a: &str, b: &str) -> usize {
+    a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
 }

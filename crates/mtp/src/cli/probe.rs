@@ -8,7 +8,14 @@ use crate::cli::error::CliError;
 use crate::cli::output::Out;
 
 pub(crate) fn run(a: ProbeArgs, verbose: u8, out: &mut Out) -> Result<(), CliError> {
-    let mut opts = mtp_detect::ProbeOptions::default();
+    // the registry from MTP_MODEL_CAPABILITIES when set (an unreadable file is an error)
+    let mut opts = mtp_detect::ProbeOptions {
+        file: a.file.clone(),
+        ..mtp_detect::ProbeOptions::from_env().map_err(|e| CliError::Probe {
+            target: a.target.clone(),
+            message: e.to_string(),
+        })?
+    };
     // at the terminal the ways to run it are `mtp generate …` lines; the library calls with
     // --json (for programs) or -v
     if !a.json && verbose == 0 {

@@ -184,6 +184,17 @@ pub fn create(
     let cache = CacheConfig::from_env();
     let dir = local_dir(model, &cache)?;
     let report = probe_local(&dir).map_err(|e| load_err(model, e.to_string()))?;
+    if report.format == mtp_detect::Format::Gguf {
+        let file = report.file.as_deref().unwrap_or("the .gguf file");
+        return Err(load_err(
+            model,
+            format!(
+                "{} holds GGUF weights ({file}), which the native engine does not read (it loads \
+                 safetensors checkpoints): run the file with the `gguf` provider or llama-server",
+                dir.display()
+            ),
+        ));
+    }
     let default_resolved = resolve(opts.speculation.as_ref(), None);
     let default_mode = default_resolved.mode;
     let explicit = opts.speculation.as_ref().and_then(|s| s.drafter.clone());
