@@ -404,7 +404,8 @@ pub fn summary_line(r: &GenerateResponse, wall: Duration) -> String {
         .map(|v| format!("{v:.1} tok/s"))
         .unwrap_or_else(|| "tok/s unknown".into());
     let mut s = format!(
-        "[{tokens} tokens in {:.2} s · {rate} · {}",
+        "[{tokens} token{} in {:.2} s · {rate} · {}",
+        if tokens == 1 { "" } else { "s" },
         wall.as_secs_f64(),
         speculation_phrase(&r.metadata.speculation)
     );
@@ -438,6 +439,10 @@ pub fn speculation_phrase(rep: &SpeculationReport) -> String {
                     "MTP on ({depth}): acceptance {:.0}% ({a}/{d}){per_round}",
                     rate * 100.0
                 )
+            }
+            // the runtime counted, and the answer ended before a round drafted anything
+            (_, _, Some(0)) => {
+                format!("MTP on ({depth}): nothing drafted (the answer ended first)")
             }
             _ => format!(
                 "MTP on ({depth}): acceptance not reported by {}",
