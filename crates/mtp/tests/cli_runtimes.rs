@@ -55,6 +55,10 @@ fn serve() -> (String, Seen) {
         .route("/props", get(props))
         .route("/v1/chat/completions", post(chat))
         .with_state(seen.clone());
+    (serve_app(app), seen)
+}
+
+fn serve_app(app: Router) -> String {
     let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -67,7 +71,7 @@ fn serve() -> (String, Seen) {
             axum::serve(l, app).await.unwrap();
         });
     });
-    (format!("http://{}", rx.recv().unwrap()), seen)
+    format!("http://{}", rx.recv().unwrap())
 }
 
 fn bin() -> Command {
@@ -192,4 +196,37 @@ fn chat_with_llama_server_reports_the_servers_lane() {
     // The second turn carries the first exchange.
     let msgs = seen[1].1["messages"].as_array().unwrap();
     assert!(msgs.len() >= 3, "{msgs:?}");
+}
+
+#[test]
+fn a_server_that_wants_a_key_gets_a_hint_naming_the_flag() {
+    // llama-server --api-key answers 401 with an OpenAI-style error body
+    let app = Router::new().fallback(|| async {
+        Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("content-type", "application/json")
+            .body(Body::from(
+                r#"{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}"#,
+            ))
+            .unwrap()
+    });
+    let url = serve_app(app);
+    bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "m",
+            "--base-url",
+            &url,
+            "--speculation",
+            "off",
+            "hi",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("HTTP 401"))
+        .stderr(predicate::str::contains("Invalid API Key"))
+        .stderr(predicate::str::contains("--api-key (or set MTP_API_KEY)"));
 }

@@ -142,6 +142,14 @@ impl CliError {
                 source: ProviderError::Connection { .. },
                 ..
             } => Some("start the server or fix --base-url".into()),
+            CliError::Provider {
+                source:
+                    ProviderError::Api {
+                        status: Some(401 | 403),
+                        ..
+                    },
+                ..
+            } => Some("pass the server's key with --api-key (or set MTP_API_KEY)".into()),
             CliError::Verify { .. } => Some(
                 "the checkpoint may be mis-converted: re-download it or probe it with `mtp probe`".into(),
             ),
