@@ -488,7 +488,12 @@ fn several_ggufs_pick_one_and_say_so() {
     std::fs::write(dir.path().join("mmproj-f16.gguf"), b"GGUFxxxx").unwrap();
     let r = probe_local(dir.path()).unwrap();
     assert_eq!(r.file.as_deref(), Some("m-Q4_K_M.gguf"));
-    assert!(r.warnings.iter().any(|w| w.contains("--file")));
+    // The library is told the library's knob; the CLI says --file (tests in crates/mtp).
+    assert!(
+        r.warnings.iter().any(|w| w.contains("ProbeOptions::file")),
+        "{:?}",
+        r.warnings
+    );
     let mut opts = ProbeOptions::offline(CacheConfig::new(dir.path().join("c")));
     opts.file = Some("m-Q8_0.gguf".into());
     let r = probe(dir.path().to_str().unwrap(), &opts).unwrap();
