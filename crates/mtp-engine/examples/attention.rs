@@ -1,4 +1,4 @@
-//! The time of one `simd::attention` call (median over repetitions) on random data: `l` new
+//! The time of one `nn::attention` call (the kernel in `simd`) (median over repetitions) on random data: `l` new
 //! queries, `h` query heads over `hkv` KV heads of `hd` channels, `t` cached positions.
 //!
 //! ```text
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sink = 0f32;
     for _ in 0..reps {
         let started = Instant::now();
-        let out = mtp_engine::simd::attention(&q, &keys, &values, l, h, hkv, hd, scale);
+        let out = mtp_engine::nn::attention(&q, &keys, &values, l, h, hkv, hd, scale);
         times.push(started.elapsed().as_secs_f64() * 1e6);
         sink += out[0];
     }

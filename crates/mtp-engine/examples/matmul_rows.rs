@@ -1,7 +1,8 @@
-//! Memory-bound few-row matmul: the time of `simd::matmul_rows` for `n = 1..=5` rows against
+//! Memory-bound few-row matmul: the time of the few-row product (`simd::matmul_rows`, reached
+//! through `nn::Linear::forward`, which takes it for up to 32 rows) for `n = 1..=5` rows against
 //! one row, on a weight matrix larger than the caches (the decode regime of a large model),
 //! with f32, bf16 or f16 weights, or MLX-quantized ones kept packed (`q2`, `q3`, `q4`, `q5`,
-//! `q6`, `q8`; group size 64).
+//! `q6`, `q8`; group size 64; `simd::matmul_quant`).
 //!
 //! ```text
 //! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16
@@ -10,11 +11,13 @@
 //! for a cache-resident 384 × 128 f32 matrix), repetitions, weight dtype, and for f32 / bf16 /
 //! f16 the input width (default 1024).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
-use mtp_engine::quant::QuantMatrix;
-use mtp_engine::simd::{matmul_quant, matmul_rows, Weight};
+use candle_core::{Device, Tensor, WithDType};
+use mtp_engine::loader::Param;
+use mtp_engine::nn::{Linear, Store};
+use mtp_engine::WeightDtype;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -37,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-fn run<E: Weight>(
+fn run<E: WithDType>(
     mib: f64,
     reps: usize,
     inp: usize,
@@ -48,8 +51,9 @@ fn run<E: Weight>(
     let w: Vec<E> = (0..out * inp)
         .map(|i| from(((i % 97) as f32 - 48.0) / 97.0))
         .collect();
-    table(reps, inp, w.len() * bytes, |x, n| {
-        matmul_rows(x, n, &w, inp)
+    let linear = Linear::dense(Tensor::from_vec(w, (out, inp), &Device::Cpu)?);
+    table(reps, inp, out * inp * bytes, |x, n| {
+        linear.forward(x, n).expect("the input is n rows")
     })
 }
 
@@ -63,15 +67,33 @@ fn run_quant(mib: f64, reps: usize, bits: usize) -> Result<(), Box<dyn std::erro
     let groups = out * inp / group;
     let scales: Vec<f32> = (0..groups).map(|i| 0.01 + (i % 7) as f32 * 1e-3).collect();
     let biases: Vec<f32> = (0..groups).map(|i| -0.05 + (i % 5) as f32 * 1e-3).collect();
-    let q = QuantMatrix::from_parts(
-        "bench",
-        &Tensor::from_vec(words, (out, inp * bits / 32), &Device::Cpu)?,
-        &Tensor::from_vec(scales, (out, inp / group), &Device::Cpu)?,
-        &Tensor::from_vec(biases, (out, inp / group), &Device::Cpu)?,
-        bits,
-    )?;
-    let bytes = q.bytes();
-    table(reps, inp, bytes, |x, n| matmul_quant(x, n, &q))
+    // packed weights as a checkpoint stores them, kept packed (`WeightDtype::Stored`)
+    let cpu = &Device::Cpu;
+    let params: HashMap<String, Param> = [
+        (
+            "bench.weight",
+            Tensor::from_vec(words, (out, inp * bits / 32), cpu)?,
+        ),
+        (
+            "bench.scales",
+            Tensor::from_vec(scales, (out, inp / group), cpu)?,
+        ),
+        (
+            "bench.biases",
+            Tensor::from_vec(biases, (out, inp / group), cpu)?,
+        ),
+        ("bench.bits", Tensor::new(bits as u32, cpu)?),
+    ]
+    .into_iter()
+    .map(|(k, t)| (k.to_string(), Param::from(t)))
+    .collect();
+    let mut store = Store::new(params, "bench", WeightDtype::Stored, cpu);
+    let linear = store.linear("bench", out, inp)?;
+    let (held, bytes) = linear.held();
+    assert_eq!(held, format!("q{bits}"), "kept packed");
+    table(reps, inp, bytes, |x, n| {
+        linear.forward(x, n).expect("the input is n rows")
+    })
 }
 
 /// Times `product(x, n)` for `n = 1..=5`, each repetition back to back, and prints medians.

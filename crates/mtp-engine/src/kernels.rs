@@ -131,9 +131,24 @@ macro_rules! multiversion {
     };
 }
 
+/// Panics unless `out`, `a` and `b` have one length (the message starts with `what`).
+fn check_same(what: &str, out: &[f32], a: &[f32], b: &[f32]) {
+    assert!(
+        out.len() == a.len() && a.len() == b.len(),
+        "{what}: lengths {}, {} and {} differ",
+        out.len(),
+        a.len(),
+        b.len()
+    );
+}
+
 multiversion! {
     /// `out[i] = silu(a[i]) * b[i]` (SwiGLU, and the gated RMSNorm's `y * silu(z)`).
+    ///
+    /// # Panics
+    /// When the three lengths differ.
     pub fn silu_mul(out: &mut [f32], a: &[f32], b: &[f32]) {
+        check_same("silu_mul", out, a, b);
         for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
             *o = silu(*a) * b;
         }
@@ -142,7 +157,11 @@ multiversion! {
 
 multiversion! {
     /// `out[i] = sigmoid(a[i]) * b[i]` (the output gate of full attention).
+    ///
+    /// # Panics
+    /// When the three lengths differ.
     pub fn sigmoid_mul(out: &mut [f32], a: &[f32], b: &[f32]) {
+        check_same("sigmoid_mul", out, a, b);
         for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
             *o = sigmoid(*a) * b;
         }
@@ -154,11 +173,27 @@ multiversion! {
     /// `out` (`[s, c]`). `window`: `[k - 1, c]`, the inputs before `x` (`[s, c]`). `w`:
     /// `[k, c]`, tap by tap (the checkpoint's `[c, 1, k]` transposed, so that the channels run
     /// contiguously). Each output sums its `k` taps in order, oldest first.
+    ///
+    /// # Panics
+    /// When `c` is zero, `window` or `x` is not whole rows of `c`, `out` is not as long as
+    /// `x`, or `w` is not one row more than `window`.
     pub fn conv_silu_into(out: &mut [f32], window: &[f32], x: &[f32], w: &[f32], c: usize) {
-        let hist = window.len() / c.max(1);
-        for (t, o) in out.chunks_exact_mut(c.max(1)).enumerate() {
+        assert!(
+            c > 0
+                && window.len().is_multiple_of(c)
+                && x.len().is_multiple_of(c)
+                && out.len() == x.len()
+                && Some(w.len()) == window.len().checked_add(c),
+            "conv_silu_into: output {}, window {}, input {}, taps {} for {c} channels",
+            out.len(),
+            window.len(),
+            x.len(),
+            w.len()
+        );
+        let hist = window.len() / c;
+        for (t, o) in out.chunks_exact_mut(c).enumerate() {
             o.fill(0.0);
-            for (j, wj) in w.chunks_exact(c.max(1)).enumerate() {
+            for (j, wj) in w.chunks_exact(c).enumerate() {
                 // input row `t + j` of `[window; x]`
                 let src = if t + j < hist {
                     &window[(t + j) * c..(t + j + 1) * c]
@@ -180,6 +215,9 @@ multiversion! {
 /// [`conv_silu_into`]; `w` is `[k, c]`). `state`: `[k - 1, c]`, the previous inputs, updated
 /// in place to the last `k - 1` rows of `[state; x]` (see [`conv_window_push`]). `x`: `[s, c]`.
 /// Returns `[s, c]`.
+///
+/// # Panics
+/// As [`conv_silu_into`].
 pub fn causal_conv_silu(state: &mut [f32], x: &[f32], w: &[f32], c: usize) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     conv_silu_into(&mut out, state, x, w, c);

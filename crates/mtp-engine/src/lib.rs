@@ -5,23 +5,36 @@
 //! or MLX checkpoints (including MLX affine 4/8-bit), with exact MTP speculative decoding.
 //!
 //! See the crate README for the API tour.
+//!
+//! `unsafe` code lives in the kernel modules only (`simd`, `quant`, `kernels`, `team`) and in
+//! the loader's memory maps; each kernel module is private to the crate, and every safe
+//! function that reaches `unsafe` code checks the lengths it relies on once per call (a typed
+//! error where it returns `Result`, else a panic that names the length at fault).
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod error;
-pub mod kernels;
+#[allow(unsafe_code)] // `exp`'s exact float-to-int conversion; AVX2 builds of slice loops
+pub(crate) mod kernels;
+#[allow(unsafe_code)] // checkpoint files are memory-mapped
 pub mod loader;
 pub mod nn;
-pub mod quant;
+#[allow(unsafe_code)] // AVX2 / AVX-512 dequantization
+pub(crate) mod quant;
 pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
-pub mod simd;
+#[allow(unsafe_code)] // the vector kernels and their CPU dispatch
+pub(crate) mod simd;
 pub mod speculative;
+#[allow(unsafe_code)] // a loop borrowed by the workers, disjoint chunks of one slice
 pub mod team;
+#[cfg(test)]
+mod testing;
 pub mod tokenizer;
 
 pub use cache::{CacheSnapshot, SeqCache};

@@ -14,6 +14,10 @@ use crate::loader::{MappedTensor, Param, WeightDtype};
 use crate::quant::QuantMatrix;
 use crate::simd;
 
+/// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
+/// example, which times it). It checks every length it reads, panicking otherwise.
+pub use crate::simd::attention;
+
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
 pub struct Store {
     map: HashMap<String, Param>,
@@ -349,8 +353,9 @@ impl Linear {
         }
     }
 
-    /// A layer over a quantized matrix kept packed.
-    pub fn packed(q: QuantMatrix) -> Self {
+    /// A layer over a quantized matrix kept packed (see [`Store::linear`] for one built from a
+    /// checkpoint's packed weights, scales and biases).
+    pub(crate) fn packed(q: QuantMatrix) -> Self {
         Linear {
             w: Weights::Packed(std::sync::Arc::new(q)),
         }
@@ -382,6 +387,19 @@ impl Linear {
             Weights::Mapped(m) => m.dims()[0],
             Weights::Parts(p) => p.iter().map(|m| m.dims()[0]).sum(),
             Weights::Packed(q) => q.out_features(),
+        }
+    }
+
+    /// Input features (`None` for a dense tensor that is not a matrix).
+    fn in_features(&self) -> Option<usize> {
+        match &self.w {
+            Weights::Dense(w) => match w.dims() {
+                [_, inp] => Some(*inp),
+                _ => None,
+            },
+            Weights::Mapped(m) => m.dims().get(1).copied(),
+            Weights::Parts(p) => p.first().and_then(|m| m.dims().get(1).copied()),
+            Weights::Packed(q) => Some(q.in_features()),
         }
     }
 
@@ -442,7 +460,25 @@ impl Linear {
     /// than [`simd::MAX_ROWS`] rows (prefill) use candle's GEMM in f32, on half-precision
     /// weights a block of widened rows at a time (never a half-precision product). Other
     /// devices use candle in the weights' dtype.
+    ///
+    /// An `x` that is not `n` rows of the layer's input features is a
+    /// [`Error::ShapeMismatch`], never read past its end.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let Some(inp) = self.in_features() else {
+            return Err(Error::Unsupported(
+                "a linear layer over a tensor that is not a matrix".into(),
+            ));
+        };
+        if simd::elements(&[n, inp]) != Some(x.len()) {
+            return Err(Error::ShapeMismatch {
+                name: "the input of a linear layer".into(),
+                expected: vec![n, inp],
+                actual: vec![x.len()],
+            });
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let w = match &self.w {
             Weights::Dense(w) => w,
             Weights::Packed(q) => return quant_product(x, n, q),
@@ -552,7 +588,7 @@ fn half_product_in<E: simd::Weight>(
         w.len() / inp.max(1),
         inp,
         block,
-        |o0, rows| simd::widen_into(&w[o0 * inp..o0 * inp + rows.len()], rows),
+        |o0, rows| simd::widen_to(&w[o0 * inp..o0 * inp + rows.len()], rows),
     ))
 }
 
@@ -620,7 +656,7 @@ fn gemm_over_blocks(
     out: usize,
     inp: usize,
     block: usize,
-    fill: impl Fn(usize, &mut Vec<f32>),
+    fill: impl Fn(usize, &mut [f32]),
 ) -> Vec<f32> {
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -639,33 +675,7 @@ fn gemm_over_blocks(
             let m = rows.min(out - o0);
             wb.resize(m * inp, 0.0);
             fill(o0, wb);
-            // SAFETY: `y` is `[n, out]` and the block writes its columns `o0..o0 + m` of every
-            // row (row stride `out`); `x` is `[n, inp]` row-major; `wb` holds the block's `m`
-            // weight rows of `inp` floats, read as the `[inp, m]` right-hand side (column
-            // stride `inp`).
-            unsafe {
-                gemm::gemm(
-                    n,
-                    m,
-                    inp,
-                    y.as_mut_ptr().add(o0),
-                    1,
-                    out as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    inp as isize,
-                    wb.as_ptr(),
-                    inp as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                )
-            };
+            simd::gemm_block(x, n, inp, wb, m, &mut y, out, o0, parallelism);
         }
     });
     y
@@ -948,7 +958,14 @@ impl DecoderLayer {
         positions: &[usize],
     ) -> Result<Vec<f32>> {
         let d = self.hidden;
-        let n = b * l;
+        if caches.len() != b || positions.len() != b {
+            return Err(Error::InvalidRequest(format!(
+                "a decoder layer over {b} sequences was given {} caches and {} positions",
+                caches.len(),
+                positions.len()
+            )));
+        }
+        let n = self.check_rows(x, &[b, l])?;
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
         let r = match &self.mixer {
@@ -969,6 +986,7 @@ impl DecoderLayer {
         position: usize,
     ) -> Result<Vec<f32>> {
         let d = self.hidden;
+        self.check_rows(x, &[l])?;
         if l == 0 {
             return Ok(Vec::new());
         }
@@ -983,6 +1001,21 @@ impl DecoderLayer {
             }
         };
         self.finish(x[(l - 1) * d..].to_vec(), &r, 1)
+    }
+
+    /// The row count `x` must hold (`lead` times the hidden size floats), or a
+    /// [`Error::ShapeMismatch`] naming the input.
+    fn check_rows(&self, x: &[f32], lead: &[usize]) -> Result<usize> {
+        let mut dims = lead.to_vec();
+        dims.push(self.hidden);
+        match simd::elements(lead) {
+            Some(n) if simd::elements(&dims) == Some(x.len()) => Ok(n),
+            _ => Err(Error::ShapeMismatch {
+                name: "the input of a decoder layer".into(),
+                expected: dims,
+                actual: vec![x.len()],
+            }),
+        }
     }
 
     /// Residual, post-norm and MLP over `n` rows of mixer output `r`.

@@ -94,6 +94,7 @@ impl QuantMatrix {
         let inp = words * 32 / bits;
         let groups = sdims[sdims.len() - 1];
         if groups == 0
+            || inp == 0
             || !(words * 32).is_multiple_of(bits)
             || !inp.is_multiple_of(groups)
             || pdims[..pdims.len() - 1] != sdims[..sdims.len() - 1]
@@ -126,7 +127,23 @@ impl QuantMatrix {
     }
 
     /// The rows `r0..r0 + dst.len() / inp`, dequantized into `dst`.
+    ///
+    /// # Panics
+    /// When `dst` is not whole rows or the rows are not all in the matrix.
     pub fn dequantize_rows(&self, r0: usize, dst: &mut [f32]) {
+        assert!(
+            dst.len().is_multiple_of(self.inp),
+            "dequantize_rows: {} floats are not whole rows of {}",
+            dst.len(),
+            self.inp
+        );
+        assert!(
+            r0.checked_add(dst.len() / self.inp)
+                .is_some_and(|end| end <= self.out),
+            "dequantize_rows: rows {r0}..{r0}+{} of a matrix of {}",
+            dst.len() / self.inp,
+            self.out
+        );
         let words = self.inp * self.bits / 32;
         let groups = self.inp / self.group;
         let (mut s_wide, mut b_wide) = (Vec::new(), Vec::new());
@@ -693,9 +710,144 @@ unsafe fn dequantize_row_avx512<const B: usize>(
     }
 }
 
+/// A random quantized matrix `[out, group * groups]` at `bits` (the group count raised until the
+/// rows fill whole words), its scales and biases stored in `params` (f32, bf16 or f16), and the
+/// same matrix dequantized by the definition, one bit at a time (`s * q + b`, rounded twice):
+/// the reference the kernels are tested against.
+#[cfg(test)]
+pub(crate) fn random_matrix(
+    bits: usize,
+    group: usize,
+    groups: usize,
+    out: usize,
+    params: DType,
+    seed: u64,
+) -> (QuantMatrix, Vec<f32>) {
+    let mut groups = groups.max(1);
+    while !(group * groups * bits).is_multiple_of(32) {
+        groups += 1;
+    }
+    let (inp, cpu) = (group * groups, &Device::Cpu);
+    let words = inp * bits / 32;
+    let mut state = seed;
+    let mut word = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 32) as u32
+    };
+    let packed: Vec<u32> = (0..out * words).map(|_| word()).collect();
+    let mut r = crate::testing::rng(seed ^ 0x5eed);
+    let mut param = |scale: f32| {
+        let v: Vec<f32> = (0..out * groups).map(|_| r() * scale).collect();
+        let t = Tensor::from_vec(v, (out, groups), cpu).unwrap();
+        let t = t.to_dtype(params).unwrap();
+        let wide = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+        (t, wide.to_vec1::<f32>().unwrap())
+    };
+    let ((st, s), (bt, b)) = (param(0.1), param(1.0));
+    let pt = Tensor::from_vec(packed.clone(), (out, words), cpu).unwrap();
+    let q = QuantMatrix::from_parts("test", &pt, &st, &bt, bits).unwrap();
+    let mut want = vec![0f32; out * inp];
+    for row in 0..out {
+        for j in 0..inp {
+            let mut v = 0u32;
+            for k in 0..bits {
+                let i = j * bits + k;
+                v |= ((packed[row * words + i / 32] >> (i % 32)) & 1) << k;
+            }
+            let g = row * groups + j / group;
+            want[row * inp + j] = s[g] * v as f32 + b[g];
+        }
+    }
+    (q, want)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::{isas, with_isa};
+    use crate::testing::{bits as bits_of, expect_panic, CASES};
+    use proptest::prelude::*;
+
+    /// The float types scales and biases are stored in.
+    const PARAMS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+    /// Bad parts are typed errors: a row of no values, scales that do not fit the weight.
+    #[test]
+    fn from_parts_rejects_parts_that_do_not_fit() {
+        let cpu = &Device::Cpu;
+        let words = |r: usize, c: usize| Tensor::zeros((r, c), DType::U32, cpu).unwrap();
+        let params = |r: usize, c: usize| Tensor::zeros((r, c), DType::F32, cpu).unwrap();
+        for (packed, scales, biases, bits) in [
+            // no values per row
+            (words(2, 0), params(2, 1), params(2, 1), 4),
+            // scales for other rows
+            (words(2, 4), params(3, 1), params(3, 1), 4),
+            // biases unlike scales
+            (words(2, 4), params(2, 1), params(2, 2), 4),
+            // 32 values in 3 groups
+            (words(2, 4), params(2, 3), params(2, 3), 4),
+            // 10.67 values per word
+            (words(2, 1), params(2, 1), params(2, 1), 3),
+            (words(2, 4), params(2, 1), params(2, 1), 7),
+        ] {
+            let got = QuantMatrix::from_parts("w", &packed, &scales, &biases, bits);
+            assert!(
+                matches!(got, Err(Error::Quantization { .. })),
+                "{bits} bits"
+            );
+        }
+    }
+
+    /// `dequantize_rows` checks its destination: whole rows, all inside the matrix.
+    #[test]
+    fn dequantize_rows_checks_its_rows() {
+        let (q, _) = random_matrix(4, 32, 2, 3, DType::F32, 1);
+        let mut dst = vec![0f32; 2 * 64];
+        q.dequantize_rows(1, &mut dst);
+        expect_panic(
+            "dequantize_rows: 127 floats are not whole rows of 64",
+            || q.dequantize_rows(0, &mut dst[..127]),
+        );
+        expect_panic("dequantize_rows: rows 2..2+2 of a matrix of 3", || {
+            q.dequantize_rows(2, &mut dst)
+        });
+        expect_panic("dequantize_rows: rows", || {
+            q.dequantize_rows(usize::MAX, &mut dst)
+        });
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+        /// Dequantized rows have the bits of the definition at every supported width, group
+        /// size (on and off the vector paths' multiples) and parameter type, on every path this
+        /// CPU runs, from any first row.
+        #[test]
+        fn dequantized_rows_follow_the_definition(
+            bits in prop::sample::select(vec![2usize, 3, 4, 5, 6, 8]),
+            group in prop::sample::select(vec![4usize, 8, 12, 16, 24, 32, 64, 128]),
+            groups in 1usize..=3,
+            out in 1usize..=6,
+            params in 0usize..3,
+            seed in any::<u64>(),
+        ) {
+            let (q, want) = random_matrix(bits, group, groups, out, PARAMS[params], seed);
+            let inp = q.in_features();
+            for isa in isas() {
+                for r0 in [0, out / 2] {
+                    let mut got = vec![f32::NAN; (out - r0) * inp];
+                    with_isa(isa, || q.dequantize_rows(r0, &mut got));
+                    prop_assert_eq!(
+                        bits_of(&got),
+                        bits_of(&want[r0 * inp..]),
+                        "{:?}, {} bits, groups of {}, from row {}", isa, bits, group, r0
+                    );
+                }
+            }
+        }
+    }
 
     /// The packed row functions (scalar, AVX2, AVX-512 where the CPU has them) and the general
     /// one agree bit for bit at every width (3, 5 and 6 bits: eight values at a time).

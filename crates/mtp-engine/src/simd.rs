@@ -618,9 +618,79 @@ fn first<T, const N: usize>(rows: &[*const T]) -> [*const T; N] {
 /// pair (7–12% faster for one and two inputs than 4 KiB, measured interleaved).
 const PREFETCH_AHEAD: usize = 4096;
 
-/// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
-/// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it).
-pub(crate) fn has_avx() -> bool {
+/// The instruction sets the kernels choose between, narrowest first: the portable lanes, AVX2
+/// (with FMA and F16C), and AVX-512F next to AVX2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(not(test), allow(dead_code))] // `Portable` is named by tests only
+pub(crate) enum Isa {
+    /// No particular instruction set.
+    Portable,
+    /// AVX, AVX2, FMA and F16C.
+    Avx2,
+    /// AVX2 and AVX-512F.
+    Avx512,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The widest instruction set this thread's kernel calls may choose (see [`with_isa`]).
+    static ISA_CAP: std::cell::Cell<Isa> = const { std::cell::Cell::new(Isa::Avx512) };
+}
+
+/// Whether a kernel call on this thread may use `isa`: always, outside tests; in tests, up to
+/// the cap that [`with_isa`] sets. Only ever narrows what the CPU has.
+#[inline(always)]
+fn allowed(isa: Isa) -> bool {
+    #[cfg(test)]
+    {
+        ISA_CAP.get() >= isa
+    }
+    #[cfg(not(test))]
+    {
+        let _ = isa;
+        true
+    }
+}
+
+/// Runs `f` with this thread's kernel calls limited to `isa` (the portable lanes, or AVX2
+/// without AVX-512), so that tests reach every path this CPU can run. A call decides its path on
+/// the calling thread; work it hands to the team keeps that path, except dequantization inside
+/// [`matmul_quant`] (each path gives the same bits).
+#[cfg(test)]
+pub(crate) fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    struct Restore(Isa);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ISA_CAP.set(self.0);
+        }
+    }
+    let _restore = Restore(ISA_CAP.replace(isa));
+    f()
+}
+
+/// The instruction sets this CPU runs, narrowest first.
+#[cfg(test)]
+pub(crate) fn isas() -> Vec<Isa> {
+    [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| with_isa(isa, detected) == isa)
+        .collect()
+}
+
+/// The widest instruction set a kernel call on this thread uses.
+#[cfg(test)]
+pub(crate) fn detected() -> Isa {
+    if has_avx512() {
+        Isa::Avx512
+    } else if has_avx() {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
+}
+
+/// Whether the CPU has what the AVX2 path needs (see [`has_avx`]).
+fn cpu_has_avx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx")
@@ -632,6 +702,13 @@ pub(crate) fn has_avx() -> bool {
     {
         false
     }
+}
+
+/// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
+/// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it). True only
+/// where the CPU has them all.
+pub(crate) fn has_avx() -> bool {
+    allowed(Isa::Avx2) && cpu_has_avx()
 }
 
 /// Output features of `w` computed per task when a product is split across threads.
@@ -827,11 +904,12 @@ pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            has_avx()
-                && std::arch::is_x86_feature_detected!("avx512f")
-                && std::env::var_os("MTP_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
-        })
+        allowed(Isa::Avx512)
+            && *OK.get_or_init(|| {
+                cpu_has_avx()
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::env::var_os("MTP_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
+            })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -883,14 +961,37 @@ unsafe fn block<E: Weight>(
     unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
 }
 
+/// The product of `dims`, `None` when it overflows (then no slice has that many elements).
+pub(crate) fn elements(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+/// Panics unless `x` holds `n` rows of `inp > 0` floats and `1 <= n <=` [`MAX_ROWS`]: what the
+/// few-row products read (the message starts with `what`).
+fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
+    assert!(
+        (1..=MAX_ROWS).contains(&n),
+        "{what}: {n} input rows, expected 1 to {MAX_ROWS}"
+    );
+    assert!(inp > 0, "{what}: zero input features");
+    assert!(
+        n.checked_mul(inp) == Some(x.len()),
+        "{what}: the input holds {} floats, expected {n} rows of {inp}",
+        x.len()
+    );
+}
+
 /// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed, `1 <= n <=`
 /// [`MAX_ROWS`]: each block of output features
 /// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
 /// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
 /// dequantized at load, while a step reads the packed bytes (a quarter of bf16's at 4 bits).
+///
+/// # Panics
+/// When `n` is out of range or `x` is not `n` rows of the matrix's input features.
 pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
     let (inp, out) = (q.in_features(), q.out_features());
-    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp);
+    check_rows("matmul_quant", x, n, inp);
     thread_local! {
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -938,8 +1039,16 @@ const QUANT_ROWS: usize = 4;
 /// output features when the matrix is large. Row `r` of the result is bit-identical to
 /// `matmul_rows(x[r], 1, w, inp)`, and, for half-precision weights, to the product over the
 /// weights widened to f32 (see [`Weight`]).
+///
+/// # Panics
+/// When `n` is out of range, `inp` is zero, `x` is not `n` rows of `inp` or `w` not whole rows.
 pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f32> {
-    assert!((1..=MAX_ROWS).contains(&n) && x.len() == n * inp && w.len().is_multiple_of(inp));
+    check_rows("matmul_rows", x, n, inp);
+    assert!(
+        w.len().is_multiple_of(inp),
+        "matmul_rows: {} weights are not whole rows of {inp}",
+        w.len()
+    );
     let out = w.len() / inp;
     let (avx, avx512) = (has_avx(), has_avx512());
     let mut y = vec![0f32; n * out];
@@ -970,11 +1079,14 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
 /// checkpoint): `[n, sum of out_i]`, one task per block of any part, each output feature
 /// computed exactly as [`matmul_rows`] computes it on the whole matrix (a feature's arithmetic
 /// does not depend on its neighbours; tested below).
+///
+/// # Panics
+/// As [`matmul_rows`], for every part.
 pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: usize) -> Vec<f32> {
+    check_rows("matmul_rows_parts", x, n, inp);
     assert!(
-        (1..=MAX_ROWS).contains(&n)
-            && x.len() == n * inp
-            && parts.iter().all(|w| w.len().is_multiple_of(inp))
+        parts.iter().all(|w| w.len().is_multiple_of(inp)),
+        "matmul_rows_parts: a part's weights are not whole rows of {inp}"
     );
     let outs: Vec<usize> = parts.iter().map(|w| w.len() / inp).collect();
     let out: usize = outs.iter().sum();
@@ -1021,31 +1133,107 @@ pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: us
     y
 }
 
-/// `src` widened to f32 (exact) into `out` (resized to fit), in parallel over blocks: what a
-/// product over half-precision weights that is too large for [`matmul_rows`] multiplies, a
-/// block of weight rows at a time.
-pub fn widen_into<E: Weight>(src: &[E], out: &mut Vec<f32>) {
-    out.resize(src.len(), 0.0);
-    widen_to(src, out);
-}
-
-/// `src` widened to f32 (exact) into `out`, which holds as many values, in parallel over blocks.
+/// `src` widened to f32 (exact) into `out`, which holds as many values, in parallel over blocks:
+/// what a product over half-precision weights that is too large for [`matmul_rows`] multiplies,
+/// a block of weight rows at a time.
+///
+/// # Panics
+/// When the lengths differ.
 pub fn widen_to<E: Weight>(src: &[E], out: &mut [f32]) {
-    assert_eq!(src.len(), out.len(), "widen_to: lengths differ");
+    assert_eq!(
+        src.len(),
+        out.len(),
+        "widen_to: {} values into {} floats",
+        src.len(),
+        out.len()
+    );
+    let avx = has_avx();
     crate::team::chunks_mut(out, WIDEN_CHUNK, |i, dst| {
         let src = &src[i * WIDEN_CHUNK..i * WIDEN_CHUNK + dst.len()];
         #[cfg(target_arch = "x86_64")]
-        if has_avx() {
-            // SAFETY: AVX2 and F16C were detected; both slices hold `dst.len()` values.
+        if avx {
+            // SAFETY: AVX2 and F16C were detected (`has_avx`); both slices hold `dst.len()`
+            // values.
             unsafe { widen_avx(src, dst) };
             return;
         }
+        let _ = avx;
         // SAFETY: no particular instruction set needed; as above.
         unsafe { widen_with::<Portable, E>(src, dst) };
     });
 }
 
-/// Values per parallel task of [`widen`].
+/// `y[:, o0..o0 + m] = x [n, inp] · wb^T` with `wb` `m` weight rows of `inp` floats and `y`
+/// `[n, out]` (its other columns left as they are), through the GEMM candle uses for f32
+/// (`gemm`), on `parallelism`: the products of prefill, a block of weight rows at a time.
+///
+/// # Panics
+/// When `x` is not `n` rows of `inp`, `wb` not `m` rows of `inp`, `y` not `n` rows of `out`, or
+/// the block's columns not inside `y`'s rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_block(
+    x: &[f32],
+    n: usize,
+    inp: usize,
+    wb: &[f32],
+    m: usize,
+    y: &mut [f32],
+    out: usize,
+    o0: usize,
+    parallelism: gemm::Parallelism,
+) {
+    assert!(
+        elements(&[n, inp]) == Some(x.len()),
+        "gemm_block: the input holds {} floats, expected {n} rows of {inp}",
+        x.len()
+    );
+    assert!(
+        elements(&[m, inp]) == Some(wb.len()),
+        "gemm_block: the weights hold {} floats, expected {m} rows of {inp}",
+        wb.len()
+    );
+    assert!(
+        elements(&[n, out]) == Some(y.len()),
+        "gemm_block: the result holds {} floats, expected {n} rows of {out}",
+        y.len()
+    );
+    assert!(
+        o0.checked_add(m).is_some_and(|end| end <= out),
+        "gemm_block: columns {o0}..{o0}+{m} are outside rows of {out}"
+    );
+    if n == 0 || m == 0 {
+        return;
+    }
+    // SAFETY: checked above: `y` is `[n, out]` and the block writes its columns `o0..o0 + m`
+    // of every row (row stride `out`, `o0 + m <= out`); `x` is `[n, inp]` row-major; `wb`
+    // holds the block's `m` weight rows of `inp` floats, read as the `[inp, m]` right-hand side
+    // (column stride `inp`). The three do not overlap (`y` is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            n,
+            m,
+            inp,
+            y.as_mut_ptr().add(o0),
+            1,
+            out as isize,
+            false,
+            x.as_ptr(),
+            1,
+            inp as isize,
+            wb.as_ptr(),
+            inp as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    };
+}
+
+/// Values per parallel task of [`widen_to`].
 const WIDEN_CHUNK: usize = 1 << 16;
 
 /// # Safety
@@ -1080,10 +1268,15 @@ unsafe fn widen_avx<E: Weight>(src: &[E], dst: &mut [f32]) {
 /// head and tile of positions, run in parallel on the worker team when there is enough of it
 /// (a decode step's KV heads run side by side). Within a task the queries that read the KV head
 /// are scored against eight keys at a time, each key block brought into L1 once for all of them,
-/// and the eight sums reduced together ([`Lanes::reduce8`]); each query's arithmetic is that of a lone
-/// query, whatever the tiling, so a verify row has the bits of a single-token step. A task's
-/// scores (its positions × queries per KV head × keys) stay within [`SCORE_BUDGET`] floats, so
-/// a long prompt does not hold a full score matrix.
+/// and the eight sums reduced together; each query's arithmetic is that of a lone query,
+/// whatever the tiling, so a verify row has the bits of a single-token step. A task's scores
+/// (its positions × queries per KV head × keys) stay within a budget (4 MiB), so a long prompt
+/// does not hold a full score matrix.
+///
+/// # Panics
+/// When `h`, `hkv` or `hd` is zero, `h` is not a multiple of `hkv`, `q` is not `[l, h, hd]`,
+/// `keys` not whole `[hkv, hd]` positions, `values` not as long as `keys`, or fewer positions
+/// are cached than there are queries.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -1124,20 +1317,33 @@ fn attention_impl(
     avx: bool,
     budget: usize,
 ) -> Vec<f32> {
-    assert!(h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv));
-    let t_total = keys.len() / (hkv * hd);
     assert!(
-        q.len() == l * h * hd
-            && keys.len() == t_total * hkv * hd
-            && values.len() == keys.len()
-            && t_total >= l
+        h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv),
+        "attention: {h} heads over {hkv} KV heads of width {hd}"
     );
-    let mut out = vec![0f32; l * h * hd];
+    let stride = elements(&[hkv, hd]).expect("attention: KV heads × width overflow");
+    let t_total = keys.len() / stride;
+    assert!(
+        elements(&[l, h, hd]) == Some(q.len()),
+        "attention: the queries hold {} floats, expected [{l}, {h}, {hd}]",
+        q.len()
+    );
+    assert!(
+        keys.len() == t_total * stride && values.len() == keys.len(),
+        "attention: keys ({}) and values ({}) are not the same whole positions of [{hkv}, {hd}]",
+        keys.len(),
+        values.len()
+    );
+    assert!(
+        t_total >= l,
+        "attention: {t_total} cached positions for {l} queries"
+    );
+    let mut out = vec![0f32; q.len()];
     if l == 0 {
         return out;
     }
     let rep = h / hkv;
-    let tile = (budget / (rep * t_total)).clamp(1, l);
+    let tile = (budget / rep.saturating_mul(t_total)).clamp(1, l);
     let tiles = l.div_ceil(tile);
     let job = AttentionJob {
         q,
@@ -1424,7 +1630,11 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
     let mut scores = SCORES.with_borrow_mut(std::mem::take);
     {
         // scores[j * seen + t]
-        scores.resize(nq * seen, 0.0);
+        scores.resize(
+            nq.checked_mul(seen)
+                .expect("attention: too many scores for one task"),
+            0.0,
+        );
         let sp = scores.as_mut_ptr();
         // SAFETY: every query and key row holds `hd` floats and `t + 8 <= seen` (or `t <
         // seen`) keys exist; `sp` holds `nq * seen` floats; the caller guarantees `L`.
@@ -1499,6 +1709,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
 /// The gated delta rule, step form, for one sequence over `s` steps (Gated DeltaNet's
 /// recurrence; see `kernels::DeltaDims` for the shapes): advances `state` by the steps and
 /// returns their outputs `[s, hv, dv]`. See [`gated_delta`].
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_steps(
     d: crate::kernels::DeltaDims,
@@ -1529,6 +1740,11 @@ pub fn gated_delta_steps(
 /// many steps it runs, and settling costs no pass of its own. A step's arithmetic does not
 /// depend on how many steps run together, so outputs and state are bit-identical to one call
 /// per step. Unless the call is tiny, the heads are split over the worker team.
+///
+/// # Panics
+/// When a dimension is zero, `hv` is not a multiple of `hk`, an input or the state does not
+/// have the shape above for `s = g.len() / hv` steps, `settle > s`, or a non-empty `backup` is
+/// not as long as the state.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta(
     d: crate::kernels::DeltaDims,
@@ -1542,20 +1758,32 @@ pub fn gated_delta(
     advance: bool,
     backup: &mut [f32],
 ) -> Vec<f32> {
-    let s = g.len() / d.hv.max(1);
-    let head = d.dv * d.dk;
+    let crate::kernels::DeltaDims { hk, hv, dk, dv } = d;
     assert!(
-        d.hk > 0
-            && d.hv.is_multiple_of(d.hk)
-            && g.len() == s * d.hv
-            && q.len() == s * d.hk * d.dk
-            && k.len() == q.len()
-            && v.len() == s * d.hv * d.dv
-            && beta.len() == g.len()
-            && state.len() == d.hv * head
-            && settle <= s
-            && (backup.is_empty() || backup.len() == state.len())
+        hk > 0 && hv > 0 && dk > 0 && dv > 0 && hv.is_multiple_of(hk),
+        "gated_delta: {hk} key heads, {hv} value heads, widths {dk} and {dv}"
     );
+    let s = g.len() / hv;
+    let sized = |what: &str, len: usize, dims: &[usize]| {
+        assert!(
+            elements(dims) == Some(len),
+            "gated_delta: {what} holds {len} floats, expected {dims:?}"
+        )
+    };
+    sized("g", g.len(), &[s, hv]);
+    sized("beta", beta.len(), &[s, hv]);
+    sized("q", q.len(), &[s, hk, dk]);
+    sized("k", k.len(), &[s, hk, dk]);
+    sized("v", v.len(), &[s, hv, dv]);
+    sized("the state", state.len(), &[hv, dv, dk]);
+    assert!(settle <= s, "gated_delta: {settle} steps to settle of {s}");
+    assert!(
+        backup.is_empty() || backup.len() == state.len(),
+        "gated_delta: a backup of {} floats for a state of {}",
+        backup.len(),
+        state.len()
+    );
+    let head = dv * dk;
     let inp = DeltaIn {
         d,
         q,
@@ -2197,6 +2425,541 @@ mod tests {
                 }
             }
             assert!(bits(&one_state, &all_state));
+        }
+    }
+
+    use crate::testing::{self, close, dot64, expect_panic, CASES};
+    use proptest::prelude::*;
+
+    /// Whether `isa`'s multiply-adds are fused.
+    fn fused(isa: Isa) -> bool {
+        isa != Isa::Portable || Portable::FUSED
+    }
+
+    /// `matmul_rows` checks every length it reads: rows, input, weights (and sizes whose product
+    /// wraps around).
+    #[test]
+    fn matmul_rows_checks_every_length() {
+        let (w, x) = (vec![0f32; 4 * 8], vec![0f32; 33 * 8]);
+        let wb = vec![half::bf16::ZERO; 4 * 8];
+        expect_panic(
+            "matmul_rows: the input holds 23 floats, expected 3 rows of 8",
+            || {
+                matmul_rows(&x[..23], 3, &w, 8);
+            },
+        );
+        expect_panic(
+            "matmul_rows: the input holds 24 floats, expected 2 rows of 8",
+            || {
+                matmul_rows(&x[..24], 2, &wb, 8);
+            },
+        );
+        expect_panic("matmul_rows: 0 input rows", || {
+            matmul_rows(&[], 0, &w, 8);
+        });
+        expect_panic("matmul_rows: 33 input rows", || {
+            matmul_rows(&x, 33, &w, 8);
+        });
+        expect_panic("matmul_rows: zero input features", || {
+            matmul_rows(&[], 1, &w, 0);
+        });
+        expect_panic("matmul_rows: 31 weights are not whole rows of 8", || {
+            matmul_rows(&x[..8], 1, &w[..31], 8);
+        });
+        expect_panic("matmul_rows: the input holds 0 floats", || {
+            matmul_rows::<f32>(&[], 2, &[], usize::MAX / 2 + 1);
+        });
+    }
+
+    /// `matmul_rows_parts` checks the input and every part.
+    #[test]
+    fn matmul_rows_parts_checks_every_length() {
+        let (w, x) = (vec![half::f16::ZERO; 4 * 8], vec![0f32; 3 * 8]);
+        expect_panic("matmul_rows_parts: the input holds 23 floats", || {
+            matmul_rows_parts(&x[..23], 3, &[&w, &w], 8);
+        });
+        expect_panic("matmul_rows_parts: 0 input rows", || {
+            matmul_rows_parts(&[], 0, &[&w], 8);
+        });
+        expect_panic(
+            "matmul_rows_parts: a part's weights are not whole rows of 8",
+            || {
+                matmul_rows_parts(&x, 3, &[&w, &w[..12]], 8);
+            },
+        );
+        expect_panic("matmul_rows_parts: zero input features", || {
+            matmul_rows_parts(&[], 1, &[&w], 0);
+        });
+    }
+
+    /// `matmul_quant` checks the input against the matrix's width.
+    #[test]
+    fn matmul_quant_checks_the_input() {
+        let (q, _) = crate::quant::random_matrix(4, 32, 2, 3, candle_core::DType::BF16, 2);
+        let x = vec![0f32; 33 * 64];
+        expect_panic(
+            "matmul_quant: the input holds 63 floats, expected 1 rows of 64",
+            || {
+                matmul_quant(&x[..63], 1, &q);
+            },
+        );
+        expect_panic(
+            "matmul_quant: the input holds 128 floats, expected 1 rows",
+            || {
+                matmul_quant(&x[..128], 1, &q);
+            },
+        );
+        expect_panic("matmul_quant: 33 input rows", || {
+            matmul_quant(&x, 33, &q);
+        });
+        expect_panic("matmul_quant: 0 input rows", || {
+            matmul_quant(&[], 0, &q);
+        });
+    }
+
+    /// `widen_to` checks that both sides hold as many values.
+    #[test]
+    fn widen_to_checks_the_lengths() {
+        let src = vec![half::bf16::ONE; 9];
+        expect_panic("widen_to: 9 values into 8 floats", || {
+            widen_to(&src, &mut [0f32; 8]);
+        });
+        expect_panic("widen_to: 8 values into 9 floats", || {
+            widen_to(&src[..8], &mut [0f32; 9]);
+        });
+    }
+
+    /// `gemm_block` checks input, weights, result and the block's columns.
+    #[test]
+    fn gemm_block_checks_every_length() {
+        let none = gemm::Parallelism::None;
+        let (x, wb, mut y) = (vec![0f32; 40 * 8], vec![0f32; 3 * 8], vec![0f32; 40 * 5]);
+        expect_panic(
+            "gemm_block: the input holds 319 floats, expected 40 rows of 8",
+            || gemm_block(&x[..319], 40, 8, &wb, 3, &mut y, 5, 0, none),
+        );
+        expect_panic(
+            "gemm_block: the weights hold 23 floats, expected 3 rows of 8",
+            || gemm_block(&x, 40, 8, &wb[..23], 3, &mut y, 5, 0, none),
+        );
+        expect_panic(
+            "gemm_block: the result holds 199 floats, expected 40 rows of 5",
+            || gemm_block(&x, 40, 8, &wb, 3, &mut y[..199], 5, 0, none),
+        );
+        expect_panic("gemm_block: columns 3..3+3 are outside rows of 5", || {
+            gemm_block(&x, 40, 8, &wb, 3, &mut y, 5, 3, none)
+        });
+        expect_panic("gemm_block: columns", || {
+            gemm_block(&x, 40, 8, &wb, 3, &mut y, 5, usize::MAX, none)
+        });
+        expect_panic("gemm_block: the input holds 0 floats", || {
+            gemm_block(&[], 2, usize::MAX / 2 + 1, &[], 0, &mut [], 0, 0, none)
+        });
+    }
+
+    /// `attention` checks the shapes and every slice against them.
+    #[test]
+    fn attention_checks_every_length() {
+        let (h, hkv, hd, l, t) = (4usize, 2usize, 8usize, 2usize, 5usize);
+        let q = vec![0f32; l * h * hd];
+        let kv = vec![0f32; t * hkv * hd];
+        let att = |q: &[f32], k: &[f32], v: &[f32], l, h, hkv, hd| {
+            attention(q, k, v, l, h, hkv, hd, 1.0);
+        };
+        expect_panic(
+            "attention: the queries hold 63 floats, expected [2, 4, 8]",
+            || att(&q[..63], &kv, &kv, l, h, hkv, hd),
+        );
+        expect_panic(
+            "attention: the queries hold 64 floats, expected [3, 4, 8]",
+            || att(&q, &kv, &kv, 3, h, hkv, hd),
+        );
+        expect_panic("attention: keys (79) and values (80)", || {
+            att(&q, &kv[..79], &kv, l, h, hkv, hd)
+        });
+        expect_panic("attention: keys (80) and values (64)", || {
+            att(&q, &kv, &kv[..64], l, h, hkv, hd)
+        });
+        expect_panic("attention: 1 cached positions for 2 queries", || {
+            att(&q, &kv[..16], &kv[..16], l, h, hkv, hd)
+        });
+        expect_panic("attention: 4 heads over 3 KV heads", || {
+            att(&q, &kv, &kv, l, h, 3, hd)
+        });
+        expect_panic("attention: 4 heads over 0 KV heads", || {
+            att(&q, &kv, &kv, l, h, 0, hd)
+        });
+        expect_panic("attention: 4 heads over 2 KV heads of width 0", || {
+            att(&q, &kv, &kv, l, h, hkv, 0)
+        });
+        // `l * h * hd` wrapping to the queries' length
+        expect_panic("attention: the queries hold 0 floats", || {
+            att(&[], &kv[..16], &kv[..16], 2, usize::MAX / 2 + 1, 1, 1)
+        });
+    }
+
+    /// `gated_delta` checks every input, the state and the backup against the dimensions.
+    #[test]
+    fn gated_delta_checks_every_length() {
+        use crate::kernels::DeltaDims;
+        let d = DeltaDims {
+            hk: 1,
+            hv: 2,
+            dk: 8,
+            dv: 4,
+        };
+        let s = 3;
+        let (q, v) = (vec![0f32; s * 8], vec![0f32; s * 2 * 4]);
+        let (g, state) = (vec![1f32; s * 2], vec![0f32; 2 * 4 * 8]);
+        type Case<'a> = (&'a str, DeltaDims, [usize; 6], usize, usize);
+        let cases: [Case; 11] = [
+            (
+                "q holds 23 floats, expected [3, 1, 8]",
+                d,
+                [23, 24, 24, 6, 6, 64],
+                0,
+                0,
+            ),
+            (
+                "k holds 16 floats, expected [3, 1, 8]",
+                d,
+                [24, 16, 24, 6, 6, 64],
+                0,
+                0,
+            ),
+            (
+                "v holds 23 floats, expected [3, 2, 4]",
+                d,
+                [24, 24, 23, 6, 6, 64],
+                0,
+                0,
+            ),
+            (
+                "g holds 5 floats, expected [2, 2]",
+                d,
+                [24, 24, 24, 5, 5, 64],
+                0,
+                0,
+            ),
+            (
+                "beta holds 4 floats, expected [3, 2]",
+                d,
+                [24, 24, 24, 6, 4, 64],
+                0,
+                0,
+            ),
+            (
+                "the state holds 63 floats, expected [2, 4, 8]",
+                d,
+                [24, 24, 24, 6, 6, 63],
+                0,
+                0,
+            ),
+            ("4 steps to settle of 3", d, [24, 24, 24, 6, 6, 64], 4, 0),
+            (
+                "a backup of 8 floats for a state of 64",
+                d,
+                [24, 24, 24, 6, 6, 64],
+                0,
+                8,
+            ),
+            (
+                "0 key heads, 2 value heads",
+                DeltaDims { hk: 0, ..d },
+                [24, 24, 24, 6, 6, 64],
+                0,
+                0,
+            ),
+            (
+                "2 key heads, 3 value heads",
+                DeltaDims { hk: 2, hv: 3, ..d },
+                [24, 24, 24, 6, 6, 64],
+                0,
+                0,
+            ),
+            (
+                "1 key heads, 2 value heads, widths 8 and 0",
+                DeltaDims { dv: 0, ..d },
+                [24, 24, 24, 6, 6, 64],
+                0,
+                0,
+            ),
+        ];
+        for (want, d, [lq, lk, lv, lg, lb, ls], settle, lbackup) in cases {
+            let mut st = state[..ls].to_vec();
+            let mut backup = vec![0f32; lbackup];
+            expect_panic(&format!("gated_delta: {want}"), || {
+                gated_delta(
+                    d,
+                    &q[..lq],
+                    &q[..lk],
+                    &v[..lv],
+                    &g[..lg],
+                    &g[..lb],
+                    &mut st,
+                    settle,
+                    true,
+                    &mut backup,
+                );
+            });
+        }
+    }
+
+    /// Weights `[out, inp]` of type `E` from `next`, and the same widened to f32.
+    fn weights<E: Weight>(
+        from: fn(f32) -> E,
+        len: usize,
+        next: &mut impl FnMut() -> f32,
+    ) -> (Vec<E>, Vec<f32>) {
+        let w: Vec<E> = (0..len).map(|_| from(next())).collect();
+        let wide = w.iter().map(|v| v.to_f32()).collect();
+        (w, wide)
+    }
+
+    /// The property of [`matmul_rows_follow_the_lone_dot`] for weights of type `E`.
+    fn rows_follow_the_lone_dot<E: Weight>(
+        from: fn(f32) -> E,
+        (n, inp, out, cut, seed): (usize, usize, usize, usize, u64),
+    ) {
+        let mut next = testing::rng(seed);
+        let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+        let (w, wide) = weights(from, out * inp, &mut next);
+        let cut = cut.min(out) * inp;
+        for isa in isas() {
+            let (y, split) = with_isa(isa, || {
+                let split = matmul_rows_parts(&x, n, &[&w[..cut], &w[cut..]], inp);
+                (matmul_rows(&x, n, &w, inp), split)
+            });
+            assert_eq!(testing::bits(&y), testing::bits(&split), "{isa:?}, parts");
+            for r in 0..n {
+                for o in 0..out {
+                    let xr = &x[r * inp..(r + 1) * inp];
+                    let want = lone(xr, &wide[o * inp..(o + 1) * inp], fused(isa));
+                    assert_eq!(
+                        y[r * out + o].to_bits(),
+                        want.to_bits(),
+                        "{isa:?}, {n} rows of {inp}, feature {o} of {out}"
+                    );
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+        /// Every result of `matmul_rows` (and of the same matrix in two parts) has the bits of
+        /// the lone dot product, for f32, bf16 and f16 weights, every row count, odd widths,
+        /// matrices on and off the block size, on every path this CPU runs.
+        #[test]
+        fn matmul_rows_follow_the_lone_dot(
+            n in 1usize..=MAX_ROWS,
+            inp in 1usize..=80,
+            out in 1usize..=72,
+            cut in 0usize..=72,
+            kind in 0usize..3,
+            seed in any::<u64>(),
+        ) {
+            let case = (n, inp, out, cut, seed);
+            match kind {
+                0 => rows_follow_the_lone_dot::<f32>(|v| v, case),
+                1 => rows_follow_the_lone_dot(half::bf16::from_f32, case),
+                _ => rows_follow_the_lone_dot(half::f16::from_f32, case),
+            }
+        }
+
+        /// `matmul_quant` gives the bits of the lone dot product over the matrix dequantized
+        /// by the definition, at every supported width and on every path this CPU runs.
+        #[test]
+        fn matmul_quant_follows_the_definition(
+            n in 1usize..=MAX_ROWS,
+            bits in prop::sample::select(vec![2usize, 3, 4, 5, 6, 8]),
+            group in prop::sample::select(vec![8usize, 12, 16, 32, 64]),
+            groups in 1usize..=3,
+            out in 1usize..=40,
+            seed in any::<u64>(),
+        ) {
+            let (q, deq) = crate::quant::random_matrix(
+                bits, group, groups, out, candle_core::DType::BF16, seed,
+            );
+            let inp = q.in_features();
+            let mut next = testing::rng(!seed);
+            let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+            for isa in isas() {
+                let y = with_isa(isa, || matmul_quant(&x, n, &q));
+                for r in 0..n {
+                    for o in 0..out {
+                        let xr = &x[r * inp..(r + 1) * inp];
+                        let want = lone(xr, &deq[o * inp..(o + 1) * inp], fused(isa));
+                        prop_assert_eq!(y[r * out + o].to_bits(), want.to_bits(), "{:?}", isa);
+                    }
+                }
+            }
+        }
+
+        /// Widening is exact for any length, on every path this CPU runs.
+        #[test]
+        fn widening_is_exact(len in 0usize..=300, f16 in any::<bool>(), seed in any::<u64>()) {
+            let mut next = testing::rng(seed);
+            let check = |src: Vec<f32>| {
+                for isa in isas() {
+                    let mut got = vec![f32::NAN; len];
+                    if f16 {
+                        let h: Vec<half::f16> = src.iter().map(|v| half::f16::from_f32(*v)).collect();
+                        with_isa(isa, || widen_to(&h, &mut got));
+                        assert!(h.iter().zip(&got).all(|(a, b)| a.to_f32().to_bits() == b.to_bits()));
+                    } else {
+                        let h: Vec<half::bf16> = src.iter().map(|v| half::bf16::from_f32(*v)).collect();
+                        with_isa(isa, || widen_to(&h, &mut got));
+                        assert!(h.iter().zip(&got).all(|(a, b)| a.to_f32().to_bits() == b.to_bits()));
+                    }
+                }
+            };
+            check((0..len).map(|_| next() * 1e3).collect());
+        }
+
+        /// A GEMM block writes the product into its columns and nothing else.
+        #[test]
+        fn gemm_blocks_write_their_columns(
+            n in 1usize..=40,
+            inp in 1usize..=50,
+            m in 1usize..=20,
+            before in 0usize..=5,
+            after in 0usize..=5,
+            seed in any::<u64>(),
+        ) {
+            let mut next = testing::rng(seed);
+            let out = before + m + after;
+            let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
+            let wb: Vec<f32> = (0..m * inp).map(|_| next()).collect();
+            let mut y = vec![7f32; n * out];
+            gemm_block(&x, n, inp, &wb, m, &mut y, out, before, gemm::Parallelism::None);
+            for r in 0..n {
+                for o in 0..out {
+                    let got = y[r * out + o];
+                    if (before..before + m).contains(&o) {
+                        let wo = &wb[(o - before) * inp..(o - before + 1) * inp];
+                        let (want, scale) = dot64(&x[r * inp..(r + 1) * inp], wo);
+                        prop_assert!(close(got, want, scale, 1e-5), "{} vs {}", got, want);
+                    } else {
+                        prop_assert_eq!(got, 7.0);
+                    }
+                }
+            }
+        }
+
+        /// Attention follows the definition (softmax over the visible keys, in f64) for any
+        /// head grouping, odd widths and cache lengths, on every path this CPU runs, and
+        /// tiling the positions into tasks keeps the bits.
+        #[test]
+        fn attention_follows_the_definition(
+            hkv in 1usize..=3,
+            rep in 1usize..=4,
+            hd in 1usize..=40,
+            l in 1usize..=6,
+            extra in 0usize..=12,
+            seed in any::<u64>(),
+        ) {
+            let (h, t) = (hkv * rep, l + extra);
+            let mut next = testing::rng(seed);
+            let keys: Vec<f32> = (0..t * hkv * hd).map(|_| next()).collect();
+            let values: Vec<f32> = (0..t * hkv * hd).map(|_| next()).collect();
+            let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            for isa in isas() {
+                let (all, tiled) = with_isa(isa, || {
+                    let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
+                    let tiled =
+                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, 1);
+                    (all, tiled)
+                });
+                prop_assert_eq!(testing::bits(&all), testing::bits(&tiled));
+                for i in 0..l {
+                    let seen = t - l + i + 1;
+                    for head in 0..h {
+                        let kvh = head / rep;
+                        let qv = &q[(i * h + head) * hd..(i * h + head + 1) * hd];
+                        fn row(m: &[f32], t: usize, hkv: usize, kvh: usize, hd: usize) -> &[f32] {
+                            &m[(t * hkv + kvh) * hd..(t * hkv + kvh + 1) * hd]
+                        }
+                        let s: Vec<f64> =
+                            (0..seen).map(|t| dot64(qv, row(&keys, t, hkv, kvh, hd)).0 * scale as f64).collect();
+                        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = s.iter().map(|v| (v - max).exp()).sum();
+                        for c in 0..hd {
+                            let want: f64 = (0..seen)
+                                .map(|t| (s[t] - max).exp() / z * row(&values, t, hkv, kvh, hd)[c] as f64)
+                                .sum();
+                            let got = all[(i * h + head) * hd + c];
+                            prop_assert!(close(got, want, 1.0, 1e-5), "{:?}: {} vs {}", isa, got, want);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// The delta rule follows its definition (in f64) for any head grouping, odd widths,
+        /// step counts, settled steps, with and without advancing or a backup, on every path
+        /// this CPU runs.
+        #[test]
+        fn delta_rule_follows_the_definition(
+            hk in 1usize..=2,
+            per in 1usize..=2,
+            dk in 1usize..=40,
+            dv in 1usize..=9,
+            s in 0usize..=4,
+            settle in 0usize..=4,
+            advance in any::<bool>(),
+            backup in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            use crate::kernels::DeltaDims;
+            let (hv, settle) = (hk * per, settle.min(s));
+            let d = DeltaDims { hk, hv, dk, dv };
+            let mut next = testing::rng(seed);
+            let mut take = |len: usize, base: f32| -> Vec<f32> {
+                (0..len).map(|_| base + next()).collect()
+            };
+            let (q, k, v) = (take(s * hk * dk, 0.0), take(s * hk * dk, 0.0), take(s * hv * dv, 0.0));
+            let (g, beta, init) = (take(s * hv, 0.7), take(s * hv, 0.5), take(hv * dv * dk, 0.0));
+            // the definition, step by step: the state after each step and the outputs
+            let mut st: Vec<f64> = init.iter().map(|v| *v as f64).collect();
+            let mut states = vec![st.clone()];
+            let mut ys = Vec::new();
+            for t in 0..s {
+                for h in 0..hv {
+                    let kh = h / per;
+                    let kk = &k[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
+                    let qq = &q[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
+                    for r in 0..dv {
+                        let row = &mut st[(h * dv + r) * dk..(h * dv + r + 1) * dk];
+                        row.iter_mut().for_each(|x| *x *= g[t * hv + h] as f64);
+                        let kv: f64 = row.iter().zip(kk).map(|(a, b)| a * *b as f64).sum();
+                        let delta = (v[(t * hv + h) * dv + r] as f64 - kv) * beta[t * hv + h] as f64;
+                        row.iter_mut().zip(kk).for_each(|(a, b)| *a += delta * *b as f64);
+                        ys.push(row.iter().zip(qq).map(|(a, b)| a * *b as f64).sum::<f64>());
+                    }
+                }
+                states.push(st.clone());
+            }
+            for isa in isas() {
+                let mut state = init.clone();
+                let mut kept = vec![0f32; if backup { init.len() } else { 0 }];
+                let y = with_isa(isa, || {
+                    gated_delta(d, &q, &k, &v, &g, &beta, &mut state, settle, advance, &mut kept)
+                });
+                prop_assert_eq!(y.len(), (s - settle) * hv * dv);
+                for (got, want) in y.iter().zip(&ys[settle * hv * dv..]) {
+                    prop_assert!(close(*got, *want, want.abs(), 1e-4), "{:?}: {} vs {}", isa, got, want);
+                }
+                let after = &states[if advance { s } else { settle }];
+                for (got, want) in state.iter().zip(after) {
+                    prop_assert!(close(*got, *want, want.abs(), 1e-4), "{:?}: state {} vs {}", isa, got, want);
+                }
+                for (got, want) in kept.iter().zip(&states[settle]) {
+                    prop_assert!(close(*got, *want, want.abs(), 1e-4), "{:?}: backup {} vs {}", isa, got, want);
+                }
+            }
         }
     }
 }

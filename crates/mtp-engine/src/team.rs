@@ -1,4 +1,5 @@
-//! The worker team behind the decode kernels' parallel loops ([`crate::simd`]).
+//! The worker team behind the decode kernels' parallel loops (the crate's `simd` module). Public
+//! for its size only ([`set_threads`], [`threads`]); the loops are the crate's own.
 //!
 //! A decode step runs a few hundred small parallel loops (one per matrix product, attention or
 //! delta-rule call), each a few to a few hundred microseconds long, so what a loop costs to
@@ -174,7 +175,7 @@ fn worker(team: &'static Team) {
 /// Runs `f(i)` for every `i < n` exactly once, on the calling thread and the team's idle
 /// workers, and returns when every call has returned. A panic in any call is raised again
 /// here, after all calls are done.
-pub fn run(n: usize, f: &(dyn Fn(usize) + Sync)) {
+pub(crate) fn run(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let team = team();
     let job = Job {
         f,
@@ -232,8 +233,11 @@ impl<T> Shared<T> {
 
 /// `f(i, chunk)` for each `size`-element chunk of `data` (the last one may be shorter), in
 /// parallel through [`run`].
-pub fn chunks_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    assert!(size > 0);
+///
+/// # Panics
+/// When `size` is zero.
+pub(crate) fn chunks_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    assert!(size > 0, "chunks_mut: chunks of zero elements");
     let len = data.len();
     let base = Shared(data.as_mut_ptr());
     run(len.div_ceil(size), &|i| {
@@ -247,9 +251,10 @@ pub fn chunks_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize, &mut [
 }
 
 /// `f(i, a_chunk, b_chunk, c_chunk)` for `n` chunk triples: `a` in chunks of `sa` elements,
-/// `b` of `sb`, `c` of `sc` (any may be empty past its end), in parallel through [`run`].
+/// `b` of `sb`, `c` of `sc` (any may be short or empty past its end, however large `i * sa`),
+/// in parallel through [`run`].
 #[allow(clippy::too_many_arguments)]
-pub fn chunks_mut3<A: Send, B: Send, C: Send>(
+pub(crate) fn chunks_mut3<A: Send, B: Send, C: Send>(
     n: usize,
     a: &mut [A],
     sa: usize,
@@ -266,9 +271,16 @@ pub fn chunks_mut3<A: Send, B: Send, C: Send>(
         Shared(c.as_mut_ptr()),
     );
     run(n, &|i| {
-        let (a0, b0, c0) = ((i * sa).min(la), (i * sb).min(lb), (i * sc).min(lc));
-        let (a1, b1, c1) = ((a0 + sa).min(la), (b0 + sb).min(lb), (c0 + sc).min(lc));
-        // SAFETY: as in `chunks_mut`: each `i` once, disjoint ranges inside the borrowed slices.
+        // saturating: a product past `usize::MAX` is past the slice's end (never wraps back into
+        // another chunk's range)
+        let range = |s: usize, len: usize| {
+            let start = i.saturating_mul(s).min(len);
+            (start, start.saturating_add(s).min(len))
+        };
+        let ((a0, a1), (b0, b1), (c0, c1)) = (range(sa, la), range(sb, lb), range(sc, lc));
+        // SAFETY: as in `chunks_mut`: each `i` once, and chunk `i` of a slice is
+        // `[i * s, (i + 1) * s)` clamped to its length, so the ranges are disjoint and inside the
+        // borrowed slices.
         let (ca, cb, cc) = unsafe {
             (
                 std::slice::from_raw_parts_mut(pa.at(a0), a1 - a0),
