@@ -2,6 +2,8 @@
 //!
 //! Each command lives in its own module; this file only dispatches.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{bail, Result};
 
 mod bench;

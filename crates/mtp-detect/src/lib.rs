@@ -25,6 +25,7 @@
 //! println!("{}", report.to_json());
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod drafter;

@@ -1,6 +1,6 @@
 //! The transport under every adapter: one reqwest client, bounded connect retries, idle
-//! timeouts on every body read, and the mapping of failures to typed [`ProviderError`]s that
-//! name the server and the cause.
+//! timeouts and size caps on every body read, and the mapping of failures to typed
+//! [`ProviderError`]s that name the server and the cause.
 
 use std::time::Duration;
 
@@ -23,8 +23,30 @@ pub(crate) struct Transport {
 pub(crate) enum BodyRead {
     /// The whole body.
     Complete(Vec<u8>),
-    /// The connection broke after these bytes.
+    /// The body ended early after these bytes: the connection broke, or (only where a
+    /// prefix is enough, see [`Transport::read_error_body`]) reading stopped at the cap. The
+    /// text says which.
     Cut(Vec<u8>, String),
+}
+
+/// A body read up to a cap.
+enum Capped {
+    /// Within the cap.
+    Within(BodyRead),
+    /// The first `cap` bytes of a longer body; the rest was never read.
+    Over(Vec<u8>),
+}
+
+/// The most of an error body (a non-2xx answer) that is read: its message is all we use.
+const ERROR_BODY_BYTES: usize = 1 << 20;
+
+/// A byte count for messages: `64 MiB`, `1 KiB`, or `1000 bytes`.
+pub(crate) fn human_bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
 }
 
 impl Transport {
@@ -136,7 +158,7 @@ impl Transport {
         if status.is_success() {
             return Ok(resp);
         }
-        let text = match self.read_body(resp).await {
+        let text = match self.read_error_body(resp).await {
             Ok(BodyRead::Complete(b)) | Ok(BodyRead::Cut(b, _)) => b,
             Err(_) => Vec::new(),
         };
@@ -159,8 +181,8 @@ impl Transport {
         Err(self.api_error(Some(status.as_u16()), message))
     }
 
-    /// GETs a page that may not exist: `Ok(None)` for a non-2xx answer, an error only when
-    /// the server cannot be reached or stalls.
+    /// GETs a page that may not exist: `Ok(None)` for a non-2xx answer or a cut body, an
+    /// error when the server cannot be reached, stalls, or sends more than `max_body_bytes`.
     pub(crate) async fn get_optional(&self, path: &str) -> Result<Option<String>, ProviderError> {
         let url = self.url(path);
         let resp = self.send(|| self.client.get(&url)).await?;
@@ -168,17 +190,49 @@ impl Transport {
             tracing::debug!(server = %self.server(), path, status = resp.status().as_u16(), "optional endpoint unavailable");
             return Ok(None);
         }
-        match self.read_body(resp).await? {
+        match self.read_body(resp, path).await? {
             BodyRead::Complete(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
             BodyRead::Cut(_, _) => Ok(None),
         }
     }
 
-    /// Reads a whole body, allowing at most `idle_timeout` between chunks.
+    /// Reads a whole body of at most `max_body_bytes`, allowing at most `idle_timeout`
+    /// between chunks. A longer body (announced by `Content-Length`, or found while reading)
+    /// is an `Api` error naming `path`, the cap and the option; at most the cap is held.
     pub(crate) async fn read_body(
         &self,
         resp: reqwest::Response,
+        path: &str,
     ) -> Result<BodyRead, ProviderError> {
+        let cap = self.opts.max_body_bytes;
+        if let Some(announced) = resp.content_length().filter(|&n| n > cap as u64) {
+            return Err(self.body_too_large(path, &format!("announces {announced} bytes")));
+        }
+        match self.read_capped(resp, cap).await? {
+            Capped::Within(read) => Ok(read),
+            Capped::Over(_) => Err(self.body_too_large(path, "goes on past it")),
+        }
+    }
+
+    /// The first bytes of an error body (at most `ERROR_BODY_BYTES`, and never more than
+    /// `max_body_bytes`): enough for the server's message, whatever the server sends.
+    async fn read_error_body(&self, resp: reqwest::Response) -> Result<BodyRead, ProviderError> {
+        let cap = self.opts.max_body_bytes.min(ERROR_BODY_BYTES);
+        Ok(match self.read_capped(resp, cap).await? {
+            Capped::Within(read) => read,
+            Capped::Over(prefix) => {
+                BodyRead::Cut(prefix, format!("stopped reading at {}", human_bytes(cap)))
+            }
+        })
+    }
+
+    /// Reads a body until its end or until it holds `cap` bytes, allowing at most
+    /// `idle_timeout` between chunks.
+    async fn read_capped(
+        &self,
+        resp: reqwest::Response,
+        cap: usize,
+    ) -> Result<Capped, ProviderError> {
         let mut stream = resp.bytes_stream();
         let mut out = Vec::new();
         loop {
@@ -189,11 +243,64 @@ impl Transport {
                         self.opts.idle_timeout.as_millis()
                     )))
                 }
-                Ok(None) => return Ok(BodyRead::Complete(out)),
-                Ok(Some(Ok(chunk))) => out.extend_from_slice(&chunk),
-                Ok(Some(Err(e))) => return Ok(BodyRead::Cut(out, chain(&e))),
+                Ok(None) => return Ok(Capped::Within(BodyRead::Complete(out))),
+                Ok(Some(Ok(chunk))) => {
+                    let room = cap - out.len();
+                    if chunk.len() > room {
+                        out.extend_from_slice(&chunk[..room]);
+                        return Ok(Capped::Over(out));
+                    }
+                    out.extend_from_slice(&chunk);
+                }
+                Ok(Some(Err(e))) => return Ok(Capped::Within(BodyRead::Cut(out, chain(&e)))),
             }
         }
+    }
+
+    /// The error for a response body over `max_body_bytes`.
+    fn body_too_large(&self, path: &str, how: &str) -> ProviderError {
+        let cap = self.opts.max_body_bytes;
+        let mut message = format!(
+            "the response body from {}{path} {how}, over the {} cap ({cap} bytes); stopped \
+             reading. Raise the provider option `max_body_bytes` (a `ProviderOptions` extra \
+             key) if the server really sends that much",
+            self.server(),
+            human_bytes(cap),
+        );
+        if path == "/metrics" {
+            message.push_str(", or set the option `metrics` to off");
+        }
+        self.api_error(None, message)
+    }
+
+    /// The error for a streamed line or event over `max_sse_event_bytes`.
+    pub(crate) fn event_too_large(&self, path: &str, cap: usize) -> ProviderError {
+        self.api_error(
+            None,
+            format!(
+                "a line or event of the event stream from {}{path} went over the {} cap \
+                 ({cap} bytes) before it ended; stopped reading. Raise the provider option \
+                 `max_sse_event_bytes` (a `ProviderOptions` extra key) if the server really \
+                 sends that much",
+                self.server(),
+                human_bytes(cap),
+            ),
+        )
+    }
+
+    /// The error for a streamed reply whose text went over `max_body_bytes`.
+    pub(crate) fn reply_too_large(&self, path: &str) -> ProviderError {
+        let cap = self.opts.max_body_bytes;
+        self.api_error(
+            None,
+            format!(
+                "the reply streamed from {}{path} went over the {} cap ({cap} bytes of text and \
+                 token ids); stopped reading. Raise the provider option `max_body_bytes` (a \
+                 `ProviderOptions` extra key) if the server really sends that much",
+                self.server(),
+                human_bytes(cap),
+            ),
+        )
     }
 
     /// The body stream of a streaming response; the caller applies the idle timeout.
@@ -274,6 +381,10 @@ mod tests {
             assert_eq!(server_message(body), *want);
         }
         assert_eq!(truncate("abcdef", 3), "abc…");
+        assert_eq!(human_bytes(64 << 20), "64 MiB");
+        assert_eq!(human_bytes(4096), "4 KiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+        assert_eq!(human_bytes((1 << 20) + 1), "1048577 bytes");
         assert_eq!(truncate("ab", 3), "ab");
     }
 }

@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod evidence;
 mod http;
@@ -42,7 +43,10 @@ use std::sync::Arc;
 use mtp_contract::{Provider, ProviderError, ProviderOptions};
 
 pub use evidence::{Evidence, ServerSpec, LLAMA_MTP_TYPE};
-pub use options::{ApiKey, HttpOptions, MetricsMode, ServerKind, EXTRA_KEYS};
+pub use options::{
+    ApiKey, HttpOptions, MetricsMode, ServerKind, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SSE_EVENT_BYTES, EXTRA_KEYS,
+};
 pub use provider::HttpProvider;
 
 /// The provider names this crate registers, in order.

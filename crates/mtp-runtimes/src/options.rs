@@ -189,6 +189,11 @@ pub enum MetricsMode {
 /// | `request_timeout_ms` | 600000 | longest wait for the response headers (prompt processing included) |
 /// | `connect_retries` | 2 | extra attempts after a connect error (never after the request was sent) |
 /// | `metrics` | `auto` for vLLM, `off` otherwise | `auto`, `on` or `off`: read `/metrics` around each call |
+/// | `max_body_bytes` | 67108864 (64 MiB) | largest response body read whole (replies, `/props`, `/slots`, `/metrics`), and the most reply text one streamed call may gather |
+/// | `max_sse_event_bytes` | 16777216 (16 MiB) | largest line, or event (its lines together), of a streamed response |
+///
+/// Going over either cap is a [`ProviderError::Api`] that names the URL, the cap and the
+/// option; nothing a server sends is buffered beyond them.
 ///
 /// ```
 /// use mtp_contract::ProviderOptions;
@@ -215,15 +220,27 @@ pub struct HttpOptions {
     pub connect_retries: u32,
     /// `/metrics` policy.
     pub metrics: MetricsMode,
+    /// Largest response body read whole, and the most reply text one streamed call gathers.
+    pub max_body_bytes: usize,
+    /// Largest line, or event, of a streamed response.
+    pub max_sse_event_bytes: usize,
 }
 
+/// Default of `max_body_bytes`: 64 MiB, far above any reply, `/props` or `/metrics` page.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Default of `max_sse_event_bytes`: 16 MiB, far above any one streamed chunk.
+pub const DEFAULT_MAX_SSE_EVENT_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+
 /// The `extra` keys [`HttpOptions`] understands.
-pub const EXTRA_KEYS: [&str; 5] = [
+pub const EXTRA_KEYS: [&str; 7] = [
     "connect_timeout_ms",
     "idle_timeout_ms",
     "request_timeout_ms",
     "connect_retries",
     "metrics",
+    "max_body_bytes",
+    "max_sse_event_bytes",
 ];
 
 impl HttpOptions {
@@ -241,6 +258,8 @@ impl HttpOptions {
             } else {
                 MetricsMode::Off
             },
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_sse_event_bytes: DEFAULT_MAX_SSE_EVENT_BYTES,
         }
     }
 
@@ -265,6 +284,14 @@ impl HttpOptions {
                     Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
                     _ => Err(bad_extra(format!(
                         "`{key}` must be a positive number of milliseconds, got {value:?}"
+                    ))),
+                }
+            };
+            let bytes = || -> Result<usize, ProviderError> {
+                match value.trim().parse::<usize>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(bad_extra(format!(
+                        "`{key}` must be a positive number of bytes, got {value:?}"
                     ))),
                 }
             };
@@ -294,6 +321,8 @@ impl HttpOptions {
                         }
                     }
                 }
+                "max_body_bytes" => o.max_body_bytes = bytes()?,
+                "max_sse_event_bytes" => o.max_sse_event_bytes = bytes()?,
                 other => {
                     return Err(bad_extra(format!(
                         "unknown option `{other}` for the {kind} provider; valid options are {}",
@@ -362,7 +391,23 @@ mod tests {
         };
         assert_eq!(ok("connect_retries", "0").unwrap().connect_retries, 0);
         assert_eq!(ok("metrics", "on").unwrap().metrics, MetricsMode::On);
+        assert_eq!(ok("max_body_bytes", "4096").unwrap().max_body_bytes, 4096);
+        assert_eq!(
+            ok("max_sse_event_bytes", " 65536 ")
+                .unwrap()
+                .max_sse_event_bytes,
+            65536
+        );
+        let d = HttpOptions::new(ServerKind::Ollama);
+        assert_eq!(
+            (d.max_body_bytes, d.max_sse_event_bytes),
+            (64 << 20, 16 << 20)
+        );
         for (k, v) in [
+            ("max_body_bytes", "0"),
+            ("max_body_bytes", "-1"),
+            ("max_body_bytes", "64MiB"),
+            ("max_sse_event_bytes", ""),
             ("connect_retries", "99"),
             ("idle_timeout_ms", "0"),
             ("idle_timeout_ms", "soon"),

@@ -339,7 +339,7 @@ impl Inner {
         let p = self.prepare(&req, false).await?;
         let path = p.endpoint.path(self.kind());
         let resp = self.t.post_json(path, &p.body).await?;
-        let bytes = match self.t.read_body(resp).await? {
+        let bytes = match self.t.read_body(resp, path).await? {
             BodyRead::Complete(b) => b,
             BodyRead::Cut(b, cause) => {
                 return Err(self.t.api_error(
@@ -435,6 +435,21 @@ impl StreamState {
     }
 
     async fn take_chunk(&mut self, chunk: &[u8]) {
+        self.take_events(chunk).await;
+        if self.finished {
+            return;
+        }
+        // the events completed before the overflow went out above; the oversized one ends
+        // the stream
+        if let Some(cap) = self.parser.overflow() {
+            let path = self.prepared.endpoint.path(self.inner.kind());
+            let err = self.inner.t.event_too_large(path, cap);
+            self.queue.push_back(Err(err));
+            self.finished = true;
+        }
+    }
+
+    async fn take_events(&mut self, chunk: &[u8]) {
         for ev in self.parser.feed(chunk) {
             if self.finished {
                 return;
@@ -465,6 +480,13 @@ impl StreamState {
                     self.finished = true;
                     return;
                 }
+                Ok(_) if self.reply_bytes() > self.inner.t.opts.max_body_bytes => {
+                    let path = self.prepared.endpoint.path(self.inner.kind());
+                    let err = self.inner.t.reply_too_large(path);
+                    self.queue.push_back(Err(err));
+                    self.finished = true;
+                    return;
+                }
                 Ok(piece) => {
                     if !piece.text.is_empty()
                         || !piece.reasoning.is_empty()
@@ -487,6 +509,13 @@ impl StreamState {
                 return;
             }
         }
+    }
+
+    /// What the call has gathered of the reply so far: text, reasoning and token ids.
+    fn reply_bytes(&self) -> usize {
+        self.acc.content.len()
+            + self.acc.reasoning.len()
+            + self.acc.token_ids.len() * std::mem::size_of::<u32>()
     }
 
     /// The stream ended (cleanly or with a transport error) without `[DONE]`.
@@ -612,7 +641,7 @@ impl Provider for HttpProvider {
             .is_some_and(|ct| ct.starts_with("application/json"));
         if is_json {
             // The server answered in one piece despite `stream: true`.
-            let bytes = match inner.t.read_body(resp).await? {
+            let bytes = match inner.t.read_body(resp, path).await? {
                 BodyRead::Complete(b) => b,
                 BodyRead::Cut(b, cause) => {
                     return Err(inner.t.api_error(
@@ -642,11 +671,12 @@ impl Provider for HttpProvider {
             return Ok(futures::stream::iter(events).boxed());
         }
         let bytes = resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed();
+        let parser = SseParser::with_max_event_bytes(inner.t.opts.max_sse_event_bytes);
         let state = StreamState {
             inner,
             prepared,
             bytes,
-            parser: SseParser::new(),
+            parser,
             acc: Accum::default(),
             queue: VecDeque::new(),
             finished: false,

@@ -15,6 +15,12 @@
 //! - at end of input, an event that was not terminated by a blank line is discarded (the
 //!   stream was cut); [`SseParser::has_pending`] tells whether that happened.
 //!
+//! Memory is bounded: one line, or one event's lines together, may hold at most the parser's
+//! limit ([`DEFAULT_MAX_EVENT_BYTES`], or [`SseParser::with_max_event_bytes`]). Going over it
+//! stops the parser for good: what it buffered is freed, [`SseParser::overflow`] names the
+//! limit, and `feed` returns nothing more. A server can therefore send a line that never ends
+//! without the client holding more than the limit.
+//!
 //! ```
 //! use mtp_runtimes::sse::SseParser;
 //! let mut p = SseParser::new();
@@ -23,6 +29,10 @@
 //! assert_eq!(events.len(), 2);
 //! assert_eq!(events[0].data, "{\"a\":\n1}");
 //! assert!(events[1].is_done());
+//!
+//! let mut small = SseParser::with_max_event_bytes(16);
+//! assert_eq!(small.feed(b"data: ok\n\ndata: a line longer than sixteen bytes").len(), 1);
+//! assert_eq!(small.overflow(), Some(16));
 //! ```
 
 /// One dispatched event.
@@ -41,11 +51,20 @@ impl SseEvent {
     }
 }
 
+/// The default limit of one line or event: 16 MiB, far above any chunk an LLM server streams.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
+
 /// Incremental SSE parser; see the module documentation for the rules.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SseParser {
     /// Bytes of the current, unfinished line.
     line: Vec<u8>,
+    /// Bytes of the `data` lines gathered for the event being assembled.
+    event_bytes: usize,
+    /// Most bytes one line, or one event's data lines with the current line, may hold.
+    max_event_bytes: usize,
+    /// The limit was exceeded: the parser takes no more input.
+    overflowed: bool,
     /// The previous chunk ended with `\r`; a leading `\n` in the next chunk belongs to it.
     after_cr: bool,
     /// `data` lines of the event being assembled.
@@ -56,38 +75,90 @@ pub struct SseParser {
     pending: bool,
 }
 
+impl Default for SseParser {
+    fn default() -> Self {
+        SseParser::with_max_event_bytes(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
 impl SseParser {
-    /// A parser at the start of a stream.
+    /// A parser at the start of a stream, with the default limit
+    /// ([`DEFAULT_MAX_EVENT_BYTES`]).
     pub fn new() -> Self {
         SseParser::default()
     }
 
-    /// Feeds bytes and returns the events they completed, in order.
+    /// A parser whose lines, and events (their `data` lines together), may hold at most
+    /// `max_event_bytes` bytes (line terminators not counted; at least 1).
+    pub fn with_max_event_bytes(max_event_bytes: usize) -> Self {
+        SseParser {
+            line: Vec::new(),
+            event_bytes: 0,
+            max_event_bytes: max_event_bytes.max(1),
+            overflowed: false,
+            after_cr: false,
+            data: Vec::new(),
+            event: None,
+            pending: false,
+        }
+    }
+
+    /// Feeds bytes and returns the events they completed, in order. After an overflow (see
+    /// [`SseParser::overflow`]) it returns the events completed before it, then nothing.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
-        for &b in bytes {
+        let mut rest = bytes;
+        while !rest.is_empty() && !self.overflowed {
             if self.after_cr {
                 self.after_cr = false;
-                if b == b'\n' {
+                if rest[0] == b'\n' {
+                    rest = &rest[1..];
                     continue;
                 }
             }
-            match b {
-                b'\n' => self.end_line(&mut out),
-                b'\r' => {
+            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+                Some(i) => {
+                    if !self.take(&rest[..i]) {
+                        break;
+                    }
+                    self.after_cr = rest[i] == b'\r';
                     self.end_line(&mut out);
-                    self.after_cr = true;
+                    rest = &rest[i + 1..];
                 }
-                _ => self.line.push(b),
+                None => {
+                    self.take(rest);
+                    break;
+                }
             }
         }
         out
     }
 
+    /// The limit, once a line or an event went over it; the parser then takes no more input.
+    pub fn overflow(&self) -> Option<usize> {
+        self.overflowed.then_some(self.max_event_bytes)
+    }
+
     /// True when bytes or fields were received that no blank line has dispatched yet: the
-    /// stream ended in the middle of an event.
+    /// stream ended in the middle of an event (or went over the limit).
     pub fn has_pending(&self) -> bool {
-        self.pending || !self.line.is_empty()
+        self.pending || !self.line.is_empty() || self.overflowed
+    }
+
+    /// Appends bytes of the current line, unless that would go over the limit: then frees
+    /// everything buffered, marks the overflow and returns false.
+    fn take(&mut self, bytes: &[u8]) -> bool {
+        let held = self.event_bytes + self.line.len();
+        if bytes.len() > self.max_event_bytes.saturating_sub(held) {
+            self.overflowed = true;
+            self.line = Vec::new();
+            self.data = Vec::new();
+            self.event = None;
+            self.event_bytes = 0;
+            return false;
+        }
+        self.line.extend_from_slice(bytes);
+        true
     }
 
     fn end_line(&mut self, out: &mut Vec<SseEvent>) {
@@ -110,6 +181,7 @@ impl SseParser {
         match field {
             "data" => {
                 self.data.push(value.to_string());
+                self.event_bytes += line.len();
                 self.pending = true;
             }
             "event" => {
@@ -123,6 +195,7 @@ impl SseParser {
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
         self.pending = false;
+        self.event_bytes = 0;
         let event = self.event.take();
         if self.data.is_empty() {
             return;
@@ -236,5 +309,65 @@ mod tests {
         let mut p = SseParser::new();
         assert!(p.feed(b"data: x\n").is_empty());
         assert!(p.has_pending());
+    }
+
+    #[test]
+    fn lines_and_events_over_the_limit_stop_the_parser() {
+        // (input, limit, events before the overflow, overflowed)
+        let cases: &[(&str, usize, &[&str], bool)] = &[
+            // a line of exactly the limit is fine, one byte more is not
+            ("data: 1234\n\n", 10, &["1234"], false),
+            ("data: 12345\n\n", 10, &[], true),
+            // an unterminated line overflows without waiting for its end
+            ("data: ok\n\ndata: 12345", 10, &["ok"], true),
+            // comments count too: the line is buffered before it is known to be one
+            (": a long comment\ndata: x\n\n", 10, &[], true),
+            // an event's data lines count together
+            ("data: a\ndata: b\n\n", 14, &["a\nb"], false),
+            ("data: a\ndata: b\ndata: c\n\n", 14, &[], true),
+            // a blank line starts the count again
+            (
+                "data: a\n\ndata: b\n\ndata: c\n\n",
+                7,
+                &["a", "b", "c"],
+                false,
+            ),
+            // terminators are not counted
+            ("data: 1234\r\n\r\n", 10, &["1234"], false),
+        ];
+        for &(input, limit, want, overflowed) in cases {
+            let whole = SseParser::with_max_event_bytes(limit).feed(input.as_bytes());
+            let mut p = SseParser::with_max_event_bytes(limit);
+            let split: Vec<SseEvent> = input
+                .as_bytes()
+                .iter()
+                .flat_map(|b| p.feed(std::slice::from_ref(b)))
+                .collect();
+            for got in [&whole, &split] {
+                let got: Vec<&str> = got.iter().map(|e| e.data.as_str()).collect();
+                assert_eq!(&got, want, "input {input:?} limit {limit}");
+            }
+            assert_eq!(p.overflow(), overflowed.then_some(limit), "{input:?}");
+            if overflowed {
+                assert!(p.has_pending());
+                assert!(p.feed(b"\n\ndata: more\n\n").is_empty(), "stays stopped");
+            }
+        }
+    }
+
+    #[test]
+    fn an_endless_line_holds_at_most_the_limit() {
+        let mut p = SseParser::with_max_event_bytes(1 << 16);
+        let chunk = vec![b'a'; 4096];
+        assert!(p.feed(b"data: ").is_empty());
+        let mut fed = 0usize;
+        while p.overflow().is_none() {
+            assert!(p.feed(&chunk).is_empty());
+            fed += chunk.len();
+            assert!(p.line.capacity() <= 2 << 16, "{}", p.line.capacity());
+            assert!(fed <= 1 << 17, "never stopped");
+        }
+        assert_eq!(p.line.capacity(), 0, "the buffer is freed");
+        assert_eq!(SseParser::new().max_event_bytes, DEFAULT_MAX_EVENT_BYTES);
     }
 }

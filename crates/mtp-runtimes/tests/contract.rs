@@ -59,6 +59,8 @@ async fn collect(
 
 // ---------------------------------------------------------------- llama-server
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_mtp.json and chat.json: shapes from llama.cpp's source, numbers made up.
 #[tokio::test]
 async fn llama_server_chat_reports_draft_counts_from_timings() {
     let m = Mock::start(vec![
@@ -133,6 +135,9 @@ async fn llama_server_chat_reports_draft_counts_from_timings() {
     assert!(p.speculation_status().lane_loaded);
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_none.json and chat_no_draft.json: shapes from llama.cpp's source, numbers
+/// made up.
 #[tokio::test]
 async fn llama_server_without_lane_says_server_side_with_launch_flag() {
     let m = Mock::start(vec![
@@ -164,6 +169,9 @@ async fn llama_server_without_lane_says_server_side_with_launch_flag() {
     assert_eq!(st.reason, Some(Reason::ServerSide));
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_*.json and chat.json, vllm/metrics_no_spec.txt, ollama/chat.json (numbers
+/// made up) and lmstudio/chat_plain.json (LM Studio's documented example).
 #[tokio::test]
 async fn require_acceleration_fails_before_generating_when_no_lane_is_shown() {
     // (provider, routes, reason)
@@ -237,6 +245,9 @@ async fn require_acceleration_fails_before_generating_when_no_lane_is_shown() {
     assert!(p.generate(req()).await.unwrap().metadata.speculation.used);
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_mtp.json, and chat_stream.sse, whose last two chunks are a published b9251
+/// capture and whose deltas are made up.
 #[tokio::test]
 async fn llama_server_stream_split_anywhere_yields_deltas_then_report() {
     for piece in [1, 7, 64, 100_000] {
@@ -275,6 +286,9 @@ async fn llama_server_stream_split_anywhere_yields_deltas_then_report() {
     }
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_mtp.json and completion_native.{json,sse}: shapes from the server README,
+/// numbers made up.
 #[tokio::test]
 async fn llama_server_native_completion_returns_token_ids() {
     let m = Mock::start(vec![
@@ -334,6 +348,8 @@ async fn llama_server_native_completion_returns_token_ids() {
     assert!(done.metadata.speculation.used);
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/metrics_*.txt and vllm/chat.json: names from the sources, numbers made up.
 #[tokio::test]
 async fn llama_server_metrics_deltas_when_the_response_has_no_counts() {
     let m = Mock::start(vec![
@@ -362,6 +378,8 @@ async fn llama_server_metrics_deltas_when_the_response_has_no_counts() {
     assert!(s.message.as_deref().unwrap().contains("approximate"));
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_mtp.json, chat.json and chat_no_draft.json: numbers made up.
 #[tokio::test]
 async fn request_pinned_off_asks_llama_server_for_depth_zero() {
     let m = Mock::start(vec![
@@ -404,6 +422,10 @@ async fn request_pinned_off_asks_llama_server_for_depth_zero() {
 
 // ---------------------------------------------------------------- LM Studio
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md): chat_plain.json
+/// is LM Studio's documented example; chat_stats.json has made-up draft counts (48 / 36);
+/// chat_usage.json's counts (492 / 176) are from a published server log; chat_stream.sse's (40 /
+/// 30) from a client's mock stream, not from LM Studio.
 #[tokio::test]
 async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
     // (fixture, drafted, accepted)
@@ -473,6 +495,9 @@ async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
 
 // ---------------------------------------------------------------- vLLM
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// vllm/chat_spec_metrics.json and chat_stream.sse (the counts are the example of vLLM PR #48915,
+/// `usage` a user's capture) and metrics_before.txt (made up).
 #[tokio::test]
 async fn vllm_per_request_metrics_give_exact_positions() {
     let m = Mock::start(vec![
@@ -511,6 +536,9 @@ async fn vllm_per_request_metrics_give_exact_positions() {
     }
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// vllm/metrics_before.txt, metrics_after.txt (metric names from vLLM's source, values made up) and
+/// chat.json.
 #[tokio::test]
 async fn vllm_metrics_deltas_are_marked_approximate() {
     let m = Mock::start(vec![
@@ -548,6 +576,8 @@ async fn vllm_metrics_deltas_are_marked_approximate() {
     );
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// vllm/metrics_no_spec.txt and chat.json: names from vLLM's source, numbers made up.
 #[tokio::test]
 async fn vllm_without_spec_counters_names_speculative_config() {
     let m = Mock::start(vec![
@@ -592,6 +622,8 @@ async fn vllm_without_spec_counters_names_speculative_config() {
 
 // ---------------------------------------------------------------- Ollama
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// ollama/chat.json and chat_stream.sse: Ollama's OpenAI field set, texts and numbers made up.
 #[tokio::test]
 async fn ollama_is_runtime_unsupported() {
     let m = Mock::start(vec![(
@@ -624,6 +656,9 @@ async fn ollama_is_runtime_unsupported() {
 
 // ---------------------------------------------------------------- faults
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/error_500.json, vllm/error_400.json (shapes from the sources, texts shortened or
+/// made up) and ollama/error_404.json (the shape users' logs show).
 #[tokio::test]
 async fn http_errors_carry_status_and_the_servers_message() {
     // (provider, path, status, body, message must contain)
@@ -864,6 +899,8 @@ async fn dropping_the_stream_closes_the_connection() {
     );
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// ollama/chat.json: numbers made up.
 #[tokio::test]
 async fn json_answer_to_a_stream_request_is_delta_then_done() {
     let m = Mock::start(vec![(
@@ -878,6 +915,8 @@ async fn json_answer_to_a_stream_request_is_delta_then_done() {
     assert_eq!(done.unwrap().content, text);
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// ollama/chat.json: numbers made up.
 #[tokio::test]
 async fn unload_and_bad_requests() {
     let m = Mock::start(vec![(
@@ -925,6 +964,8 @@ async fn unload_and_bad_requests() {
     assert!(!format!("{concrete:?}").contains("sk-very-secret"));
 }
 
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// llama_server/props_mtp.json: shape from llama.cpp's source.
 #[tokio::test]
 async fn probe_reads_props() {
     let m = Mock::start(vec![(

@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod builtin;
 #[cfg(feature = "cli")]

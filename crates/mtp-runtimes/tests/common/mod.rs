@@ -34,6 +34,9 @@ pub struct Reply {
     pub body: Vec<u8>,
     /// Serve the body in pieces of this many bytes (to split SSE events anywhere).
     pub piece: Option<usize>,
+    /// After `body`, this chunk again and again: `count` times, or forever when `None`.
+    /// Made lazily, so the server holds one chunk however much it sends.
+    pub repeat: Option<(Bytes, Option<usize>)>,
 }
 
 impl Reply {
@@ -43,6 +46,7 @@ impl Reply {
             content_type: "application/json",
             body: fixture(rel),
             piece: None,
+            repeat: None,
         }
     }
     pub fn sse(rel: &str, piece: usize) -> Reply {
@@ -51,6 +55,7 @@ impl Reply {
             content_type: "text/event-stream",
             body: fixture(rel),
             piece: Some(piece),
+            repeat: None,
         }
     }
     pub fn text(rel: &str) -> Reply {
@@ -59,6 +64,7 @@ impl Reply {
             content_type: "text/plain; version=0.0.4",
             body: fixture(rel),
             piece: None,
+            repeat: None,
         }
     }
     pub fn status(status: u16, content_type: &'static str, body: &[u8]) -> Reply {
@@ -67,6 +73,24 @@ impl Reply {
             content_type,
             body: body.to_vec(),
             piece: None,
+            repeat: None,
+        }
+    }
+    /// `head`, then `chunk` repeated `count` times (forever when `None`), streamed without a
+    /// length: a body as long as a test needs that the server never holds whole.
+    pub fn endless(
+        status: u16,
+        content_type: &'static str,
+        head: &[u8],
+        chunk: Vec<u8>,
+        count: Option<usize>,
+    ) -> Reply {
+        Reply {
+            status,
+            content_type,
+            body: head.to_vec(),
+            piece: None,
+            repeat: Some((Bytes::from(chunk), count)),
         }
     }
 }
@@ -165,13 +189,20 @@ async fn handle(
             ))
             .expect("response");
     };
-    let body = match r.piece {
-        Some(n) => {
+    let body = match (r.piece, r.repeat) {
+        (_, Some((chunk, count))) => {
+            use futures::StreamExt;
+            // `Bytes` clones share one buffer: the server holds one chunk
+            let head = futures::stream::once(async move { Bytes::from(r.body) });
+            let tail = futures::stream::repeat(chunk).take(count.unwrap_or(usize::MAX));
+            Body::from_stream(head.chain(tail).map(Ok::<_, Infallible>))
+        }
+        (Some(n), None) => {
             let pieces: Vec<Result<Vec<u8>, Infallible>> =
                 r.body.chunks(n.max(1)).map(|c| Ok(c.to_vec())).collect();
             Body::from_stream(futures::stream::iter(pieces))
         }
-        None => Body::from(r.body),
+        (None, None) => Body::from(r.body),
     };
     Response::builder()
         .status(StatusCode::from_u16(r.status).expect("status"))
