@@ -24,12 +24,17 @@
 //! written as `gpt2` BPE from `tokenizer.json` (tokens, token types, merges), with the special
 //! ids from `tokenizer_config.json`/`config.json` and the chat template.
 //!
+//! Memory: the converter streams. It reads every shard's header first, writes the GGUF header
+//! from the planned tensors, then reads, transforms and writes one tensor at a time (its bytes,
+//! their f32 widening, and the encoded output at most), so a real checkpoint converts in memory
+//! close to a few times its largest tensor, never the whole checkpoint.
+//!
 //! The file depends only on `std`, `serde_json`, `half` and `thiserror` so that tests in other
 //! crates can include it with `#[path]` and convert a checkpoint at test time.
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -134,20 +139,6 @@ pub enum Kv {
     ArrStr(Vec<String>),
 }
 
-/// A tensor ready to write: `dims` in ggml order (fastest-varying first, the reverse of the
-/// row-major shape), `data` already encoded as `ggml_type`.
-#[derive(Debug, Clone)]
-pub struct GgufTensor {
-    /// GGUF tensor name.
-    pub name: String,
-    /// ggml dimensions (`ne[0]` first).
-    pub dims: Vec<u64>,
-    /// ggml type tag: 0 = F32, 1 = F16.
-    pub ggml_type: u32,
-    /// Encoded little-endian data.
-    pub data: Vec<u8>,
-}
-
 fn put_str(w: &mut Vec<u8>, s: &str) {
     w.extend_from_slice(&(s.len() as u64).to_le_bytes());
     w.extend_from_slice(s.as_bytes());
@@ -203,11 +194,28 @@ fn pad_to(len: usize) -> usize {
     len.div_ceil(ALIGNMENT) * ALIGNMENT - len
 }
 
-/// Writes a GGUF v3 file (little-endian, 32-byte alignment). Returns the bytes written.
-pub fn write_gguf(
+/// A tensor's entry in the GGUF header: its data is written later, by [`write_gguf_streamed`]'s
+/// `fill`, and must be exactly `bytes` long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// GGUF tensor name.
+    pub name: String,
+    /// ggml dimensions (`ne[0]` first).
+    pub dims: Vec<u64>,
+    /// ggml type tag: 0 = F32, 1 = F16.
+    pub ggml_type: u32,
+    /// Encoded length in bytes.
+    pub bytes: u64,
+}
+
+/// Writes a GGUF v3 file (little-endian, 32-byte alignment): the header from `entries`, then
+/// each tensor's data, which `fill(i, writer)` writes for entry `i` (checked against its
+/// `bytes`). Returns the bytes written.
+pub fn write_gguf_streamed(
     path: &Path,
     kvs: &[(String, Kv)],
-    tensors: &[GgufTensor],
+    entries: &[TensorEntry],
+    mut fill: impl FnMut(usize, &mut dyn Write) -> Result<(), ConvertError>,
 ) -> Result<u64, ConvertError> {
     let io = |source| ConvertError::Io {
         path: path.to_path_buf(),
@@ -216,21 +224,21 @@ pub fn write_gguf(
     let mut head = Vec::new();
     head.extend_from_slice(GGUF_MAGIC);
     head.extend_from_slice(&GGUF_VERSION.to_le_bytes());
-    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(entries.len() as u64).to_le_bytes());
     head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
     for (k, v) in kvs {
         put_kv(&mut head, k, v);
     }
-    let mut offset = 0usize;
-    for t in tensors {
+    let mut offset = 0u64;
+    for t in entries {
         put_str(&mut head, &t.name);
         head.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
         for d in &t.dims {
             head.extend_from_slice(&d.to_le_bytes());
         }
         head.extend_from_slice(&t.ggml_type.to_le_bytes());
-        head.extend_from_slice(&(offset as u64).to_le_bytes());
-        offset += t.data.len() + pad_to(t.data.len());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offset += t.bytes + pad_to(t.bytes as usize) as u64;
     }
     head.resize(head.len() + pad_to(head.len()), 0);
 
@@ -238,14 +246,39 @@ pub fn write_gguf(
     let mut w = BufWriter::new(file);
     w.write_all(&head).map_err(io)?;
     let mut written = head.len() as u64;
-    for t in tensors {
-        w.write_all(&t.data).map_err(io)?;
-        let pad = pad_to(t.data.len());
-        w.write_all(&vec![0u8; pad]).map_err(io)?;
-        written += (t.data.len() + pad) as u64;
+    for (i, t) in entries.iter().enumerate() {
+        let mut counted = Counted { w: &mut w, n: 0 };
+        fill(i, &mut counted)?;
+        if counted.n != t.bytes {
+            return Err(unsupported(format!(
+                "{}: wrote {} bytes of data, the header says {}",
+                t.name, counted.n, t.bytes
+            )));
+        }
+        let pad = pad_to(t.bytes as usize);
+        w.write_all(&[0u8; ALIGNMENT][..pad]).map_err(io)?;
+        written += t.bytes + pad as u64;
     }
     w.flush().map_err(io)?;
     Ok(written)
+}
+
+/// A writer that counts what goes through it.
+struct Counted<'a, W: Write> {
+    w: &'a mut W,
+    n: u64,
+}
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,79 +307,127 @@ fn unsupported(msg: impl Into<String>) -> ConvertError {
     ConvertError::Unsupported(msg.into())
 }
 
-/// Reads every tensor of one `.safetensors` file as f32.
-fn read_safetensors(path: &Path, out: &mut Vec<(String, Tensor)>) -> Result<(), ConvertError> {
-    let bytes = fs::read(path).map_err(|source| ConvertError::Io {
+/// The largest safetensors JSON header read (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// One tensor of a checkpoint, located in its shard; nothing of its data read yet.
+#[derive(Debug, Clone)]
+struct Stored {
+    /// Checkpoint name.
+    name: String,
+    /// The shard holding it.
+    path: PathBuf,
+    /// Bytes per value and the widening to f32.
+    width: usize,
+    conv: fn(&[u8]) -> f32,
+    /// Row-major shape.
+    shape: Vec<usize>,
+    /// Absolute offset of its data in the shard.
+    start: u64,
+    /// Length of its data.
+    len: usize,
+}
+
+/// The tensors of one `.safetensors` file, from its header only (every offset checked against
+/// the file's length).
+fn read_header(path: &Path) -> Result<Vec<Stored>, ConvertError> {
+    let io = |source| ConvertError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
     let bad = |m: &str| unsupported(format!("{}: {m}", path.display()));
-    let n = bytes
-        .get(..8)
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes)
-        .ok_or_else(|| bad("shorter than a safetensors header"))?;
-    let n = usize::try_from(n).map_err(|_| bad("header length overflows"))?;
-    let header_end = 8usize
-        .checked_add(n)
-        .ok_or_else(|| bad("header length overflows"))?;
-    let header = bytes
-        .get(8..header_end)
-        .ok_or_else(|| bad("header runs past the end of the file"))?;
+    let mut file = fs::File::open(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    let mut len8 = [0u8; 8];
+    file.read_exact(&mut len8)
+        .map_err(|_| bad("shorter than a safetensors header"))?;
+    let n = u64::from_le_bytes(len8);
+    if n > MAX_HEADER_BYTES || n > file_len - 8 {
+        return Err(bad(&format!(
+            "a header of {n} bytes in a file of {file_len} bytes"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header).map_err(io)?;
     let header: serde_json::Map<String, Value> =
-        serde_json::from_slice(header).map_err(|source| ConvertError::Json {
+        serde_json::from_slice(&header).map_err(|source| ConvertError::Json {
             path: path.to_path_buf(),
             source,
         })?;
-    let data = &bytes[header_end..];
+    let data_start = 8 + n;
+    let data_len = file_len - data_start;
+    let mut out = Vec::new();
     for (name, info) in header {
         if name == "__metadata__" {
             continue;
         }
         let dtype = info["dtype"]
             .as_str()
-            .ok_or_else(|| bad("tensor without dtype"))?;
+            .ok_or_else(|| bad(&format!("{name}: no dtype")))?;
         let shape: Vec<usize> = info["shape"]
             .as_array()
-            .ok_or_else(|| bad("tensor without shape"))?
+            .ok_or_else(|| bad(&format!("{name}: no shape")))?
             .iter()
             .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
             .collect::<Option<_>>()
-            .ok_or_else(|| bad("bad shape"))?;
-        let offs = info["data_offsets"]
+            .ok_or_else(|| bad(&format!("{name}: bad shape")))?;
+        let (a, b) = info["data_offsets"]
             .as_array()
             .filter(|a| a.len() == 2)
-            .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
-            .ok_or_else(|| bad("bad data_offsets"))?;
-        let raw = data
-            .get(offs.0..offs.1)
-            .ok_or_else(|| bad(&format!("{name}: data outside the file")))?;
-        let count: usize = shape.iter().product();
+            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
+            .filter(|(a, b)| a <= b && *b <= data_len)
+            .ok_or_else(|| bad(&format!("{name}: data_offsets outside the file")))?;
         let (width, conv): (usize, fn(&[u8]) -> f32) = match dtype {
             "F32" => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             "F16" => (2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
             "BF16" => (2, |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
             other => return Err(bad(&format!("{name}: dtype {other} is not supported"))),
         };
-        if raw.len() != count * width {
+        let want = shape
+            .iter()
+            .try_fold(width, |acc, &d| acc.checked_mul(d))
+            .filter(|&w| w as u64 == b - a);
+        let Some(len) = want else {
             return Err(bad(&format!(
-                "{name}: {} bytes for shape {shape:?}",
-                raw.len()
+                "{name}: {} bytes for {dtype} shape {shape:?}",
+                b - a
             )));
-        }
-        let values = raw.chunks_exact(width).map(conv).collect();
-        out.push((
+        };
+        out.push(Stored {
             name,
-            Tensor {
-                shape,
-                data: values,
-            },
-        ));
+            path: path.to_path_buf(),
+            width,
+            conv,
+            shape,
+            start: data_start + a,
+            len,
+        });
     }
-    Ok(())
+    Ok(out)
 }
 
-fn read_checkpoint(dir: &Path) -> Result<Vec<(String, Tensor)>, ConvertError> {
+/// Reads one tensor's data as f32 (through `files`, the shards opened so far).
+fn load(st: &Stored, files: &mut HashMap<PathBuf, fs::File>) -> Result<Tensor, ConvertError> {
+    let io = |source| ConvertError::Io {
+        path: st.path.clone(),
+        source,
+    };
+    if !files.contains_key(&st.path) {
+        files.insert(st.path.clone(), fs::File::open(&st.path).map_err(io)?);
+    }
+    let file = files.get_mut(&st.path).expect("inserted above");
+    file.seek(SeekFrom::Start(st.start)).map_err(io)?;
+    let mut raw = vec![0u8; st.len];
+    file.read_exact(&mut raw).map_err(io)?;
+    let data = raw.chunks_exact(st.width).map(st.conv).collect();
+    Ok(Tensor {
+        shape: st.shape.clone(),
+        data,
+    })
+}
+
+/// Every tensor of the checkpoint (one file, or the shards its index names), by name.
+fn read_checkpoint(dir: &Path) -> Result<Vec<Stored>, ConvertError> {
     let index = dir.join("model.safetensors.index.json");
     let mut files: Vec<PathBuf> = Vec::new();
     if index.is_file() {
@@ -365,9 +446,9 @@ fn read_checkpoint(dir: &Path) -> Result<Vec<(String, Tensor)>, ConvertError> {
     }
     let mut out = Vec::new();
     for f in &files {
-        read_safetensors(f, &mut out)?;
+        out.extend(read_header(f)?);
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
@@ -636,33 +717,51 @@ fn transform(name: &str, t: &mut Tensor, lin: &LinearDims) -> Result<String, Con
     Ok(name)
 }
 
-fn encode(name: &str, t: &Tensor, out: OutType) -> GgufTensor {
-    let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
-    let keep_f32 = t.shape.len() <= 1
+/// The ggml type a tensor is written as, and its bytes per value: F16 for matrices when asked,
+/// F32 for norms, 1-D tensors, `ssm_conv1d` and non-weights.
+fn ggml_type(name: &str, shape: &[usize], out: OutType) -> (u32, usize) {
+    let keep_f32 = shape.len() <= 1
         || name.ends_with("_norm.weight")
         || name.contains("ssm_conv1d")
         || !name.ends_with(".weight");
     if out == OutType::F16 && !keep_f32 {
-        let data = t
-            .data
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect();
-        GgufTensor {
-            name: name.to_string(),
-            dims,
-            ggml_type: 1,
-            data,
-        }
+        (1, 2)
     } else {
-        let data = t.data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        GgufTensor {
-            name: name.to_string(),
-            dims,
-            ggml_type: 0,
-            data,
-        }
+        (0, 4)
     }
+}
+
+/// Writes `t` encoded as `ggml_type` (0 = F32, 1 = F16), a block at a time.
+fn encode_into(t: &Tensor, ggml_type: u32, w: &mut dyn Write) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1 << 16);
+    for block in t.data.chunks(1 << 14) {
+        buf.clear();
+        if ggml_type == 1 {
+            buf.extend(
+                block
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes()),
+            );
+        } else {
+            buf.extend(block.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        w.write_all(&buf)?;
+    }
+    Ok(())
+}
+
+/// The name and shape [`transform`] gives a tensor, without its data: the header is written
+/// before any tensor is read.
+fn planned(name: &str, shape: &[usize]) -> (String, Vec<usize>) {
+    let mut shape = shape.to_vec();
+    if name.contains("conv1d") {
+        shape.retain(|&d| d != 1);
+    }
+    let name = match name.strip_suffix(".dt_bias") {
+        Some(base) => format!("{base}.dt_proj.bias"),
+        None => name.to_string(),
+    };
+    (name, shape)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -882,19 +981,32 @@ pub fn convert(
         ));
     }
 
-    let mut tensors = Vec::new();
+    // the plan: every tensor's GGUF entry, from the headers alone
+    let mut plan: Vec<(Stored, String, TensorEntry)> = Vec::new();
     let mut n_mtp = 0usize;
-    for (hf_name, mut t) in read_checkpoint(dir)? {
-        let Some((name, mtp_idx)) = filter_name(&hf_name, n_layer, opts.no_mtp)? else {
+    for stored in read_checkpoint(dir)? {
+        let Some((name, mtp_idx)) = filter_name(&stored.name, n_layer, opts.no_mtp)? else {
             continue;
         };
         if let Some(i) = mtp_idx {
             n_mtp = n_mtp.max(i + 1);
         }
-        let name = transform(&name, &mut t, &lin)?;
-        let gguf_name = map_name(&name)
-            .ok_or_else(|| unsupported(format!("cannot map tensor `{hf_name}` (as `{name}`)")))?;
-        tensors.push(encode(&gguf_name, &t, opts.out_type));
+        let (renamed, shape) = planned(&name, &stored.shape);
+        let gguf_name = map_name(&renamed).ok_or_else(|| {
+            unsupported(format!(
+                "cannot map tensor `{}` (as `{renamed}`)",
+                stored.name
+            ))
+        })?;
+        let (ty, width) = ggml_type(&gguf_name, &shape, opts.out_type);
+        let count: usize = shape.iter().product();
+        let entry = TensorEntry {
+            dims: shape.iter().rev().map(|&d| d as u64).collect(),
+            name: gguf_name,
+            ggml_type: ty,
+            bytes: (count * width) as u64,
+        };
+        plan.push((stored, name, entry));
     }
     if let Some(declared) = hp.opt_usize("mtp_num_hidden_layers") {
         if !opts.no_mtp && declared != n_mtp {
@@ -1043,9 +1155,25 @@ pub fn convert(
     let (tok_kvs, vocab) = tokenizer_kvs(dir, &hp, opts)?;
     kvs.extend(tok_kvs);
 
-    let bytes = write_gguf(out, &kvs, &tensors)?;
+    let entries: Vec<TensorEntry> = plan.iter().map(|(_, _, e)| e.clone()).collect();
+    let mut shards = HashMap::new();
+    let bytes = write_gguf_streamed(out, &kvs, &entries, |i, w| {
+        let (stored, name, entry) = &plan[i];
+        let mut t = load(stored, &mut shards)?;
+        let renamed = transform(name, &mut t, &lin)?;
+        if (renamed.clone(), t.shape.clone()) != planned(name, &stored.shape) {
+            return Err(unsupported(format!(
+                "{}: transformed to `{renamed}` {:?}, not as planned",
+                stored.name, t.shape
+            )));
+        }
+        encode_into(&t, entry.ggml_type, w).map_err(|source| ConvertError::Io {
+            path: out.to_path_buf(),
+            source,
+        })
+    })?;
     Ok(ConvertSummary {
-        tensors: tensors.len(),
+        tensors: entries.len(),
         n_layer,
         nextn_layers: n_mtp,
         vocab,
@@ -1056,6 +1184,71 @@ pub fn convert(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard's header is checked against the file before anything is read: offsets past the
+    /// end, a length that does not fit the shape, or an absurd header length are errors that
+    /// name the file and tensor; a good one reads back exactly.
+    #[test]
+    fn shard_headers_are_checked_against_the_file() {
+        let dir = std::env::temp_dir().join(format!("mtp-convert-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, header: &str, data: &[u8], claimed: Option<u64>| {
+            let mut b = claimed
+                .unwrap_or(header.len() as u64)
+                .to_le_bytes()
+                .to_vec();
+            b.extend(header.as_bytes());
+            b.extend(data);
+            let p = dir.join(name);
+            fs::write(&p, b).unwrap();
+            p
+        };
+        let data: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let good = write(
+            "good.safetensors",
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            &data,
+            None,
+        );
+        let stored = read_header(&good).unwrap();
+        let t = load(&stored[0], &mut HashMap::new()).unwrap();
+        assert_eq!((t.shape, t.data), (vec![2], vec![1.5, -2.0]));
+        for (name, header, claimed, want) in [
+            (
+                "past.safetensors",
+                r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+                None,
+                "w: data_offsets outside the file",
+            ),
+            (
+                "shape.safetensors",
+                r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+                None,
+                "w: 8 bytes for F32 shape [3]",
+            ),
+            (
+                "huge.safetensors",
+                r#"{"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}}"#,
+                None,
+                "w: 8 bytes",
+            ),
+            ("len.safetensors", "{}", Some(u64::MAX), "a header of"),
+            (
+                "dtype.safetensors",
+                r#"{"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#,
+                None,
+                "dtype I64",
+            ),
+        ] {
+            let p = write(name, header, &data, claimed);
+            let err = read_header(&p).unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains(want), "{name}: {err}");
+        }
+        fs::remove_dir_all(&dir).ok();
+    }
 
     fn t(shape: &[usize]) -> Tensor {
         let n = shape.iter().product();

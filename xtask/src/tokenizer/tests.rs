@@ -8,7 +8,7 @@ use tokenizers::normalizers::NFC;
 use tokenizers::{NormalizedString, Normalizer, Tokenizer};
 
 use super::*;
-use crate::gguf::convert::{write_gguf, Kv};
+use crate::gguf::convert::{write_gguf_streamed, Kv};
 
 /// A scratch directory for one test, removed when dropped.
 struct Scratch(PathBuf);
@@ -24,7 +24,7 @@ impl Scratch {
     /// Writes a vocabulary-only GGUF with `kvs` and returns its path.
     fn gguf(&self, name: &str, kvs: &[(String, Kv)]) -> PathBuf {
         let path = self.0.join(name);
-        write_gguf(&path, kvs, &[]).expect("writing a test GGUF");
+        write_gguf_streamed(&path, kvs, &[], |_, _| Ok(())).expect("writing a test GGUF");
         path
     }
 }
