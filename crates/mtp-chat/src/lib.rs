@@ -50,4 +50,6 @@ pub use conversation::{
     conversation, template_message, ChatError, Prompt, ReasoningStart, ReplyText,
 };
 pub use stream::{ReasoningParser, Split, StopScanner, ThinkTags};
-pub use template::{normalize_messages, ChatTemplate, Clock, RenderInput, TemplateError};
+pub use template::{
+    normalize_messages, ChatTemplate, Clock, RenderInput, TemplateError, MAX_RENDERED_BYTES,
+};

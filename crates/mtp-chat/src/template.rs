@@ -34,6 +34,34 @@ fn fuel_budget(input: &RenderInput, input_bytes: usize) -> u64 {
     1_000_000 + 100_000 * items as u64 + 4 * input_bytes as u64
 }
 
+/// The most one render may write: a million-token context is about 4 MiB of text, so a
+/// template that writes more is broken or hostile (a loop of `"x" * 99999999`). Together with
+/// the fuel budget this bounds a render's output; a single value is bounded by minijinja itself
+/// (a repeated string at 100 MB).
+pub const MAX_RENDERED_BYTES: usize = 32 << 20;
+
+/// The render's output, refusing to grow past `cap`.
+struct Capped {
+    out: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len().saturating_add(buf.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is over the cap"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// What `strftime_now` reads: the local clock, or a fixed instant (tests and goldens).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Clock {
@@ -121,7 +149,8 @@ fn rewrite_generation_tags(src: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // the closing `%}` comes after the opening `{%` (in `{%}` they overlap)
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -453,8 +482,33 @@ impl ChatTemplate {
         let tmpl = env
             .get_template(NAME)
             .map_err(|e| Self::syntax_error(&self.name, &self.source, &e))?;
-        tmpl.render(ctx)
-            .map_err(|e| Self::render_error(&self.name, &self.source, &e))
+        let mut out = Capped {
+            out: Vec::new(),
+            cap: MAX_RENDERED_BYTES,
+            over: false,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => {}
+            Err(_) if out.over => {
+                return Err(TemplateError::Render {
+                    name: self.name.clone(),
+                    line: None,
+                    construct: None,
+                    message: format!(
+                        "the rendered prompt went over {} MiB (far more than any model's \
+                         context holds); the template is broken or hostile",
+                        MAX_RENDERED_BYTES >> 20
+                    ),
+                });
+            }
+            Err(e) => return Err(Self::render_error(&self.name, &self.source, &e)),
+        }
+        String::from_utf8(out.out).map_err(|_| TemplateError::Render {
+            name: self.name.clone(),
+            line: None,
+            construct: None,
+            message: "the rendered prompt is not UTF-8".into(),
+        })
     }
 
     fn located(source: &str, e: &Error) -> (Option<usize>, Option<String>) {
@@ -519,5 +573,47 @@ mod tests {
             rewrite_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"),
             "a{%- if true -%}b{% endif %}c{% if x %}"
         );
+        // malformed tags pass through unchanged for the parser to report (found by
+        // `cargo xtask fuzz`: `{%}` once sliced its own opening backwards)
+        for src in [
+            "{%}",
+            "{%}%}",
+            "{%-%}",
+            "{%--%}",
+            "{%",
+            "x{%}{% generation %}",
+        ] {
+            let out = rewrite_generation_tags(src);
+            assert!(out.starts_with(&src[..src.len().min(3)]), "{src} -> {out}");
+        }
+        assert!(ChatTemplate::new("{%}", "t").is_err());
+    }
+
+    /// A template that writes without end stops with a typed error: the fuel budget (charged
+    /// per byte made) or, for a long conversation's larger budget, the output cap.
+    #[test]
+    fn output_is_capped() {
+        let one = RenderInput::new(vec![serde_json::json!({"role": "user", "content": "hi"})]);
+        let t = ChatTemplate::new("{{ 'x' * 99999999 }}", "t").unwrap();
+        let err = t.render(&one).unwrap_err().to_string();
+        assert!(err.contains("out of fuel"), "{err}");
+        let many = RenderInput::new(vec![
+            serde_json::json!({"role": "user", "content": "hi"});
+            500
+        ]);
+        let t = ChatTemplate::new(
+            "{% for i in range(40) %}{{ 'x' * 1048576 }}{% endfor %}",
+            "t",
+        )
+        .unwrap();
+        let err = t.render(&many).unwrap_err().to_string();
+        assert!(err.contains("went over 32 MiB"), "{err}");
+        // just under the cap renders
+        let t = ChatTemplate::new(
+            "{% for i in range(31) %}{{ 'x' * 1048576 }}{% endfor %}",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(t.render(&many).unwrap().len(), 31 << 20);
     }
 }
