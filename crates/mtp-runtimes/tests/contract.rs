@@ -170,8 +170,11 @@ async fn llama_server_without_lane_says_server_side_with_launch_flag() {
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// llama_server/props_*.json and chat.json, vllm/metrics_no_spec.txt, ollama/chat.json (numbers
-/// made up) and lmstudio/chat_plain.json (LM Studio's documented example).
+/// llama_server/props_*.json and chat.json (numbers made up); vllm/metrics_no_spec.txt (the
+/// example `/metrics` output in vLLM's docs/design/metrics.md: 8 running, 27453 generation
+/// tokens); ollama/chat.json (the example reply and counts of Ollama's docs/api/usage.mdx);
+/// lmstudio/chat_plain.json (LM Studio's documented `/api/v0/chat/completions` example). Only
+/// the refusal is checked, so none of their numbers is asserted here.
 #[tokio::test]
 async fn require_acceleration_fails_before_generating_when_no_lane_is_shown() {
     // (provider, routes, reason)
@@ -349,7 +352,9 @@ async fn llama_server_native_completion_returns_token_ids() {
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// llama_server/metrics_*.txt and vllm/chat.json: names from the sources, numbers made up.
+/// llama_server/metrics_*.txt (names from llama.cpp's source, numbers made up: 36 / 27 / 12 are
+/// ours) and vllm/chat.json (a reply without draft counts; its usage and timing figures are the
+/// example of vLLM's docs/features/per_request_metrics.md and are not asserted here).
 #[tokio::test]
 async fn llama_server_metrics_deltas_when_the_response_has_no_counts() {
     let m = Mock::start(vec![
@@ -422,15 +427,24 @@ async fn request_pinned_off_asks_llama_server_for_depth_zero() {
 
 // ---------------------------------------------------------------- LM Studio
 
-/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md): chat_plain.json
-/// is LM Studio's documented example; chat_stats.json has made-up draft counts (48 / 36);
-/// chat_usage.json's counts (492 / 176) are from a published server log; chat_stream.sse's (40 /
-/// 30) from a client's mock stream, not from LM Studio.
+/// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
+/// - chat_plain.json is the response example of LM Studio's REST API docs (`POST
+///   /api/v0/chat/completions`), byte for byte: the 0.111 s to first token checked below is the
+///   docs' figure.
+/// - chat_stats.json is that same example with four draft counters added to `stats`: 35 total /
+///   31 accepted / 0 rejected / 4 ignored, the counts a live LM Studio `qwen3.5-9b-mtp` call (not
+///   the docs' request) returned, as quoted in dbrito1231/simulation `scripts/lms_load.py`. LM
+///   Studio's docs give the counter names (0.3.10 changelog) but no values.
+/// - chat_usage.json's counts (492 drafted / 176 accepted, in `usage`) are from a published LM
+///   Studio 0.4.24 server log.
+/// - chat_stream.sse is the docs' example reply cut into chunks by us (the split is ours), with the
+///   docs' usage (24 / 53 / 77) and the same observed counters (35 / 31) in the last chunk; where
+///   LM Studio puts draft counters in a stream is not documented.
 #[tokio::test]
 async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
     // (fixture, drafted, accepted)
     let cases = [
-        ("lmstudio/chat_stats.json", 48, 36),
+        ("lmstudio/chat_stats.json", 35, 31),
         ("lmstudio/chat_usage.json", 492, 176),
     ];
     for (fx, drafted, accepted) in cases {
@@ -478,14 +492,19 @@ async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
     let (text, done, err) = collect(&p, req().speculation(drafted)).await;
     assert_eq!(m.posts()[1].body["draft_model"], "qwen3.5-0.8b");
     assert!(err.is_none());
-    assert_eq!(text, "Hello.");
+    assert_eq!(
+        text,
+        "Greetings, I'm a helpful AI, here to assist,\nIn providing answers, with no distress.\n\
+         I'll keep it short and sweet, in rhyme you'll find,\nA friendly companion, all day long \
+         you'll bind."
+    );
     let done = done.unwrap();
     assert_eq!(
         (
             done.metadata.speculation.drafted,
             done.metadata.speculation.accepted
         ),
-        (Some(40), Some(30))
+        (Some(35), Some(31))
     );
     assert_eq!(
         done.metadata.speculation.drafter.as_deref(),
@@ -496,8 +515,11 @@ async fn lmstudio_reads_draft_counters_from_stats_or_usage() {
 // ---------------------------------------------------------------- vLLM
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// vllm/chat_spec_metrics.json and chat_stream.sse (the counts are the example of vLLM PR #48915,
-/// `usage` a user's capture) and metrics_before.txt (made up).
+/// vllm/chat_spec_metrics.json and chat_stream.sse: `metrics.speculative_decoding` is the example
+/// of vLLM's docs/features/speculative_decoding/acceptance_metrics.md (also in PR #48915), so 129
+/// drafted, 10 accepted, 43 steps, depth 3 and the histogram [39, 1, 0, 3] (hence 4 / 3 / 3 per
+/// position) are the docs'; `usage` (11742 prompt tokens) is a user's capture of that build
+/// (mostlygeek/llama-swap#1032). metrics_before.txt only shows the lane here.
 #[tokio::test]
 async fn vllm_per_request_metrics_give_exact_positions() {
     let m = Mock::start(vec![
@@ -537,8 +559,12 @@ async fn vllm_per_request_metrics_give_exact_positions() {
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// vllm/metrics_before.txt, metrics_after.txt (metric names from vLLM's source, values made up) and
-/// chat.json.
+/// vllm/metrics_before.txt, metrics_after.txt and chat.json. The counter names are vLLM's
+/// (`vllm/v1/spec_decode/metrics.py`); no vLLM document shows their values, so the two scrapes
+/// carry the documented per-request example (acceptance_metrics.md: 43 steps, 129 drafted, 10
+/// accepted, histogram [39, 1, 0, 3]) turned into counters by the docs' own mapping: the server
+/// has served that request once before the call and once more during it. The deltas checked
+/// below are therefore the docs' numbers; that the two requests draft alike is our assumption.
 #[tokio::test]
 async fn vllm_metrics_deltas_are_marked_approximate() {
     let m = Mock::start(vec![
@@ -565,9 +591,9 @@ async fn vllm_metrics_deltas_are_marked_approximate() {
     assert!(s.used);
     assert_eq!(
         (s.drafted, s.accepted, s.rounds),
-        (Some(30), Some(19), Some(10))
+        (Some(129), Some(10), Some(43))
     );
-    assert_eq!(s.accepted_per_position, Some(vec![8, 6, 5]));
+    assert_eq!(s.accepted_per_position, Some(vec![4, 3, 3]));
     assert_eq!(s.num_draft_tokens, Some(3));
     let msg = s.message.as_deref().unwrap();
     assert!(
@@ -577,7 +603,10 @@ async fn vllm_metrics_deltas_are_marked_approximate() {
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// vllm/metrics_no_spec.txt and chat.json: names from vLLM's source, numbers made up.
+/// vllm/metrics_no_spec.txt (the example `/metrics` output of vLLM's docs/design/metrics.md, which
+/// has no `spec_decode` counters) and chat.json (usage and timing from the example of
+/// docs/features/per_request_metrics.md). No number of theirs is asserted: the test checks what
+/// is missing.
 #[tokio::test]
 async fn vllm_without_spec_counters_names_speculative_config() {
     let m = Mock::start(vec![
@@ -623,7 +652,12 @@ async fn vllm_without_spec_counters_names_speculative_config() {
 // ---------------------------------------------------------------- Ollama
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// ollama/chat.json and chat_stream.sse: Ollama's OpenAI field set, texts and numbers made up.
+/// - ollama/chat.json: the reply "Hello! How can I help you today?" with 11 prompt and 18 output
+///   tokens is the example response of Ollama's docs/api/usage.mdx (an `/api/generate` call), put
+///   into the `/v1` shape the way `openai.ToChatCompletion` does; the id's number is ours.
+/// - ollama/chat_stream.sse: the frames Ollama's own test
+///   `TestChatWriter_StreamMetricsTrailerSkipsEmptyContentChunk` (middleware/openai_test.go)
+///   expects: content "Hi", a finish chunk with an empty delta, then usage 3 / 1 / 4.
 #[tokio::test]
 async fn ollama_is_runtime_unsupported() {
     let m = Mock::start(vec![(
@@ -636,7 +670,7 @@ async fn ollama_is_runtime_unsupported() {
     .await;
     let p = provider("ollama", "qwen3:8b", &opts(&m.base));
     let r = p.generate(req()).await.unwrap();
-    assert_eq!(r.content, "Hello! How can I help?");
+    assert_eq!(r.content, "Hello! How can I help you today?");
     let s = &r.metadata.speculation;
     assert!(!s.used);
     assert_eq!(s.reason, Some(Reason::RuntimeUnsupported));
@@ -646,8 +680,8 @@ async fn ollama_is_runtime_unsupported() {
         .unwrap()
         .contains("--spec-type draft-mtp"));
     let (text, done, _) = collect(&p, req()).await;
-    assert_eq!(text, "Hello!");
-    assert_eq!(done.unwrap().usage.output_tokens, 2);
+    assert_eq!(text, "Hi");
+    assert_eq!(done.unwrap().usage.output_tokens, 1);
     assert_eq!(
         p.speculation_status().reason,
         Some(Reason::RuntimeUnsupported)
@@ -657,8 +691,10 @@ async fn ollama_is_runtime_unsupported() {
 // ---------------------------------------------------------------- faults
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// llama_server/error_500.json, vllm/error_400.json (shapes from the sources, texts shortened or
-/// made up) and ollama/error_404.json (the shape users' logs show).
+/// llama_server/error_500.json (shape from llama.cpp's source, text made up); vllm/error_400.json
+/// (a vLLM 400 body published in andrewcho-dev/opsconductor-ng
+/// `vLLM_transition/TOKEN_LIMIT_FIX.md`: 4096-token context, 2778 input tokens, 8000 requested);
+/// ollama/error_404.json (the 404 body quoted in netease-youdao/QAnything#555, model "ollama").
 #[tokio::test]
 async fn http_errors_carry_status_and_the_servers_message() {
     // (provider, path, status, body, message must contain)
@@ -900,7 +936,7 @@ async fn dropping_the_stream_closes_the_connection() {
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// ollama/chat.json: numbers made up.
+/// ollama/chat.json: the example reply of Ollama's docs/api/usage.mdx in the `/v1` shape.
 #[tokio::test]
 async fn json_answer_to_a_stream_request_is_delta_then_done() {
     let m = Mock::start(vec![(
@@ -911,12 +947,13 @@ async fn json_answer_to_a_stream_request_is_delta_then_done() {
     let p = provider("ollama", "qwen3:8b", &opts(&m.base));
     let (text, done, err) = collect(&p, req()).await;
     assert!(err.is_none());
-    assert_eq!(text, "Hello! How can I help?");
+    assert_eq!(text, "Hello! How can I help you today?");
     assert_eq!(done.unwrap().content, text);
 }
 
 /// Transcribed fixtures (not recorded from a server, see tests/fixtures/README.md):
-/// ollama/chat.json: numbers made up.
+/// ollama/chat.json (Ollama's documented example reply); it is never served, as every call here
+/// is refused before it is sent.
 #[tokio::test]
 async fn unload_and_bad_requests() {
     let m = Mock::start(vec![(
