@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 
 mod bench;
 mod fixtures;
+mod fuzz;
 mod gguf;
 mod llama;
 mod probe;
@@ -24,6 +25,8 @@ commands:
   probe <repo-or-path> [--json]   print the MTP detection report for an artifact
   fixtures [options]              write random-weight Qwen3.5 checkpoints (HF layout);
                                   --real-vocab: the tiny one at a real Qwen vocabulary
+  fuzz [--seconds N] [--target NAME]
+                                  fuzz every parser of outside input (release build)
   gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
   tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] [--qwen3-special-tokens]
                                   write tokenizer.json (+ tokenizer_config.json) from a GGUF vocabulary
@@ -46,6 +49,7 @@ fn main() -> Result<()> {
         }
         "bench" => bench::run(rest),
         "fixtures" => fixtures::run(rest),
+        "fuzz" => fuzz::run(rest),
         "gguf" => gguf::run(rest),
         "probe" => probe::run(rest),
         "setup" => setup::run(rest),

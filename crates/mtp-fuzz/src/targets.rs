@@ -1,0 +1,518 @@
+//! The targets: each parser that reads outside input, its seeds and dictionary, and what it
+//! may allocate. Seeds are built here (GGUF, safetensors, the speculation block) or read from
+//! the repository's fixtures (72 published chat templates and their test conversations,
+//! recorded server streams and `/metrics` pages).
+
+use std::path::{Path, PathBuf};
+
+use mtp_chat::{ChatTemplate, ReasoningParser, RenderInput, StopScanner, ThinkTags};
+use serde_json::{json, Value};
+
+use crate::Target;
+
+const KIB: usize = 1024;
+
+/// minijinja's limit on a repeated string (`MAX_REPEATED_STRING_LEN` in its `value/ops.rs`).
+const MINIJINJA_MAX_REPEAT: usize = 100_000_000;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every file under `dir` whose name ends with one of `exts`, read whole (missing ones are
+/// skipped: the seeds then come from the built-in ones).
+fn files(dir: &Path, exts: &[&str]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for p in paths {
+        if p.is_dir() {
+            out.extend(files(&p, exts));
+        } else if exts.iter().any(|e| p.to_string_lossy().ends_with(e)) {
+            if let Ok(b) = std::fs::read(&p) {
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn all() -> Vec<Target> {
+    vec![
+        Target {
+            name: "gguf",
+            about: "GGUF header prefix parser (mtp_detect::gguf::parse_gguf_with, kept and whole arrays)",
+            seeds: gguf_seeds,
+            dictionary: &[b"GGUF", b"general.architecture", b".nextn_predict_layers"],
+            run: |b| {
+                use mtp_detect::gguf::{parse_gguf, parse_gguf_with, ParseOptions};
+                // the claimed file length: exact, longer than the prefix, or absurd
+                let tail = b.first().copied().unwrap_or(0) as u64;
+                for len in [b.len() as u64, b.len() as u64 + tail * 4099, u64::MAX] {
+                    let _ = parse_gguf(b, len);
+                }
+                let _ = parse_gguf_with(b, b.len() as u64, &ParseOptions::whole_arrays());
+            },
+            // kept items cost a few dozen bytes per input byte (documented on parse_gguf_with)
+            alloc_cap: |n| 64 * KIB + 64 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "safetensors-header",
+            about: "safetensors length prefix and JSON header (mtp_detect::st::header_len, parse_header)",
+            seeds: st_seeds,
+            dictionary: &[
+                b"\"dtype\"",
+                b"\"shape\"",
+                b"\"data_offsets\"",
+                b"\"__metadata__\"",
+                b"{",
+                b"}",
+                b"[",
+                b"]",
+                b"18446744073709551615",
+                b"-1",
+                b"\"BF16\"",
+                b"\"U32\"",
+            ],
+            run: |b| {
+                let len = b.len() as u64 + 8 + b.first().copied().unwrap_or(0) as u64;
+                let _ = mtp_detect::st::header_len(b, len, "fuzz.safetensors");
+                let _ = mtp_detect::st::parse_header(b, len, "fuzz.safetensors");
+                let _ = mtp_detect::st::parse_header(b, 0, "fuzz.safetensors");
+            },
+            alloc_cap: |n| 64 * KIB + 32 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "safetensors-index",
+            about: "model.safetensors.index.json (mtp_detect::st::parse_index)",
+            seeds: index_seeds,
+            dictionary: &[
+                b"\"weight_map\"",
+                b"\"metadata\"",
+                b"\"total_size\"",
+                b"\"../x.safetensors\"",
+                b"\"/abs\"",
+                b"{",
+                b"}",
+                b"\"",
+                b",",
+            ],
+            run: |b| {
+                let _ = mtp_detect::st::parse_index(b, "model.safetensors.index.json");
+            },
+            alloc_cap: |n| 64 * KIB + 32 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "speculation",
+            about: "the speculation block: CLI text, JSON, validation and per-request override",
+            seeds: speculation_seeds,
+            dictionary: &[
+                b"\"mode\"",
+                b"\"num_draft_tokens\"",
+                b"\"drafter\"",
+                b"\"require_acceleration\"",
+                b"\"native_mtp\"",
+                b"\"off\"",
+                b"null",
+                b"true",
+                b"4294967296",
+                b"-1",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                use mtp_contract::{resolve, Speculation};
+                let text = String::from_utf8_lossy(b);
+                let parsed = text.parse::<Speculation>().ok();
+                let json = serde_json::from_slice::<Value>(b)
+                    .ok()
+                    .and_then(|v| Speculation::from_json(&v).ok());
+                if let Some(s) = &parsed {
+                    let _ = s.to_json();
+                    let _ = resolve(Some(s), json.as_ref());
+                    let r = resolve(json.as_ref(), Some(s));
+                    let _ = (r.disabled_reason(), r.depth_or(3));
+                }
+            },
+            alloc_cap: |n| 64 * KIB + 32 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
+            name: "chat-template",
+            about: "compiling and rendering a chat template (mtp_chat::ChatTemplate), 72 published ones as seeds",
+            seeds: || files(&repo().join("crates/mtp-chat/tests/templates"), &[".jinja"]),
+            dictionary: &[
+                b"{{ ",
+                b" }}",
+                b"{% ",
+                b" %}",
+                b"{%- ",
+                b" -%}",
+                b"{% for m in messages %}",
+                b"{% endfor %}",
+                b"{% if ",
+                b"{% endif %}",
+                b"{% set ns = namespace(a=1) %}",
+                b"|tojson",
+                b".startswith(",
+                b".split(",
+                b"[::-1]",
+                b"raise_exception(",
+                b"strftime_now(",
+                b"range(99999999)",
+                b"{% macro m(x) %}{{ m(x) }}{% endmacro %}{{ m(1) }}",
+                b" * 99999999",
+                b"loop.index",
+                b"'",
+                b"\"",
+                b"(",
+                b")",
+            ],
+            run: |b| {
+                let src = String::from_utf8_lossy(b);
+                if let Ok(t) = ChatTemplate::new(src, "fuzz") {
+                    let _ = t.render(&conversation());
+                }
+            },
+            // A template is a program, so its size does not bound what it makes: it compiles
+            // to a few times its size, its output stops at `MAX_RENDERED_BYTES` and its fuel
+            // (charged per byte made), but one expression may build a value up to minijinja's
+            // own limit (`'x' * 99999999`: a 100 MB string, copied into a `Value` before the
+            // fuel charge ends the render), three such copies at most at once.
+            alloc_cap: |n| 3 * MINIJINJA_MAX_REPEAT + mtp_chat::MAX_RENDERED_BYTES + 16 * 1024 * KIB + 256 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "chat-messages",
+            about: "hostile messages (JSON) rendered through the Qwen3.5, Llama 3.3 and gpt-oss templates",
+            seeds: message_seeds,
+            dictionary: &[
+                b"\"role\"",
+                b"\"content\"",
+                b"\"tool_calls\"",
+                b"\"function\"",
+                b"\"arguments\"",
+                b"\"reasoning_content\"",
+                b"\"tool\"",
+                b"\"assistant\"",
+                b"\"system\"",
+                b"null",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+                b"<think>",
+                b"</think>",
+                b"<tool_call>",
+            ],
+            run: |b| {
+                let Ok(Value::Array(messages)) = serde_json::from_slice::<Value>(b) else {
+                    return;
+                };
+                for t in message_templates() {
+                    let mut input = RenderInput::new(messages.clone());
+                    input.tools = Some(vec![tool()]);
+                    let _ = t.render(&input);
+                }
+            },
+            alloc_cap: |n| 16 * 1024 * KIB + 256 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
+            name: "reasoning-stream",
+            about: "<think> splitting and stop strings over a reply cut into random pieces (mtp_chat::stream)",
+            seeds: || {
+                vec![
+                    b"<think>\nLet me see.\n</think>\n\nThe answer is 4.".to_vec(),
+                    b"plain answer, no reasoning".to_vec(),
+                    "<think>é中文</think>ok<|im_end|>".as_bytes().to_vec(),
+                    b"<thi</th<think></think></think>".to_vec(),
+                ]
+            },
+            dictionary: &[b"<think>", b"</think>", b"<", b"</", b"\n", b"STOP", b"<|im_end|>"],
+            run: |b| {
+                let text = String::from_utf8_lossy(b);
+                // the first byte picks the cut points and whether the prompt opened reasoning
+                let step = 1 + b.first().copied().unwrap_or(3) as usize % 7;
+                let mut parser =
+                    ReasoningParser::new(ThinkTags::default(), b.len() % 2 == 0);
+                let mut stops = StopScanner::new(vec!["STOP".into(), "<|im_end|>".into(), "\n\n\n".into()]);
+                let chars: Vec<char> = text.chars().collect();
+                for piece in chars.chunks(step) {
+                    let piece: String = piece.iter().collect();
+                    let _ = parser.push(&piece);
+                    let _ = stops.push(&piece);
+                }
+                let _ = parser.finish();
+                let _ = stops.finish();
+            },
+            alloc_cap: |n| 64 * KIB + 64 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
+            name: "sse",
+            about: "server-sent events fed in random chunks (mtp_runtimes::sse::SseParser)",
+            seeds: || files(&repo().join("crates/mtp-runtimes/tests/fixtures"), &[".sse"]),
+            dictionary: &[b"data: ", b"event: ", b"\n\n", b"\r\n", b"\r", b":", b"[DONE]", b"id: "],
+            run: |b| {
+                let step = 1 + b.first().copied().unwrap_or(7) as usize % 97;
+                let mut p = mtp_runtimes::sse::SseParser::new();
+                for chunk in b.chunks(step) {
+                    let _ = p.feed(chunk);
+                }
+                let _ = p.has_pending();
+            },
+            alloc_cap: |n| 64 * KIB + 16 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "prometheus",
+            about: "a /metrics page (mtp_runtimes::prometheus::Metrics::parse)",
+            seeds: || files(&repo().join("crates/mtp-runtimes/tests/fixtures"), &[".txt"]),
+            dictionary: &[b"# HELP ", b"# TYPE ", b"{", b"}", b"=\"", b"\",", b" NaN", b" +Inf", b"\n", b"_total"],
+            run: |b| {
+                let m = mtp_runtimes::prometheus::Metrics::parse(&String::from_utf8_lossy(b));
+                std::hint::black_box(m);
+            },
+            alloc_cap: |n| 64 * KIB + 16 * n,
+            max_len: 64 * KIB,
+        },
+    ]
+}
+
+// ---- GGUF ----
+
+fn kv_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+/// One GGUF v3 header with `kvs` (key, type tag, encoded value) and `tensors`.
+fn gguf(kvs: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((kvs.len() as u64).to_le_bytes());
+    for (k, tag, v) in kvs {
+        kv_str(&mut b, k);
+        b.extend(tag.to_le_bytes());
+        b.extend(v);
+    }
+    let mut offset = 0u64;
+    for (name, dims, ty) in tensors {
+        kv_str(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        for d in *dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(ty.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        offset += dims.iter().product::<u64>() * 2;
+    }
+    b
+}
+
+fn s(v: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    kv_str(&mut b, v);
+    b
+}
+
+fn gguf_seeds() -> Vec<Vec<u8>> {
+    let arr = |tag: u32, items: &[Vec<u8>]| {
+        let mut b = tag.to_le_bytes().to_vec();
+        b.extend((items.len() as u64).to_le_bytes());
+        for i in items {
+            b.extend(i);
+        }
+        b
+    };
+    let mut seeds = vec![
+        gguf(
+            &[
+                ("general.architecture", 8, s("qwen35")),
+                ("qwen35.block_count", 4, 25u32.to_le_bytes().to_vec()),
+                (
+                    "qwen35.nextn_predict_layers",
+                    4,
+                    1u32.to_le_bytes().to_vec(),
+                ),
+                ("general.file_type", 4, 15u32.to_le_bytes().to_vec()),
+            ],
+            &[
+                ("token_embd.weight", &[64, 32], 1),
+                ("blk.24.nextn.eh_proj.weight", &[128, 64], 1),
+                ("blk.0.attn_q.weight", &[64, 64], 12),
+            ],
+        ),
+        gguf(
+            &[
+                ("general.architecture", 8, s("llama")),
+                (
+                    "tokenizer.ggml.tokens",
+                    9,
+                    arr(8, &[s("a"), s("b"), s("<|im_end|>")]),
+                ),
+                (
+                    "tokenizer.ggml.scores",
+                    9,
+                    arr(6, &vec![1f32.to_le_bytes().to_vec(); 3]),
+                ),
+                (
+                    "tokenizer.ggml.token_type",
+                    9,
+                    arr(5, &vec![1i32.to_le_bytes().to_vec(); 3]),
+                ),
+                ("tokenizer.chat_template", 8, s("{{ messages[0].content }}")),
+                ("x.bool", 7, vec![1]),
+                ("x.u8", 0, vec![7]),
+                ("x.i16", 3, (-2i16).to_le_bytes().to_vec()),
+                ("x.u64", 10, u64::MAX.to_le_bytes().to_vec()),
+                ("x.f64", 12, 1.5f64.to_le_bytes().to_vec()),
+                (
+                    "x.nested",
+                    9,
+                    arr(9, &[arr(4, &[1u32.to_le_bytes().to_vec()])]),
+                ),
+            ],
+            &[("output.weight", &[32, 64], 0)],
+        ),
+    ];
+    // a version-2 header and a big-endian one, as llama.cpp accepts
+    let mut v2 = seeds[0].clone();
+    v2[4..8].copy_from_slice(&2u32.to_le_bytes());
+    seeds.push(v2);
+    let mut be = b"GGUF".to_vec();
+    be.extend(3u32.to_be_bytes());
+    be.extend(0u64.to_be_bytes());
+    be.extend(1u64.to_be_bytes());
+    be.extend(20u64.to_be_bytes());
+    be.extend(b"general.architecture");
+    be.extend(8u32.to_be_bytes());
+    be.extend(6u64.to_be_bytes());
+    be.extend(b"qwen35");
+    seeds.push(be);
+    seeds
+}
+
+// ---- safetensors ----
+
+fn st_seeds() -> Vec<Vec<u8>> {
+    let headers = [
+        json!({"__metadata__": {"format": "pt"},
+               "model.embed_tokens.weight": {"dtype": "BF16", "shape": [32, 16], "data_offsets": [0, 1024]},
+               "mtp.fc.weight": {"dtype": "BF16", "shape": [16, 32], "data_offsets": [1024, 2048]}}),
+        json!({"model.layers.0.mlp.up_proj.weight": {"dtype": "U32", "shape": [64, 8], "data_offsets": [0, 2048]},
+               "model.layers.0.mlp.up_proj.scales": {"dtype": "F16", "shape": [64, 1], "data_offsets": [2048, 2176]},
+               "model.layers.0.mlp.up_proj.biases": {"dtype": "F16", "shape": [64, 1], "data_offsets": [2176, 2304]}}),
+        json!({"x": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}),
+    ];
+    let mut seeds = Vec::new();
+    for h in headers {
+        let j = serde_json::to_vec(&h).unwrap_or_default();
+        // the JSON alone (parse_header) and with its length prefix (header_len)
+        let mut with_len = (j.len() as u64).to_le_bytes().to_vec();
+        with_len.extend(&j);
+        seeds.push(j);
+        seeds.push(with_len);
+    }
+    seeds
+}
+
+fn index_seeds() -> Vec<Vec<u8>> {
+    [
+        json!({"metadata": {"total_size": 4096},
+               "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                              "mtp.fc.weight": "model-00002-of-00002.safetensors"}}),
+        json!({"weight_map": {}}),
+        json!({"metadata": null, "weight_map": {"a": "sub/dir/b.safetensors"}}),
+    ]
+    .iter()
+    .map(|v| serde_json::to_vec_pretty(v).unwrap_or_default())
+    .collect()
+}
+
+// ---- speculation ----
+
+fn speculation_seeds() -> Vec<Vec<u8>> {
+    [
+        "native_mtp",
+        "off",
+        "true",
+        "false",
+        "on",
+        r#"{"mode": "native_mtp", "num_draft_tokens": 3}"#,
+        r#"{"mode": "off"}"#,
+        r#"{"mode": "native_mtp", "drafter": "org/model-MTP", "require_acceleration": true}"#,
+        r#"{"num_draft_tokens": 16, "unknown": 1}"#,
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect()
+}
+
+// ---- chat ----
+
+fn tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+}
+
+/// A conversation with every role and field the templates read.
+fn conversation() -> RenderInput {
+    let mut input = RenderInput::new(vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Weather in Paris?"}),
+        json!({"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+               "tool_calls": [{"type": "function", "id": "call_1",
+                   "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C"}),
+        json!({"role": "user", "content": "Thanks"}),
+    ]);
+    input.tools = Some(vec![tool()]);
+    input.variables.insert("bos_token".into(), json!("<s>"));
+    input.variables.insert("eos_token".into(), json!("</s>"));
+    input
+        .variables
+        .insert("enable_thinking".into(), json!(true));
+    input
+}
+
+fn message_templates() -> &'static [ChatTemplate] {
+    static T: std::sync::OnceLock<Vec<ChatTemplate>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let dir = repo().join("crates/mtp-chat/tests/templates");
+        [
+            "Qwen3.5-4B.jinja",
+            "meta-llama-Llama-3.3-70B-Instruct.jinja",
+            "openai-gpt-oss-120b.jinja",
+        ]
+        .iter()
+        .filter_map(|n| {
+            let src = std::fs::read_to_string(dir.join(n)).ok()?;
+            ChatTemplate::new(src, *n).ok()
+        })
+        .collect()
+    })
+}
+
+fn message_seeds() -> Vec<Vec<u8>> {
+    let mut seeds = vec![serde_json::to_vec(&conversation().messages).unwrap_or_default()];
+    let cases = std::fs::read(repo().join("crates/mtp-chat/tests/templates/cases.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    if let Some(Value::Array(cases)) = cases.as_ref().and_then(|c| c.get("cases")).cloned() {
+        for c in cases {
+            if let Some(m) = c.get("messages") {
+                seeds.push(serde_json::to_vec(m).unwrap_or_default());
+            }
+        }
+    }
+    seeds
+}
