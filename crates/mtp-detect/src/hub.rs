@@ -279,7 +279,8 @@ impl Reader for HubReader {
                 continue;
             };
             if !is_safe_relative(path) {
-                tracing::warn!(path, "listing names an unsafe path; skipped");
+                let path = crate::source::shown_name(path);
+                tracing::warn!(%path, "listing names an unsafe path; skipped");
                 continue;
             }
             out.push(FileEntry {

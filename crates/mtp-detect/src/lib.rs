@@ -52,7 +52,7 @@ pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
 pub use runtimes::{
     launch_command, launch_command_in, CommandStyle, Runtime, RuntimeSupport, Verdict,
 };
-pub use source::{is_safe_relative, LocalReader, Reader};
+pub use source::{is_safe_relative, shown_name, LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
     mtp_namespace_key, mtp_tensor_names, MtpStyle, MtpTensor, MtpTensorSummary, MTP_PREFIXES,

@@ -183,7 +183,11 @@ pub fn parse_index(bytes: &[u8], file: &str) -> Result<BTreeMap<String, String>,
         if !crate::source::is_safe_relative(shard) {
             return Err(DetectError::json(
                 file,
-                format!("`weight_map.{k}` names an unsafe path `{shard}`"),
+                format!(
+                    "`weight_map.{}` names an unsafe path `{}`",
+                    crate::source::shown_name(k),
+                    crate::source::shown_name(shard)
+                ),
             ));
         }
         out.insert(k.clone(), shard.to_string());

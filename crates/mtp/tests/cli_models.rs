@@ -115,15 +115,25 @@ fn hub() -> Hub {
             token: None,
         },
     );
-    repos.insert(
-        "org/evil".to_string(),
-        Repo {
-            sha: "fedcba9876543210fedcba9876543210fedcba98",
-            files: BTreeMap::from([("../escape.txt".to_string(), b"x".to_vec())]),
-            broken: false,
-            token: None,
-        },
-    );
+    for (i, name) in hostile_names().into_iter().enumerate() {
+        let id = if i == 0 {
+            "org/evil".to_string()
+        } else {
+            format!("org/evil{i}")
+        };
+        repos.insert(
+            id,
+            Repo {
+                sha: "fedcba9876543210fedcba9876543210fedcba98",
+                files: BTreeMap::from([
+                    ("config.json".to_string(), b"{}".to_vec()),
+                    (name, b"x".to_vec()),
+                ]),
+                broken: false,
+                token: None,
+            },
+        );
+    }
     Hub {
         repos: Arc::new(repos),
         file_requests: Arc::new(AtomicUsize::new(0)),
@@ -451,6 +461,56 @@ fn a_failed_companion_leaves_the_model_not_installed() {
                 "incomplete (download interrupted)",
             )),
         );
+}
+
+/// File names a hostile Hub listing may send: each must be refused before anything is written
+/// (`org/evil` lists the first, `org/evil{i}` the others).
+fn hostile_names() -> Vec<String> {
+    [
+        "../escape.txt",
+        "/etc/passwd",
+        "C:x",
+        "a/../../b",
+        "a\\..\\b",
+        "nul\0byte",
+        "new\nline",
+        "./config.json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["a".repeat(2000)])
+    .collect()
+}
+
+/// Every hostile listing is refused with a message naming the file (escaped, shortened), and
+/// nothing of the repo is written.
+#[test]
+fn hostile_listings_write_nothing() {
+    let (endpoint, _h) = serve();
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    for (i, name) in hostile_names().iter().enumerate() {
+        let repo = if i == 0 {
+            "org/evil".to_string()
+        } else {
+            format!("org/evil{i}")
+        };
+        let shown: String = name.escape_debug().take(60).collect();
+        let out = bin(Some(&endpoint))
+            .args(["models", "download", &repo, "--cache-dir", &c])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{repo}: {err}");
+        assert!(
+            err.contains("unsafe file name") && err.contains(&shown),
+            "{repo} ({shown}): {err}"
+        );
+        assert!(!err.contains('\0') && err.len() < 1000, "{repo}: {err}");
+        let dir = format!("models--org--{}", repo.trim_start_matches("org/"));
+        assert!(!cache.path().join(dir).exists(), "{repo} wrote something");
+    }
+    assert!(!cache.path().join("etc").exists() && !cache.path().join("b").exists());
 }
 
 #[test]

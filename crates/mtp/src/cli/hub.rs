@@ -39,7 +39,10 @@ pub enum HubError {
         message: String,
     },
     /// The Hub listed a file name that is not a safe relative path.
-    #[error("repo {repo} lists an unsafe file name `{file}`; refusing to write it")]
+    #[error(
+        "repo {repo} lists an unsafe file name `{}`; refusing to write it",
+        mtp_detect::shown_name(file)
+    )]
     UnsafePath {
         /// The repo.
         repo: String,
