@@ -1278,6 +1278,40 @@ fn binary_missing_demo_model_says_how_to_get_it() {
         .stderr(predicate::str::contains("tiny-mtp").not());
 }
 
+/// A model that is not there says how it was read: a path that does not exist, or a repo id
+/// that is not in the cache (with the download command, revision included), in one line.
+#[test]
+fn binary_missing_model_says_how_it_was_read() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = |model: &str| {
+        let out = bin()
+            .env("HF_HUB_CACHE", cache.path())
+            .args(["generate", "--model", model, "hi"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    };
+    let err = run("./no/such/dir");
+    assert!(
+        err.contains("read as a path, `./no/such/dir` does not exist"),
+        "{err}"
+    );
+    let err = run("org/not-here");
+    assert!(
+        err.contains("there is no folder `org/not-here` here, so it was read as a Hub repo id")
+            && err.contains("`mtp models download org/not-here`"),
+        "{err}"
+    );
+    let err = run("org/not-here@v2");
+    assert!(
+        err.contains("`mtp models download org/not-here --revision v2`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn binary_verbose_shows_detail() {
     let out = bin()

@@ -127,7 +127,7 @@ impl CliError {
                 source: crate::Error::UnknownProvider { .. },
                 ..
             } => Some("pass one of the known names with --provider".into()),
-            CliError::Start { .. } => Some("check the model path or repo id; -v shows detail".into()),
+            CliError::Start { .. } => Some("-v shows detail".into()),
             CliError::DefaultModelMissing { .. } => Some(
                 "build it with `cargo xtask train-tiny`, set MTP_DEFAULT_MODEL, or pass --model".into(),
             ),

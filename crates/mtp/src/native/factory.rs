@@ -131,13 +131,32 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
 }
 
 fn local_dir(spec: &str, cache: &CacheConfig) -> Result<PathBuf, ProviderError> {
-    match resolve_model(spec, cache).map_err(|e| load_err(spec, e.to_string()))? {
-        ResolvedArtifact::Remote { repo, .. } => Err(load_err(
-            spec,
-            format!(
-                "{repo} is not in the local cache; download it with `mtp models download {repo}`"
-            ),
-        )),
+    let resolved = match resolve_model(spec, cache) {
+        Err(mtp_detect::DetectError::NotFound { .. }) => {
+            return Err(load_err(
+                spec,
+                format!("read as a path, `{spec}` does not exist (no such file or folder)"),
+            ))
+        }
+        other => other.map_err(|e| load_err(spec, e.to_string()))?,
+    };
+    match resolved {
+        ResolvedArtifact::Remote { repo, revision } => {
+            let download = if revision == "main" {
+                format!("mtp models download {repo}")
+            } else {
+                format!("mtp models download {repo} --revision {revision}")
+            };
+            Err(load_err(
+                spec,
+                format!(
+                    "there is no folder `{spec}` here, so it was read as a Hub repo id, and \
+                     {repo} ({revision}) is not in the local cache ({}); download it with \
+                     `{download}`",
+                    cache.hub_cache.display()
+                ),
+            ))
+        }
         other => {
             let p = other
                 .local_path()
