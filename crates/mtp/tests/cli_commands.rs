@@ -1278,6 +1278,53 @@ fn binary_missing_demo_model_says_how_to_get_it() {
         .stderr(predicate::str::contains("tiny-mtp").not());
 }
 
+/// `--compare` on the bundled demo model: the answer with MTP, its summary with tokens per
+/// round, then the same request with speculation off on the same loaded model: the rate, the
+/// speed-up and that the text is the same (greedy decoding is exact with MTP).
+#[test]
+fn binary_compare_runs_speculation_off_on_the_same_model() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
+    let out = bin()
+        .args([
+            "generate",
+            "--model",
+            demo.to_str().unwrap(),
+            "-n",
+            "32",
+            "--raw",
+            "--compare",
+        ])
+        .arg("fn add(a: i32, b: i32) -> i32 {")
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].contains("MTP on (depth 3)") && lines[0].contains("tokens per round"),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with("[speculation off: 32 tokens")
+            && lines[1].contains("MTP decoded")
+            && lines[1].ends_with("same text]"),
+        "{err}"
+    );
+    // `--json` prints one object: the comparison has no place in it
+    bin()
+        .args([
+            "generate",
+            "--model",
+            demo.to_str().unwrap(),
+            "--json",
+            "--compare",
+            "x",
+        ])
+        .assert()
+        .code(2);
+}
+
 /// A model that is not there says how it was read: a path that does not exist, or a repo id
 /// that is not in the cache (with the download command, revision included), in one line.
 #[test]

@@ -159,6 +159,11 @@ pub struct GenerateArgs {
     /// Print one JSON object: content, token_ids, finish_reason, usage, metadata.
     #[arg(long)]
     pub json: bool,
+    /// After the answer, generate it again on the same loaded model with speculation off and
+    /// print the target-only decode rate, the speed-up MTP gave and whether the text is the
+    /// same.
+    #[arg(long, conflicts_with = "json")]
+    pub compare: bool,
     /// Use the prompt verbatim (no chat template).
     #[arg(long, conflicts_with_all = ["system", "messages", "thinking"])]
     pub raw: bool,

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use crate::cli::args::{GenerateArgs, ThinkingMode};
 use crate::cli::error::CliError;
 use crate::cli::open_provider;
-use crate::cli::output::{summary_line, Out, Reasoning};
+use crate::cli::output::{compare_line, summary_line, Out, Reasoning};
 use crate::{GenerateRequest, StreamEvent};
 
 /// The prompt the flags give: `--prompt-file FILE` (`-`: stdin), `-p TEXT`, or the positional
@@ -61,6 +61,10 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     let ctx = || format!("generation with {} on {} failed", model, llm.name());
     req.validate()
         .map_err(|source| CliError::BadRequest { source })?;
+    // `--compare`: the same request again, speculation off for this call only
+    let compare = a
+        .compare
+        .then(|| req.clone().speculation(crate::Speculation::off()));
     let started = Instant::now();
     if a.json {
         let mut r = llm
@@ -148,6 +152,17 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                 out.note(&summary)?;
                 for w in &r.warnings {
                     out.note(&format!("mtp: note: {w}"))?;
+                }
+                if let Some(off_req) = compare {
+                    drop(stream);
+                    let off = llm
+                        .generate(off_req)
+                        .await
+                        .map_err(|source| CliError::Provider {
+                            context: format!("{} (speculation off, for --compare)", ctx()),
+                            source,
+                        })?;
+                    out.note(&compare_line(&r, &off))?;
                 }
                 return Ok(());
             }

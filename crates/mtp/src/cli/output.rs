@@ -419,6 +419,41 @@ pub fn summary_line(r: &GenerateResponse, wall: Duration) -> String {
     s
 }
 
+/// The line `--compare` prints: the same request with speculation off on the same loaded
+/// model, its decode rate, and what MTP bought on this call.
+pub fn compare_line(on: &GenerateResponse, off: &GenerateResponse) -> String {
+    let rate = |r: &GenerateResponse| r.metadata.timings.decode_tokens_per_s;
+    let mut s = format!(
+        "[speculation off: {} token{}",
+        off.usage.output_tokens,
+        if off.usage.output_tokens == 1 {
+            ""
+        } else {
+            "s"
+        }
+    );
+    match (rate(on), rate(off)) {
+        (Some(a), Some(b)) if b > 0.0 && on.metadata.speculation.used => s.push_str(&format!(
+            " · {b:.1} tok/s · MTP decoded {:.2}x as fast ({a:.1} against {b:.1} tok/s)",
+            a / b
+        )),
+        (_, Some(b)) => s.push_str(&format!(" · {b:.1} tok/s")),
+        _ => s.push_str(" · decode rate not reported"),
+    }
+    if !on.metadata.speculation.used {
+        s.push_str(" · the first answer did not speculate either, so there is no speed-up to show");
+    }
+    let same = on.content == off.content && on.token_ids == off.token_ids;
+    s.push_str(if same {
+        " · same text]"
+    } else if on.content == off.content {
+        " · same text, other token ids]"
+    } else {
+        " · the text differs (sampling, or a runtime that is not exact)]"
+    });
+    s
+}
+
 /// How one call's speculation report reads in a sentence.
 pub fn speculation_phrase(rep: &SpeculationReport) -> String {
     if rep.used {
@@ -431,7 +466,10 @@ pub fn speculation_phrase(rep: &SpeculationReport) -> String {
                 // Servers report drafted/accepted but not always rounds.
                 let per_round = match rep.rounds {
                     Some(rounds) if rounds > 0 => {
-                        format!(", {:.2} accepted per round", a as f64 / rounds as f64)
+                        format!(
+                            ", {:.2} tokens per round",
+                            (a + rounds) as f64 / rounds as f64
+                        )
                     }
                     _ => String::new(),
                 };
