@@ -237,7 +237,7 @@ pub fn markdown_table(rows: &[BenchRow]) -> String {
 }
 
 pub(crate) async fn run(a: BenchArgs, out: &mut Out) -> Result<(), CliError> {
-    let (llm, model) = open_provider(&a.model)?;
+    let (llm, model) = open_provider(&a.model, out)?;
     if a.reps == 0 {
         return Err(CliError::InvalidFlag {
             flag: "--reps",

@@ -102,7 +102,7 @@ pub(crate) fn run(
     out: &mut Out,
     input: Option<Vec<String>>,
 ) -> Result<(), CliError> {
-    let (llm, model) = open_provider(&args.model)?;
+    let (llm, model) = open_provider(&args.model, out)?;
     let mut lines = match input {
         Some(v) => Lines::Script(v.into()),
         None => Lines::Editor(Box::new(

@@ -252,7 +252,7 @@ fn provider_speculation(m: &ModelArgs) -> Result<Speculation, CliError> {
 
 /// Creates the provider the flags name; with `--require-acceleration`, refuses when no lane
 /// is loaded.
-fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError> {
+fn open_provider(m: &ModelArgs, out: &Out) -> Result<(Arc<dyn Provider>, String), CliError> {
     let known = crate::providers();
     if !known.contains(&m.provider) {
         // Say so before looking for a model the provider would never load.
@@ -275,7 +275,10 @@ fn open_provider(m: &ModelArgs) -> Result<(Arc<dyn Provider>, String), CliError>
     }
     opts = runtime_options(m, opts)?;
     tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
-    let llm = crate::create_llm(&m.provider, &model, opts).map_err(|source| CliError::Start {
+    let spinner = out.spinner(&format!("loading {model} ({})", m.provider));
+    let llm = crate::create_llm(&m.provider, &model, opts);
+    spinner.finish_and_clear();
+    let llm = llm.map_err(|source| CliError::Start {
         provider: m.provider.clone(),
         model: model.clone(),
         source,

@@ -145,6 +145,22 @@ impl Out {
         let _ = self.stderr.flush();
     }
 
+    /// A spinner saying `what` on stderr while something without a known length runs (a model
+    /// loading), ticking on its own thread; hidden unless live. Clear it with
+    /// `finish_and_clear`.
+    pub fn spinner(&self, what: &str) -> ProgressBar {
+        if !self.live {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        bar.set_style(style);
+        bar.set_message(what.to_string());
+        bar.enable_steady_tick(std::time::Duration::from_millis(100));
+        bar
+    }
+
     /// A progress bar for a download of `total` bytes (hidden unless live).
     pub fn download_bar(&self, name: &str, total: Option<u64>) -> ProgressBar {
         if !self.live {
