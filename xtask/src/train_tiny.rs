@@ -14,6 +14,7 @@
 //! ```text
 //! cargo xtask train-tiny [--out models/tiny-code] [--steps 300] [--seed 0]
 //!                        [--layers 8] [--interval 4] [--hidden 128] [--intermediate 384]
+//!                        [--batch 8] [--context 32] [--lr 0.005] [--decay cosine]
 //! ```
 //! Loss: next-token cross-entropy of the model plus the MTP head's cross-entropy on the token
 //! after next, given `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's
@@ -660,6 +661,9 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
 /// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S] [--layers N] [--interval K]
 /// [--hidden H] [--intermediate I]`.
 ///
+/// `--batch` rows of `--context` bytes per step (defaults below), Adam at `--lr`, constant or
+/// with `--decay cosine` (to a tenth of `--lr` over the run).
+///
 /// `--layers` is `num_hidden_layers` (default 8), `--interval` is `full_attention_interval`
 /// (default 4: layer `i` is full attention iff `(i + 1) % K == 0`, Gated DeltaNet otherwise),
 /// `--hidden` is `hidden_size` (default 128, a multiple of 8) and `--intermediate` the MLP width
@@ -669,6 +673,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut steps = 300usize;
     let mut seed = 0u64;
     let mut arch = Arch::default();
+    let (mut batch, mut len, mut lr) = (8usize, 32usize, 5e-3f64);
+    let mut decay = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().with_context(|| format!("{a} needs a value"))?;
@@ -680,6 +686,10 @@ pub fn run(args: &[String]) -> Result<()> {
             "--interval" => arch.interval = parse(a, v)?,
             "--hidden" => arch.hidden = parse(a, v)?,
             "--intermediate" => arch.inter = parse(a, v)?,
+            "--batch" => batch = parse(a, v)?,
+            "--context" => len = parse(a, v)?,
+            "--lr" => lr = v.parse().with_context(|| format!("--lr: `{v}`"))?,
+            "--decay" => decay = v == "cosine",
             other => anyhow::bail!("unknown train-tiny flag `{other}`"),
         }
     }
@@ -701,8 +711,7 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let p = init(&arch, seed)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
-    let (batch, len) = (8usize, 32usize);
-    let (lr, b1, b2, eps) = (5e-3f64, 0.9f64, 0.999f64, 1e-8f64);
+    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8f64);
     let mut mom: Vec<(Tensor, Tensor)> = p
         .vars
         .iter()
@@ -719,7 +728,14 @@ pub fn run(args: &[String]) -> Result<()> {
         let (l1, l2) = losses(&p, &arch, &rows)?;
         let loss = (&l1 + &l2)?;
         let grads = loss.backward()?;
-        let lr_t = lr * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
+        // cosine decay to a tenth of `lr` over the run, when asked
+        let lr_s = if decay {
+            let f = (step - 1) as f64 / steps.max(1) as f64;
+            lr * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * f).cos()))
+        } else {
+            lr
+        };
+        let lr_t = lr_s * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
         for ((_, var), (m, v)) in p.vars.iter().zip(mom.iter_mut()) {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;

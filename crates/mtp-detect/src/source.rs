@@ -283,6 +283,9 @@ mod tests {
     fn names_are_shown_escaped_and_short() {
         assert_eq!(shown_name("a\0b\nc"), "a\\0b\\nc");
         let long = shown_name(&"a".repeat(2000));
-        assert!(long.ends_with("... (2000 bytes)") && long.len() < 140, "{long}");
+        assert!(
+            long.ends_with("... (2000 bytes)") && long.len() < 140,
+            "{long}"
+        );
     }
 }

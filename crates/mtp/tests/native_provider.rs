@@ -564,3 +564,73 @@ async fn a_missing_drafter_path_is_an_error_naming_it() {
         assert!(!msg.contains("mtp models download"), "{msg}");
     }
 }
+
+/// The longest run of one byte in `text` for which `which` holds.
+fn longest_run(text: &[u8], which: impl Fn(u8) -> bool) -> usize {
+    let (mut best, mut run, mut prev) = (0, 0, None);
+    for &b in text {
+        run = if which(b) && prev == Some(b) {
+            run + 1
+        } else {
+            1
+        };
+        if which(b) {
+            best = best.max(run);
+        }
+        prev = Some(b);
+    }
+    best
+}
+
+/// The README's first command on the bundled demo model (`mtp generate --max-tokens 64
+/// "fn main() {"`, greedy from its `generation_config.json`) prints something that reads as
+/// code, not a screen of blanks: at least 20 distinct bytes, no run of more than 8 identical
+/// non-space bytes, no more than 24 spaces in a row. And on code it has not seen verbatim
+/// (prompts absent from its training text), MTP at depth 3 is accepted at least 60% of the time.
+#[tokio::test]
+#[ignore = "issue 23's goal for the retrained demo model; the bundled one does not meet it yet (run with --ignored after retraining)"]
+async fn the_demo_models_first_screen_reads_as_code() {
+    empty_hub_cache();
+    let llm = create_llm("native", &demo_model(), on(3)).unwrap();
+    let r = llm
+        .generate(GenerateRequest::new("fn main() {").max_output_tokens(64))
+        .await
+        .unwrap();
+    let text = r.content.as_bytes();
+    let distinct = text.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert!(distinct >= 20, "{distinct} distinct bytes: {:?}", r.content);
+    assert!(
+        longest_run(text, |b| b != b' ') <= 8,
+        "a long run: {:?}",
+        r.content
+    );
+    assert!(
+        longest_run(text, |b| b == b' ') <= 24,
+        "a screen of blanks: {:?}",
+        r.content
+    );
+
+    let corpus = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../xtask/data/tiny-code-corpus.txt"),
+    )
+    .unwrap();
+    let (mut drafted, mut accepted) = (0u64, 0u64);
+    for prompt in [
+        "fn fibonacci(n: u64) -> u64 {\n",
+        "struct Point {\n    x: f32,\n    y: f32,\n}\n\nimpl Point {\n",
+        "pub fn parse_header(bytes: &[u8]) -> Result<Header, Error> {\n",
+        "    for (i, item) in items.iter().enumerate() {\n",
+    ] {
+        assert!(!corpus.contains(prompt), "seen verbatim: {prompt:?}");
+        let r = llm
+            .generate(GenerateRequest::new(prompt).raw().max_output_tokens(96))
+            .await
+            .unwrap();
+        let s = &r.metadata.speculation;
+        assert!(s.used, "{s:?}");
+        drafted += s.drafted.unwrap();
+        accepted += s.accepted.unwrap();
+    }
+    let rate = accepted as f64 / drafted as f64;
+    assert!(rate >= 0.6, "acceptance {accepted}/{drafted} = {rate:.2}");
+}
