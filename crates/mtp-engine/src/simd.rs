@@ -2009,15 +2009,7 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
 mod tests {
     use super::*;
 
-    fn rng(seed: u64) -> impl FnMut() -> f32 {
-        let mut s = seed;
-        move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        }
-    }
+    use crate::testing::rng;
 
     /// A matrix held in parts gives every feature the bits of the whole matrix, at every row
     /// count, for part sizes on and off the block and lane boundaries and odd widths.

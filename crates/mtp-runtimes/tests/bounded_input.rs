@@ -15,12 +15,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fixture, Mock, Reply};
-use futures::StreamExt;
-use mtp_contract::{
-    GenerateRequest, GenerateResponse, Provider, ProviderError, ProviderOptions, Speculation,
-    StreamEvent,
-};
+use common::{collect, fixture, Mock, Reply};
+use mtp_contract::{GenerateRequest, Provider, ProviderError, ProviderOptions, Speculation};
 
 const MIB: usize = 1 << 20;
 
@@ -46,25 +42,6 @@ fn req() -> GenerateRequest {
 /// A chunk of `n` bytes of `b'a'`.
 fn filler(n: usize) -> Vec<u8> {
     vec![b'a'; n]
-}
-
-/// Collects a stream: the deltas' text, the final response, and a trailing error if any.
-async fn collect(
-    p: &Arc<dyn Provider>,
-    r: GenerateRequest,
-) -> (String, Option<GenerateResponse>, Option<ProviderError>) {
-    let mut s = p.generate_stream(r).await.expect("stream starts");
-    let mut text = String::new();
-    let mut done = None;
-    let mut err = None;
-    while let Some(item) = s.next().await {
-        match item {
-            Ok(StreamEvent::Delta { text: t, .. }) => text.push_str(&t),
-            Ok(StreamEvent::Done(r)) => done = Some(*r),
-            Err(e) => err = Some(e),
-        }
-    }
-    (text, done, err)
 }
 
 /// The message of an `Api` error without an HTTP status (the answer was a 2xx), checked to

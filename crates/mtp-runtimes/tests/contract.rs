@@ -7,11 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fixture, raw_server, refused_base, Fault, Mock, Reply};
+use common::{collect, fixture, raw_server, refused_base, Fault, Mock, Reply};
 use futures::StreamExt;
 use mtp_contract::{
-    FinishReason, GenerateRequest, GenerateResponse, Provider, ProviderError, ProviderOptions,
-    Reason, Speculation, StreamEvent,
+    FinishReason, GenerateRequest, Provider, ProviderError, ProviderOptions, Reason, Speculation,
+    StreamEvent,
 };
 
 fn opts(base: &str) -> ProviderOptions {
@@ -36,25 +36,6 @@ type Routes<'a> = Vec<(&'a str, Vec<Reply>)>;
 
 fn strict() -> Speculation {
     Speculation::native_mtp().with_require_acceleration(true)
-}
-
-/// Collects a stream: the deltas' text, the final response, and a trailing error if any.
-async fn collect(
-    p: &Arc<dyn Provider>,
-    r: GenerateRequest,
-) -> (String, Option<GenerateResponse>, Option<ProviderError>) {
-    let mut s = p.generate_stream(r).await.expect("stream starts");
-    let mut text = String::new();
-    let mut done = None;
-    let mut err = None;
-    while let Some(item) = s.next().await {
-        match item {
-            Ok(StreamEvent::Delta { text: t, .. }) => text.push_str(&t),
-            Ok(StreamEvent::Done(r)) => done = Some(*r),
-            Err(e) => err = Some(e),
-        }
-    }
-    (text, done, err)
 }
 
 // ---------------------------------------------------------------- llama-server

@@ -14,9 +14,30 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
+use futures::StreamExt;
+use mtp_contract::{GenerateRequest, GenerateResponse, Provider, ProviderError, StreamEvent};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// Collects a stream: the deltas' text, the final response, and a trailing error if any.
+pub async fn collect(
+    p: &Arc<dyn Provider>,
+    r: GenerateRequest,
+) -> (String, Option<GenerateResponse>, Option<ProviderError>) {
+    let mut s = p.generate_stream(r).await.expect("stream starts");
+    let mut text = String::new();
+    let mut done = None;
+    let mut err = None;
+    while let Some(item) = s.next().await {
+        match item {
+            Ok(StreamEvent::Delta { text: t, .. }) => text.push_str(&t),
+            Ok(StreamEvent::Done(r)) => done = Some(*r),
+            Err(e) => err = Some(e),
+        }
+    }
+    (text, done, err)
+}
 
 /// A recorded fixture file.
 pub fn fixture(rel: &str) -> Vec<u8> {
