@@ -59,6 +59,45 @@ impl Sampling {
         self.temperature.is_none_or(|t| t == 0.0)
     }
 
+    /// True when any decoding field (temperature, top-p, top-k, min-p) is set.
+    pub fn chooses_decoding(&self) -> bool {
+        self.temperature.is_some()
+            || self.top_p.is_some()
+            || self.top_k.is_some()
+            || self.min_p.is_some()
+    }
+
+    /// These controls, with the decoding of `recommended` (a model's `generation_config.json`,
+    /// [`crate::Provider::recommended_sampling`]) when they choose none, as transformers,
+    /// mlx-vlm and vLLM use it; seed, penalties and bias stay the caller's. Returns the
+    /// recommendation when it was taken.
+    ///
+    /// ```
+    /// use mtp_contract::Sampling;
+    /// let rec = Sampling { temperature: Some(0.6), top_p: Some(0.95), ..Default::default() };
+    /// let mine = Sampling { seed: Some(7), ..Default::default() };
+    /// let (s, taken) = mine.or_recommended(Some(&rec));
+    /// assert_eq!((s.temperature, s.seed), (Some(0.6), Some(7)));
+    /// assert!(taken.is_some());
+    /// let chosen = Sampling { temperature: Some(0.0), ..Default::default() };
+    /// assert!(chosen.or_recommended(Some(&rec)).1.is_none());
+    /// ```
+    pub fn or_recommended(self, recommended: Option<&Sampling>) -> (Sampling, Option<Sampling>) {
+        match recommended.filter(|_| !self.chooses_decoding()) {
+            Some(r) => (
+                Sampling {
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    top_k: r.top_k,
+                    min_p: r.min_p,
+                    ..self
+                },
+                Some(r.clone()),
+            ),
+            None => (self, None),
+        }
+    }
+
     /// The non-neutral controls that force target-only decoding, by request field name.
     pub fn target_only_controls(&self) -> Vec<&'static str> {
         let mut out = Vec::new();

@@ -42,6 +42,40 @@ pub enum Command {
     Bench(BenchArgs),
     /// Download, list and verify models in the Hugging Face cache.
     Models(ModelsArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API, with speculation per request and
+    /// its report in every answer.
+    Serve(ServeArgs),
+}
+
+/// `mtp serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Provider, model and the server's speculation default (a request's `speculation` field
+    /// overrides it for that request). Here `--api-key` is the key clients must send
+    /// (`Authorization: Bearer KEY`); it is not passed on to an HTTP runtime behind the server.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The address to listen on (0.0.0.0 to accept other machines; then set --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests generating at once. The in-process runtimes generate one sequence at a time
+    /// (1); an HTTP runtime behind the server may take more.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_batch: u32,
+    /// Requests that may wait for a slot; beyond that the answer is 429 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_queue: u32,
+    /// The largest request body accepted, in bytes (413 above it).
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20,
+          value_parser = clap::value_parser!(u64).range(1024..=(1 << 30)))]
+    pub max_body_bytes: u64,
+    /// The model id in /v1/models and in answers (default: the model as given).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
 }
 
 /// Which provider and model to load, and the provider-level speculation default.
@@ -73,7 +107,8 @@ pub struct ModelArgs {
     /// Base URL of an HTTP runtime (llama-server, LM Studio, vLLM, Ollama).
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// API key of an HTTP runtime (never printed).
+    /// API key of an HTTP runtime (never printed); for `mtp serve`, the key its clients must
+    /// send.
     #[arg(long, env = "MTP_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
     /// Context length (prompt and reply) of an in-process runtime: for `native`, a limit below

@@ -73,6 +73,9 @@ pub enum CliError {
         /// Which check failed, on which prompt.
         message: String,
     },
+    /// `mtp serve` could not listen, or stopped on an error.
+    #[error(transparent)]
+    Serve(#[from] mtp_server::ServerError),
     /// The benchmark has nothing to compare.
     #[error("cannot benchmark {model} on {provider}: {message}")]
     Bench {

@@ -53,6 +53,7 @@ mod messages;
 mod models;
 mod output;
 mod probe;
+mod serve;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -138,6 +139,7 @@ where
         Command::Probe(a) => probe::run(a, cli.verbose, &mut out),
         Command::Bench(a) => rt.block_on(bench::run(a, &mut out)),
         Command::Models(a) => models::run(a, &rt, &mut out),
+        Command::Serve(a) => rt.block_on(serve::run(a, &mut out)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -351,44 +353,27 @@ impl SamplingArgs {
     /// the model's recommended one (its `generation_config.json`), as transformers and mlx-vlm
     /// use it, with the seed and penalties the flags gave.
     pub(crate) fn choose(&self, llm: &dyn Provider) -> ChosenSampling {
-        let mine = self.to_sampling();
-        let chose = self.temperature.is_some()
-            || self.top_p.is_some()
-            || self.top_k.is_some()
-            || self.min_p.is_some();
-        match llm.recommended_sampling().filter(|_| !chose) {
-            Some(r) => {
-                let note = if r.is_greedy() {
-                    "greedy (generation_config.json)".to_string()
-                } else {
-                    let mut parts = vec![format!("temperature {}", r.temperature.unwrap_or(1.0))];
-                    if let Some(p) = r.top_p {
-                        parts.push(format!("top-p {p}"));
-                    }
-                    if let Some(k) = r.top_k {
-                        parts.push(format!("top-k {k}"));
-                    }
-                    if let Some(m) = r.min_p {
-                        parts.push(format!("min-p {m}"));
-                    }
-                    format!("sampled: {} (generation_config.json)", parts.join(", "))
-                };
-                ChosenSampling {
-                    sampling: Sampling {
-                        temperature: r.temperature,
-                        top_p: r.top_p,
-                        top_k: r.top_k,
-                        min_p: r.min_p,
-                        ..mine
-                    },
-                    note: Some(note),
+        let (sampling, taken) = self
+            .to_sampling()
+            .or_recommended(llm.recommended_sampling().as_ref());
+        let note = taken.map(|r| {
+            if r.is_greedy() {
+                "greedy (generation_config.json)".to_string()
+            } else {
+                let mut parts = vec![format!("temperature {}", r.temperature.unwrap_or(1.0))];
+                if let Some(p) = r.top_p {
+                    parts.push(format!("top-p {p}"));
                 }
+                if let Some(k) = r.top_k {
+                    parts.push(format!("top-k {k}"));
+                }
+                if let Some(m) = r.min_p {
+                    parts.push(format!("min-p {m}"));
+                }
+                format!("sampled: {} (generation_config.json)", parts.join(", "))
             }
-            None => ChosenSampling {
-                sampling: mine,
-                note: None,
-            },
-        }
+        });
+        ChosenSampling { sampling, note }
     }
 
     fn to_sampling(&self) -> Sampling {

@@ -1,0 +1,671 @@
+//! # mtp-server
+//!
+//! `mtp serve`: an OpenAI-compatible HTTP server (axum on tokio) over any [`Provider`], where
+//! each request may turn speculation on or off, or choose its depth, with the contract's
+//! `speculation` block, and every answer carries the contract's report (`speculation`) and
+//! llama-server's `timings.draft_n` / `timings.draft_n_accepted`, so llama-server clients and
+//! our own `llama-server` adapter read real counts.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream: true` as
+//! server-sent events ending in `data: [DONE]`, and `stream_options.include_usage`),
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text) and llama-server's
+//! `GET /props` (what its clients read to learn whether a drafter is loaded).
+//!
+//! Requests are admitted up to [`ServerConfig::max_batch`] at once (the provider's own
+//! concurrency: 1 for an in-process runtime that generates one sequence at a time); up to
+//! [`ServerConfig::max_queue`] more wait their turn, and beyond that the answer is 429 with
+//! `Retry-After`. A client that goes away (connection closed, stream dropped) cancels its
+//! generation: the provider's stream is dropped and the runtime stops at its next token.
+//!
+//! ```no_run
+//! # async fn demo(llm: std::sync::Arc<dyn mtp_contract::Provider>) -> Result<(), mtp_server::ServerError> {
+//! let config = mtp_server::ServerConfig::new("127.0.0.1:8080");
+//! mtp_server::serve(llm, config, mtp_server::shutdown_signal()).await
+//! # }
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod error;
+mod metrics;
+pub mod openai;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::{Stream, StreamExt};
+use mtp_contract::{GenerateResponse, Provider, ProviderError, StreamEvent};
+use serde_json::{json, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use error::{ApiError, ServerError};
+pub use metrics::Metrics;
+use openai::{Endpoint, Parsed};
+
+/// Default request body limit: 16 MiB (a long conversation with tool schemas fits; a runaway
+/// upload does not).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+/// Default number of requests that may wait for a slot.
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+/// How long a request waits for a provider that says it is still busy (the previous request's
+/// generation ending after its client went away) before the server answers 503.
+const BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `host:port` to listen on.
+    pub addr: String,
+    /// The bearer key clients must send; `None` serves everyone.
+    pub api_key: Option<String>,
+    /// Requests generating at once (the provider's concurrency).
+    pub max_batch: usize,
+    /// Requests that may wait for a slot before the server answers 429.
+    pub max_queue: usize,
+    /// The largest request body accepted (413 above it).
+    pub max_body_bytes: usize,
+    /// The model id shown in `/v1/models` and responses (default: the provider's model).
+    pub model_id: Option<String>,
+}
+
+impl ServerConfig {
+    /// Defaults: no key, one request at a time, 64 waiting, 16 MiB bodies.
+    pub fn new(addr: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            addr: addr.into(),
+            api_key: None,
+            max_batch: 1,
+            max_queue: DEFAULT_MAX_QUEUE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            model_id: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ServerError> {
+        if self.max_batch == 0 {
+            return Err(ServerError::Config {
+                setting: "max_batch",
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(ServerError::Config {
+                setting: "max_body_bytes",
+                message: format!("{} is too small for any request", self.max_body_bytes),
+            });
+        }
+        if matches!(&self.api_key, Some(k) if k.is_empty()) {
+            return Err(ServerError::Config {
+                setting: "api_key",
+                message: "an empty key would let anyone in; leave it unset instead".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The shared state of the handlers.
+struct AppState {
+    llm: Arc<dyn Provider>,
+    model_id: String,
+    api_key: Option<String>,
+    slots: Arc<Semaphore>,
+    max_batch: usize,
+    waiting: AtomicUsize,
+    max_queue: usize,
+    metrics: Metrics,
+    shutting_down: AtomicBool,
+    next_id: AtomicU64,
+    started: u64,
+}
+
+type Shared = Arc<AppState>;
+
+/// Serves `llm` until `shutdown` resolves, then finishes the requests in flight (streams
+/// included) and returns.
+pub async fn serve(
+    llm: Arc<dyn Provider>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let listener = tokio::net::TcpListener::bind(&config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr.clone(),
+            source,
+        })?;
+    serve_on(listener, llm, config, shutdown).await
+}
+
+/// [`serve`] on a listener already bound (tests bind port 0 and read the address).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    llm: Arc<dyn Provider>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    config.validate()?;
+    let (app, state) = app(llm, &config);
+    tracing::info!(addr = %listener.local_addr()?, model = %state.model_id, "serving");
+    let flag = Arc::clone(&state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            flag.shutting_down.store(true, Ordering::SeqCst);
+            tracing::info!("shutting down: finishing the requests in flight");
+        })
+        .await?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM. The handlers are installed when this is
+/// called (inside a tokio runtime), not when the future is first polled, so a signal that
+/// arrives while the server starts is not lost.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let int = signal(SignalKind::interrupt());
+        let term = signal(SignalKind::terminate());
+        async move {
+            match (int, term) {
+                (Ok(mut int), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {},
+                        _ = term.recv() => {},
+                    }
+                }
+                (int, term) => {
+                    let e = int
+                        .err()
+                        .or(term.err())
+                        .map(|e| e.to_string())
+                        .unwrap_or_default();
+                    tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); waiting for Ctrl-C");
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
+    let state = Arc::new(AppState {
+        model_id: config
+            .model_id
+            .clone()
+            .unwrap_or_else(|| llm.model().to_string()),
+        llm,
+        api_key: config.api_key.clone(),
+        slots: Arc::new(Semaphore::new(config.max_batch)),
+        max_batch: config.max_batch,
+        waiting: AtomicUsize::new(0),
+        max_queue: config.max_queue,
+        metrics: Metrics::default(),
+        shutting_down: AtomicBool::new(false),
+        next_id: AtomicU64::new(1),
+        started: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/props", get(props))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    let app = Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(Arc::clone(&state));
+    (app, state)
+}
+
+/// Bearer-key check, in constant time over the key's bytes. The key is never logged.
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let sent = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !key_matches(key, sent) {
+            s.metrics.rejected();
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Constant-time in the key's content (the length of the expected key is not secret).
+fn key_matches(expected: &str, sent: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    expected.len() == sent.len() && bool::from(expected.as_bytes().ct_eq(sent.as_bytes()))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("not_found".into()),
+        message: format!(
+            "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
+             GET /v1/models, GET /health, GET /metrics and GET /props",
+            req.method(),
+            req.uri().path()
+        ),
+        retry_after: None,
+    }
+}
+
+async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(&s.model_id),
+    )
+}
+
+async fn models(State(s): State<Shared>) -> Json<Value> {
+    let status = s.llm.speculation_status();
+    let caps = s.llm.capabilities();
+    Json(json!({"object": "list", "data": [{
+        "id": s.model_id,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "mtp",
+        "runtime": caps.runtime,
+        "speculation": status,
+    }]}))
+}
+
+/// llama-server's `/props`, the part its clients read: whether a drafter is loaded
+/// (`speculative.types`) and its depth, the slots and the model.
+async fn props(State(s): State<Shared>) -> Json<Value> {
+    let status = s.llm.speculation_status();
+    let types = if status.lane_loaded {
+        "draft-mtp"
+    } else {
+        "none"
+    };
+    Json(json!({
+        "model_path": s.model_id,
+        "build_info": format!("mtp-server {}", env!("CARGO_PKG_VERSION")),
+        "total_slots": s.max_batch,
+        "default_generation_settings": {"params": {
+            "speculative.types": types,
+            "speculative.n_max": status.num_draft_tokens,
+        }},
+    }))
+}
+
+async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    handle(s, Endpoint::Chat, body).await
+}
+
+async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    handle(s, Endpoint::Completion, body).await
+}
+
+/// Reads and checks the body, waits for a slot, and answers whole or as a stream.
+async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+    let mut parsed = match read_body(&body).and_then(|v| openai::parse(endpoint, &v)) {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return e.into_response();
+        }
+    };
+    // no decoding chosen: the model's generation_config.json, as vLLM serves it
+    let recommended = s.llm.recommended_sampling();
+    parsed.request.sampling = std::mem::take(&mut parsed.request.sampling)
+        .or_recommended(recommended.as_ref())
+        .0;
+    if s.shutting_down.load(Ordering::SeqCst) {
+        s.metrics.rejected();
+        return ApiError::shutting_down().into_response();
+    }
+    let permit = match admit(&s).await {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return e.into_response();
+        }
+    };
+    let started = Instant::now();
+    let events = match open_stream(&s, &parsed).await {
+        Ok(ev) => ev,
+        Err(e) => {
+            s.metrics.failed();
+            return ApiError::from_provider(&e).into_response();
+        }
+    };
+    let id = format!(
+        "{}{}",
+        endpoint.id_prefix(),
+        s.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    s.metrics.start_running();
+    let run = Run {
+        s: Arc::clone(&s),
+        endpoint,
+        id,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        started,
+        done: false,
+        _permit: permit,
+    };
+    if parsed.stream {
+        stream_response(run, events, parsed.include_usage).into_response()
+    } else {
+        whole_response(run, events).await
+    }
+}
+
+fn read_body(body: &Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: Some("body_too_large".into()),
+                ..ApiError::invalid(
+                    "body",
+                    "the request body is over this server's limit (--max-body-bytes)",
+                )
+            })
+        }
+        Err(r) => return Err(ApiError::invalid("body", format!("unreadable body: {r}"))),
+    };
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))
+}
+
+/// A slot now, or a place in the queue, or 429.
+async fn admit(s: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
+    if let Ok(p) = Arc::clone(&s.slots).try_acquire_owned() {
+        return Ok(p);
+    }
+    let queued = s.waiting.fetch_add(1, Ordering::SeqCst);
+    struct Leave<'a>(&'a AtomicUsize);
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _leave = Leave(&s.waiting);
+    if queued >= s.max_queue {
+        // about as long as the requests ahead take, at the mean latency seen so far
+        let mean = s.metrics.mean_latency_s().unwrap_or(1.0);
+        let ahead = (queued + 1) as f64 / s.max_batch as f64;
+        return Err(ApiError::queue_full(
+            s.max_queue,
+            (mean * ahead).ceil().clamp(1.0, 3600.0) as u64,
+        ));
+    }
+    let _gauge = s.metrics.waiting();
+    Arc::clone(&s.slots)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::shutting_down())
+}
+
+/// The provider's stream, waiting out a provider that is still finishing a cancelled request.
+async fn open_stream(
+    s: &Shared,
+    parsed: &Parsed,
+) -> Result<mtp_contract::EventStream, ProviderError> {
+    let deadline = Instant::now() + BUSY_WAIT;
+    loop {
+        match s.llm.generate_stream(parsed.request.clone()).await {
+            Err(ProviderError::Busy { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One admitted request: holds its slot, and counts it as cancelled if dropped before the end.
+struct Run {
+    s: Shared,
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    started: Instant,
+    done: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Run {
+    fn finish(&mut self, r: &GenerateResponse) {
+        self.done = true;
+        self.s
+            .metrics
+            .finished(r, self.started.elapsed().as_secs_f64());
+    }
+
+    fn fail(&mut self) {
+        self.done = true;
+        self.s.metrics.failed();
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.endpoint.object(true),
+            "created": self.created,
+            "model": self.s.model_id,
+            "choices": [choice],
+        })
+    }
+
+    fn delta_choice(&self, text: &str, reasoning: &str) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => {
+                let mut d = serde_json::Map::new();
+                if !reasoning.is_empty() {
+                    d.insert("reasoning_content".into(), reasoning.into());
+                }
+                if !text.is_empty() {
+                    d.insert("content".into(), text.into());
+                }
+                json!({"index": 0, "delta": d, "finish_reason": null})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
+            }
+        }
+    }
+
+    fn whole(&self, r: &GenerateResponse) -> Value {
+        let finish = openai::finish_reason(r.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut m = json!({"role": "assistant", "content": r.content});
+                if let Some(rc) = &r.reasoning_content {
+                    m["reasoning_content"] = rc.clone().into();
+                }
+                json!({"index": 0, "message": m, "finish_reason": finish})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": r.content, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let mut body = json!({
+            "id": self.id,
+            "object": self.endpoint.object(false),
+            "created": self.created,
+            "model": self.s.model_id,
+            "choices": [choice],
+            "usage": openai::usage(r),
+        });
+        extras(&mut body, r);
+        body
+    }
+}
+
+/// What this server adds to OpenAI's shapes: the contract's report, llama-server's timings,
+/// and warnings.
+fn extras(body: &mut Value, r: &GenerateResponse) {
+    body["timings"] = openai::timings(r);
+    body["speculation"] = serde_json::to_value(&r.metadata.speculation).unwrap_or(Value::Null);
+    if !r.warnings.is_empty() {
+        body["warnings"] = json!(r.warnings);
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.s.metrics.stop_running();
+        if !self.done {
+            tracing::debug!(id = %self.id, "client went away; generation cancelled");
+            self.s.metrics.cancelled();
+        }
+    }
+}
+
+async fn whole_response(mut run: Run, mut events: mtp_contract::EventStream) -> Response {
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(StreamEvent::Delta { .. }) => {}
+            Ok(StreamEvent::Done(r)) => {
+                run.finish(&r);
+                return Json(run.whole(&r)).into_response();
+            }
+            Err(e) => {
+                run.fail();
+                return ApiError::from_provider(&e).into_response();
+            }
+        }
+    }
+    run.fail();
+    ApiError::from_provider(&ProviderError::Cancelled).into_response()
+}
+
+fn stream_response(
+    run: Run,
+    events: mtp_contract::EventStream,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
+    let data = |v: &Value| Event::default().data(v.to_string());
+    let state = (run, events, 0u8);
+    let out = futures::stream::unfold(state, move |(mut run, mut events, phase)| async move {
+        // phase 0: role chunk; 1: deltas; 2: [DONE]; 3: ended
+        match phase {
+            0 => {
+                let first = match run.endpoint {
+                    Endpoint::Chat => run.chunk(json!({"index": 0,
+                        "delta": {"role": "assistant", "content": ""}, "finish_reason": null})),
+                    Endpoint::Completion => {
+                        return Some((vec![], (run, events, 1)));
+                    }
+                };
+                Some((vec![data(&first)], (run, events, 1)))
+            }
+            1 => match events.next().await {
+                Some(Ok(StreamEvent::Delta {
+                    text, reasoning, ..
+                })) => {
+                    if text.is_empty() && reasoning.is_empty() {
+                        return Some((vec![], (run, events, 1)));
+                    }
+                    let c = run.chunk(run.delta_choice(&text, &reasoning));
+                    Some((vec![data(&c)], (run, events, 1)))
+                }
+                Some(Ok(StreamEvent::Done(r))) => {
+                    run.finish(&r);
+                    let finish = openai::finish_reason(r.finish_reason);
+                    let mut last = match run.endpoint {
+                        Endpoint::Chat => {
+                            run.chunk(json!({"index": 0, "delta": {}, "finish_reason": finish}))
+                        }
+                        Endpoint::Completion => run.chunk(json!({"index": 0, "text": "",
+                                "logprobs": null, "finish_reason": finish})),
+                    };
+                    extras(&mut last, &r);
+                    let mut out = vec![data(&last)];
+                    if include_usage {
+                        let mut u = run.chunk(Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = openai::usage(&r);
+                        out.push(data(&u));
+                    }
+                    Some((out, (run, events, 2)))
+                }
+                Some(Err(e)) => {
+                    run.fail();
+                    let body = ApiError::from_provider(&e).body();
+                    Some((vec![data(&body)], (run, events, 2)))
+                }
+                None => {
+                    run.fail();
+                    let body = ApiError::from_provider(&ProviderError::Cancelled).body();
+                    Some((vec![data(&body)], (run, events, 2)))
+                }
+            },
+            2 => Some((vec![Event::default().data("[DONE]")], (run, events, 3))),
+            _ => None,
+        }
+    })
+    .flat_map(|evs| futures::stream::iter(evs.into_iter().map(Ok)));
+    Sse::new(out).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(key_matches("secret", "secret"));
+        assert!(!key_matches("secret", "secre"));
+        assert!(!key_matches("secret", "secret2"));
+        assert!(!key_matches("secret", ""));
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let mut c = ServerConfig::new("127.0.0.1:0");
+        c.max_batch = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ServerError::Config {
+                setting: "max_batch",
+                ..
+            })
+        ));
+        let mut c = ServerConfig::new("127.0.0.1:0");
+        c.api_key = Some(String::new());
+        assert!(c.validate().is_err());
+    }
+}

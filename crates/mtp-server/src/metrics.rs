@@ -1,0 +1,271 @@
+//! `GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand because it is a
+//! dozen lines of a stable text format and every figure here is a plain atomic counter.
+//!
+//! Speculative counters are named as vLLM names them (`vllm:spec_decode_num_drafts_total`, ...)
+//! with the `mtp:` prefix, so dashboards built for vLLM read them by changing the prefix.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use mtp_contract::GenerateResponse;
+
+/// Upper bounds (seconds) of the latency histograms' buckets (vLLM's for TTFT and e2e latency,
+/// trimmed).
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [u64; LATENCY_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, x: f64) {
+        for (b, le) in self.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+            if x <= le {
+                *b += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += x;
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {b}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// The server's counters.
+#[derive(Default)]
+pub struct Metrics {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    rejected: AtomicU64,
+    cancelled: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    drafts: AtomicU64,
+    draft_tokens: AtomicU64,
+    accepted_tokens: AtomicU64,
+    speculated_requests: AtomicU64,
+    per_pos: Mutex<Vec<u64>>,
+    ttft: Mutex<Histogram>,
+    e2e: Mutex<Histogram>,
+}
+
+/// Ends a waiting request's count when dropped.
+pub struct Gauge<'a>(&'a AtomicU64);
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// A request starts generating (paired with [`Metrics::stop_running`]).
+    pub fn start_running(&self) {
+        self.running.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request stops generating.
+    pub fn stop_running(&self) {
+        self.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request as waiting until the guard drops.
+    pub fn waiting(&self) -> Gauge<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Gauge(&self.waiting)
+    }
+
+    /// A request refused before it ran (queue full, bad request, no key).
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request that failed while running.
+    pub fn failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request whose client went away.
+    pub fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A finished request: its tokens, its speculation figures and its latencies.
+    pub fn finished(&self, r: &GenerateResponse, e2e_s: f64) {
+        self.ok.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(r.usage.input_tokens, Ordering::Relaxed);
+        self.generation_tokens
+            .fetch_add(r.usage.output_tokens, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(r.usage.cached_input_tokens, Ordering::Relaxed);
+        let s = &r.metadata.speculation;
+        if s.used {
+            self.speculated_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        self.drafts
+            .fetch_add(s.rounds.unwrap_or(0), Ordering::Relaxed);
+        self.draft_tokens
+            .fetch_add(s.drafted.unwrap_or(0), Ordering::Relaxed);
+        self.accepted_tokens
+            .fetch_add(s.accepted.unwrap_or(0), Ordering::Relaxed);
+        if let (Some(per), Ok(mut all)) = (&s.accepted_per_position, self.per_pos.lock()) {
+            if all.len() < per.len() {
+                all.resize(per.len(), 0);
+            }
+            for (a, p) in all.iter_mut().zip(per) {
+                *a += p;
+            }
+        }
+        if let (Some(ms), Ok(mut h)) = (r.metadata.timings.time_to_first_token_ms, self.ttft.lock())
+        {
+            h.observe(ms / 1000.0);
+        }
+        if let Ok(mut h) = self.e2e.lock() {
+            h.observe(e2e_s);
+        }
+    }
+
+    /// The mean end-to-end latency so far (seconds), for `Retry-After`.
+    pub fn mean_latency_s(&self) -> Option<f64> {
+        let h = self.e2e.lock().ok()?;
+        (h.count > 0).then(|| h.sum / h.count as f64)
+    }
+
+    /// The exposition text.
+    pub fn render(&self, model: &str) -> String {
+        let mut out = String::new();
+        let model = model.replace('\\', "\\\\").replace('"', "\\\"");
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut counter = |name: &str, help: &str, labels: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{model_name=\"{model}\"{labels}}} {v}"
+            );
+        };
+        counter(
+            "mtp:request_success_total",
+            "Requests that finished.",
+            "",
+            get(&self.ok),
+        );
+        counter(
+            "mtp:request_failure_total",
+            "Requests that failed while running.",
+            "",
+            get(&self.failed),
+        );
+        counter(
+            "mtp:request_rejected_total",
+            "Requests refused before running (bad request, no key, queue full).",
+            "",
+            get(&self.rejected),
+        );
+        counter(
+            "mtp:request_cancelled_total",
+            "Requests whose client went away before the end.",
+            "",
+            get(&self.cancelled),
+        );
+        counter(
+            "mtp:prompt_tokens_total",
+            "Prompt tokens processed (cached ones included).",
+            "",
+            get(&self.prompt_tokens),
+        );
+        counter(
+            "mtp:prompt_tokens_cached_total",
+            "Prompt tokens served from the prefix cache.",
+            "",
+            get(&self.cached_tokens),
+        );
+        counter(
+            "mtp:generation_tokens_total",
+            "Generated tokens.",
+            "",
+            get(&self.generation_tokens),
+        );
+        counter(
+            "mtp:spec_decode_requests_total",
+            "Requests where drafting really happened.",
+            "",
+            get(&self.speculated_requests),
+        );
+        counter(
+            "mtp:spec_decode_num_drafts_total",
+            "Draft/verify rounds.",
+            "",
+            get(&self.drafts),
+        );
+        counter(
+            "mtp:spec_decode_num_draft_tokens_total",
+            "Draft tokens proposed.",
+            "",
+            get(&self.draft_tokens),
+        );
+        counter(
+            "mtp:spec_decode_num_accepted_tokens_total",
+            "Draft tokens accepted.",
+            "",
+            get(&self.accepted_tokens),
+        );
+        let per = self.per_pos.lock().map(|p| p.clone()).unwrap_or_default();
+        let name = "mtp:spec_decode_num_accepted_tokens_per_pos_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Draft tokens accepted at each draft position (0-based).\n# TYPE {name} counter"
+        );
+        for (i, v) in per.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{model_name=\"{model}\",position=\"{i}\"}} {v}");
+        }
+        for (name, help, v) in [
+            (
+                "mtp:num_requests_running",
+                "Requests generating now.",
+                get(&self.running),
+            ),
+            (
+                "mtp:num_requests_waiting",
+                "Requests waiting in the queue.",
+                get(&self.waiting),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{model}\"}} {v}"
+            );
+        }
+        if let Ok(h) = self.ttft.lock() {
+            h.write(
+                &mut out,
+                "mtp:time_to_first_token_seconds",
+                "Time to first token.",
+            );
+        }
+        if let Ok(h) = self.e2e.lock() {
+            h.write(
+                &mut out,
+                "mtp:e2e_request_latency_seconds",
+                "End-to-end request latency.",
+            );
+        }
+        out
+    }
+}

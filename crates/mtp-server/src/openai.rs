@@ -1,0 +1,605 @@
+//! OpenAI request bodies into the contract's [`GenerateRequest`], and responses back.
+//!
+//! Fields are read one by one from the JSON object so that every refusal names the field at
+//! fault. Fields no local runtime acts on and that change nothing when ignored (`user`,
+//! `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored, as vLLM
+//! and llama-server do; fields that would change the answer and that this server cannot honour
+//! (`n` > 1, `logprobs`, a JSON `response_format`, a forced `tool_choice`) are refused with 400,
+//! never dropped silently.
+
+use mtp_contract::{
+    FinishReason, GenerateRequest, GenerateResponse, Message, Role, Sampling, Speculation,
+    SpeculationReport, ToolCall,
+};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+
+/// What a request asked for besides the generation itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    /// The contract's request.
+    pub request: GenerateRequest,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// The two endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+impl Endpoint {
+    /// The response `object`.
+    pub fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    /// The id prefix.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completion => "cmpl-",
+        }
+    }
+}
+
+fn opt<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
+    o.get(k).filter(|v| !v.is_null())
+}
+
+fn f32_field(o: &Map<String, Value>, k: &str) -> Result<Option<f32>, ApiError> {
+    match opt(o, k) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a number, got {v}"))),
+    }
+}
+
+fn u64_field(o: &Map<String, Value>, k: &str) -> Result<Option<u64>, ApiError> {
+    match opt(o, k) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ApiError::invalid(k, format!("`{k}` must be a non-negative integer, got {v}"))
+        }),
+    }
+}
+
+fn u32_field(o: &Map<String, Value>, k: &str) -> Result<Option<u32>, ApiError> {
+    u64_field(o, k)?
+        .map(|x| {
+            u32::try_from(x).map_err(|_| ApiError::invalid(k, format!("`{k}` is too large: {x}")))
+        })
+        .transpose()
+}
+
+fn bool_field(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
+    match opt(o, k) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(ApiError::invalid(
+            k,
+            format!("`{k}` must be true or false, got {v}"),
+        )),
+    }
+}
+
+/// Reads the body of either endpoint.
+pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
+    let Some(o) = body.as_object() else {
+        return Err(ApiError::invalid(
+            "body",
+            "the request body must be a JSON object",
+        ));
+    };
+    let mut request = match endpoint {
+        Endpoint::Chat => chat_request(o)?,
+        Endpoint::Completion => completion_request(o)?,
+    };
+    request.max_output_tokens = match (
+        u32_field(o, "max_completion_tokens")?,
+        u32_field(o, "max_tokens")?,
+    ) {
+        (Some(n), _) | (None, Some(n)) => Some(n),
+        (None, None) => None,
+    };
+    request.sampling = sampling(o)?;
+    request.stop = match opt(o, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| {
+                s.as_str().map(str::to_string).ok_or_else(|| {
+                    ApiError::invalid("stop", format!("stop sequences must be strings, got {s}"))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` must be a string or a list of strings, got {v}"),
+            ))
+        }
+    };
+    request.speculation = speculation(o)?;
+    if let Some(n) = u64_field(o, "n")? {
+        if n != 1 {
+            return Err(ApiError::unsupported(
+                "n",
+                format!("this server returns one choice per request (`n` = 1), not {n}"),
+            ));
+        }
+    }
+    if bool_field(o, "logprobs")? == Some(true) || opt(o, "top_logprobs").is_some() {
+        return Err(ApiError::unsupported(
+            "logprobs",
+            "log probabilities are not returned by this server",
+        ));
+    }
+    if bool_field(o, "echo")? == Some(true) {
+        return Err(ApiError::unsupported(
+            "echo",
+            "`echo` is not supported; the prompt is not repeated in the answer",
+        ));
+    }
+    if let Some(rf) = opt(o, "response_format") {
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            _ => {
+                return Err(ApiError::unsupported(
+                    "response_format",
+                    format!(
+                        "only {{\"type\": \"text\"}} is served; schema-constrained output is not \
+                         available in this server yet (got {rf})"
+                    ),
+                ))
+            }
+        }
+    }
+    let stream = bool_field(o, "stream")?.unwrap_or(false);
+    let include_usage = match opt(o, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => bool_field(so, "include_usage")
+            .map_err(|e| ApiError {
+                param: Some("stream_options.include_usage".into()),
+                ..e
+            })?
+            .unwrap_or(false),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("`stream_options` must be an object, got {v}"),
+            ))
+        }
+    };
+    request
+        .validate()
+        .map_err(|e| ApiError::from_provider(&e))?;
+    Ok(Parsed {
+        request,
+        stream,
+        include_usage,
+    })
+}
+
+/// The per-request speculation: our `speculation` block (the contract's, same validation), or
+/// llama-server's `speculative.n_max` (0: off; n: depth n) so llama-server clients keep working.
+fn speculation(o: &Map<String, Value>) -> Result<Option<Speculation>, ApiError> {
+    if let Some(v) = opt(o, "speculation") {
+        return Speculation::from_json(v).map(Some).map_err(|e| ApiError {
+            code: Some("invalid_speculation".into()),
+            ..ApiError::invalid("speculation", format!("invalid speculation block: {e}"))
+        });
+    }
+    match u32_field(o, "speculative.n_max")? {
+        None => Ok(None),
+        Some(0) => Ok(Some(Speculation::off())),
+        Some(n) => Speculation::depth(n).map(Some).map_err(|e| {
+            ApiError::invalid(
+                "speculative.n_max",
+                format!("invalid speculation block: {e}"),
+            )
+        }),
+    }
+}
+
+fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
+    let logit_bias = match opt(o, "logit_bias") {
+        None => Default::default(),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| {
+                let id = k.parse::<u32>().map_err(|_| {
+                    ApiError::invalid("logit_bias", format!("`{k}` is not a token id"))
+                })?;
+                let b = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    ApiError::invalid("logit_bias", format!("the bias of {k} is not a number"))
+                })?;
+                Ok((id, b as f32))
+            })
+            .collect::<Result<_, ApiError>>()?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` must be an object of token id to bias, got {v}"),
+            ))
+        }
+    };
+    Ok(Sampling {
+        temperature: f32_field(o, "temperature")?,
+        top_p: f32_field(o, "top_p")?,
+        top_k: u32_field(o, "top_k")?,
+        min_p: f32_field(o, "min_p")?,
+        seed: u64_field(o, "seed")?,
+        repetition_penalty: match f32_field(o, "repetition_penalty")? {
+            Some(x) => Some(x),
+            None => f32_field(o, "repeat_penalty")?,
+        },
+        presence_penalty: f32_field(o, "presence_penalty")?,
+        frequency_penalty: f32_field(o, "frequency_penalty")?,
+        logit_bias,
+    })
+}
+
+fn completion_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
+    let prompt = match opt(o, "prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
+        Some(Value::Array(_)) => {
+            return Err(ApiError::unsupported(
+                "prompt",
+                "one prompt per request: a string, or a list holding one string (token-id \
+                 prompts and batches of prompts are not accepted)",
+            ))
+        }
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("`prompt` must be a string, got {v}"),
+            ))
+        }
+    };
+    if opt(o, "suffix").is_some() {
+        return Err(ApiError::unsupported(
+            "suffix",
+            "fill-in-the-middle (`suffix`) is not supported",
+        ));
+    }
+    Ok(GenerateRequest::new(prompt).raw())
+}
+
+fn chat_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
+    let Some(Value::Array(raw)) = opt(o, "messages") else {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` is required: a list of {\"role\", \"content\"} objects",
+        ));
+    };
+    if raw.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` is empty"));
+    }
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    // the whole conversation is the history; the contract renders system, history, then a
+    // non-empty prompt, so an empty prompt leaves the conversation exactly as sent
+    let mut r = GenerateRequest::new("").messages(messages);
+    let tool_choice = opt(o, "tool_choice");
+    let tools_off = match tool_choice {
+        None => false,
+        Some(Value::String(s)) if s == "auto" => false,
+        Some(Value::String(s)) if s == "none" => true,
+        Some(v) => {
+            return Err(ApiError::unsupported(
+                "tool_choice",
+                format!(
+                    "only \"auto\" and \"none\" are served; forcing a tool call needs constrained \
+                     decoding, which this server does not offer yet (got {v})"
+                ),
+            ))
+        }
+    };
+    match opt(o, "tools") {
+        None => {}
+        Some(Value::Array(t)) if !tools_off => r.tools = t.clone(),
+        Some(Value::Array(_)) => {}
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "tools",
+                format!("`tools` must be a list, got {v}"),
+            ))
+        }
+    }
+    match opt(o, "chat_template_kwargs") {
+        None => {}
+        Some(Value::Object(kw)) => {
+            for (k, v) in kw {
+                if k == "enable_thinking" {
+                    r.thinking = Some(v.as_bool().ok_or_else(|| {
+                        ApiError::invalid(
+                            "chat_template_kwargs",
+                            format!("`enable_thinking` must be true or false, got {v}"),
+                        )
+                    })?);
+                } else {
+                    r.chat_template_kwargs.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object, got {v}"),
+            ))
+        }
+    }
+    if let Some(k) = opt(o, "prompt_cache_key") {
+        r.prompt_cache_key = Some(
+            k.as_str()
+                .ok_or_else(|| ApiError::invalid("prompt_cache_key", "must be a string"))?
+                .to_string(),
+        );
+    }
+    Ok(r)
+}
+
+/// One OpenAI message: `content` as a string, `null` or a list of parts (`text`, `image_url`).
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let param = format!("messages[{i}]");
+    let bad = |what: String| ApiError::invalid(&param, format!("message {i}: {what}"));
+    let Some(o) = m.as_object() else {
+        return Err(bad(format!("must be an object, got {m}")));
+    };
+    let role = match o.get("role").and_then(Value::as_str) {
+        Some("system") | Some("developer") => Role::System,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some("tool") => Role::Tool,
+        Some(r) => return Err(bad(format!("unknown role `{r}`"))),
+        None => return Err(bad("`role` is missing".into())),
+    };
+    let mut images = Vec::new();
+    let content = match opt(o, "content") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("text") => text.push_str(
+                        p.get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad("a text part has no `text`".into()))?,
+                    ),
+                    Some("image_url") => images.push(
+                        p.pointer("/image_url/url")
+                            .or_else(|| p.get("image_url"))
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad("an image part has no `image_url.url`".into()))?
+                            .to_string(),
+                    ),
+                    other => {
+                        return Err(bad(format!(
+                            "content part type {} is not supported (text, image_url)",
+                            other.map(|s| format!("`{s}`")).unwrap_or("(none)".into())
+                        )))
+                    }
+                }
+            }
+            text
+        }
+        Some(v) => return Err(bad(format!("`content` must be a string or parts, got {v}"))),
+    };
+    let mut msg = Message::new(role, content);
+    msg.images = images;
+    if let Some(r) = opt(o, "reasoning_content").or_else(|| opt(o, "reasoning")) {
+        msg.reasoning_content = Some(
+            r.as_str()
+                .ok_or_else(|| bad("`reasoning_content` must be a string".into()))?
+                .to_string(),
+        );
+    }
+    if let Some(calls) = opt(o, "tool_calls") {
+        let calls: Vec<ToolCall> = serde_json::from_value(calls.clone())
+            .map_err(|e| bad(format!("`tool_calls` is malformed: {e}")))?;
+        msg.tool_calls = calls;
+    }
+    for (k, slot) in [
+        ("tool_call_id", &mut msg.tool_call_id),
+        ("name", &mut msg.name),
+    ] {
+        if let Some(v) = opt(o, k) {
+            *slot = Some(
+                v.as_str()
+                    .ok_or_else(|| bad(format!("`{k}` must be a string")))?
+                    .to_string(),
+            );
+        }
+    }
+    Ok(msg)
+}
+
+/// OpenAI's `finish_reason`.
+pub fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        // a stream that broke off or was cancelled: OpenAI has no code; vLLM says "abort"
+        FinishReason::Cancelled | FinishReason::Error => "abort",
+    }
+}
+
+/// The `usage` object.
+pub fn usage(r: &GenerateResponse) -> Value {
+    json!({
+        "prompt_tokens": r.usage.input_tokens,
+        "completion_tokens": r.usage.output_tokens,
+        "total_tokens": r.usage.input_tokens + r.usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": r.usage.cached_input_tokens},
+    })
+}
+
+/// llama-server's `timings` (what its clients, and our own `llama-server` adapter, read):
+/// prompt and predicted counts and rates, and `draft_n` / `draft_n_accepted` when drafting ran.
+pub fn timings(r: &GenerateResponse) -> Value {
+    let t = &r.metadata.timings;
+    let mut o = Map::new();
+    o.insert("cache_n".into(), json!(r.usage.cached_input_tokens));
+    o.insert(
+        "prompt_n".into(),
+        json!(r
+            .usage
+            .input_tokens
+            .saturating_sub(r.usage.cached_input_tokens)),
+    );
+    if let Some(ms) = t.prefill_ms {
+        o.insert("prompt_ms".into(), json!(ms));
+    }
+    if let Some(x) = t.prefill_tokens_per_s {
+        o.insert("prompt_per_second".into(), json!(x));
+    }
+    o.insert("predicted_n".into(), json!(r.usage.output_tokens));
+    if let Some(ms) = t.decode_ms {
+        o.insert("predicted_ms".into(), json!(ms));
+    }
+    if let Some(x) = t.decode_tokens_per_s {
+        o.insert("predicted_per_second".into(), json!(x));
+    }
+    let s: &SpeculationReport = &r.metadata.speculation;
+    if let Some(d) = s.drafted {
+        o.insert("draft_n".into(), json!(d));
+        o.insert("draft_n_accepted".into(), json!(s.accepted.unwrap_or(0)));
+    }
+    Value::Object(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(v: Value) -> Result<Parsed, ApiError> {
+        parse(Endpoint::Chat, &v)
+    }
+
+    #[test]
+    fn a_conversation_is_the_history_as_sent() {
+        let p = chat(json!({"model": "x", "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        ], "max_tokens": 7, "temperature": 0, "stop": "\n", "stream": true,
+           "stream_options": {"include_usage": true}}))
+        .unwrap();
+        let r = &p.request;
+        assert_eq!(r.prompt, "");
+        let m = r.messages.as_ref().unwrap();
+        assert_eq!(m[0].role, Role::System);
+        assert_eq!(m[1].content, "Hi there");
+        assert_eq!(r.max_output_tokens, Some(7));
+        assert_eq!(r.sampling.temperature, Some(0.0));
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert!(p.stream && p.include_usage);
+        assert!(!r.raw_prompt);
+    }
+
+    #[test]
+    fn speculation_per_request_uses_the_contracts_block() {
+        let p = chat(json!({"messages": [{"role": "user", "content": "a"}],
+            "speculation": {"mode": "native_mtp", "num_draft_tokens": 2}}))
+        .unwrap();
+        let block = json!({"mode": "native_mtp", "num_draft_tokens": 2});
+        assert_eq!(
+            p.request.speculation,
+            Some(Speculation::from_json(&block).unwrap())
+        );
+        let off =
+            chat(json!({"messages": [{"role": "user", "content": "a"}], "speculation": false}))
+                .unwrap();
+        assert_eq!(off.request.speculation, Some(Speculation::off()));
+        // llama-server's field
+        let n =
+            chat(json!({"messages": [{"role": "user", "content": "a"}], "speculative.n_max": 0}))
+                .unwrap();
+        assert_eq!(n.request.speculation, Some(Speculation::off()));
+        // the contract's own message for a bad block
+        let e = chat(json!({"messages": [{"role": "user", "content": "a"}],
+            "speculation": {"num_draft_tokens": 99}}))
+        .unwrap_err();
+        let contract = Speculation::from_json(&json!({"num_draft_tokens": 99})).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("speculation"));
+        assert!(e.message.contains(&contract.to_string()), "{}", e.message);
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_name() {
+        let base = |k: &str, v: Value| {
+            let mut b = json!({"messages": [{"role": "user", "content": "a"}]});
+            b[k] = v;
+            chat(b).unwrap_err()
+        };
+        assert_eq!(base("n", json!(2)).param.as_deref(), Some("n"));
+        assert_eq!(
+            base("logprobs", json!(true)).param.as_deref(),
+            Some("logprobs")
+        );
+        assert_eq!(
+            base("response_format", json!({"type": "json_object"}))
+                .param
+                .as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(
+            base("tool_choice", json!("required")).param.as_deref(),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            base("temperature", json!("hot")).param.as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            base("max_tokens", json!(-1)).param.as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            base("max_tokens", json!(0)).param.as_deref(),
+            Some("max_output_tokens")
+        );
+        assert_eq!(base("stop", json!([1])).param.as_deref(), Some("stop"));
+        let e = chat(json!({"messages": [{"role": "robot", "content": "a"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0]"));
+        assert!(chat(json!({"messages": []})).is_err());
+        assert!(chat(json!([1, 2])).is_err());
+    }
+
+    #[test]
+    fn completions_are_raw_prompts() {
+        let p = parse(
+            Endpoint::Completion,
+            &json!({"prompt": ["fn main() {"], "max_tokens": 3}),
+        )
+        .unwrap();
+        assert!(p.request.raw_prompt);
+        assert_eq!(p.request.prompt, "fn main() {");
+        assert!(parse(Endpoint::Completion, &json!({"prompt": [1, 2]})).is_err());
+        assert!(parse(Endpoint::Completion, &json!({})).is_err());
+    }
+}

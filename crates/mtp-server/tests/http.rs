@@ -1,0 +1,607 @@
+//! The server over a scripted provider: the HTTP surface (shapes, SSE, errors, keys, the queue,
+//! cancellation, shutdown). The native engine behind `mtp serve` is tested end to end in
+//! `crates/mtp/tests/serve.rs`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use mtp_contract::{
+    plan, Capabilities, DraftStats, EventStream, FinishReason, GenerateRequest, GenerateResponse,
+    Lane, Metadata, Provider, ProviderError, Speculation, SpeculationMode, SpeculationStatus,
+    StreamEvent, Timings, Usage,
+};
+use mtp_server::{serve_on, ServerConfig};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+/// Answers every request with `words`, one delta per word, `pause` apart; drafting (depth 2,
+/// one of two proposals accepted per round) when the plan says so. `gate`, when set, holds each
+/// generation until a permit is added.
+struct Scripted {
+    words: Vec<&'static str>,
+    pause: Duration,
+    gate: Option<Arc<Semaphore>>,
+    dropped_early: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    busy: Arc<AtomicBool>,
+}
+
+impl Scripted {
+    fn new(words: &[&'static str]) -> Scripted {
+        Scripted {
+            words: words.to_vec(),
+            pause: Duration::ZERO,
+            gate: None,
+            dropped_early: Arc::default(),
+            calls: Arc::default(),
+            busy: Arc::default(),
+        }
+    }
+}
+
+struct Watch {
+    done: bool,
+    dropped_early: Arc<AtomicUsize>,
+    busy: Arc<AtomicBool>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.done {
+            self.dropped_early.fetch_add(1, Ordering::SeqCst);
+        }
+        self.busy.store(false, Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn model(&self) -> &str {
+        "scripted-model"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provider: "scripted".into(),
+            runtime: "test".into(),
+            streaming: true,
+            prompt_cache: false,
+            images: false,
+            per_request_speculation: true,
+        }
+    }
+    fn speculation_status(&self) -> SpeculationStatus {
+        SpeculationStatus {
+            lane_loaded: true,
+            drafter: Some("embedded".into()),
+            num_draft_tokens: Some(2),
+            default_mode: SpeculationMode::NativeMtp,
+            reason: None,
+            message: None,
+            output_preserving: Some(true),
+        }
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError> {
+        let mut s = self.generate_stream(request).await?;
+        while let Some(ev) = s.next().await {
+            if let StreamEvent::Done(r) = ev? {
+                return Ok(*r);
+            }
+        }
+        Err(ProviderError::Cancelled)
+    }
+    async fn generate_stream(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<EventStream, ProviderError> {
+        request.validate()?;
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return Err(ProviderError::Busy {
+                model: "scripted-model".into(),
+            });
+        }
+        let default = Speculation::depth(2).unwrap();
+        let p = plan(
+            Some(&default),
+            request.speculation.as_ref(),
+            &request.sampling,
+            &Lane::Ready {
+                drafter: "embedded".into(),
+                default_depth: 2,
+                output_preserving: Some(true),
+            },
+        );
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                self.busy.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let n = self
+            .words
+            .len()
+            .min(request.max_output_tokens.unwrap_or(u32::MAX) as usize);
+        let words: Vec<String> = self.words[..n].iter().map(|w| w.to_string()).collect();
+        let (pause, gate) = (self.pause, self.gate.clone());
+        let mut watch = Watch {
+            done: false,
+            dropped_early: Arc::clone(&self.dropped_early),
+            busy: Arc::clone(&self.busy),
+        };
+        let stream = async_stream(words, pause, gate, move |content, out| {
+            watch.done = true;
+            let rounds = out.div_ceil(2);
+            let stats = DraftStats {
+                drafted: 2 * rounds,
+                accepted: rounds,
+                rounds,
+                accepted_per_position: vec![rounds, 0],
+                ..Default::default()
+            };
+            let report = p.report("test", &stats);
+            let _keep = &watch;
+            GenerateResponse {
+                content,
+                reasoning_content: None,
+                token_ids: None,
+                finish_reason: if out == n as u64 && n < 4 {
+                    FinishReason::Length
+                } else {
+                    FinishReason::Stop
+                },
+                usage: Usage {
+                    input_tokens: 5,
+                    output_tokens: out,
+                    cached_input_tokens: 0,
+                },
+                metadata: Metadata {
+                    speculation: report,
+                    timings: Timings {
+                        time_to_first_token_ms: Some(1.0),
+                        decode_ms: Some(10.0),
+                        decode_tokens_per_s: Some(100.0),
+                        ..Default::default()
+                    },
+                },
+                partial: false,
+                warnings: Vec::new(),
+            }
+        });
+        Ok(stream)
+    }
+    async fn unload(&self) -> Result<(), ProviderError> {
+        Ok(())
+    }
+}
+
+/// Deltas of `words`, then `Done(finish(content, count))`.
+fn async_stream(
+    words: Vec<String>,
+    pause: Duration,
+    gate: Option<Arc<Semaphore>>,
+    mut finish: impl FnMut(String, u64) -> GenerateResponse + Send + 'static,
+) -> EventStream {
+    let state = (words.into_iter(), String::new(), 0u64, gate, false);
+    futures::stream::unfold(state, move |(mut it, mut content, n, gate, ended)| {
+        let r = if ended { None } else { Some(()) };
+        let next = it.next();
+        let done = next.is_none();
+        let resp = if done && r.is_some() {
+            Some(finish(content.clone(), n))
+        } else {
+            None
+        };
+        async move {
+            r?;
+            if let Some(g) = &gate {
+                g.acquire().await.ok()?.forget();
+            }
+            tokio::time::sleep(pause).await;
+            match next {
+                Some(w) => {
+                    content.push_str(&w);
+                    let ev = StreamEvent::Delta {
+                        text: w,
+                        token_ids: vec![],
+                        reasoning: String::new(),
+                    };
+                    Some((Ok(ev), (it, content, n + 1, None, false)))
+                }
+                None => Some((
+                    Ok(StreamEvent::Done(Box::new(resp.unwrap()))),
+                    (it, content, n, None, true),
+                )),
+            }
+        }
+    })
+    .boxed()
+}
+
+struct Running {
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), mtp_server::ServerError>>,
+}
+
+async fn start(llm: Arc<dyn Provider>, config: ServerConfig) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(serve_on(listener, llm, config, async {
+        let _ = rx.await;
+    }));
+    Running { base, stop, task }
+}
+
+fn words() -> Scripted {
+    Scripted::new(&["fn", " main", "()", " {", "}"])
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn chat_answers_in_openais_shape_with_the_report_and_llama_timings() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let (status, v) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"model": "anything", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "scripted-model");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], "fn main() {}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["usage"]["total_tokens"], 10);
+    assert_eq!(v["speculation"]["used"], true);
+    assert_eq!(v["speculation"]["drafted"], 6);
+    assert_eq!(v["timings"]["draft_n"], 6);
+    assert_eq!(v["timings"]["draft_n_accepted"], 3);
+    assert_eq!(v["timings"]["predicted_n"], 5);
+
+    // per request: off
+    let (_, off) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "speculation": false}),
+    )
+    .await;
+    assert_eq!(off["speculation"]["used"], false);
+    assert_eq!(off["speculation"]["reason"], "disabled_by_request");
+    assert!(off["timings"].get("draft_n").is_none());
+    srv.stop.send(()).unwrap();
+    srv.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn bad_requests_are_400s_naming_the_field_and_nothing_runs() {
+    let llm = Arc::new(words());
+    let calls = Arc::clone(&llm.calls);
+    let srv = start(llm, ServerConfig::new("unused")).await;
+    let (status, v) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "speculation": {"mode": "warp"}}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "speculation");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let contract = Speculation::from_json(&json!({"mode": "warp"})).unwrap_err();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&contract.to_string()),
+        "{v}"
+    );
+    // garbled JSON
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .header("content-type", "application/json")
+        .body("{\"messages\": [")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "body");
+    // require_acceleration with sampling that forces target-only: refused with the reason code
+    let (status, v) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1.3,
+               "speculation": {"mode": "native_mtp", "require_acceleration": true}}),
+    )
+    .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["code"], "sampling_requires_target_only");
+    // unknown route
+    let r = reqwest::get(format!("{}/v2/nothing", srv.base))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_413() {
+    let mut cfg = ServerConfig::new("unused");
+    cfg.max_body_bytes = 4096;
+    let srv = start(Arc::new(words()), cfg).await;
+    let big = "x".repeat(8192);
+    let (status, v) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": big}]}),
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["error"]["code"], "body_too_large");
+}
+
+#[tokio::test]
+async fn streams_end_with_done_and_carry_usage_when_asked() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                      "stream_options": {"include_usage": true}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data = sse_data(&text);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "fn main() {}");
+    let last_choice = &chunks[chunks.len() - 2];
+    assert_eq!(last_choice["choices"][0]["finish_reason"], "stop");
+    assert_eq!(last_choice["timings"]["draft_n"], 6);
+    assert_eq!(last_choice["speculation"]["used"], true);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+
+    // completions, streamed
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/completions", srv.base))
+        .json(&json!({"prompt": "x", "stream": true, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data = sse_data(&text);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let text: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, "fn main");
+}
+
+#[tokio::test]
+async fn the_key_is_required_where_set() {
+    let mut cfg = ServerConfig::new("unused");
+    cfg.api_key = Some("s3cret".into());
+    let srv = start(Arc::new(words()), cfg).await;
+    let c = reqwest::Client::new();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = c
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .bearer_auth("s3cres")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert!(!v.to_string().contains("s3cret"));
+    let r = c
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .bearer_auth("s3cret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // health stays open (load balancers probe it)
+    assert_eq!(
+        reqwest::get(format!("{}/health", srv.base))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let gate = Arc::new(Semaphore::new(0));
+    let mut llm = words();
+    llm.gate = Some(Arc::clone(&gate));
+    let mut cfg = ServerConfig::new("unused");
+    cfg.max_queue = 1;
+    let srv = start(Arc::new(llm), cfg).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (b1, b2) = (srv.base.clone(), srv.base.clone());
+    let (j1, j2) = (body.clone(), body.clone());
+    let first = tokio::spawn(async move { post(&b1, "/v1/chat/completions", j1).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = tokio::spawn(async move { post(&b2, "/v1/chat/completions", j2).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+    let metrics = reqwest::get(format!("{}/metrics", srv.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("mtp:num_requests_waiting{model_name=\"scripted-model\"} 1"));
+    assert!(metrics.contains("mtp:num_requests_running{model_name=\"scripted-model\"} 1"));
+    gate.add_permits(1000);
+    assert_eq!(first.await.unwrap().0, 200);
+    assert_eq!(second.await.unwrap().0, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_its_generation() {
+    let mut llm = words();
+    llm.pause = Duration::from_millis(300);
+    let dropped = Arc::clone(&llm.dropped_early);
+    let srv = start(Arc::new(llm), ServerConfig::new("unused")).await;
+    let mut r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    // read the first chunk, then hang up
+    let _ = r.chunk().await.unwrap();
+    drop(r);
+    let mut waited = 0;
+    while dropped.load(Ordering::SeqCst) == 0 && waited < 50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the provider's stream was not dropped"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", srv.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("mtp:request_cancelled_total{model_name=\"scripted-model\"} 1"));
+    // the next request is served
+    let (status, _) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_stream_in_flight() {
+    let mut llm = words();
+    llm.pause = Duration::from_millis(100);
+    let srv = start(Arc::new(llm), ServerConfig::new("unused")).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    srv.stop.send(()).unwrap();
+    let text = r.text().await.unwrap();
+    assert_eq!(sse_data(&text).last().unwrap(), "[DONE]");
+    srv.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn models_metrics_and_props_describe_the_lane() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let _ = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    let m: Value = reqwest::get(format!("{}/v1/models", srv.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["data"][0]["id"], "scripted-model");
+    assert_eq!(m["data"][0]["speculation"]["lane_loaded"], true);
+    let p: Value = reqwest::get(format!("{}/props", srv.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        p["default_generation_settings"]["params"]["speculative.types"],
+        "draft-mtp"
+    );
+    let text = reqwest::get(format!("{}/metrics", srv.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "mtp:spec_decode_num_drafts_total{model_name=\"scripted-model\"} 3",
+        "mtp:spec_decode_num_draft_tokens_total{model_name=\"scripted-model\"} 6",
+        "mtp:spec_decode_num_accepted_tokens_total{model_name=\"scripted-model\"} 3",
+        "mtp:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"scripted-model\",position=\"0\"} 3",
+        "mtp:generation_tokens_total{model_name=\"scripted-model\"} 5",
+        "mtp:request_success_total{model_name=\"scripted-model\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+}

@@ -1,0 +1,72 @@
+//! `mtp serve`: the loaded provider behind the OpenAI-compatible server of `mtp-server`.
+
+use crate::cli::args::ServeArgs;
+use crate::cli::error::CliError;
+use crate::cli::open_provider;
+use crate::cli::output::Out;
+
+pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
+    let in_process = !mtp_runtimes::PROVIDERS.contains(&a.model.provider.as_str());
+    if in_process && a.max_batch > 1 {
+        return Err(CliError::InvalidFlag {
+            flag: "--max-batch",
+            message: format!(
+                "the in-process `{}` runtime generates one sequence at a time; requests beyond \
+                 the first wait in the queue (--max-queue)",
+                a.model.provider
+            ),
+        });
+    }
+    // the key protects this server; it is not the upstream runtime's
+    let mut model_args = a.model.clone();
+    let api_key = model_args.api_key.take();
+    let (llm, model) = open_provider(&model_args, out)?;
+    let status = llm.speculation_status();
+    let lane = if status.lane_loaded {
+        format!(
+            "MTP lane loaded ({}, depth {})",
+            status.drafter.as_deref().unwrap_or("embedded"),
+            status
+                .num_draft_tokens
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "server default".into())
+        )
+    } else {
+        format!(
+            "no MTP lane{}",
+            status.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+        )
+    };
+    let addr = if a.host.contains(':') && !a.host.starts_with('[') {
+        format!("[{}]:{}", a.host, a.port)
+    } else {
+        format!("{}:{}", a.host, a.port)
+    };
+    let mut config = mtp_server::ServerConfig::new(addr.clone());
+    config.api_key = api_key;
+    config.max_batch = a.max_batch as usize;
+    config.max_queue = a.max_queue as usize;
+    config.max_body_bytes = usize::try_from(a.max_body_bytes).unwrap_or(usize::MAX);
+    config.model_id = Some(a.served_model_name.clone().unwrap_or(model.clone()));
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| mtp_server::ServerError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(CliError::Io)?;
+    let shutdown = mtp_server::shutdown_signal();
+    out.line(&format!(
+        "serving {model} ({}; {lane}) on http://{bound}/v1 — POST /v1/chat/completions, \
+         /v1/completions; GET /v1/models, /health, /metrics{}",
+        a.model.provider,
+        if config.api_key.is_some() {
+            "; bearer key required"
+        } else {
+            ""
+        }
+    ))?;
+    mtp_server::serve_on(listener, llm, config, shutdown).await?;
+    out.line("stopped")?;
+    Ok(())
+}

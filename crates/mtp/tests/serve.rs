@@ -1,0 +1,196 @@
+//! `mtp serve` end to end: the real binary serving the bundled demo model on the native engine,
+//! read by this workspace's own HTTP adapters (`llama-server`, `openai-compatible`) as they read
+//! a real llama-server: `used` and the draft counts come from the server's answers, and the
+//! greedy text is the one the engine gives in process.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use futures::StreamExt;
+use mtp::{create_llm, GenerateRequest, ProviderOptions, Speculation, StreamEvent};
+
+fn demo_model() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
+    p.canonicalize().unwrap().display().to_string()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `mtp serve --port 0 ARGS` and reads the address from its first line.
+fn serve(args: &[&str]) -> Server {
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
+        .args(["serve", "--port", "0", "--model", &demo_model()])
+        .args(args)
+        .env_remove("MTP_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let start = line
+        .find("http://")
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let url = line[start..].split_whitespace().next().unwrap();
+    let base = url.trim_end_matches("/v1").to_string();
+    assert!(line.contains("MTP lane loaded"), "{line}");
+    Server { child, base, out }
+}
+
+fn depth(n: u32) -> Speculation {
+    Speculation::native_mtp().with_num_draft_tokens(n).unwrap()
+}
+
+fn chat_request() -> GenerateRequest {
+    GenerateRequest::new("fn main() {\n    let mut total = 0;\n").max_output_tokens(40)
+}
+
+#[tokio::test]
+async fn the_llama_server_adapter_reads_real_counts_and_the_engines_own_text() {
+    let srv = serve(&["--num-draft-tokens", "3"]);
+    let direct = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default().speculation(depth(3)),
+    )
+    .unwrap()
+    .generate(chat_request())
+    .await
+    .unwrap();
+    assert!(direct.metadata.speculation.used);
+
+    let remote = create_llm(
+        "llama-server",
+        "tiny-code",
+        ProviderOptions::default()
+            .base_url(srv.base.clone())
+            .speculation(depth(3)),
+    )
+    .unwrap();
+    let r = remote.generate(chat_request()).await.unwrap();
+    assert_eq!(r.content, direct.content, "greedy text through the server");
+    let (s, d) = (&r.metadata.speculation, &direct.metadata.speculation);
+    assert!(s.used, "{s:?}");
+    // the adapter names what answered: llama-server's protocol, served by mtp-server
+    assert!(s.runtime.contains("mtp-server"), "{}", s.runtime);
+    // the same engine, the same greedy path: the same proposals and acceptances
+    assert_eq!(
+        (s.drafted, s.accepted),
+        (d.drafted, d.accepted),
+        "{s:?} vs {d:?}"
+    );
+    assert_eq!(r.usage.output_tokens, direct.usage.output_tokens);
+
+    // streamed, and switched off for one request
+    let mut st = remote.generate_stream(chat_request()).await.unwrap();
+    let mut text = String::new();
+    let mut done = None;
+    while let Some(ev) = st.next().await {
+        match ev.unwrap() {
+            StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::Done(r) => done = Some(r),
+        }
+    }
+    let done = done.unwrap();
+    assert_eq!(text, direct.content);
+    assert!(done.metadata.speculation.used);
+    assert_eq!(done.metadata.speculation.drafted, d.drafted);
+
+    let off = remote
+        .generate(chat_request().speculation(Speculation::off()))
+        .await
+        .unwrap();
+    assert_eq!(off.content, direct.content);
+    assert!(!off.metadata.speculation.used);
+    assert_eq!(off.metadata.speculation.drafted.unwrap_or(0), 0);
+}
+
+#[tokio::test]
+async fn raw_prompts_through_the_openai_compatible_adapter_and_a_per_request_depth() {
+    let srv = serve(&[]);
+    let req = || {
+        GenerateRequest::new("fn main() {")
+            .raw()
+            .max_output_tokens(32)
+    };
+    let direct = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default().speculation(depth(2)),
+    )
+    .unwrap()
+    .generate(req())
+    .await
+    .unwrap();
+    let remote = create_llm(
+        "openai-compatible",
+        "tiny-code",
+        ProviderOptions::default().base_url(srv.base.clone()),
+    )
+    .unwrap();
+    // the block travels as the request's `speculation` field, read by the server
+    let body = serde_json::json!({"prompt": "fn main() {", "max_tokens": 32, "temperature": 0,
+        "speculation": {"mode": "native_mtp", "num_draft_tokens": 2}});
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", srv.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["text"], direct.content.as_str());
+    assert_eq!(v["speculation"]["num_draft_tokens"], 2);
+    assert_eq!(
+        v["speculation"]["drafted"].as_u64(),
+        direct.metadata.speculation.drafted
+    );
+    assert_eq!(
+        v["timings"]["draft_n_accepted"].as_u64(),
+        direct.metadata.speculation.accepted
+    );
+    // the adapter, with the server's own default depth
+    let r = remote.generate(req()).await.unwrap();
+    assert!(r.metadata.speculation.used, "{:?}", r.metadata.speculation);
+    assert_eq!(r.content, direct.content);
+}
+
+#[test]
+fn sigterm_finishes_and_exits_cleanly() {
+    let mut srv = serve(&[]);
+    let status = Command::new("kill")
+        .args(["-TERM", &srv.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let code = srv.child.wait().unwrap();
+    assert!(code.success(), "{code:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut srv.out, &mut rest).unwrap();
+    assert!(rest.contains("stopped"), "{rest:?}");
+}
+
+#[test]
+fn batching_an_in_process_runtime_is_refused_with_the_reason() {
+    let out = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
+        .args(["serve", "--port", "0", "--max-batch", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-batch"), "{err}");
+}
