@@ -256,6 +256,66 @@ impl Engine {
             .logits)
     }
 
+    /// Checks a request before any model work (also for each sequence of a batch).
+    pub(crate) fn check(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        opts.sampling
+            .validate()
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        let vocab = self.model.vocab_size() as u32;
+        if let Some(t) = prompt.iter().find(|t| **t >= vocab) {
+            return Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The token ids that end a generation: the request's, and EOS unless ignored.
+    pub(crate) fn stop_ids(&self, opts: &GenerateOptions) -> Vec<u32> {
+        let mut stops = opts.stop_token_ids.clone();
+        if !opts.ignore_eos {
+            stops.extend_from_slice(&self.eos);
+        }
+        stops
+    }
+
+    /// Whether a call speculates: the outcome to fill (when speculation was asked for, with
+    /// the reason when it cannot run) and true when MTP rounds will run.
+    pub(crate) fn speculation_plan(
+        &self,
+        opts: &GenerateOptions,
+    ) -> (Option<SpeculationOutcome>, bool) {
+        let depth = opts.num_draft_tokens.unwrap_or(0);
+        let mut outcome = (depth > 0).then(|| SpeculationOutcome {
+            num_draft_tokens: depth,
+            ..Default::default()
+        });
+        let spec_ok = match (&self.drafter, outcome.as_mut()) {
+            (_, None) => false,
+            (None, Some(o)) => {
+                o.not_used_reason = Some(
+                    "mtp_head_missing: the checkpoint has no MTP head and no drafter was given"
+                        .into(),
+                );
+                false
+            }
+            (Some(_), Some(o)) => {
+                let ctl = opts.sampling.target_only_controls();
+                if ctl.is_empty() {
+                    true
+                } else {
+                    o.not_used_reason =
+                        Some(format!("{} require target-only decoding", ctl.join(", ")));
+                    false
+                }
+            }
+        };
+        (outcome, spec_ok)
+    }
+
     /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
     /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
     pub fn generate(
@@ -282,51 +342,14 @@ impl Engine {
         opts: &GenerateOptions,
         on_tokens: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<ResumableOutput> {
-        if prompt.is_empty() {
-            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
-        }
-        opts.sampling
-            .validate()
-            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
-        let vocab = self.model.vocab_size() as u32;
-        if let Some(t) = prompt.iter().find(|t| **t >= vocab) {
-            return Err(Error::InvalidRequest(format!(
-                "token id {t} is outside the vocabulary ({vocab})"
-            )));
-        }
+        self.check(prompt, opts)?;
         let mut prompt_state = None;
         let mut final_state = None;
         let mut history_state = None;
         let mut computed = prompt.len();
-        let mut stops = opts.stop_token_ids.clone();
-        if !opts.ignore_eos {
-            stops.extend_from_slice(&self.eos);
-        }
+        let stops = self.stop_ids(opts);
+        let (mut outcome, spec_ok) = self.speculation_plan(opts);
         let depth = opts.num_draft_tokens.unwrap_or(0);
-        let mut outcome = (depth > 0).then(|| SpeculationOutcome {
-            num_draft_tokens: depth,
-            ..Default::default()
-        });
-        let spec_ok = match (&self.drafter, outcome.as_mut()) {
-            (_, None) => false,
-            (None, Some(o)) => {
-                o.not_used_reason = Some(
-                    "mtp_head_missing: the checkpoint has no MTP head and no drafter was given"
-                        .into(),
-                );
-                false
-            }
-            (Some(_), Some(o)) => {
-                let ctl = opts.sampling.target_only_controls();
-                if ctl.is_empty() {
-                    true
-                } else {
-                    o.not_used_reason =
-                        Some(format!("{} require target-only decoding", ctl.join(", ")));
-                    false
-                }
-            }
-        };
         let mut sampler = Sampler::new(&opts.sampling);
         let mut emitter = Emitter {
             tokens: Vec::new(),
@@ -436,20 +459,13 @@ impl Engine {
                 });
             }
         }
-        let end = Instant::now();
-        if let Some(f) = first_at {
-            timings.time_to_first_token_ms = Some((f - start).as_secs_f64() * 1e3);
-            let decode = (end - f).as_secs_f64();
-            timings.decode_ms = Some(decode * 1e3);
-            if emitter.tokens.len() > 1 && decode > 0.0 {
-                timings.decode_tokens_per_s = Some((emitter.tokens.len() - 1) as f64 / decode);
-            }
-        }
-        if let Some(p) = timings.prefill_ms {
-            if p > 0.0 {
-                timings.prefill_tokens_per_s = Some(computed as f64 / (p / 1e3));
-            }
-        }
+        close_timings(
+            &mut timings,
+            start,
+            first_at,
+            emitter.tokens.len(),
+            computed,
+        );
         let finish = emitter.finish.unwrap_or(FinishReason::Length);
         Ok(ResumableOutput {
             output: GenerationOutput {
@@ -467,6 +483,31 @@ impl Engine {
     }
 }
 
+/// Fills the rates of `timings` at the end of a generation: time to first token and decode
+/// figures from `first_at` (the first token) to now, prefill rate from its milliseconds.
+pub(crate) fn close_timings(
+    timings: &mut Timings,
+    start: Instant,
+    first_at: Option<Instant>,
+    n_tokens: usize,
+    computed: usize,
+) {
+    let end = Instant::now();
+    if let Some(f) = first_at {
+        timings.time_to_first_token_ms = Some((f - start).as_secs_f64() * 1e3);
+        let decode = (end - f).as_secs_f64();
+        timings.decode_ms = Some(decode * 1e3);
+        if n_tokens > 1 && decode > 0.0 {
+            timings.decode_tokens_per_s = Some((n_tokens - 1) as f64 / decode);
+        }
+    }
+    if let Some(p) = timings.prefill_ms {
+        if p > 0.0 {
+            timings.prefill_tokens_per_s = Some(computed as f64 / (p / 1e3));
+        }
+    }
+}
+
 /// Collects accepted tokens, applies stop ids and the token budget, and calls the user callback.
 pub(crate) struct Emitter<'a> {
     pub(crate) tokens: Vec<u32>,
@@ -476,7 +517,23 @@ pub(crate) struct Emitter<'a> {
     on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
 }
 
-impl Emitter<'_> {
+impl<'a> Emitter<'a> {
+    /// An emitter that goes on from `tokens` already emitted.
+    pub(crate) fn new(
+        tokens: Vec<u32>,
+        stops: &'a [u32],
+        max: usize,
+        on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
+    ) -> Self {
+        Emitter {
+            tokens,
+            stops,
+            max,
+            finish: None,
+            on_tokens,
+        }
+    }
+
     /// Emits a chunk; returns false when generation must end.
     pub(crate) fn emit(&mut self, chunk: &[u32]) -> bool {
         let mut take = chunk.len().min(self.max.saturating_sub(self.tokens.len()));

@@ -76,6 +76,9 @@ pub enum Error {
     /// No MTP head is available for speculative decoding.
     #[error("no MTP head: {0}")]
     NoDrafter(String),
+    /// A forward shared by several sequences of a batch failed; each of them gets this error.
+    #[error("a batched forward failed: {0}")]
+    Batch(String),
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod engine;

@@ -43,11 +43,11 @@ pub struct SpecTimings {
 }
 
 /// The state carried between rounds.
-struct Round {
+pub(crate) struct Round {
     cache: SeqCache,
     mcache: MtpCache,
     /// The target's last token (first input of the next verify).
-    bonus: u32,
+    pub(crate) bonus: u32,
     /// The drafter's next proposal and its hidden state, produced when the drafter was updated.
     seed: u32,
     seed_q: Option<Vec<f32>>,
@@ -61,7 +61,7 @@ struct Round {
 }
 
 /// Proposals of one round (with their draft distributions for unseeded sampling).
-struct Drafts {
+pub(crate) struct Drafts {
     tokens: Vec<u32>,
     q: Vec<Vec<f32>>,
 }
@@ -83,7 +83,7 @@ fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> (u32, Option<
 }
 
 /// Step 1: draft `k` tokens (the seed plus `k - 1` recurrent head forwards).
-fn draft(
+pub(crate) fn draft(
     model: &Qwen35Model,
     head: &MtpHead,
     r: &mut Round,
@@ -227,8 +227,63 @@ pub(crate) fn run(
     history_out: &mut Option<PromptState>,
     computed: &mut usize,
 ) -> Result<()> {
+    let mut r = prefill(
+        model,
+        head,
+        prompt,
+        s,
+        t,
+        resume,
+        checkpoint,
+        checkpoint_at,
+        state_out,
+        history_out,
+        computed,
+    )?;
+    *first_at = Some(Instant::now());
+    if !em.emit(&[r.bonus]) {
+        return Ok(());
+    }
+    loop {
+        let k = depth.min(em.remaining());
+        if k == 0 {
+            break;
+        }
+        let pos = em.tokens.len();
+        let t1 = Instant::now();
+        let d = draft(model, head, &mut r, k, s, pos)?;
+        let t2 = Instant::now();
+        let (logits, hidden) = verify(model, &mut r, &d)?;
+        t.verify_ms += t2.elapsed().as_secs_f64() * 1e3;
+        t.draft_ms += (t2 - t1).as_secs_f64() * 1e3;
+        let new = finish_round(model, head, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
+        if !em.emit(&new) {
+            break;
+        }
+    }
+    if checkpoint {
+        *final_out = end_state(r, prompt.len(), &em.tokens);
+    }
+    Ok(())
+}
+
+/// The prompt forward of the target and the drafter's prefill: the round state whose `bonus`
+/// is the first generated token (not yet emitted).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prefill(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    prompt: &[u32],
+    s: &mut Sampler,
+    t: &mut SpecTimings,
+    resume: Option<&PromptState>,
+    checkpoint: bool,
+    checkpoint_at: Option<usize>,
+    state_out: &mut Option<PromptState>,
+    history_out: &mut Option<PromptState>,
+    computed: &mut usize,
+) -> Result<Round> {
     let dm = model.hidden_size();
-    let vocab = model.vocab_size();
     let t0 = Instant::now();
     // Resume only from a state that carries the drafter's cache and leaves a token to compute.
     let resume = resume.filter(|st| st.mcache.is_some() && st.tokens < prompt.len());
@@ -298,65 +353,109 @@ pub(crate) fn run(
         shifted.push(b);
         head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?
     };
-    let last = &last[..];
-    let (seed, seed_q) = draft_pick(s, &model.logits(last, 1)?, 1);
+    let (seed, seed_q) = draft_pick(s, &model.logits(&last, 1)?, 1);
     t.prefill_ms += t0.elapsed().as_secs_f64() * 1e3;
-    *first_at = Some(Instant::now());
-    if !em.emit(&[b]) {
-        return Ok(());
-    }
-    let mut r = Round {
+    Ok(Round {
         cache,
         mcache,
         bonus: b,
         seed,
         seed_q,
-        seed_hidden: last.to_vec(),
+        seed_hidden: last,
         appended: 0,
         fed: Vec::new(),
         last_hidden: Vec::new(),
-    };
-    loop {
-        let k = depth.min(em.remaining());
-        if k == 0 {
-            break;
-        }
-        let pos = em.tokens.len();
-        let t1 = Instant::now();
-        let d = draft(model, head, &mut r, k, s, pos)?;
-        let t2 = Instant::now();
-        let (logits, hidden) = verify(model, &mut r, &d)?;
-        let (accepted, new) = accept(&logits, vocab, &d, s, pos);
-        let t3 = Instant::now();
-        rollback(&mut r, accepted);
-        r.fed.push(r.bonus);
-        r.fed.extend_from_slice(&new[..accepted]);
-        r.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
-        let t4 = Instant::now();
-        stats.record_round(k, accepted);
-        update_drafter(
-            model,
-            head,
-            &mut r,
-            &d,
-            accepted,
-            &new,
-            &hidden,
-            s,
-            pos + new.len(),
-        )?;
-        let t5 = Instant::now();
-        t.draft_ms += (t2 - t1).as_secs_f64() * 1e3 + (t5 - t4).as_secs_f64() * 1e3;
-        t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
-        t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
-        if !em.emit(&new) {
-            break;
-        }
+    })
+}
+
+/// Steps 3 to 5 of a round whose verify ran (alone or batched with other sequences'): accept,
+/// roll back, record, update the drafter. Returns the round's new tokens.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_round(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    r: &mut Round,
+    d: &Drafts,
+    logits: &[f32],
+    hidden: &[f32],
+    s: &mut Sampler,
+    pos: usize,
+    stats: &mut DraftStats,
+    t: &mut SpecTimings,
+) -> Result<Vec<u32>> {
+    let dm = model.hidden_size();
+    let t2 = Instant::now();
+    let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos);
+    let t3 = Instant::now();
+    rollback(r, accepted);
+    r.fed.push(r.bonus);
+    r.fed.extend_from_slice(&new[..accepted]);
+    r.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
+    let t4 = Instant::now();
+    stats.record_round(d.tokens.len(), accepted);
+    update_drafter(
+        model,
+        head,
+        r,
+        d,
+        accepted,
+        &new,
+        hidden,
+        s,
+        pos + new.len(),
+    )?;
+    let t5 = Instant::now();
+    t.draft_ms += (t5 - t4).as_secs_f64() * 1e3;
+    t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
+    t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
+    Ok(new)
+}
+
+/// Step 2 for several sequences at once: one target forward over every row
+/// `[bonus, d_1 .. d_k]` (all with the same `k`), each with its own cache. Returns each
+/// sequence's logits and hidden rows; each row is computed exactly as alone.
+pub(crate) fn verify_many(
+    model: &Qwen35Model,
+    rounds: &mut [&mut Round],
+    drafts: &[Drafts],
+) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+    let inputs: Vec<Vec<u32>> = rounds
+        .iter()
+        .zip(drafts)
+        .map(|(r, d)| {
+            std::iter::once(r.bonus)
+                .chain(d.tokens.iter().copied())
+                .collect()
+        })
+        .collect();
+    let mut caches: Vec<SeqCache> = rounds
+        .iter_mut()
+        .map(|r| {
+            r.cache.begin_verify();
+            std::mem::replace(&mut r.cache, SeqCache::new(Vec::new()))
+        })
+        .collect();
+    let out = model.forward(&inputs, &mut caches, LogitsAt::All);
+    for (r, c) in rounds.iter_mut().zip(caches) {
+        r.cache = c;
     }
-    if checkpoint {
-        *final_out = end_state(r, prompt.len(), &em.tokens);
-    }
-    Ok(())
+    let out = out?;
+    let (vocab, dm) = (model.vocab_size(), model.hidden_size());
+    let mut logits_off = 0;
+    let mut hidden_off = 0;
+    Ok(inputs
+        .iter()
+        .map(|row| {
+            let (nl, nh) = (row.len() * vocab, row.len() * dm);
+            let part = (
+                out.logits[logits_off..logits_off + nl].to_vec(),
+                out.hidden[hidden_off..hidden_off + nh].to_vec(),
+            );
+            logits_off += nl;
+            hidden_off += nh;
+            part
+        })
+        .collect())
 }
 
 /// The state after the last fed token, for a prefix cache: only when the fed tokens are a
