@@ -185,12 +185,75 @@ fn sigterm_finishes_and_exits_cleanly() {
 }
 
 #[test]
-fn batching_an_in_process_runtime_is_refused_with_the_reason() {
+fn batching_the_gguf_runtime_is_refused_with_the_reason() {
     let out = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
-        .args(["serve", "--port", "0", "--max-batch", "4"])
+        .args(["serve", "--port", "0", "--provider", "gguf", "--max-batch", "4"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-batch"), "{err}");
+}
+
+/// Four clients at once on `--max-batch 4`: the engine decodes them together, each with its own
+/// speculation (off, depth 1, 2, 3), and each gets the text and draft counts it gets alone.
+#[tokio::test]
+async fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
+    let srv = serve(&["--max-batch", "4"]);
+    let prompts = [
+        "fn main() {",
+        "impl Engine {\n    pub fn ",
+        "let mut x = ",
+        "use std::",
+    ];
+    let blocks = [
+        serde_json::json!(false),
+        serde_json::json!({"num_draft_tokens": 1}),
+        serde_json::json!({"num_draft_tokens": 2}),
+        serde_json::json!({"num_draft_tokens": 3}),
+    ];
+    let native = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default().speculation(Speculation::native_mtp()),
+    )
+    .unwrap();
+    let mut solo = Vec::new();
+    for (p, b) in prompts.iter().zip(&blocks) {
+        let r = native
+            .generate(
+                GenerateRequest::new(*p)
+                    .raw()
+                    .max_output_tokens(40)
+                    .speculation(Speculation::from_json(b).unwrap()),
+            )
+            .await
+            .unwrap();
+        solo.push(r);
+    }
+    let client = reqwest::Client::new();
+    let calls = prompts.iter().zip(&blocks).map(|(p, b)| {
+        let body = serde_json::json!({"prompt": p, "max_tokens": 40, "temperature": 0,
+            "speculation": b});
+        let c = client.clone();
+        let url = format!("{}/v1/completions", srv.base);
+        async move {
+            c.post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    for (i, (v, s)) in answers.iter().zip(&solo).enumerate() {
+        assert_eq!(v["choices"][0]["text"], s.content.as_str(), "request {i}");
+        let rep = &s.metadata.speculation;
+        assert_eq!(v["speculation"]["used"], rep.used, "request {i}");
+        assert_eq!(v["speculation"]["drafted"].as_u64(), rep.drafted, "request {i}");
+        assert_eq!(v["speculation"]["accepted"].as_u64(), rep.accepted, "request {i}");
+    }
 }

@@ -61,8 +61,10 @@ pub struct ServeArgs {
     /// The port.
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests generating at once. The in-process runtimes generate one sequence at a time
-    /// (1); an HTTP runtime behind the server may take more.
+    /// Requests generating at once. The native engine decodes them together (continuous
+    /// batching: one weight pass per step for all of them, each with the tokens it gets
+    /// alone); `gguf` generates one at a time (1); an HTTP runtime behind the server may take
+    /// more.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch: u32,

@@ -255,6 +255,15 @@ fn provider_speculation(m: &ModelArgs) -> Result<Speculation, CliError> {
 /// Creates the provider the flags name; with `--require-acceleration`, refuses when no lane
 /// is loaded.
 fn open_provider(m: &ModelArgs, out: &Out) -> Result<(Arc<dyn Provider>, String), CliError> {
+    open_provider_with(m, out, &[])
+}
+
+/// [`open_provider`] with extra provider options (e.g. `max_batch` for `mtp serve`).
+fn open_provider_with(
+    m: &ModelArgs,
+    out: &Out,
+    extra: &[(&str, String)],
+) -> Result<(Arc<dyn Provider>, String), CliError> {
     let known = crate::providers();
     if !known.contains(&m.provider) {
         // Say so before looking for a model the provider would never load.
@@ -276,6 +285,9 @@ fn open_provider(m: &ModelArgs, out: &Out) -> Result<(Arc<dyn Provider>, String)
         opts = opts.api_key(k.clone());
     }
     opts = runtime_options(m, opts)?;
+    for (k, v) in extra {
+        opts = opts.extra(*k, v.clone());
+    }
     tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
     let spinner = out.spinner(&format!("loading {model} ({})", m.provider));
     let llm = crate::create_llm(&m.provider, &model, opts);

@@ -2,12 +2,13 @@
 
 use crate::cli::args::ServeArgs;
 use crate::cli::error::CliError;
-use crate::cli::open_provider;
+use crate::cli::open_provider_with;
 use crate::cli::output::Out;
 
 pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
-    let in_process = !mtp_runtimes::PROVIDERS.contains(&a.model.provider.as_str());
-    if in_process && a.max_batch > 1 {
+    let native = matches!(a.model.provider.as_str(), "native" | "mlx");
+    let http = mtp_runtimes::PROVIDERS.contains(&a.model.provider.as_str());
+    if !native && !http && a.max_batch > 1 {
         return Err(CliError::InvalidFlag {
             flag: "--max-batch",
             message: format!(
@@ -17,10 +18,16 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             ),
         });
     }
+    // the native engine batches the sequences in flight (continuous batching)
+    let extra: Vec<(&str, String)> = if native && a.max_batch > 1 {
+        vec![("max_batch", a.max_batch.to_string())]
+    } else {
+        Vec::new()
+    };
     // the key protects this server; it is not the upstream runtime's
     let mut model_args = a.model.clone();
     let api_key = model_args.api_key.take();
-    let (llm, model) = open_provider(&model_args, out)?;
+    let (llm, model) = open_provider_with(&model_args, out, &extra)?;
     let status = llm.speculation_status();
     let lane = if status.lane_loaded {
         format!(

@@ -101,6 +101,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs one generation job.
     fn run(&self, job: Job<'_, Self::State>) -> Result<RunOutput<Self::State>, ProviderError>;
 
+    /// Runs one job alongside the others in flight (continuous batching, at most `max_batch`
+    /// sequences per step); the tokens are the ones [`Backend::run`] gives. Jobs here neither
+    /// resume nor keep prefix-cache states. A backend without a batching engine runs the job
+    /// alone.
+    fn run_batched(
+        &self,
+        max_batch: usize,
+        job: Job<'_, Self::State>,
+    ) -> Result<RunOutput<Self::State>, ProviderError> {
+        let _ = max_batch;
+        self.run(job)
+    }
+
     /// Approximate bytes of weights held in memory.
     fn weight_bytes(&self) -> usize;
 

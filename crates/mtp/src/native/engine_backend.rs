@@ -1,6 +1,7 @@
 //! [`Backend`] over the candle engine (`mtp-engine`).
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use mtp_contract::{GenerateRequest, ProviderError};
 use mtp_engine::{Engine, GenerateOptions, TextTokenizer};
@@ -10,7 +11,10 @@ use super::prefix_cache::CacheState;
 
 /// The candle engine with the name of the drafter it loaded.
 pub struct EngineBackend {
-    engine: Engine,
+    engine: Arc<Engine>,
+    /// The continuous-batching thread, started by the first batched job (its `max_batch` is
+    /// that job's provider's).
+    scheduler: OnceLock<mtp_engine::batch::Scheduler>,
     drafter: Option<DrafterLane>,
     runtime: String,
     weight_bytes: usize,
@@ -42,7 +46,8 @@ impl EngineBackend {
     pub fn new(engine: Engine, drafter: Option<DrafterLane>, runtime: String) -> Self {
         let weight_bytes = dir_weight_bytes(engine.dir());
         EngineBackend {
-            engine,
+            engine: Arc::new(engine),
+            scheduler: OnceLock::new(),
             drafter,
             runtime,
             weight_bytes,
@@ -163,6 +168,66 @@ impl Backend for EngineBackend {
             history_state: out
                 .history_state
                 .map(|s| std::sync::Arc::new(EngineState(s))),
+        })
+    }
+
+    fn run_batched(
+        &self,
+        max_batch: usize,
+        job: Job<'_, EngineState>,
+    ) -> Result<RunOutput<EngineState>, ProviderError> {
+        use mtp_engine::batch::{BatchEvent, Scheduler};
+        let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
+        if let Some(d) = job.depth {
+            opts = opts.num_draft_tokens(d as usize);
+        }
+        let scheduler = self
+            .scheduler
+            .get_or_init(|| Scheduler::spawn(Arc::clone(&self.engine), max_batch));
+        let rx = scheduler.submit(job.prompt.to_vec(), opts).map_err(api)?;
+        let mut streamed = Vec::new();
+        let out = loop {
+            match rx.recv() {
+                Ok(BatchEvent::Tokens(t)) => {
+                    streamed.extend_from_slice(&t);
+                    if !(job.on_tokens)(&t) {
+                        // dropping the receiver cancels the sequence at its next token
+                        drop(rx);
+                        return Ok(RunOutput {
+                            tokens: streamed,
+                            finish: mtp_contract::FinishReason::Cancelled,
+                            stats: Default::default(),
+                            timings: Default::default(),
+                            computed_prompt_tokens: job.prompt.len(),
+                            prompt_state: None,
+                            history_state: None,
+                            final_state: None,
+                        });
+                    }
+                }
+                Ok(BatchEvent::Done(out)) => break (*out).map_err(api)?,
+                Err(_) => {
+                    return Err(api(mtp_engine::Error::Batch(
+                        "the scheduler thread stopped".into(),
+                    )))
+                }
+            }
+        };
+        let stats = out
+            .speculation
+            .as_ref()
+            .filter(|s| s.used)
+            .map(|s| s.stats.clone())
+            .unwrap_or_default();
+        Ok(RunOutput {
+            tokens: out.tokens,
+            finish: out.finish_reason,
+            stats,
+            timings: out.timings,
+            computed_prompt_tokens: job.prompt.len(),
+            prompt_state: None,
+            history_state: None,
+            final_state: None,
         })
     }
 

@@ -21,9 +21,10 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 6] = [
+pub const EXTRA_KEYS: [&str; 7] = [
     "device",
     "dtype",
+    "max_batch",
     "prompt_cache_bytes",
     "prompt_cache_checkpoints",
     "ctx_size",
@@ -39,6 +40,7 @@ struct Extra {
     checkpoints: usize,
     ctx_size: Option<usize>,
     threads: Option<usize>,
+    max_batch: Option<usize>,
 }
 
 fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
@@ -127,6 +129,7 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
         ctx_size: positive("ctx_size")?,
         threads: positive("threads")?,
+        max_batch: positive("max_batch")?,
     })
 }
 
@@ -187,6 +190,7 @@ pub fn create(
         checkpoints,
         ctx_size,
         threads,
+        max_batch,
     } = parse_extra(model, opts)?;
     if let Some(n) = threads {
         let running = mtp_engine::team::set_threads(n);
@@ -333,6 +337,7 @@ pub fn create(
     })?;
     Ok(Arc::new(
         NativeProvider::new(name, model, loaded, opts.speculation.clone(), lane)
-            .with_ctx_size(ctx_size),
+            .with_ctx_size(ctx_size)
+            .with_max_batch(max_batch),
     ))
 }

@@ -44,6 +44,9 @@ pub struct NativeProvider<B: Backend> {
     busy: Arc<AtomicBool>,
     /// A context shorter than the model's (`ctx_size`), if asked for.
     ctx_size: Option<usize>,
+    /// Continuous batching of up to this many sequences (`max_batch`), when above 1: calls
+    /// run together instead of being refused as busy.
+    max_batch: Option<usize>,
 }
 
 struct BusyGuard(Arc<AtomicBool>);
@@ -71,7 +74,16 @@ impl<B: Backend> NativeProvider<B> {
             lane,
             busy: Arc::new(AtomicBool::new(false)),
             ctx_size: None,
+            max_batch: None,
         }
+    }
+
+    /// Generates up to `n` sequences together (continuous batching; each one's tokens are the
+    /// ones it gets alone). `None` or 1: one call at a time, others are refused as busy. Batched
+    /// calls do not use the prefix cache.
+    pub fn with_max_batch(mut self, n: Option<usize>) -> Self {
+        self.max_batch = n.filter(|&n| n > 1);
+        self
     }
 
     /// Limits the context (prompt and reply) to `n` tokens, or the model's own length if that
@@ -185,16 +197,22 @@ impl<B: Backend> Provider for NativeProvider<B> {
             &request.sampling,
             &self.lane,
         )?;
-        if self
-            .busy
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(ProviderError::Busy {
-                model: self.model.clone(),
-            });
-        }
-        let guard = BusyGuard(Arc::clone(&self.busy));
+        let guard = match self.max_batch {
+            Some(_) => None,
+            None => {
+                if self
+                    .busy
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return Err(ProviderError::Busy {
+                        model: self.model.clone(),
+                    });
+                }
+                Some(BusyGuard(Arc::clone(&self.busy)))
+            }
+        };
+        let max_batch = self.max_batch;
         let started = Instant::now();
         let prompt = loaded.backend.render(&request)?;
         // the context: the model's length (`max_position_embeddings`), or `ctx_size` if shorter
@@ -222,7 +240,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
             let result = run_job(
-                &loaded, &request, &prompt, ctx, &plan, &runtime, started, &tx,
+                &loaded, &request, &prompt, ctx, &plan, &runtime, started, &tx, max_batch,
             );
             // Release the provider and this job's hold on the weights before the caller sees
             // the final event, so that its next call is never refused as busy and an
@@ -287,10 +305,15 @@ fn run_job<B: Backend>(
     runtime: &str,
     started: Instant,
     tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
+    max_batch: Option<usize>,
 ) -> Result<GenerateResponse, ProviderError> {
     let backend = &loaded.backend;
     let ids = prompt.ids.as_slice();
-    let key = request.prompt_cache_key.as_deref();
+    // batched calls start from their prompt (no prefix-cache states yet)
+    let key = request
+        .prompt_cache_key
+        .as_deref()
+        .filter(|_| max_batch.is_none());
     let resume = key.and_then(|k| {
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         c.lookup(k, ids).map(|h| (h.tokens, h.state))
@@ -333,7 +356,7 @@ fn run_job<B: Backend>(
         }
         !reply.stopped()
     };
-    let out = backend.run(Job {
+    let job = Job {
         prompt: ids,
         resume,
         depth,
@@ -342,7 +365,11 @@ fn run_job<B: Backend>(
         checkpoint: key.is_some(),
         checkpoint_at: prompt.history_len,
         on_tokens: &mut on_tokens,
-    })?;
+    };
+    let out = match max_batch {
+        Some(n) => backend.run_batched(n, job)?,
+        None => backend.run(job)?,
+    };
     if let Some(e) = failure {
         return Err(e);
     }
