@@ -8,8 +8,9 @@
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream: true` as
 //! server-sent events ending in `data: [DONE]`, and `stream_options.include_usage`),
-//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text) and llama-server's
-//! `GET /props` (what its clients read to learn whether a drafter is loaded).
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and llama-server's
+//! native `POST /completion` and `GET /props` (what its clients read to learn whether a drafter
+//! is loaded).
 //!
 //! Requests are admitted up to [`ServerConfig::max_batch`] at once (the provider's own
 //! concurrency: 1 for an in-process runtime that generates one sequence at a time); up to
@@ -229,6 +230,7 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/completion", post(native_completion))
         .route("/v1/models", get(models))
         .route("/props", get(props))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
@@ -277,7 +279,8 @@ async fn not_found(req: Request) -> ApiError {
         code: Some("not_found".into()),
         message: format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
-             GET /v1/models, GET /health, GET /metrics and GET /props",
+             GET /v1/models, GET /health, GET /metrics, and llama-server's POST /completion and \
+             GET /props",
             req.method(),
             req.uri().path()
         ),
@@ -333,6 +336,13 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
     handle(s, Endpoint::Completion, body).await
 }
 
+async fn native_completion(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(s, Endpoint::Native, body).await
+}
+
 /// Reads and checks the body, waits for a slot, and answers whole or as a stream.
 async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
     let mut parsed = match read_body(&body).and_then(|v| openai::parse(endpoint, &v)) {
@@ -385,9 +395,9 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         _permit: permit,
     };
     if parsed.stream {
-        stream_response(run, events, parsed.include_usage).into_response()
+        stream_response(run, events, parsed.include_usage, parsed.return_tokens).into_response()
     } else {
-        whole_response(run, events).await
+        whole_response(run, events, parsed.return_tokens).await
     }
 }
 
@@ -491,6 +501,7 @@ impl Run {
 
     fn delta_choice(&self, text: &str, reasoning: &str) -> Value {
         match self.endpoint {
+            Endpoint::Native => json!({"content": text, "stop": false}),
             Endpoint::Chat => {
                 let mut d = serde_json::Map::new();
                 if !reasoning.is_empty() {
@@ -507,9 +518,13 @@ impl Run {
         }
     }
 
-    fn whole(&self, r: &GenerateResponse) -> Value {
+    fn whole(&self, r: &GenerateResponse, tokens: bool) -> Value {
+        if self.endpoint == Endpoint::Native {
+            return openai::native_final(r, &self.s.model_id, &r.content, tokens);
+        }
         let finish = openai::finish_reason(r.finish_reason);
         let choice = match self.endpoint {
+            Endpoint::Native => Value::Null,
             Endpoint::Chat => {
                 let mut m = json!({"role": "assistant", "content": r.content});
                 if let Some(rc) = &r.reasoning_content {
@@ -554,13 +569,17 @@ impl Drop for Run {
     }
 }
 
-async fn whole_response(mut run: Run, mut events: mtp_contract::EventStream) -> Response {
+async fn whole_response(
+    mut run: Run,
+    mut events: mtp_contract::EventStream,
+    tokens: bool,
+) -> Response {
     while let Some(ev) = events.next().await {
         match ev {
             Ok(StreamEvent::Delta { .. }) => {}
             Ok(StreamEvent::Done(r)) => {
                 run.finish(&r);
-                return Json(run.whole(&r)).into_response();
+                return Json(run.whole(&r, tokens)).into_response();
             }
             Err(e) => {
                 run.fail();
@@ -576,6 +595,7 @@ fn stream_response(
     run: Run,
     events: mtp_contract::EventStream,
     include_usage: bool,
+    tokens: bool,
 ) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
     let data = |v: &Value| Event::default().data(v.to_string());
     let state = (run, events, 0u8);
@@ -586,7 +606,7 @@ fn stream_response(
                 let first = match run.endpoint {
                     Endpoint::Chat => run.chunk(json!({"index": 0,
                         "delta": {"role": "assistant", "content": ""}, "finish_reason": null})),
-                    Endpoint::Completion => {
+                    Endpoint::Completion | Endpoint::Native => {
                         return Some((vec![], (run, events, 1)));
                     }
                 };
@@ -594,12 +614,24 @@ fn stream_response(
             }
             1 => match events.next().await {
                 Some(Ok(StreamEvent::Delta {
-                    text, reasoning, ..
+                    text,
+                    reasoning,
+                    token_ids,
                 })) => {
-                    if text.is_empty() && reasoning.is_empty() {
+                    let c = if run.endpoint == Endpoint::Native {
+                        if text.is_empty() && (!tokens || token_ids.is_empty()) {
+                            return Some((vec![], (run, events, 1)));
+                        }
+                        let mut c = run.delta_choice(&text, &reasoning);
+                        if tokens {
+                            c["tokens"] = json!(token_ids);
+                        }
+                        c
+                    } else if text.is_empty() && reasoning.is_empty() {
                         return Some((vec![], (run, events, 1)));
-                    }
-                    let c = run.chunk(run.delta_choice(&text, &reasoning));
+                    } else {
+                        run.chunk(run.delta_choice(&text, &reasoning))
+                    };
                     Some((vec![data(&c)], (run, events, 1)))
                 }
                 Some(Ok(StreamEvent::Done(r))) => {
@@ -611,6 +643,11 @@ fn stream_response(
                         }
                         Endpoint::Completion => run.chunk(json!({"index": 0, "text": "",
                                 "logprobs": null, "finish_reason": finish})),
+                        // llama-server's stream ends with its final object, no [DONE]
+                        Endpoint::Native => {
+                            let last = openai::native_final(&r, &run.s.model_id, "", false);
+                            return Some((vec![data(&last)], (run, events, 3)));
+                        }
                     };
                     extras(&mut last, &r);
                     let mut out = vec![data(&last)];

@@ -24,6 +24,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// llama-server's `return_tokens`: token ids in its native answers.
+    pub return_tokens: bool,
 }
 
 /// The two endpoints.
@@ -33,6 +35,8 @@ pub enum Endpoint {
     Chat,
     /// `/v1/completions`.
     Completion,
+    /// llama-server's native `/completion` (`content`, `stop`, `n_predict`), for its clients.
+    Native,
 }
 
 impl Endpoint {
@@ -42,6 +46,7 @@ impl Endpoint {
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Chat, true) => "chat.completion.chunk",
             (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Native, _) => "completion",
         }
     }
 
@@ -49,7 +54,7 @@ impl Endpoint {
     pub fn id_prefix(self) -> &'static str {
         match self {
             Endpoint::Chat => "chatcmpl-",
-            Endpoint::Completion => "cmpl-",
+            Endpoint::Completion | Endpoint::Native => "cmpl-",
         }
     }
 }
@@ -107,7 +112,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
     };
     let mut request = match endpoint {
         Endpoint::Chat => chat_request(o)?,
-        Endpoint::Completion => completion_request(o)?,
+        Endpoint::Completion | Endpoint::Native => completion_request(o)?,
     };
     request.max_output_tokens = match (
         u32_field(o, "max_completion_tokens")?,
@@ -116,6 +121,14 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         (Some(n), _) | (None, Some(n)) => Some(n),
         (None, None) => None,
     };
+    if endpoint == Endpoint::Native {
+        // llama-server: n_predict -1 is "until the context is full"
+        match opt(o, "n_predict") {
+            None => {}
+            Some(v) if v.as_i64() == Some(-1) => request.max_output_tokens = None,
+            Some(_) => request.max_output_tokens = u32_field(o, "n_predict")?,
+        }
+    }
     request.sampling = sampling(o)?;
     request.stop = match opt(o, "stop") {
         None => Vec::new(),
@@ -186,6 +199,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
             ))
         }
     };
+    let return_tokens = bool_field(o, "return_tokens")?.unwrap_or(false);
     request
         .validate()
         .map_err(|e| ApiError::from_provider(&e))?;
@@ -193,6 +207,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         request,
         stream,
         include_usage,
+        return_tokens,
     })
 }
 
@@ -446,6 +461,37 @@ pub fn finish_reason(f: FinishReason) -> &'static str {
         // a stream that broke off or was cancelled: OpenAI has no code; vLLM says "abort"
         FinishReason::Cancelled | FinishReason::Error => "abort",
     }
+}
+
+/// llama-server's `stop_type` for a finish reason (`eos` also for a stop string: the answer
+/// does not say which ended it).
+pub fn stop_type(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "eos",
+        FinishReason::Length => "limit",
+        FinishReason::Cancelled | FinishReason::Error => "none",
+    }
+}
+
+/// The last object of llama-server's `/completion` (whole, or the last event of a stream,
+/// with an empty `content`): `stop`, `stop_type`, token counts and `timings`.
+pub fn native_final(r: &GenerateResponse, model: &str, content: &str, tokens: bool) -> Value {
+    let mut v = json!({
+        "content": content,
+        "model": model,
+        "stop": true,
+        "stop_type": stop_type(r.finish_reason),
+        "stopping_word": "",
+        "tokens_predicted": r.usage.output_tokens,
+        "tokens_evaluated": r.usage.input_tokens,
+        "truncated": false,
+        "timings": timings(r),
+        "speculation": serde_json::to_value(&r.metadata.speculation).unwrap_or(Value::Null),
+    });
+    if tokens {
+        v["tokens"] = json!(r.token_ids.clone().unwrap_or_default());
+    }
+    v
 }
 
 /// The `usage` object.

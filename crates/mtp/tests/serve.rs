@@ -109,6 +109,37 @@ async fn the_llama_server_adapter_reads_real_counts_and_the_engines_own_text() {
     assert!(done.metadata.speculation.used);
     assert_eq!(done.metadata.speculation.drafted, d.drafted);
 
+    // a raw prompt goes to llama-server's native /completion
+    let raw = || {
+        GenerateRequest::new("fn main() {")
+            .raw()
+            .max_output_tokens(32)
+    };
+    let direct_raw = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default().speculation(depth(3)),
+    )
+    .unwrap()
+    .generate(raw())
+    .await
+    .unwrap();
+    let r = remote.generate(raw()).await.unwrap();
+    assert_eq!(r.content, direct_raw.content);
+    assert_eq!(r.token_ids, direct_raw.token_ids, "return_tokens");
+    assert_eq!(
+        r.metadata.speculation.drafted,
+        direct_raw.metadata.speculation.drafted
+    );
+    let mut st = remote.generate_stream(raw()).await.unwrap();
+    let mut text = String::new();
+    while let Some(ev) = st.next().await {
+        if let StreamEvent::Delta { text: t, .. } = ev.unwrap() {
+            text.push_str(&t);
+        }
+    }
+    assert_eq!(text, direct_raw.content);
+
     let off = remote
         .generate(chat_request().speculation(Speculation::off()))
         .await
@@ -187,7 +218,15 @@ fn sigterm_finishes_and_exits_cleanly() {
 #[test]
 fn batching_the_gguf_runtime_is_refused_with_the_reason() {
     let out = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
-        .args(["serve", "--port", "0", "--provider", "gguf", "--max-batch", "4"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--provider",
+            "gguf",
+            "--max-batch",
+            "4",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -253,7 +292,15 @@ async fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
         assert_eq!(v["choices"][0]["text"], s.content.as_str(), "request {i}");
         let rep = &s.metadata.speculation;
         assert_eq!(v["speculation"]["used"], rep.used, "request {i}");
-        assert_eq!(v["speculation"]["drafted"].as_u64(), rep.drafted, "request {i}");
-        assert_eq!(v["speculation"]["accepted"].as_u64(), rep.accepted, "request {i}");
+        assert_eq!(
+            v["speculation"]["drafted"].as_u64(),
+            rep.drafted,
+            "request {i}"
+        );
+        assert_eq!(
+            v["speculation"]["accepted"].as_u64(),
+            rep.accepted,
+            "request {i}"
+        );
     }
 }
