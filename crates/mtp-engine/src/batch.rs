@@ -1,10 +1,10 @@
 //! Continuous batching: sequences join and leave between steps, and each step reads the
 //! weights once per row shape for every sequence in it.
 //!
-//! A step runs one target forward over the next token of every target-only sequence (their rows
-//! stacked, each with its own cache), and one verify forward per MTP depth over the rounds of
-//! every speculating sequence at that depth (the "cohort": each drafts on its own, then all
-//! verify together, then each accepts and rolls back on its own). The kernels compute every row
+//! A step runs one target forward over every sequence's rows, each with its own cache: the next
+//! token of each target-only sequence (one row) and the round of each speculating one (`k + 1`
+//! rows at its depth `k`; each drafts on its own, then all verify in that forward, then each
+//! accepts and rolls back on its own), so the weights are read once for the whole step. The kernels compute every row
 //! independently, so a sequence's tokens are bit for bit the ones it gets alone
 //! ([`Engine::generate`]); the tests check that at several batch sizes, with and without MTP and
 //! with mixed depths.
@@ -12,9 +12,9 @@
 //! [`Batch`] is the synchronous core (the caller decides when to step); [`Scheduler`] is the
 //! thread that owns a batch and takes requests from any thread.
 //!
-//! Not yet: rows of different lengths in one forward (target-only rows and each depth's cohort
-//! are separate forwards within a step), chunked prefill (a joining prompt is computed whole
-//! before the next step), and the prefix cache (batched sequences start from their prompt).
+//! Not yet: chunked prefill (a joining prompt is computed whole before the next step), drafting
+//! the speculating sequences' heads in one forward (each drafts alone), and the prefix cache
+//! (batched sequences start from their prompt).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -28,7 +28,7 @@ use crate::engine::{close_timings, Emitter, Engine, GenerateOptions, GenerationO
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
 use crate::sampling::Sampler;
-use crate::speculative::{self, Round, SpecTimings};
+use crate::speculative::{self, Drafts, Round, SpecTimings};
 use crate::SpeculationOutcome;
 
 /// How a sequence decodes.
@@ -251,190 +251,137 @@ impl<'e> Batch<'e> {
     }
 
     /// One step for every sequence: a token for each target-only one, a round for each
-    /// speculating one.
+    /// speculating one, in one target forward over all their rows (`1` per target-only
+    /// sequence, `k + 1` per round of depth `k`).
     pub fn step(&mut self, on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool) {
-        self.step_target(on_tokens);
-        self.step_mtp(on_tokens);
-        self.retire();
-    }
-
-    fn fail(&mut self, idx: &[usize], e: &Error) {
-        // each failed slot is reported once, with the shared message
-        let msg = e.to_string();
-        let mut idx = idx.to_vec();
-        idx.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
-        for i in idx {
-            let s = self.slots.remove(i);
-            self.done.push((s.id, Err(Error::Batch(msg.clone()))));
-        }
-    }
-
-    fn step_target(&mut self, on: &mut dyn FnMut(u64, &[u32]) -> bool) {
-        let mut rows = Vec::new();
-        let mut idx = Vec::new();
+        let engine = self.engine;
+        let model = engine.model();
+        let head = engine.drafter();
+        let t0 = Instant::now();
+        // 1. each sequence's row: a target-only sequence samples and emits its next token (the
+        //    row feeds it); a speculating one drafts its round
+        let mut rows: Vec<Vec<u32>> = Vec::new();
+        let mut members: Vec<(usize, Option<Drafts>)> = Vec::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
             if s.finish.is_some() {
                 continue;
             }
             let pos = s.tokens.len();
-            let Lane::Target {
-                logits, history, ..
-            } = &mut s.lane
-            else {
-                continue;
-            };
-            s.sampler.apply_penalties(logits, history);
-            let tok = s.sampler.sample(logits, pos);
-            history.push(tok);
-            s.first_at.get_or_insert_with(Instant::now);
-            if s.emit(&[tok], on) {
-                rows.push(vec![tok]);
-                idx.push(i);
-            }
-        }
-        if rows.is_empty() {
-            return;
-        }
-        // only target-only slots were picked
-        let mut caches: Vec<SeqCache> = idx
-            .iter()
-            .filter_map(|&i| match &mut self.slots[i].lane {
-                Lane::Target { cache, .. } => {
-                    Some(std::mem::replace(cache, SeqCache::new(Vec::new())))
+            let remaining = s.remaining();
+            match &mut s.lane {
+                Lane::Target {
+                    logits, history, ..
+                } => {
+                    s.sampler.apply_penalties(logits, history);
+                    let tok = s.sampler.sample(logits, pos);
+                    history.push(tok);
+                    s.first_at.get_or_insert_with(Instant::now);
+                    if s.emit(&[tok], on_tokens) {
+                        rows.push(vec![tok]);
+                        members.push((i, None));
+                    }
                 }
-                Lane::Mtp { .. } => None,
-            })
-            .collect();
-        let out = self
-            .engine
-            .model()
-            .forward(&rows, &mut caches, LogitsAt::Last);
-        let vocab = self.engine.model().vocab_size();
-        for (j, (&i, c)) in idx.iter().zip(caches).enumerate() {
-            if let Lane::Target { cache, logits, .. } = &mut self.slots[i].lane {
-                *cache = c;
-                if let Ok(out) = &out {
-                    *logits = out.logits[j * vocab..(j + 1) * vocab].to_vec();
-                }
-            }
-        }
-        if let Err(e) = out {
-            self.fail(&idx, &e);
-        }
-    }
-
-    fn step_mtp(&mut self, on: &mut dyn FnMut(u64, &[u32]) -> bool) {
-        let Some(head) = self.engine.drafter() else {
-            return;
-        };
-        let model = self.engine.model();
-        // cohorts: the speculating sequences by this round's depth
-        let mut cohorts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if let (Lane::Mtp { depth, .. }, None) = (&s.lane, s.finish) {
-                let k = (*depth).min(s.remaining());
-                if k == 0 {
-                    s.finish = Some(FinishReason::Length);
-                } else {
-                    cohorts.entry(k).or_default().push(i);
-                }
-            }
-        }
-        let mut failed: Vec<(Vec<usize>, Error)> = Vec::new();
-        for (k, idx) in cohorts {
-            let t1 = Instant::now();
-            let mut drafts = Vec::with_capacity(idx.len());
-            let mut draft_err = None;
-            for &i in &idx {
-                let s = &mut self.slots[i];
-                let pos = s.tokens.len();
-                if let Lane::Mtp { round, .. } = &mut s.lane {
+                Lane::Mtp { round, depth } => {
+                    let k = (*depth).min(remaining);
+                    let Some(head) = head.filter(|_| k > 0) else {
+                        s.finish = Some(FinishReason::Length);
+                        continue;
+                    };
                     match speculative::draft(model, head, round, k, &mut s.sampler, pos) {
-                        Ok(d) => drafts.push(d),
-                        Err(e) => {
-                            draft_err = Some(e);
-                            break;
+                        Ok(d) => {
+                            rows.push(speculative::verify_row(round, &d));
+                            members.push((i, Some(d)));
+                        }
+                        Err(e) => failed.push((i, e.to_string())),
+                    }
+                }
+            }
+        }
+        let t1 = Instant::now();
+        // 2. one forward over every row, each with its own cache
+        if !rows.is_empty() {
+            let mut caches: Vec<SeqCache> = members
+                .iter()
+                .map(|(i, _)| match &mut self.slots[*i].lane {
+                    Lane::Target { cache, .. } => {
+                        std::mem::replace(cache, SeqCache::new(Vec::new()))
+                    }
+                    Lane::Mtp { round, .. } => round.take_cache(),
+                })
+                .collect();
+            let out = model.forward(&rows, &mut caches, LogitsAt::All);
+            for ((i, _), c) in members.iter().zip(caches) {
+                match &mut self.slots[*i].lane {
+                    Lane::Target { cache, .. } => *cache = c,
+                    Lane::Mtp { round, .. } => round.put_cache(c),
+                }
+            }
+            let t2 = Instant::now();
+            // 3. each sequence reads its rows: the next logits, or its round's acceptance
+            match out {
+                Err(e) => failed.extend(members.iter().map(|(i, _)| (*i, e.to_string()))),
+                Ok(out) => {
+                    let (vocab, dm) = (model.vocab_size(), model.hidden_size());
+                    let share = 1.0 / members.len() as f64;
+                    let draft_ms = (t1 - t0).as_secs_f64() * 1e3 * share;
+                    let verify_ms = (t2 - t1).as_secs_f64() * 1e3 * share;
+                    let mut off = 0;
+                    for ((i, d), row) in members.iter().zip(&rows) {
+                        let n = row.len();
+                        let logits = &out.logits[off * vocab..(off + n) * vocab];
+                        let hidden = &out.hidden[off * dm..(off + n) * dm];
+                        off += n;
+                        let s = &mut self.slots[*i];
+                        let pos = s.tokens.len();
+                        match (&mut s.lane, d, head) {
+                            (Lane::Target { logits: next, .. }, None, _) => {
+                                *next = logits.to_vec();
+                            }
+                            (Lane::Mtp { round, .. }, Some(d), Some(head)) => {
+                                s.spec_timings.draft_ms += draft_ms;
+                                s.spec_timings.verify_ms += verify_ms;
+                                let mut stats = s
+                                    .outcome
+                                    .as_mut()
+                                    .map(|o| std::mem::take(&mut o.stats))
+                                    .unwrap_or_default();
+                                let new = speculative::finish_round(
+                                    model,
+                                    head,
+                                    round,
+                                    d,
+                                    logits,
+                                    hidden,
+                                    &mut s.sampler,
+                                    pos,
+                                    &mut stats,
+                                    &mut s.spec_timings,
+                                );
+                                if let Some(o) = s.outcome.as_mut() {
+                                    o.stats = stats;
+                                }
+                                match new {
+                                    Ok(new) => {
+                                        s.emit(&new, on_tokens);
+                                    }
+                                    Err(e) => failed.push((*i, e.to_string())),
+                                }
+                            }
+                            _ => failed.push((*i, "a sequence changed lanes mid-step".into())),
                         }
                     }
                 }
             }
-            if let Some(e) = draft_err {
-                failed.push((idx, e));
-                continue;
-            }
-            let t2 = Instant::now();
-            let share = |t: f64| t / idx.len() as f64;
-            let verified = {
-                let mut rounds: Vec<&mut Round> = Vec::with_capacity(idx.len());
-                // the cohort's rounds, borrowed together (indices are distinct and ascending)
-                let mut rest: &mut [Slot] = &mut self.slots;
-                let mut base = 0;
-                for &i in &idx {
-                    let (_, tail) = rest.split_at_mut(i - base);
-                    let (one, tail) = tail.split_at_mut(1);
-                    if let Lane::Mtp { round, .. } = &mut one[0].lane {
-                        rounds.push(round);
-                    }
-                    rest = tail;
-                    base = i + 1;
-                }
-                speculative::verify_many(model, &mut rounds, &drafts)
-            };
-            let verified = match verified {
-                Ok(v) => v,
-                Err(e) => {
-                    failed.push((idx, e));
-                    continue;
-                }
-            };
-            let (draft_ms, verify_ms) = (
-                share((t2 - t1).as_secs_f64() * 1e3),
-                share(t2.elapsed().as_secs_f64() * 1e3),
-            );
-            for ((&i, d), (logits, hidden)) in idx.iter().zip(&drafts).zip(&verified) {
-                let s = &mut self.slots[i];
-                s.spec_timings.draft_ms += draft_ms;
-                s.spec_timings.verify_ms += verify_ms;
-                let pos = s.tokens.len();
-                let Lane::Mtp { round, .. } = &mut s.lane else {
-                    continue;
-                };
-                let Some(o) = s.outcome.as_mut() else {
-                    continue;
-                };
-                let new = speculative::finish_round(
-                    model,
-                    head,
-                    round,
-                    d,
-                    logits,
-                    hidden,
-                    &mut s.sampler,
-                    pos,
-                    &mut o.stats,
-                    &mut s.spec_timings,
-                );
-                match new {
-                    Ok(new) => {
-                        s.emit(&new, on);
-                    }
-                    Err(e) => failed.push((vec![i], e)),
-                }
-            }
         }
-        let mut all: Vec<(usize, String)> = failed
-            .into_iter()
-            .flat_map(|(idx, e)| {
-                let m = e.to_string();
-                idx.into_iter().map(move |i| (i, m.clone()))
-            })
-            .collect();
-        all.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
-        all.dedup_by_key(|x| x.0);
-        for (i, m) in all {
+        // a forward shared by several sequences that failed fails each of them
+        failed.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
+        failed.dedup_by_key(|x| x.0);
+        for (i, m) in failed {
             let s = self.slots.remove(i);
             self.done.push((s.id, Err(Error::Batch(m))));
         }
+        self.retire();
     }
 }
 

@@ -957,7 +957,21 @@ impl DecoderLayer {
         caches: &mut [&mut LayerCache],
         positions: &[usize],
     ) -> Result<Vec<f32>> {
+        self.forward_ragged(x, &vec![l; b], caches, positions)
+    }
+
+    /// Sequences of different lengths in one forward: `x` holds `lens[0]` rows of sequence 0,
+    /// then `lens[1]` rows of sequence 1, ...; `caches[i]` and `positions[i]` belong to
+    /// sequence `i`. Every row is computed as it would be alone.
+    pub fn forward_ragged(
+        &self,
+        x: &[f32],
+        lens: &[usize],
+        caches: &mut [&mut LayerCache],
+        positions: &[usize],
+    ) -> Result<Vec<f32>> {
         let d = self.hidden;
+        let b = lens.len();
         if caches.len() != b || positions.len() != b {
             return Err(Error::InvalidRequest(format!(
                 "a decoder layer over {b} sequences was given {} caches and {} positions",
@@ -965,12 +979,13 @@ impl DecoderLayer {
                 positions.len()
             )));
         }
-        let n = self.check_rows(x, &[b, l])?;
+        let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+        let n = self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
         let r = match &self.mixer {
-            Mixer::Attention(a) => a.forward(&normed, b, l, caches, positions, false)?,
-            Mixer::Linear(m) => m.forward(&normed, b, l, caches)?,
+            Mixer::Attention(a) => a.forward(&normed, lens, caches, positions, false)?,
+            Mixer::Linear(m) => m.forward(&normed, lens, caches)?,
         };
         self.finish(x.to_vec(), &r, n)
     }
@@ -993,10 +1008,10 @@ impl DecoderLayer {
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
         let r = match &self.mixer {
-            Mixer::Attention(a) => a.forward(&normed, 1, l, &mut [cache], &[position], true)?,
+            Mixer::Attention(a) => a.forward(&normed, &[l], &mut [cache], &[position], true)?,
             // a recurrence needs every position anyway
             Mixer::Linear(m) => {
-                let all = m.forward(&normed, 1, l, &mut [cache])?;
+                let all = m.forward(&normed, &[l], &mut [cache])?;
                 all[(l - 1) * d..].to_vec()
             }
         };
@@ -1035,26 +1050,31 @@ impl Attention {
     fn forward(
         &self,
         x: &[f32],
-        b: usize,
-        l: usize,
+        lens: &[usize],
         caches: &mut [&mut LayerCache],
         positions: &[usize],
         last_only: bool,
     ) -> Result<Vec<f32>> {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = self.qkv.forward(x, b * l)?; // [b*l, h*2hd + 2*kvh*hd]
+        let rows: usize = lens.iter().sum();
+        let qkv = self.qkv.forward(x, rows)?; // [rows, h*2hd + 2*kvh*hd]
         let width = h * hd * 2 + 2 * kvh * hd;
         let scale = 1.0 / (hd as f32).sqrt();
-        // queries whose outputs are computed, per row
-        let lq = if last_only { 1 } else { l };
-        let mut out = vec![0f32; b * lq * h * hd];
-        for bi in 0..b {
+        // queries whose outputs are computed, per sequence
+        let lqs: Vec<usize> = lens
+            .iter()
+            .map(|&l| if last_only { l.min(1) } else { l })
+            .collect();
+        let out_rows: usize = lqs.iter().sum();
+        let mut out = vec![0f32; out_rows * h * hd];
+        let (mut in_off, mut out_off) = (0usize, 0usize);
+        for (bi, (&l, &lq)) in lens.iter().zip(&lqs).enumerate() {
             let mut q = vec![0f32; l * h * hd];
             let mut gate = vec![0f32; l * h * hd];
             let mut k = vec![0f32; l * kvh * hd];
             let mut v = vec![0f32; l * kvh * hd];
             for t in 0..l {
-                let row = &qkv[(bi * l + t) * width..(bi * l + t + 1) * width];
+                let row = &qkv[(in_off + t) * width..(in_off + t + 1) * width];
                 // q_proj rows are [q_h, gate_h] per head
                 for head in 0..h {
                     let src = &row[head * 2 * hd..(head + 1) * 2 * hd];
@@ -1088,10 +1108,12 @@ impl Attention {
             kv.append(&k, &v);
             let first = (l - lq) * h * hd;
             let o = simd::attention(&q[first..], &kv.k, &kv.v, lq, h, kvh, hd, scale);
-            let dst = &mut out[bi * lq * h * hd..(bi + 1) * lq * h * hd];
+            let dst = &mut out[out_off * h * hd..(out_off + lq) * h * hd];
             kernels::sigmoid_mul(dst, &gate[first..], &o);
+            in_off += l;
+            out_off += lq;
         }
-        self.o.forward(&out, b * lq)
+        self.o.forward(&out, out_rows)
     }
 }
 
@@ -1099,18 +1121,19 @@ impl DeltaNet {
     fn forward(
         &self,
         x: &[f32],
-        b: usize,
-        l: usize,
+        lens: &[usize],
         caches: &mut [&mut LayerCache],
     ) -> Result<Vec<f32>> {
         let dm = self.dims;
+        let rows_total: usize = lens.iter().sum();
         let key_dim = dm.hk * dm.dk;
         let value_dim = dm.hv * dm.dv;
         let conv_dim = 2 * key_dim + value_dim;
         let width = conv_dim + value_dim + 2 * dm.hv;
-        let proj = self.proj.forward(x, b * l)?; // [b*l, width]
-        let mut out = vec![0f32; b * l * value_dim];
-        for bi in 0..b {
+        let proj = self.proj.forward(x, rows_total)?; // [rows, width]
+        let mut out = vec![0f32; rows_total * value_dim];
+        let mut off = 0usize;
+        for (bi, &l) in lens.iter().enumerate() {
             let LayerCache::Linear(st) = &mut *caches[bi] else {
                 return Err(Error::Unsupported(
                     "a KV cache on a linear-attention layer".into(),
@@ -1123,7 +1146,7 @@ impl DeltaNet {
                     crate::cache::SECOND_VERIFY_FORWARD.into(),
                 ));
             }
-            let rows = &proj[bi * l * width..(bi + 1) * l * width];
+            let rows = &proj[off * width..(off + l) * width];
             let mut mixed = Vec::with_capacity(l * conv_dim);
             let mut z = Vec::with_capacity(l * value_dim);
             // the steps a verify kept come first, settled in this forward's pass
@@ -1207,10 +1230,11 @@ impl DeltaNet {
             }
             // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
             kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
-            let dst = &mut out[bi * l * value_dim..(bi + 1) * l * value_dim];
+            let dst = &mut out[off * value_dim..(off + l) * value_dim];
             kernels::silu_mul(dst, &z, &y);
+            off += l;
         }
-        self.out.forward(&out, b * l)
+        self.out.forward(&out, rows_total)
     }
 }
 

@@ -465,8 +465,12 @@ impl Qwen35Model {
         self.lm_head.forward(hidden, n)
     }
 
-    /// Runs `tokens` (`b` rows of equal length) through the model, extending each row's cache.
-    /// Rows may sit at different positions.
+    /// Runs `tokens` (one row per sequence, of any lengths of at least one token) through the
+    /// model, extending each row's cache. Rows may sit at different positions and have
+    /// different lengths (a batch's target-only tokens next to its verify rounds); every row is
+    /// computed as it would be alone. `hidden` and, with [`LogitsAt::All`], `logits` hold the
+    /// rows of sequence 0, then of sequence 1, ...; with [`LogitsAt::Last`], one logits row per
+    /// sequence.
     pub fn forward(
         &self,
         tokens: &[Vec<u32>],
@@ -474,16 +478,15 @@ impl Qwen35Model {
         at: LogitsAt,
     ) -> Result<ForwardOutput> {
         let b = tokens.len();
-        let l = tokens.first().map_or(0, |r| r.len());
-        if b == 0 || l == 0 {
+        if b == 0 || tokens.iter().all(Vec::is_empty) {
             return Ok(ForwardOutput {
                 hidden: Vec::new(),
                 logits: Vec::new(),
             });
         }
-        if caches.len() != b || tokens.iter().any(|r| r.len() != l) {
+        if caches.len() != b || tokens.iter().any(Vec::is_empty) {
             return Err(Error::InvalidRequest(format!(
-                "forward needs {b} caches and rows of equal length, got {} caches",
+                "forward needs {b} caches and a token in every row, got {} caches",
                 caches.len()
             )));
         }
@@ -493,15 +496,17 @@ impl Qwen35Model {
             ));
         }
         let d = self.hidden_size();
+        let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
+        let rows: usize = lens.iter().sum();
         let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
         let mut x = self.embed(&flat)?;
         let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
         for (i, layer) in self.layers.iter().enumerate() {
             let mut lc: Vec<&mut crate::cache::LayerCache> =
                 caches.iter_mut().map(|c| &mut c.layers[i]).collect();
-            x = layer.forward(&x, b, l, &mut lc, &positions)?;
+            x = layer.forward_ragged(&x, &lens, &mut lc, &positions)?;
         }
-        for c in caches.iter_mut() {
+        for (c, &l) in caches.iter_mut().zip(&lens) {
             c.advance(l);
         }
         kernels::rms_norm_rows(
@@ -512,11 +517,13 @@ impl Qwen35Model {
         );
         let logits = match at {
             LogitsAt::None => Vec::new(),
-            LogitsAt::All => self.logits(&x, b * l)?,
+            LogitsAt::All => self.logits(&x, rows)?,
             LogitsAt::Last => {
                 let mut last = Vec::with_capacity(b * d);
-                for bi in 0..b {
-                    last.extend_from_slice(&x[((bi + 1) * l - 1) * d..(bi + 1) * l * d]);
+                let mut end = 0;
+                for &l in &lens {
+                    end += l;
+                    last.extend_from_slice(&x[(end - 1) * d..end * d]);
                 }
                 self.logits(&last, b)?
             }

@@ -114,12 +114,31 @@ pub(crate) fn draft(
 
 /// Step 2: one target forward over `[bonus, d_1 .. d_k]`, recording per-position linear states.
 fn verify(model: &Qwen35Model, r: &mut Round, d: &Drafts) -> Result<(Vec<f32>, Vec<f32>)> {
+    let input = verify_row(r, d);
+    let out = model.forward(&[input], std::slice::from_mut(&mut r.cache), LogitsAt::All)?;
+    Ok((out.logits, out.hidden))
+}
+
+/// The verify forward's row `[bonus, d_1 .. d_k]`, with the cache set to record it (the row
+/// may be run alone, or next to other sequences' rows in a batch's forward).
+pub(crate) fn verify_row(r: &mut Round, d: &Drafts) -> Vec<u32> {
     let mut input = Vec::with_capacity(d.tokens.len() + 1);
     input.push(r.bonus);
     input.extend_from_slice(&d.tokens);
     r.cache.begin_verify();
-    let out = model.forward(&[input], std::slice::from_mut(&mut r.cache), LogitsAt::All)?;
-    Ok((out.logits, out.hidden))
+    input
+}
+
+impl Round {
+    /// The target cache, taken out for a batch's forward (an empty one is left in its place).
+    pub(crate) fn take_cache(&mut self) -> SeqCache {
+        std::mem::replace(&mut self.cache, SeqCache::new(Vec::new()))
+    }
+
+    /// Puts the target cache back after a batch's forward.
+    pub(crate) fn put_cache(&mut self, c: SeqCache) {
+        self.cache = c;
+    }
 }
 
 /// Step 3: walk the drafts; returns the number accepted and the new tokens (accepted drafts plus
@@ -409,53 +428,6 @@ pub(crate) fn finish_round(
     t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
     t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
     Ok(new)
-}
-
-/// Step 2 for several sequences at once: one target forward over every row
-/// `[bonus, d_1 .. d_k]` (all with the same `k`), each with its own cache. Returns each
-/// sequence's logits and hidden rows; each row is computed exactly as alone.
-pub(crate) fn verify_many(
-    model: &Qwen35Model,
-    rounds: &mut [&mut Round],
-    drafts: &[Drafts],
-) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
-    let inputs: Vec<Vec<u32>> = rounds
-        .iter()
-        .zip(drafts)
-        .map(|(r, d)| {
-            std::iter::once(r.bonus)
-                .chain(d.tokens.iter().copied())
-                .collect()
-        })
-        .collect();
-    let mut caches: Vec<SeqCache> = rounds
-        .iter_mut()
-        .map(|r| {
-            r.cache.begin_verify();
-            std::mem::replace(&mut r.cache, SeqCache::new(Vec::new()))
-        })
-        .collect();
-    let out = model.forward(&inputs, &mut caches, LogitsAt::All);
-    for (r, c) in rounds.iter_mut().zip(caches) {
-        r.cache = c;
-    }
-    let out = out?;
-    let (vocab, dm) = (model.vocab_size(), model.hidden_size());
-    let mut logits_off = 0;
-    let mut hidden_off = 0;
-    Ok(inputs
-        .iter()
-        .map(|row| {
-            let (nl, nh) = (row.len() * vocab, row.len() * dm);
-            let part = (
-                out.logits[logits_off..logits_off + nl].to_vec(),
-                out.hidden[hidden_off..hidden_off + nh].to_vec(),
-            );
-            logits_off += nl;
-            hidden_off += nh;
-            part
-        })
-        .collect())
 }
 
 /// The state after the last fed token, for a prefix cache: only when the fed tokens are a
