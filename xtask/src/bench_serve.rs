@@ -59,9 +59,7 @@ fn parse(args: &[String]) -> Result<Args> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let v = it
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
+        let v = it.next().with_context(|| format!("{flag} needs a value"))?;
         let num = |v: &str| -> Result<usize> {
             v.parse()
                 .with_context(|| format!("{flag} needs a positive integer, got `{v}`"))
@@ -150,7 +148,12 @@ fn start_llama(bin: &Path, gguf: &Path, slots: usize, depth: Option<u32>) -> Res
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if let Some(d) = depth {
-        cmd.args(["--spec-type", "draft-mtp", "--spec-draft-n-max", &d.to_string()]);
+        cmd.args([
+            "--spec-type",
+            "draft-mtp",
+            "--spec-draft-n-max",
+            &d.to_string(),
+        ]);
     }
     let child = cmd
         .spawn()
@@ -243,7 +246,10 @@ async fn one(
                 s.accepted = t["draft_n_accepted"].as_u64().unwrap_or(s.accepted);
                 s.tokens = t["predicted_n"].as_u64().unwrap_or(s.tokens);
             }
-            if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+            if let Some(n) = v
+                .pointer("/usage/completion_tokens")
+                .and_then(Value::as_u64)
+            {
                 s.tokens = n;
             }
         }
@@ -352,7 +358,10 @@ pub fn run(args: &[String]) -> Result<()> {
             .with_context(|| format!("converting {} to GGUF", a.model.display()))?;
         let off = start_llama(bin, &gguf, max_c, None)?;
         let on = start_llama(bin, &gguf, max_c, Some(d))?;
-        println!("llama-server -np {max_c}: off on {}, draft-mtp {d} on {}", off.base, on.base);
+        println!(
+            "llama-server -np {max_c}: off on {}, draft-mtp {d} on {}",
+            off.base, on.base
+        );
         lanes.push(("llama-server off".into(), off.base.clone(), None));
         lanes.push((format!("llama-server draft-mtp {d}"), on.base.clone(), None));
         _llama.push(off);
@@ -428,9 +437,18 @@ fn svg(rows: &[Value], lanes: &[(String, String, Option<Value>)], conc: &[usize]
         .fold(1.0f64, f64::max)
         * 1.1;
     let max_c = *conc.iter().max().unwrap_or(&1) as f64;
-    let x = |c: f64| m + (w - 2.0 * m) * if max_c > 1.0 { c.log2() / max_c.log2() } else { 0.5 };
+    let x = |c: f64| {
+        m + (w - 2.0 * m)
+            * if max_c > 1.0 {
+                c.log2() / max_c.log2()
+            } else {
+                0.5
+            }
+    };
     let y = |v: f64| h - m - (h - 2.0 * m) * v / max_y;
-    let colors = ["#999", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
+    let colors = [
+        "#999", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+    ];
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <text x=\"{m}\" y=\"20\">aggregate decode tok/s against concurrency</text>\n\
