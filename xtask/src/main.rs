@@ -7,6 +7,8 @@
 use anyhow::{bail, Result};
 
 mod bench;
+mod bench_serve;
+mod delta_rule;
 mod fixtures;
 mod fuzz;
 mod gguf;
@@ -31,6 +33,7 @@ commands:
   tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] [--qwen3-special-tokens]
                                   write tokenizer.json (+ tokenizer_config.json) from a GGUF vocabulary
   bench [options]                 MTP on/off benchmark on one loaded model
+  bench serve [options]           mtp serve under load at several concurrencies (and llama-server)
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
   test                            the project's full test command (what CI runs)
@@ -47,6 +50,7 @@ fn main() -> Result<()> {
             print!("{HELP}");
             Ok(())
         }
+        "bench" if rest.first().is_some_and(|a| a == "serve") => bench_serve::run(&rest[1..]),
         "bench" => bench::run(rest),
         "fixtures" => fixtures::run(rest),
         "fuzz" => fuzz::run(rest),

@@ -12,9 +12,9 @@
 //! costs most of a target step, so that no speculation can pay; against eight it costs a fifth.
 //!
 //! ```text
-//! cargo xtask train-tiny [--out models/tiny-code] [--steps 300] [--seed 0]
+//! cargo xtask train-tiny [--out models/tiny-code] [--steps 3000] [--seed 0]
 //!                        [--layers 8] [--interval 4] [--hidden 128] [--intermediate 384]
-//!                        [--batch 8] [--context 32] [--lr 0.005] [--decay cosine]
+//!                        [--batch 8] [--context 128] [--lr 0.004] [--decay cosine|constant]
 //! ```
 //! Loss: next-token cross-entropy of the model plus the MTP head's cross-entropy on the token
 //! after next, given `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's
@@ -27,9 +27,9 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 
-/// The training text: eight engine source files of this repository (MIT OR Apache-2.0) as they
-/// were when the bundled model was trained, frozen so that later edits to the engine do not
-/// change what `train-tiny` reproduces (see `xtask/data/README.md`).
+/// The training text: this repository's Rust sources (MIT OR Apache-2.0) as they were when the
+/// bundled model was trained, frozen so that later edits do not change what `train-tiny`
+/// reproduces (see `xtask/data/README.md`).
 const CORPUS: &str = include_str!("../data/tiny-code-corpus.txt");
 
 const HEADS: usize = 4;
@@ -364,21 +364,9 @@ fn deltanet(p: &Params, pre: &str, x: &Tensor) -> Result<Tensor> {
         .neg()?
         .exp()?; // [b, t, LV]
     let beta = sigmoid(&bb)?;
-    let mut state = Tensor::zeros((b, LV, LD, LD), DType::F32, x.device())?;
-    let mut ys = Vec::with_capacity(t);
-    for s in 0..t {
-        let qt = q.narrow(1, s, 1)?.squeeze(1)?; // [b, LV, LD]
-        let kt = k.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?; // [b, LV, 1, LD]
-        let vt = v.narrow(1, s, 1)?.squeeze(1)?;
-        let gt = g.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?.unsqueeze(3)?;
-        let bt = beta.narrow(1, s, 1)?.squeeze(1)?.unsqueeze(2)?;
-        state = state.broadcast_mul(&gt)?;
-        let kv = state.broadcast_mul(&kt)?.sum(3)?; // [b, LV, LD]
-        let delta = (vt - kv)?.broadcast_mul(&bt)?;
-        state = (state + delta.unsqueeze(3)?.broadcast_mul(&kt)?)?;
-        ys.push(state.broadcast_mul(&qt.unsqueeze(2)?)?.sum(3)?);
-    }
-    let y = Tensor::stack(&ys, 1)?; // [b, t, LV, LD]
+    let qkv = Tensor::stack(&[&q, &k, &v], 3)?; // [b, t, LV, 3, LD]
+    let gb = Tensor::stack(&[&g, &beta], 3)?; // [b, t, LV, 2]
+    let y = crate::delta_rule::delta_rule(&qkv, &gb)?; // [b, t, LV, LD]
     let y = rms(&y, Some(p.get(&format!("{pre}.gnorm"))?), EPS)?;
     let y = (y * z.reshape((b, t, LV, LD))?.silu()?)?.reshape((b, t, vd))?;
     lin(&y, p.get(&format!("{pre}.out"))?)
@@ -661,8 +649,8 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
 /// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S] [--layers N] [--interval K]
 /// [--hidden H] [--intermediate I]`.
 ///
-/// `--batch` rows of `--context` bytes per step (defaults below), Adam at `--lr`, constant or
-/// with `--decay cosine` (to a tenth of `--lr` over the run).
+/// `--batch` rows of `--context` bytes per step (defaults below), Adam at `--lr` with cosine
+/// decay to a tenth of it over the run (`--decay constant` keeps it).
 ///
 /// `--layers` is `num_hidden_layers` (default 8), `--interval` is `full_attention_interval`
 /// (default 4: layer `i` is full attention iff `(i + 1) % K == 0`, Gated DeltaNet otherwise),
@@ -670,11 +658,11 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
 /// (default 384). Head counts and widths are fixed. The defaults reproduce `models/tiny-code`.
 pub fn run(args: &[String]) -> Result<()> {
     let mut out = PathBuf::from("models/tiny-code");
-    let mut steps = 300usize;
+    let mut steps = 3000usize;
     let mut seed = 0u64;
     let mut arch = Arch::default();
-    let (mut batch, mut len, mut lr) = (8usize, 32usize, 5e-3f64);
-    let mut decay = false;
+    let (mut batch, mut len, mut lr) = (8usize, 128usize, 4e-3f64);
+    let mut decay = true;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().with_context(|| format!("{a} needs a value"))?;
@@ -689,7 +677,13 @@ pub fn run(args: &[String]) -> Result<()> {
             "--batch" => batch = parse(a, v)?,
             "--context" => len = parse(a, v)?,
             "--lr" => lr = v.parse().with_context(|| format!("--lr: `{v}`"))?,
-            "--decay" => decay = v == "cosine",
+            "--decay" => {
+                decay = match v.as_str() {
+                    "cosine" => true,
+                    "constant" => false,
+                    other => anyhow::bail!("--decay is cosine or constant, got `{other}`"),
+                }
+            }
             other => anyhow::bail!("unknown train-tiny flag `{other}`"),
         }
     }
