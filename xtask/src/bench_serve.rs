@@ -269,7 +269,11 @@ async fn level(
     max_tokens: usize,
     speculation: Option<Value>,
 ) -> Result<(Vec<Sample>, f64)> {
-    let client = reqwest::Client::new();
+    // a fresh connection per request: llama-server closes idle keep-alive connections, and a
+    // request sent on one as it closes fails ("connection closed before message completed")
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()?;
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t0 = Instant::now();
     let workers = (0..c).map(|_| {

@@ -160,6 +160,13 @@ pub async fn serve_on(
     let (app, state) = app(llm, &config);
     tracing::info!(addr = %listener.local_addr()?, model = %state.model_id, "serving");
     let flag = Arc::clone(&state);
+    // a stream's small events go out at once (no Nagle delay behind the client's ACK)
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
