@@ -114,29 +114,41 @@ fn forward_pair(
         st[..d * d].fill(0.0);
     }
     for t in 0..tn {
-        let base = ((bi * tn + t) * h + hi) * 3 * d;
-        let (q, k, v) = (
-            &qkv[base..base + d],
-            &qkv[base + d..base + 2 * d],
-            &qkv[base + 2 * d..base + 3 * d],
-        );
-        let gbase = ((bi * tn + t) * h + hi) * 2;
-        let (g, beta) = (gb[gbase], gb[gbase + 1]);
+        let row = (bi * tn + t) * h + hi;
+        let (q, k, v, g, beta) = inputs(qkv, gb, d, row);
         for (i, kvi) in kv.iter_mut().enumerate() {
-            let row = &mut s[i * d..(i + 1) * d];
-            row.iter_mut().for_each(|x| *x *= g);
-            *kvi = dot(row, k);
+            let row_s = &mut s[i * d..(i + 1) * d];
+            row_s.iter_mut().for_each(|x| *x *= g);
+            *kvi = dot(row_s, k);
         }
         for i in 0..d {
             let delta = beta * (v[i] - kv[i]);
-            let row = &mut s[i * d..(i + 1) * d];
-            axpy(row, delta, k);
-            y(((bi * tn + t) * h + hi) * d, i, dot(row, q));
+            let row_s = &mut s[i * d..(i + 1) * d];
+            axpy(row_s, delta, k);
+            y(row * d, i, dot(row_s, q));
         }
         if let Some(st) = states.as_deref_mut() {
             st[(t + 1) * d * d..(t + 2) * d * d].copy_from_slice(&s);
         }
     }
+}
+
+/// The inputs of one position of one (row, head) pair: `q`, `k`, `v`, `g`, `β` (`row` is
+/// `(b · t_len + t) · heads + head`).
+fn inputs<'a>(
+    qkv: &'a [f32],
+    gb: &[f32],
+    d: usize,
+    row: usize,
+) -> (&'a [f32], &'a [f32], &'a [f32], f32, f32) {
+    let base = row * 3 * d;
+    (
+        &qkv[base..base + d],
+        &qkv[base + d..base + 2 * d],
+        &qkv[base + 2 * d..base + 3 * d],
+        gb[row * 2],
+        gb[row * 2 + 1],
+    )
 }
 
 /// `Σ a·b` in eight lanes (a form the compiler vectorizes; a single running sum it may not).
@@ -213,15 +225,9 @@ impl CustomOp2 for DeltaRule {
                 (vec![0f32; d], vec![0f32; d], vec![0f32; d], vec![0f32; d]);
             let (mut dq, mut dk) = (vec![0f32; d], vec![0f32; d]);
             for t in (0..tn).rev() {
-                let base = ((bi * tn + t) * h + hi) * 3 * d;
-                let (q, k, v) = (
-                    &qkv[base..base + d],
-                    &qkv[base + d..base + 2 * d],
-                    &qkv[base + 2 * d..base + 3 * d],
-                );
-                let gbase = ((bi * tn + t) * h + hi) * 2;
-                let (g, beta) = (gb[gbase], gb[gbase + 1]);
-                let ybase = ((bi * tn + t) * h + hi) * d;
+                let row = (bi * tn + t) * h + hi;
+                let (q, k, v, g, beta) = inputs(&qkv, &gb, d, row);
+                let (base, gbase, ybase) = (row * 3 * d, row * 2, row * d);
                 let dyt = &dy[ybase..ybase + d];
                 let prev = &states[t * d * d..(t + 1) * d * d];
                 let cur = &states[(t + 1) * d * d..(t + 2) * d * d];

@@ -254,6 +254,16 @@ async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// The text of `/metrics`.
+async fn metrics(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// The `data:` payloads of an SSE body.
 fn sse_data(text: &str) -> Vec<String> {
     text.lines()
@@ -489,12 +499,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         .unwrap();
     assert_eq!(r.status(), 429);
     assert!(r.headers().get("retry-after").is_some());
-    let metrics = reqwest::get(format!("{}/metrics", srv.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&srv.base).await;
     assert!(metrics.contains("mtp:num_requests_waiting{model_name=\"scripted-model\"} 1"));
     assert!(metrics.contains("mtp:num_requests_running{model_name=\"scripted-model\"} 1"));
     gate.add_permits(1000);
@@ -527,12 +532,7 @@ async fn a_client_that_goes_away_cancels_its_generation() {
         1,
         "the provider's stream was not dropped"
     );
-    let metrics = reqwest::get(format!("{}/metrics", srv.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&srv.base).await;
     assert!(metrics.contains("mtp:request_cancelled_total{model_name=\"scripted-model\"} 1"));
     // the next request is served
     let (status, _) = post(
@@ -588,12 +588,7 @@ async fn models_metrics_and_props_describe_the_lane() {
         p["default_generation_settings"]["params"]["speculative.types"],
         "draft-mtp"
     );
-    let text = reqwest::get(format!("{}/metrics", srv.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(&srv.base).await;
     for line in [
         "mtp:spec_decode_num_drafts_total{model_name=\"scripted-model\"} 3",
         "mtp:spec_decode_num_draft_tokens_total{model_name=\"scripted-model\"} 6",

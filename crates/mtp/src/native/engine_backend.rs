@@ -80,6 +80,24 @@ impl EngineBackend {
 }
 
 /// Bytes of the safetensors files of a checkpoint (what loading maps into memory).
+/// The engine's options for a job: its budget, sampling and depth.
+fn engine_options(job: &Job<'_, EngineState>) -> GenerateOptions {
+    let opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
+    match job.depth {
+        Some(d) => opts.num_draft_tokens(d as usize),
+        None => opts,
+    }
+}
+
+/// The draft statistics of a generation that speculated (empty otherwise).
+fn draft_stats(out: &mtp_engine::GenerationOutput) -> mtp_contract::DraftStats {
+    out.speculation
+        .as_ref()
+        .filter(|s| s.used)
+        .map(|s| s.stats.clone())
+        .unwrap_or_default()
+}
+
 fn dir_weight_bytes(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -138,23 +156,14 @@ impl Backend for EngineBackend {
     }
 
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
-        let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
-        if let Some(d) = job.depth {
-            opts = opts.num_draft_tokens(d as usize);
-        }
+        let mut opts = engine_options(&job);
         opts.checkpoint_at = job.checkpoint_at;
         let resume = job.resume.as_ref().map(|(_, s)| &s.0);
         let out = self
             .engine
             .generate_resumable(job.prompt, resume, job.checkpoint, &opts, job.on_tokens)
             .map_err(api)?;
-        let stats = out
-            .output
-            .speculation
-            .as_ref()
-            .filter(|s| s.used)
-            .map(|s| s.stats.clone())
-            .unwrap_or_default();
+        let stats = draft_stats(&out.output);
         Ok(RunOutput {
             tokens: out.output.tokens,
             finish: out.output.finish_reason,
@@ -177,10 +186,7 @@ impl Backend for EngineBackend {
         job: Job<'_, EngineState>,
     ) -> Result<RunOutput<EngineState>, ProviderError> {
         use mtp_engine::batch::{BatchEvent, Scheduler};
-        let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
-        if let Some(d) = job.depth {
-            opts = opts.num_draft_tokens(d as usize);
-        }
+        let opts = engine_options(&job);
         let scheduler = self
             .scheduler
             .get_or_init(|| Scheduler::spawn(Arc::clone(&self.engine), max_batch));
@@ -213,12 +219,7 @@ impl Backend for EngineBackend {
                 }
             }
         };
-        let stats = out
-            .speculation
-            .as_ref()
-            .filter(|s| s.used)
-            .map(|s| s.stats.clone())
-            .unwrap_or_default();
+        let stats = draft_stats(&out);
         Ok(RunOutput {
             tokens: out.tokens,
             finish: out.finish_reason,
