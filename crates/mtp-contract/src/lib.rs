@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod format;
 mod provider;
 mod reason;
 mod report;
@@ -30,6 +31,7 @@ mod sampling;
 mod speculation;
 
 pub use error::ProviderError;
+pub use format::{JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use provider::{
     plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
     ProviderOptions, SpeculationStatus,

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProviderError;
+use crate::format::ResponseFormat;
 use crate::report::{SpeculationReport, Timings};
 use crate::sampling::Sampling;
 use crate::speculation::Speculation;
@@ -219,6 +220,10 @@ pub struct GenerateRequest {
     /// `chat_template_kwargs`); `thinking` sets `enable_thinking` and wins over a value here.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The shape the reply must take (JSON Schema, JSON object, regex, Lark grammar), enforced
+    /// while decoding. A runtime that cannot enforce it refuses the request; none ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl GenerateRequest {
@@ -285,8 +290,22 @@ impl GenerateRequest {
         self
     }
 
+    /// Sets the shape the reply must take.
+    pub fn response_format(mut self, f: ResponseFormat) -> Self {
+        self.response_format = Some(f);
+        self
+    }
+
+    /// The reply's constraint, when it has one (`text` is none).
+    pub fn constraint(&self) -> Option<&ResponseFormat> {
+        self.response_format.as_ref().filter(|f| f.is_constrained())
+    }
+
     /// Checks the request before any model work; the error names the field at fault.
     pub fn validate(&self) -> Result<(), ProviderError> {
+        if let Some(f) = &self.response_format {
+            f.validate()?;
+        }
         if self.prompt_cache_key.is_some() && self.messages.is_none() {
             return Err(ProviderError::InvalidRequest {
                 field: "messages",

@@ -71,7 +71,7 @@ impl Slot {
             self.max,
             &mut cb,
         );
-        let going = em.emit(chunk);
+        let going = em.emit(chunk) && !em.constraint_done(&self.sampler);
         self.finish = em.finish;
         self.tokens = std::mem::take(&mut em.tokens);
         going
@@ -157,7 +157,7 @@ impl<'e> Batch<'e> {
         engine.check(prompt, opts)?;
         let (outcome, speculate) = engine.speculation_plan(opts);
         let start = Instant::now();
-        let mut sampler = Sampler::new(&opts.sampling);
+        let mut sampler = engine.sampler(opts)?;
         let mut spec_timings = SpecTimings::default();
         let mut timings = Timings::default();
         let lane = match (speculate, engine.drafter()) {
@@ -274,7 +274,13 @@ impl<'e> Batch<'e> {
                     logits, history, ..
                 } => {
                     s.sampler.apply_penalties(logits, history);
-                    let tok = s.sampler.sample(logits, pos);
+                    let tok = match s.sampler.pick(logits, pos) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            failed.push((i, e.to_string()));
+                            continue;
+                        }
+                    };
                     history.push(tok);
                     s.first_at.get_or_insert_with(Instant::now);
                     if s.emit(&[tok], on_tokens) {

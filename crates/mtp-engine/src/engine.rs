@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::Device;
-use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
+use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 
 use crate::config::GenerationConfig;
+use crate::constraint::{Constraint, ConstraintCompiler};
 use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
@@ -41,6 +42,9 @@ pub struct GenerateOptions {
     /// turn renders the same tokens there and can resume from it). Ignored when it is not inside
     /// the part of the prompt this call computes.
     pub checkpoint_at: Option<usize>,
+    /// The shape the reply must take (JSON Schema, regex, Lark grammar), enforced on every
+    /// pick, drafts included; compiled before any model work.
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl Default for GenerateOptions {
@@ -52,6 +56,7 @@ impl Default for GenerateOptions {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             checkpoint_at: None,
+            response_format: None,
         }
     }
 }
@@ -74,6 +79,12 @@ impl GenerateOptions {
     /// Sets the speculation depth (0 = off).
     pub fn num_draft_tokens(mut self, k: usize) -> Self {
         self.num_draft_tokens = Some(k);
+        self
+    }
+
+    /// Constrains the reply to `format`.
+    pub fn response_format(mut self, format: ResponseFormat) -> Self {
+        self.response_format = Some(format);
         self
     }
 
@@ -121,6 +132,9 @@ pub struct Engine {
     generation: GenerationConfig,
     eos: Vec<u32>,
     dir: PathBuf,
+    /// Built on the first constrained request (the token trie takes a while on a large
+    /// vocabulary); the error is kept and repeated.
+    constraints: std::sync::OnceLock<std::result::Result<ConstraintCompiler, String>>,
 }
 
 impl Engine {
@@ -187,6 +201,7 @@ impl Engine {
             generation,
             eos,
             dir: dir.to_path_buf(),
+            constraints: std::sync::OnceLock::new(),
         })
     }
 
@@ -254,6 +269,29 @@ impl Engine {
             .model
             .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?
             .logits)
+    }
+
+    /// The grammar state for a request's `response_format` (none for free text), compiled
+    /// before any model work: a format that does not compile is an error here.
+    pub fn constraint(&self, opts: &GenerateOptions) -> Result<Option<Constraint>> {
+        let Some(format) = opts.response_format.as_ref().filter(|f| f.is_constrained()) else {
+            return Ok(None);
+        };
+        let compiler = self.constraints.get_or_init(|| {
+            let tok = self.tokenizer.as_ref().ok_or_else(|| {
+                "constrained decoding needs the checkpoint's tokenizer.json".to_string()
+            })?;
+            ConstraintCompiler::new(tok.hf(), &self.eos).map_err(|e| e.to_string())
+        });
+        match compiler {
+            Ok(c) => c.compile(format),
+            Err(m) => Err(Error::Unsupported(m.clone())),
+        }
+    }
+
+    /// A request's sampler: its sampling controls and its constraint.
+    pub(crate) fn sampler(&self, opts: &GenerateOptions) -> Result<Sampler> {
+        Ok(Sampler::new(&opts.sampling).with_constraint(self.constraint(opts)?))
     }
 
     /// Checks a request before any model work (also for each sequence of a batch).
@@ -350,7 +388,7 @@ impl Engine {
         let stops = self.stop_ids(opts);
         let (mut outcome, spec_ok) = self.speculation_plan(opts);
         let depth = opts.num_draft_tokens.unwrap_or(0);
-        let mut sampler = Sampler::new(&opts.sampling);
+        let mut sampler = self.sampler(opts)?;
         let mut emitter = Emitter {
             tokens: Vec::new(),
             stops: &stops,
@@ -430,12 +468,12 @@ impl Engine {
             let mut last_hidden = Vec::new();
             while emitter.finish.is_none() && opts.max_tokens > 0 {
                 sampler.apply_penalties(&mut logits, &history);
-                let tok = sampler.sample(&logits, emitter.tokens.len());
+                let tok = sampler.pick(&logits, emitter.tokens.len())?;
                 history.push(tok);
                 if first_at.is_none() {
                     first_at = Some(Instant::now());
                 }
-                if !emitter.emit(&[tok]) {
+                if !emitter.emit(&[tok]) || emitter.constraint_done(&sampler) {
                     break;
                 }
                 let step = self
@@ -550,6 +588,16 @@ impl<'a> Emitter<'a> {
             self.finish = Some(FinishReason::Length);
         }
         self.finish.is_none()
+    }
+
+    /// Ends generation (finish `Stop`) when the reply's constraint is complete: nothing but
+    /// the end could follow. True when it ended it.
+    pub(crate) fn constraint_done(&mut self, s: &Sampler) -> bool {
+        if self.finish.is_none() && s.constraint_complete() {
+            self.finish = Some(FinishReason::Stop);
+            return true;
+        }
+        false
     }
 
     /// Tokens still allowed.

@@ -67,6 +67,14 @@ pub enum Error {
     /// A request parameter is out of range.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A `response_format` could not be compiled, or the reply's grammar state failed.
+    #[error("response_format ({kind}): {message}")]
+    Constraint {
+        /// `json_schema`, `json_object`, `regex` or `grammar`.
+        kind: &'static str,
+        /// What llguidance said.
+        message: String,
+    },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -16,6 +16,7 @@
 pub mod batch;
 pub mod cache;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 #[allow(unsafe_code)] // `exp`'s exact float-to-int conversion; AVX2 builds of slice loops

@@ -6,8 +6,13 @@
 //! number that depends only on `(seed, i)`, so plain and speculative decoding that see the same
 //! distributions pick the same tokens.
 
+use std::borrow::Cow;
+
 use mtp_contract::Sampling;
 use rand::{Rng, SeedableRng};
+
+use crate::constraint::Constraint;
+use crate::error::Result;
 
 /// Tokens of context the penalties look at (mlx-lm's default).
 pub const PENALTY_CONTEXT: usize = 20;
@@ -41,6 +46,8 @@ pub fn position_uniform(seed: u64, stream: u64, position: u64) -> f64 {
 pub struct Sampler {
     params: Sampling,
     rng: rand::rngs::StdRng,
+    /// The reply's grammar state, when its shape is constrained.
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -49,7 +56,68 @@ impl Sampler {
         Sampler {
             params: params.clone(),
             rng: rand::rngs::StdRng::from_entropy(),
+            constraint: None,
         }
+    }
+
+    /// Constrains every pick of this sampler (the target's and the drafter's) to `c`.
+    pub fn with_constraint(mut self, c: Option<Constraint>) -> Self {
+        self.constraint = c;
+        self
+    }
+
+    /// The constraint, when there is one.
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
+    }
+
+    /// `logits` with the tokens the constraint does not allow at the current position set to
+    /// `-inf` (unchanged without a constraint).
+    pub fn constrain<'l>(&mut self, logits: &'l [f32]) -> Result<Cow<'l, [f32]>> {
+        match self.constraint.as_mut() {
+            None => Ok(Cow::Borrowed(logits)),
+            Some(c) => {
+                let mut l = logits.to_vec();
+                c.apply(&mut l)?;
+                Ok(Cow::Owned(l))
+            }
+        }
+    }
+
+    /// Feeds a chosen token to the constraint (nothing without one).
+    pub fn advance(&mut self, tok: u32) -> Result<()> {
+        match self.constraint.as_mut() {
+            Some(c) => c.advance(tok),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the last `n` fed tokens back from the constraint.
+    pub fn rollback(&mut self, n: usize) -> Result<()> {
+        match self.constraint.as_mut() {
+            Some(c) => c.rollback(n),
+            None => Ok(()),
+        }
+    }
+
+    /// True for an end id under a constraint (where drafting stops).
+    pub fn is_constrained_end(&self, tok: u32) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.is_end(tok))
+    }
+
+    /// True when the constraint is complete: the reply must end here.
+    pub fn constraint_complete(&self) -> bool {
+        self.constraint
+            .as_ref()
+            .is_some_and(Constraint::is_complete)
+    }
+
+    /// Samples generated token `position` under the constraint and feeds it to it.
+    pub fn pick(&mut self, logits: &[f32], position: usize) -> Result<u32> {
+        let l = self.constrain(logits)?;
+        let t = self.sample(&l, position);
+        self.advance(t)?;
+        Ok(t)
     }
 
     /// The parameters.

@@ -72,14 +72,16 @@ fn mode_uses_q(s: &Sampler) -> bool {
 
 /// Picks the drafter's token from its logits: argmax for greedy and seeded modes, a sample from
 /// the processed distribution otherwise.
-fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> (u32, Option<Vec<f32>>) {
-    if mode_uses_q(s) {
-        let q = s.distribution(logits);
+/// Under a constraint the logits are masked with the state at this position first.
+fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> Result<(u32, Option<Vec<f32>>)> {
+    let logits = s.constrain(logits)?;
+    Ok(if mode_uses_q(s) {
+        let q = s.distribution(&logits);
         let u = s.uniform(1, position);
         (Sampler::draw(&q, u), Some(q))
     } else {
-        (argmax(logits), None)
-    }
+        (argmax(&logits), None)
+    })
 }
 
 /// Step 1: draft `k` tokens (the seed plus `k - 1` recurrent head forwards).
@@ -98,17 +100,34 @@ pub(crate) fn draft(
     r.appended = 0;
     let mut h = r.seed_hidden.clone();
     let mut tok = r.seed;
-    while d.tokens.len() < k {
+    // Under a constraint the grammar walks through the drafts (each is picked with the state
+    // after the ones before it) and is rolled back before verifying; drafting stops at an end
+    // token or where the grammar is complete (only the end could follow).
+    let mut fed = 0;
+    let mut open = !s.is_constrained_end(tok);
+    if open {
+        s.advance(tok)?;
+        fed += 1;
+        open = !s.constraint_complete();
+    }
+    while open && d.tokens.len() < k {
         h = head.forward(model, &[tok], &h, &mut r.mcache)?;
         r.appended += 1;
         let logits = model.logits(&h, 1)?;
-        let (t, q) = draft_pick(s, &logits, pos + d.tokens.len());
+        let (t, q) = draft_pick(s, &logits, pos + d.tokens.len())?;
         tok = t;
         d.tokens.push(t);
         if let Some(q) = q {
             d.q.push(q);
         }
+        if s.is_constrained_end(t) || d.tokens.len() == k {
+            break;
+        }
+        s.advance(t)?;
+        fed += 1;
+        open = !s.constraint_complete();
     }
+    s.rollback(fed)?;
     Ok(d)
 }
 
@@ -143,17 +162,39 @@ impl Round {
 
 /// Step 3: walk the drafts; returns the number accepted and the new tokens (accepted drafts plus
 /// the target's own token).
+///
+/// Under a constraint each row is masked with the grammar state after the tokens before it,
+/// and every token kept is fed to the grammar (drafts as they are accepted, then the target's).
 fn accept(
     logits: &[f32],
     vocab: usize,
     d: &Drafts,
     s: &mut Sampler,
     pos: usize,
-) -> (usize, Vec<u32>) {
+) -> Result<(usize, Vec<u32>)> {
+    let (accepted, new) = accept_walk(logits, vocab, d, s, pos)?;
+    if let Some(&t) = new.last() {
+        s.advance(t)?;
+    }
+    Ok((accepted, new))
+}
+
+fn accept_walk(
+    logits: &[f32],
+    vocab: usize,
+    d: &Drafts,
+    s: &mut Sampler,
+    pos: usize,
+) -> Result<(usize, Vec<u32>)> {
     let k = d.tokens.len();
     let mut new = Vec::with_capacity(k + 1);
     for j in 0..=k {
-        let row = &logits[j * vocab..(j + 1) * vocab];
+        if j > 0 {
+            // the draft just accepted moves the grammar on
+            s.advance(new[j - 1])?;
+        }
+        let row = s.constrain(&logits[j * vocab..(j + 1) * vocab])?;
+        let row = &row[..];
         if mode_uses_q(s) {
             let p = s.distribution(row);
             if j < k {
@@ -174,20 +215,20 @@ fn accept(
                     Sampler::draw(&p, s.uniform(2, pos + j))
                 };
                 new.push(t);
-                return (j, new);
+                return Ok((j, new));
             }
             let t = Sampler::draw(&p, s.uniform(0, pos + j));
             new.push(t);
-            return (j, new);
+            return Ok((j, new));
         }
         let t = s.sample(row, pos + j);
         new.push(t);
         if j < k && t == d.tokens[j] {
             continue;
         }
-        return (j, new);
+        return Ok((j, new));
     }
-    (k, new)
+    Ok((k, new))
 }
 
 /// Step 4: keep the verified positions of the accepted prefix plus the bonus input.
@@ -218,7 +259,7 @@ fn update_drafter(
     let hid = &verify_hidden[keep * dm..(accepted + 1) * dm];
     let last = head.forward(model, &toks, hid, &mut r.mcache)?;
     let logits = model.logits(&last, 1)?;
-    let (t, q) = draft_pick(s, &logits, pos);
+    let (t, q) = draft_pick(s, &logits, pos)?;
     r.seed = t;
     r.seed_q = q;
     r.seed_hidden = last;
@@ -260,7 +301,7 @@ pub(crate) fn run(
         computed,
     )?;
     *first_at = Some(Instant::now());
-    if !em.emit(&[r.bonus]) {
+    if !em.emit(&[r.bonus]) || em.constraint_done(s) {
         return Ok(());
     }
     loop {
@@ -276,7 +317,7 @@ pub(crate) fn run(
         t.verify_ms += t2.elapsed().as_secs_f64() * 1e3;
         t.draft_ms += (t2 - t1).as_secs_f64() * 1e3;
         let new = finish_round(model, head, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
-        if !em.emit(&new) {
+        if !em.emit(&new) || em.constraint_done(s) {
             break;
         }
     }
@@ -350,7 +391,7 @@ pub(crate) fn prefill(
     // Drafter prefill: the pairs (token[p + 1], hidden[p]) for p < len - 1, then (b, hidden[len - 1]).
     let pair_toks = &prompt[start.max(1)..];
     let n_pairs = pair_toks.len();
-    let b = s.sample(&out.logits, 0);
+    let b = s.pick(&out.logits, 0)?;
     let last = if checkpoint {
         if n_pairs > 0 {
             head.forward(model, pair_toks, &hid_all[..n_pairs * dm], &mut mcache)?;
@@ -372,7 +413,7 @@ pub(crate) fn prefill(
         shifted.push(b);
         head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?
     };
-    let (seed, seed_q) = draft_pick(s, &model.logits(&last, 1)?, 1);
+    let (seed, seed_q) = draft_pick(s, &model.logits(&last, 1)?, 1)?;
     t.prefill_ms += t0.elapsed().as_secs_f64() * 1e3;
     Ok(Round {
         cache,
@@ -404,7 +445,7 @@ pub(crate) fn finish_round(
 ) -> Result<Vec<u32>> {
     let dm = model.hidden_size();
     let t2 = Instant::now();
-    let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos);
+    let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos)?;
     let t3 = Instant::now();
     rollback(r, accepted);
     r.fed.push(r.bonus);

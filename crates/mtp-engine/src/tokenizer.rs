@@ -77,6 +77,11 @@ impl TextTokenizer {
         }
     }
 
+    /// The Hugging Face tokenizer underneath.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.tok
+    }
+
     /// The id of a token string, if it is in the vocabulary.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tok.token_to_id(token)
