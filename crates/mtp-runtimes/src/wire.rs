@@ -44,6 +44,15 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
             what: "image input over HTTP".into(),
         });
     }
+    if let Some(f) = req.constraint() {
+        return Err(ProviderError::Unsupported {
+            provider: kind.name().into(),
+            what: format!(
+                "response_format `{}` (this adapter does not pass constraints to the server yet,                  and never drops one silently; the native provider enforces it)",
+                f.kind()
+            ),
+        });
+    }
     if req.raw_prompt
         && (req.system_prompt.is_some() || req.messages.as_ref().is_some_and(|m| !m.is_empty()))
     {

@@ -4,12 +4,13 @@
 //! fault. Fields no local runtime acts on and that change nothing when ignored (`user`,
 //! `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored, as vLLM
 //! and llama-server do; fields that would change the answer and that this server cannot honour
-//! (`n` > 1, `logprobs`, a JSON `response_format`, a forced `tool_choice`) are refused with 400,
+//! (`n` > 1, `logprobs`, a GBNF `grammar`, a forced `tool_choice`) are refused with 400,
+//! and a `response_format` the runtime cannot enforce is refused by the runtime,
 //! never dropped silently.
 
 use mtp_contract::{
-    FinishReason, GenerateRequest, GenerateResponse, Message, Role, Sampling, Speculation,
-    SpeculationReport, ToolCall,
+    FinishReason, GenerateRequest, GenerateResponse, Message, ResponseFormat, Role, Sampling,
+    Speculation, SpeculationReport, ToolCall,
 };
 use serde_json::{json, Map, Value};
 
@@ -169,20 +170,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
             "`echo` is not supported; the prompt is not repeated in the answer",
         ));
     }
-    if let Some(rf) = opt(o, "response_format") {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            _ => {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    format!(
-                        "only {{\"type\": \"text\"}} is served; schema-constrained output is not \
-                         available in this server yet (got {rf})"
-                    ),
-                ))
-            }
-        }
-    }
+    request.response_format = response_format(o)?;
     let stream = bool_field(o, "stream")?.unwrap_or(false);
     let include_usage = match opt(o, "stream_options") {
         None => false,
@@ -209,6 +197,47 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         include_usage,
         return_tokens,
     })
+}
+
+/// The reply's constraint: OpenAI's `response_format` (with our `regex` and `grammar` types),
+/// llama-server's `json_schema`, or vLLM's `guided_json` / `guided_regex`. llama-server's GBNF
+/// `grammar` is refused (a Lark grammar goes in `response_format`), never dropped.
+fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, ApiError> {
+    let from_provider = |e: mtp_contract::ProviderError| ApiError::from_provider(&e);
+    if let Some(v) = opt(o, "response_format") {
+        return ResponseFormat::from_json(v)
+            .map(Some)
+            .map_err(from_provider);
+    }
+    if let Some(v) = opt(o, "json_schema").or_else(|| opt(o, "guided_json")) {
+        let f = ResponseFormat::json_schema(v.clone());
+        f.validate().map_err(from_provider)?;
+        return Ok(Some(f));
+    }
+    if let Some(v) = opt(o, "guided_regex") {
+        let Some(rx) = v.as_str() else {
+            return Err(ApiError::invalid(
+                "guided_regex",
+                format!("`guided_regex` must be a string, got {v}"),
+            ));
+        };
+        let f = ResponseFormat::regex(rx);
+        f.validate().map_err(from_provider)?;
+        return Ok(Some(f));
+    }
+    if opt(o, "grammar").is_some() || opt(o, "guided_grammar").is_some() {
+        let field = if opt(o, "grammar").is_some() {
+            "grammar"
+        } else {
+            "guided_grammar"
+        };
+        return Err(ApiError::unsupported(
+            field,
+            "GBNF/EBNF grammars are not taken; send a Lark grammar as \
+             `response_format: {\"type\": \"grammar\", \"grammar\": ...}`",
+        ));
+    }
+    Ok(None)
 }
 
 /// The per-request speculation: our `speculation` block (the contract's, same validation), or
@@ -608,10 +637,14 @@ mod tests {
             Some("logprobs")
         );
         assert_eq!(
-            base("response_format", json!({"type": "json_object"}))
+            base("response_format", json!({"type": "xml"}))
                 .param
                 .as_deref(),
             Some("response_format")
+        );
+        assert_eq!(
+            base("grammar", json!("root ::= \"a\"")).param.as_deref(),
+            Some("grammar")
         );
         assert_eq!(
             base("tool_choice", json!("required")).param.as_deref(),

@@ -21,6 +21,7 @@ mod builtin;
 pub mod cli;
 pub mod native;
 mod registry;
+pub mod structured;
 
 pub use mtp_contract::*;
 pub use registry::{create_llm, providers, register_provider, Error, Factory};

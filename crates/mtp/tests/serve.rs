@@ -304,3 +304,61 @@ async fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
         );
     }
 }
+
+#[tokio::test]
+async fn response_format_is_enforced_per_request_with_mtp_on() {
+    let srv = serve(&["--max-batch", "2"]);
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "count": {"type": "integer", "minimum": 0, "maximum": 50}},
+        "required": ["name", "count"], "additionalProperties": false});
+    let client = reqwest::Client::new();
+    let mut texts = Vec::new();
+    for spec in [
+        serde_json::json!(false),
+        serde_json::json!({"num_draft_tokens": 3}),
+    ] {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": "a config as JSON"}],
+            "max_tokens": 96, "temperature": 0, "speculation": spec,
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "cfg", "schema": schema, "strict": true}}});
+        let v: serde_json::Value = client
+            .post(format!("{}/v1/chat/completions", srv.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string();
+        let parsed: serde_json::Value = serde_json::from_str(&text).expect("JSON reply");
+        assert!(
+            parsed["name"].is_string() && parsed["count"].is_u64(),
+            "{text}"
+        );
+        assert_eq!(
+            v["speculation"]["used"],
+            spec != serde_json::json!(false),
+            "{v}"
+        );
+        texts.push(text);
+    }
+    assert_eq!(texts[0], texts[1], "MTP changed the constrained reply");
+    // a constraint that does not compile is a 400 naming the field
+    let body = serde_json::json!({"prompt": "x", "max_tokens": 4,
+        "response_format": {"type": "regex", "regex": "(unclosed"}});
+    let r = client
+        .post(format!("{}/v1/completions", srv.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+}

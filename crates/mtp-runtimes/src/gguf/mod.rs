@@ -353,6 +353,15 @@ impl GgufProvider {
                 what: "image input".into(),
             });
         }
+        if let Some(f) = req.constraint() {
+            return Err(ProviderError::Unsupported {
+                provider: PROVIDER.into(),
+                what: format!(
+                    "response_format `{}` (the in-process llama.cpp lane does not constrain yet;                      the native provider does)",
+                    f.kind()
+                ),
+            });
+        }
         let loaded = self.loaded()?;
         let decision = plan(
             self.inner.default.as_ref(),

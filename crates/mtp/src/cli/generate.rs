@@ -31,6 +31,51 @@ fn prompt_text(a: &GenerateArgs) -> Result<String, CliError> {
     }
 }
 
+/// The reply's constraint the flags give (`--json-schema`, `--json-object`, `--regex`,
+/// `--grammar`).
+fn response_format(a: &GenerateArgs) -> Result<Option<crate::ResponseFormat>, CliError> {
+    use crate::ResponseFormat;
+    let read = |path: &std::path::Path, flag: &'static str| -> Result<String, CliError> {
+        crate::cli::messages::read_text(path)
+            .map_err(|message| CliError::InvalidFlag { flag, message })
+    };
+    let flexible_whitespace = a.flexible_whitespace;
+    if let Some(path) = &a.json_schema {
+        let text = read(path, "--json-schema")?;
+        let schema: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| CliError::InvalidFlag {
+                flag: "--json-schema",
+                message: format!("{} is not JSON: {e}", path.display()),
+            })?;
+        return Ok(Some(ResponseFormat::JsonSchema {
+            json_schema: crate::JsonSchemaFormat {
+                name: None,
+                schema,
+                strict: None,
+            },
+            flexible_whitespace,
+        }));
+    }
+    if a.json_object {
+        return Ok(Some(ResponseFormat::JsonObject {
+            flexible_whitespace,
+        }));
+    }
+    if a.flexible_whitespace {
+        return Err(CliError::InvalidFlag {
+            flag: "--flexible-whitespace",
+            message: "goes with --json-schema or --json-object".into(),
+        });
+    }
+    if let Some(rx) = &a.regex {
+        return Ok(Some(ResponseFormat::regex(rx.clone())));
+    }
+    if let Some(path) = &a.grammar {
+        return Ok(Some(ResponseFormat::grammar(read(path, "--grammar")?)));
+    }
+    Ok(None)
+}
+
 pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> {
     let history = match &a.messages {
         Some(path) => Some(crate::cli::messages::read(path)?),
@@ -56,6 +101,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     }
     if a.raw {
         req = req.raw();
+    }
+    if let Some(f) = response_format(&a)? {
+        req = req.response_format(f);
     }
     let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
     let ctx = || format!("generation with {} on {} failed", model, llm.name());

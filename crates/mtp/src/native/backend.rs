@@ -51,6 +51,8 @@ pub struct Job<'a, S> {
     pub sampling: &'a Sampling,
     /// Generation bound.
     pub max_tokens: usize,
+    /// The shape the reply must take (none for free text), enforced on every token.
+    pub response_format: Option<&'a mtp_contract::ResponseFormat>,
     /// Keep the state at the end of the prompt and at the end of generation.
     pub checkpoint: bool,
     /// Also keep the state after this many prompt tokens (see

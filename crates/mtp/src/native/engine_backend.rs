@@ -33,6 +33,22 @@ impl CacheState for EngineState {
 }
 
 fn api(e: mtp_engine::Error) -> ProviderError {
+    match e {
+        // a constraint that does not compile is the request's fault, named by its field
+        mtp_engine::Error::Constraint { .. } => {
+            return ProviderError::InvalidRequest {
+                field: "response_format",
+                message: e.to_string(),
+            }
+        }
+        mtp_engine::Error::Unsupported(what) => {
+            return ProviderError::Unsupported {
+                provider: "native".into(),
+                what,
+            }
+        }
+        _ => {}
+    }
     ProviderError::Api {
         provider: "native".into(),
         model: String::new(),
@@ -82,7 +98,8 @@ impl EngineBackend {
 /// Bytes of the safetensors files of a checkpoint (what loading maps into memory).
 /// The engine's options for a job: its budget, sampling and depth.
 fn engine_options(job: &Job<'_, EngineState>) -> GenerateOptions {
-    let opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
+    let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
+    opts.response_format = job.response_format.cloned();
     match job.depth {
         Some(d) => opts.num_draft_tokens(d as usize),
         None => opts,

@@ -362,6 +362,7 @@ fn run_job<B: Backend>(
         depth,
         sampling: &request.sampling,
         max_tokens,
+        response_format: request.constraint(),
         checkpoint: key.is_some(),
         checkpoint_at: prompt.history_len,
         on_tokens: &mut on_tokens,
