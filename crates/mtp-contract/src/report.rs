@@ -209,4 +209,8 @@ pub struct Timings {
     pub verify_ms: Option<f64>,
     /// Time spent rolling caches back, milliseconds.
     pub rollback_ms: Option<f64>,
+    /// Time spent computing a constrained reply's token masks (`response_format`),
+    /// milliseconds; part of the draft and verify figures, not added to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint_ms: Option<f64>,
 }

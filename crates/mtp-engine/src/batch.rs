@@ -98,6 +98,7 @@ impl Slot {
             self.tokens.len(),
             self.prompt_len,
         );
+        self.timings.constraint_ms = self.sampler.constraint().map(|c| c.mask_cost().0);
         GenerationOutput {
             tokens: self.tokens,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),

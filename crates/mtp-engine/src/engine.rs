@@ -504,6 +504,7 @@ impl Engine {
             emitter.tokens.len(),
             computed,
         );
+        timings.constraint_ms = sampler.constraint().map(|c| c.mask_cost().0);
         let finish = emitter.finish.unwrap_or(FinishReason::Length);
         Ok(ResumableOutput {
             output: GenerationOutput {

@@ -476,6 +476,7 @@ impl GgufProvider {
             draft_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.draft_ms),
             verify_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.verify_ms),
             rollback_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.rollback_ms),
+            constraint_ms: None,
         };
         let finish_reason = out.finish.unwrap_or(FinishReason::Length);
         let mut warnings = Vec::new();
