@@ -7,6 +7,7 @@
 //! cargo xtask bench --model models/tiny-code --depths 1,2,3,4,5 --mlx-vlm /tmp/mlxref/bin/python
 //! cargo xtask bench --model DIR-4bit --drafter DIR-MTP-4bit   # a companion drafter
 //! cargo xtask bench --provider gguf                # native vs in-process llama.cpp, same weights
+//! cargo xtask bench --model models/tiny-code --json-schema schema.json   # constrained vs free
 //! ```
 //!
 //! With `--provider NAME` the benchmark runs through the provider API instead (`mtp bench`, the
@@ -35,6 +36,8 @@ struct Args {
     mlx: Option<String>,
     out_dir: PathBuf,
     provider: Option<String>,
+    /// A JSON Schema file: compare constrained and free decoding instead.
+    json_schema: Option<PathBuf>,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
@@ -49,6 +52,7 @@ fn parse(args: &[String]) -> Result<Args> {
         mlx: None,
         out_dir: PathBuf::from("target/bench"),
         provider: None,
+        json_schema: None,
     };
     let mut it = args.iter();
     while let Some(f) = it.next() {
@@ -69,6 +73,7 @@ fn parse(args: &[String]) -> Result<Args> {
             "--mlx-vlm" => a.mlx = Some(val()?.clone()),
             "--out" => a.out_dir = PathBuf::from(val()?),
             "--provider" => a.provider = Some(val()?.clone()),
+            "--json-schema" => a.json_schema = Some(PathBuf::from(val()?)),
             other => bail!("unknown bench flag `{other}`"),
         }
     }
@@ -226,6 +231,9 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let vocab = engine.model().vocab_size();
     std::fs::create_dir_all(&a.out_dir)?;
+    if let Some(schema) = &a.json_schema {
+        return run_constrained(&engine, &a, schema);
+    }
 
     // ---- target-only: prefill / decode tok/s, peak memory
     let prompt = synthetic_prompt(a.prompt_len, vocab);
@@ -605,5 +613,89 @@ fn run_provider(provider: &str, a: &Args) -> Result<()> {
     let path = a.out_dir.join("bench-gguf.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     println!("\nwrote {}", path.display());
+    Ok(())
+}
+
+/// `--json-schema FILE`: the same prompts decoded free and under the schema, MTP off and at
+/// each depth, interleaved, on one loaded engine: tok/s, acceptance, and the time spent on
+/// token masks per generated token.
+fn run_constrained(engine: &Engine, a: &Args, schema_path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(schema_path)
+        .with_context(|| format!("reading {}", schema_path.display()))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", schema_path.display()))?;
+    let format = mtp_engine::ResponseFormat::json_schema(schema);
+    let tok = engine
+        .tokenizer()
+        .context("the checkpoint has no tokenizer.json")?;
+    let depths: Vec<usize> = if engine.drafter().is_some() {
+        std::iter::once(0).chain(a.depths.iter().copied()).collect()
+    } else {
+        vec![0]
+    };
+    println!(
+        "\n## constrained ({}) vs free decoding (at most {} tokens, greedy, median of {} interleaved reps)\n",
+        schema_path.display(),
+        a.tokens,
+        a.reps
+    );
+    println!("| prompt | depth | free tok/s | free acceptance | constrained tok/s | constrained acceptance | tokens | mask µs/token | identical to depth 0 |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut rows = Vec::new();
+    for (name, text) in PROMPTS {
+        let ids = tok.encode(text)?;
+        let mut base: Option<Vec<u32>> = None;
+        for &k in &depths {
+            let free = GenerateOptions::greedy(a.tokens).num_draft_tokens(k);
+            let constrained = free.clone().response_format(format.clone());
+            let (mut ft, mut ct, mut fa, mut ca, mut mask) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut out_tokens = Vec::new();
+            for _ in 0..a.reps {
+                for (opts, rate, acc) in
+                    [(&free, &mut ft, &mut fa), (&constrained, &mut ct, &mut ca)]
+                {
+                    let o = engine.generate(&ids, opts, |_| true)?;
+                    rate.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
+                    if let Some(sp) = o.speculation.as_ref().filter(|s| s.used) {
+                        acc.push(sp.stats.accepted as f64 / sp.stats.drafted.max(1) as f64);
+                    }
+                    if let Some(ms) = o.timings.constraint_ms {
+                        mask.push(ms * 1e3 / o.tokens.len().max(1) as f64);
+                        out_tokens = o.tokens;
+                    }
+                }
+            }
+            let identical = match &base {
+                None => {
+                    base = Some(out_tokens.clone());
+                    true
+                }
+                Some(b) => *b == out_tokens,
+            };
+            let (ft, ct, mask) = (median(ft), median(ct), median(mask));
+            let fmt_acc = |v: Vec<f64>| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}%", median(v) * 100.0)
+                }
+            };
+            let (fa_s, ca_s) = (fmt_acc(fa.clone()), fmt_acc(ca.clone()));
+            println!(
+                "| {name} | {k} | {ft:.0} | {fa_s} | {ct:.0} | {ca_s} | {} | {mask:.0} | {identical} |",
+                out_tokens.len()
+            );
+            rows.push(
+                serde_json::json!({"prompt": name, "depth": k, "free_tps": ft,
+                "constrained_tps": ct, "free_acceptance": fa, "constrained_acceptance": ca,
+                "tokens": out_tokens.len(), "mask_us_per_token": mask, "identical": identical}),
+            );
+        }
+    }
+    std::fs::write(
+        a.out_dir.join("bench-constrained.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
     Ok(())
 }

@@ -44,7 +44,7 @@ pub use config::{GenerationConfig, ModelConfig};
 pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
-pub use mtp_contract::{DraftStats, FinishReason, Sampling, Timings};
+pub use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
 pub use resume::{PromptState, ResumableOutput};

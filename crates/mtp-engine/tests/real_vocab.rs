@@ -132,4 +132,43 @@ mod llama_cpp_src {
         assert_eq!(pieces.concat(), tok.decode(&ids).unwrap());
         assert_eq!(pieces.concat(), text);
     }
+
+    /// Constrained decoding on a real 151,936-id byte-level vocabulary (special tokens,
+    /// multi-byte tokens, `<think>` added tokens): the token trie builds, every output
+    /// validates (independent validator), and MTP leaves greedy output unchanged.
+    #[test]
+    #[ignore = "needs the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test builds it"]
+    fn real_vocab_constrained_output_validates_and_mtp_changes_nothing() {
+        let dir = checkpoint();
+        let e = Engine::load(&dir, &Device::Cpu, WeightDtype::Stored).expect("load");
+        let tok = e.tokenizer().expect("tokenizer");
+        let schemas = [
+            serde_json::json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "temp": {"type": "integer", "minimum": -40, "maximum": 50}}, "required": ["city", "temp"], "additionalProperties": false}),
+            serde_json::json!({"type": "array", "items": {"enum": ["北京", "naïve", "ok"]}, "minItems": 1, "maxItems": 3}),
+            serde_json::json!({"type": "string", "pattern": "^[A-Z][a-z]{2,9}$"}),
+        ];
+        for schema in &schemas {
+            let format = mtp_contract::ResponseFormat::json_schema(schema.clone());
+            let ids = tok.encode("The weather report as JSON: ").expect("encode");
+            let mut outs = Vec::new();
+            for depth in [0usize, 2] {
+                let opts = GenerateOptions::greedy(64)
+                    .response_format(format.clone())
+                    .num_draft_tokens(depth);
+                let out = e.generate(&ids, &opts, |_| true).expect("generate");
+                let text = tok.decode(&out.tokens).expect("decode");
+                assert_eq!(
+                    out.finish_reason,
+                    mtp_contract::FinishReason::Stop,
+                    "{text:?}"
+                );
+                let v: Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{schema}: {text:?} is not JSON: {e}"));
+                let validator = jsonschema::validator_for(schema).expect("validator");
+                assert!(validator.is_valid(&v), "{schema}: {text:?}");
+                outs.push(out.tokens);
+            }
+            assert_eq!(outs[0], outs[1], "{schema}: MTP changed the output");
+        }
+    }
 }
