@@ -50,6 +50,19 @@ fn serve(args: &[&str]) -> Server {
     Server { child, base, out }
 }
 
+/// POSTs `body` to the server's `path` and reads the JSON answer.
+async fn post_json(srv: &Server, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    reqwest::Client::new()
+        .post(format!("{}{path}", srv.base))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 fn depth(n: u32) -> Speculation {
     Speculation::native_mtp().with_num_draft_tokens(n).unwrap()
 }
@@ -175,15 +188,7 @@ async fn raw_prompts_through_the_openai_compatible_adapter_and_a_per_request_dep
     // the block travels as the request's `speculation` field, read by the server
     let body = serde_json::json!({"prompt": "fn main() {", "max_tokens": 32, "temperature": 0,
         "speculation": {"mode": "native_mtp", "num_draft_tokens": 2}});
-    let v: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/v1/completions", srv.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&srv, "/v1/completions", &body).await;
     assert_eq!(v["choices"][0]["text"], direct.content.as_str());
     assert_eq!(v["speculation"]["num_draft_tokens"], 2);
     assert_eq!(
@@ -323,15 +328,7 @@ async fn response_format_is_enforced_per_request_with_mtp_on() {
             "max_tokens": 96, "temperature": 0, "speculation": spec,
             "response_format": {"type": "json_schema",
                 "json_schema": {"name": "cfg", "schema": schema, "strict": true}}});
-        let v: serde_json::Value = client
-            .post(format!("{}/v1/chat/completions", srv.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = post_json(&srv, "/v1/chat/completions", &body).await;
         let text = v["choices"][0]["message"]["content"]
             .as_str()
             .unwrap_or_else(|| panic!("{v}"))
