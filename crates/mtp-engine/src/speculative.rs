@@ -172,20 +172,6 @@ fn accept(
     s: &mut Sampler,
     pos: usize,
 ) -> Result<(usize, Vec<u32>)> {
-    let (accepted, new) = accept_walk(logits, vocab, d, s, pos)?;
-    if let Some(&t) = new.last() {
-        s.advance(t)?;
-    }
-    Ok((accepted, new))
-}
-
-fn accept_walk(
-    logits: &[f32],
-    vocab: usize,
-    d: &Drafts,
-    s: &mut Sampler,
-    pos: usize,
-) -> Result<(usize, Vec<u32>)> {
     let k = d.tokens.len();
     let mut new = Vec::with_capacity(k + 1);
     for j in 0..=k {
@@ -215,20 +201,28 @@ fn accept_walk(
                     Sampler::draw(&p, s.uniform(2, pos + j))
                 };
                 new.push(t);
-                return Ok((j, new));
+                return walked(s, j, new);
             }
             let t = Sampler::draw(&p, s.uniform(0, pos + j));
             new.push(t);
-            return Ok((j, new));
+            return walked(s, j, new);
         }
         let t = s.sample(row, pos + j);
         new.push(t);
         if j < k && t == d.tokens[j] {
             continue;
         }
-        return Ok((j, new));
+        return walked(s, j, new);
     }
-    Ok((k, new))
+    walked(s, k, new)
+}
+
+/// The end of the acceptance walk: the target's own token (the last new one) moves the grammar on.
+fn walked(s: &mut Sampler, accepted: usize, new: Vec<u32>) -> Result<(usize, Vec<u32>)> {
+    if let Some(&t) = new.last() {
+        s.advance(t)?;
+    }
+    Ok((accepted, new))
 }
 
 /// Step 4: keep the verified positions of the accepted prefix plus the bonus input.
