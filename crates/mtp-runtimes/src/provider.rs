@@ -67,6 +67,8 @@ struct Prepared {
     endpoint: Endpoint,
     body: Value,
     started: Instant,
+    /// The request's constraint, checked against the finished reply.
+    format: Option<mtp_contract::ResponseFormat>,
 }
 
 impl HttpProvider {
@@ -253,6 +255,7 @@ impl Inner {
             endpoint,
             body,
             started: Instant::now(),
+            format: req.constraint().cloned(),
         })
     }
 
@@ -305,6 +308,10 @@ impl Inner {
         } else {
             acc.finish.unwrap_or(FinishReason::Stop)
         };
+        let warnings: Vec<String> =
+            wire::constraint_warning(p.format.as_ref(), &acc.content, finish_reason)
+                .into_iter()
+                .collect();
         GenerateResponse {
             content: acc.content,
             reasoning_content: (!acc.reasoning.is_empty()).then_some(acc.reasoning),
@@ -320,7 +327,7 @@ impl Inner {
                 timings,
             },
             partial,
-            warnings: Vec::new(),
+            warnings,
         }
     }
 

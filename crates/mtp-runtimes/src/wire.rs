@@ -2,7 +2,9 @@
 //! native `/completion`. One [`Accum`] absorbs either a full response or stream chunks, so the
 //! streaming and non-streaming paths read the same fields.
 
-use mtp_contract::{FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation};
+use mtp_contract::{
+    FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation, ResponseFormat,
+};
 use serde_json::{json, Map, Value};
 
 use crate::options::ServerKind;
@@ -45,13 +47,19 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
         });
     }
     if let Some(f) = req.constraint() {
-        return Err(ProviderError::Unsupported {
-            provider: kind.name().into(),
-            what: format!(
-                "response_format `{}` (this adapter does not pass constraints to the server yet,                  and never drops one silently; the native provider enforces it)",
-                f.kind()
-            ),
-        });
+        if !matches!(
+            f,
+            ResponseFormat::JsonSchema { .. } | ResponseFormat::JsonObject { .. }
+        ) {
+            return Err(ProviderError::Unsupported {
+                provider: kind.name().into(),
+                what: format!(
+                    "response_format `{}` (the servers' APIs have no portable field for it, and \
+                     it is never dropped silently; the native provider enforces it)",
+                    f.kind()
+                ),
+            });
+        }
     }
     if req.raw_prompt
         && (req.system_prompt.is_some() || req.messages.as_ref().is_some_and(|m| !m.is_empty()))
@@ -166,12 +174,55 @@ pub(crate) fn build_body(
             }
         }
     }
+    // JSON constraints travel as each API spells them: llama-server's native `json_schema`,
+    // OpenAI's `response_format` everywhere else (llama-server, vLLM, LM Studio and Ollama
+    // all read it). The servers choose their own whitespace.
+    match (req.constraint(), endpoint) {
+        (Some(f), Endpoint::Native) => put("json_schema", Some(json_schema_of(f))),
+        (Some(ResponseFormat::JsonObject { .. }), _) => {
+            put("response_format", Some(json!({"type": "json_object"})))
+        }
+        (Some(ResponseFormat::JsonSchema { json_schema, .. }), _) => put(
+            "response_format",
+            Some(json!({"type": "json_schema", "json_schema": {
+                "name": json_schema.name.clone().unwrap_or_else(|| "response".into()),
+                "schema": json_schema.schema,
+                "strict": true,
+            }})),
+        ),
+        _ => {}
+    }
     if kind == ServerKind::LlamaServer {
         if let Some(d) = depth {
             put("speculative.n_max", Some(json!(d)));
         }
     }
     Value::Object(b)
+}
+
+/// The JSON Schema a JSON constraint stands for (`json_object`: any object).
+fn json_schema_of(f: &ResponseFormat) -> Value {
+    match f {
+        ResponseFormat::JsonSchema { json_schema, .. } => json_schema.schema.clone(),
+        _ => json!({"type": "object"}),
+    }
+}
+
+/// A warning when a JSON-constrained reply that finished is not JSON: the server took the
+/// request but did not enforce its `response_format`.
+pub(crate) fn constraint_warning(
+    format: Option<&ResponseFormat>,
+    content: &str,
+    finish: FinishReason,
+) -> Option<String> {
+    let f = format?;
+    if finish != FinishReason::Stop || serde_json::from_str::<Value>(content).is_ok() {
+        return None;
+    }
+    Some(format!(
+        "the server did not enforce response_format `{}`: the finished reply is not JSON",
+        f.kind()
+    ))
 }
 
 /// One history message in the OpenAI chat shape: tool-call arguments as the JSON string the
@@ -448,6 +499,39 @@ mod tests {
             None,
         );
         assert!(o.get("chat_template_kwargs").is_none());
+    }
+
+    #[test]
+    fn json_constraints_travel_as_each_api_spells_them() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let req =
+            GenerateRequest::new("x").response_format(ResponseFormat::json_schema(schema.clone()));
+        let chat = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, None);
+        assert_eq!(chat["response_format"]["type"], "json_schema");
+        assert_eq!(chat["response_format"]["json_schema"]["schema"], schema);
+        let native = build_body(
+            ServerKind::LlamaServer,
+            Endpoint::Native,
+            "m",
+            &req.clone().raw(),
+            false,
+            None,
+        );
+        assert_eq!(native["json_schema"], schema);
+        assert!(native.get("response_format").is_none());
+        let obj = GenerateRequest::new("x").response_format(ResponseFormat::json_object());
+        let b = build_body(ServerKind::Ollama, Endpoint::Chat, "m", &obj, false, None);
+        assert_eq!(b["response_format"], json!({"type": "json_object"}));
+        let rx = GenerateRequest::new("x").response_format(ResponseFormat::regex("a+"));
+        assert!(matches!(
+            check_request(ServerKind::Vllm, &rx),
+            Err(ProviderError::Unsupported { .. })
+        ));
+        let f = ResponseFormat::json_object();
+        assert!(constraint_warning(Some(&f), "{\"a\": 1}", FinishReason::Stop).is_none());
+        assert!(constraint_warning(Some(&f), "not json", FinishReason::Length).is_none());
+        assert!(constraint_warning(Some(&f), "not json", FinishReason::Stop).is_some());
+        assert!(constraint_warning(None, "not json", FinishReason::Stop).is_none());
     }
 
     #[test]

@@ -381,6 +381,29 @@ async fn llama_cpp_src_real_llama_server_with_and_without_mtp() {
             r.metadata.speculation.used, r.metadata.speculation.drafted, r.metadata.speculation.reason
         );
 
+        // A JSON Schema travels as llama-server's `json_schema` and the reply follows it.
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["n"], "additionalProperties": false});
+        let r = p
+            .generate(
+                GenerateRequest::new(prompts[0].as_str())
+                    .raw()
+                    .max_output_tokens(32)
+                    .sampling(greedy())
+                    .response_format(mtp_contract::ResponseFormat::json_schema(schema)),
+            )
+            .await
+            .expect("generate with a json_schema");
+        let v: Value = serde_json::from_str(&r.content)
+            .unwrap_or_else(|e| panic!("{name}: {:?} is not JSON: {e}", r.content));
+        let n = v["n"].as_u64().unwrap_or_else(|| panic!("{name}: {v}"));
+        assert!(
+            n <= 99 && v.as_object().is_some_and(|o| o.len() == 1),
+            "{name}: {v}"
+        );
+        assert!(r.warnings.is_empty(), "{name}: {:?}", r.warnings);
+
         if std::env::var_os("MTP_RECORD_FIXTURES").is_some() && name == "tiny-trained" {
             record(&mtp.base, &prompts[0]).await;
         }

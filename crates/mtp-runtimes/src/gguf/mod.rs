@@ -357,7 +357,7 @@ impl GgufProvider {
             return Err(ProviderError::Unsupported {
                 provider: PROVIDER.into(),
                 what: format!(
-                    "response_format `{}` (the in-process llama.cpp lane does not constrain yet;                      the native provider does)",
+                    "response_format `{}` (the in-process llama.cpp lane does not constrain yet; the native provider does)",
                     f.kind()
                 ),
             });
