@@ -102,9 +102,11 @@ impl ByteVocab {
     /// Each token's bytes from a `tokenizer.json` (special and `<...>` added tokens marked as
     /// specials, so grammar text is never spelled with them), with `eos` as the end ids.
     ///
-    /// Written here rather than taken from `toktrie_hf_tokenizers`: that crate pins
-    /// `tokenizers` 0.21 (the engine is on 0.22, and two copies would not share types) and
-    /// panics on vocabularies it does not expect; this returns a typed error instead.
+    /// Written here rather than taken from `toktrie_hf_tokenizers` or llguidance's
+    /// `token_bytes_from_tokenizer_json`: the first pins `tokenizers` 0.21 (the engine is on
+    /// 0.22, and two copies would not share types), and both panic on vocabularies they do not
+    /// expect (a `<0xZZ>` token, an unknown decoder); a checkpoint's tokenizer.json is outside
+    /// input, so this returns a typed error instead.
     pub(crate) fn new(tok: &tokenizers::Tokenizer, eos: &[u32]) -> Result<Self> {
         let unsupported = |m: String| Error::Unsupported(format!("constrained decoding: {m}"));
         let spelling = spelling(tok).ok_or_else(|| {
