@@ -1,9 +1,11 @@
 //! MLX affine-quantized matrices: `w = scales * q + biases` per group of `group` input columns,
 //! with `bits`-wide unsigned values packed little-endian into `u32` words. This module holds the
 //! one dequantization arithmetic (`s * q` rounded, then `+ b` rounded, in f32), used both to
-//! dequantize a whole matrix at load ([`crate::loader::dequantize_affine`]) and, for matrices
-//! kept packed in memory, a few rows at a time inside the matrix products
-//! ([`crate::simd::matmul_quant`]), so both give the same bits.
+//! dequantize a whole matrix at load ([`crate::loader::dequantize_affine`]), for prefill's
+//! blocks of rows, and, for matrices kept packed in memory at widths other than 4 and 8 bits, a
+//! few rows at a time inside the few-row products ([`crate::simd::matmul_quant`]), which then
+//! give the bits of the dequantized load. 4- and 8-bit few-row products are integer products
+//! over the packed values ([`crate::qdot`]).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -119,6 +121,40 @@ impl QuantMatrix {
     /// Bits per value.
     pub fn bits(&self) -> usize {
         self.bits
+    }
+
+    /// Values per group of scale and bias.
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
+    /// The packed words, `inp * bits / 32` per row.
+    pub(crate) fn packed_words(&self) -> &[u32] {
+        &self.packed
+    }
+
+    /// The scales and biases (`rows * groups` each) of rows `r0..r0 + rows` as f32: borrowed
+    /// when stored as f32, else widened into `wide_s` and `wide_b`.
+    ///
+    /// # Panics
+    /// When the rows are not all in the matrix.
+    pub(crate) fn params_rows<'a>(
+        &'a self,
+        r0: usize,
+        rows: usize,
+        wide_s: &'a mut Vec<f32>,
+        wide_b: &'a mut Vec<f32>,
+    ) -> (&'a [f32], &'a [f32]) {
+        let groups = self.inp / self.group;
+        assert!(
+            r0 + rows <= self.out,
+            "params_rows: rows {r0}..{r0}+{rows} of {}",
+            self.out
+        );
+        (
+            self.scales.row(r0 * groups, rows * groups, wide_s),
+            self.biases.row(r0 * groups, rows * groups, wide_b),
+        )
     }
 
     /// Bytes held (packed words, scales and biases as stored).

@@ -982,7 +982,8 @@ fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
 }
 
 /// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed, `1 <= n <=`
-/// [`MAX_ROWS`]: each block of output features
+/// [`MAX_ROWS`]. 4- and 8-bit matrices in whole 64-value blocks go to [`crate::qdot`]'s integer
+/// products. Other widths: each block of output features
 /// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
 /// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
 /// dequantized at load, while a step reads the packed bytes (a quarter of bf16's at 4 bits).
@@ -992,6 +993,9 @@ fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
 pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
     let (inp, out) = (q.in_features(), q.out_features());
     check_rows("matmul_quant", x, n, inp);
+    if crate::qdot::supports(q.bits(), q.group()) {
+        return crate::qdot::matmul(x, n, q);
+    }
     thread_local! {
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -2761,7 +2765,8 @@ mod tests {
         }
 
         /// `matmul_quant` gives the bits of the lone dot product over the matrix dequantized
-        /// by the definition, at every supported width and on every path this CPU runs.
+        /// by the definition, at every width it multiplies as dequantized rows and on every
+        /// path this CPU runs (4 and 8 bits in whole blocks are `qdot`'s, tested there).
         #[test]
         fn matmul_quant_follows_the_definition(
             n in 1usize..=MAX_ROWS,
@@ -2774,6 +2779,7 @@ mod tests {
             let (q, deq) = crate::quant::random_matrix(
                 bits, group, groups, out, candle_core::DType::BF16, seed,
             );
+            prop_assume!(!crate::qdot::supports(bits, q.group()));
             let inp = q.in_features();
             let mut next = testing::rng(!seed);
             let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();

@@ -2,8 +2,10 @@
 //! bf16 or f16 keep their matrices in half precision and compute exactly what the same
 //! checkpoint converted to f32 at load computes: the same logits bit for bit (up to 32 positions
 //! per forward, the few-row kernel's limit; longer prefills agree to rounding), the same greedy
-//! tokens with and without MTP, on a dense, a tied-embedding and an MoE fixture. MLX 4-bit
-//! matrices kept packed compute what their dequantized load computes. Converting an f32
+//! tokens with and without MTP, on a dense, a tied-embedding and an MoE fixture. MLX-quantized
+//! matrices kept packed compute what their dequantized load computes: bit for bit at 3 and 6
+//! bits, within 1e-3 of the largest logit at 4 and 8 bits (integer products), with the same
+//! greedy tokens. Converting an f32
 //! checkpoint's matrices with `WeightDtype::Convert(BF16)` rounds them, and speculation stays
 //! exact on them.
 
@@ -192,12 +194,23 @@ fn converting_to_bf16_at_load_rounds_the_matrices_only() {
     );
 }
 
+/// How close the packed products come to the dequantized load's.
+#[derive(Clone, Copy, PartialEq)]
+enum Agree {
+    /// The same bits (the widths multiplied as dequantized f32 rows: 3, 5, 6 bits).
+    Bits,
+    /// Within 1e-3 of the largest logit (4 and 8 bits, multiplied in integers over activations
+    /// quantized to 16 bits; the bound the engine keeps to mlx-vlm's own logits).
+    Close,
+}
+
 /// Fixture `dir` (with companion drafter `drafter`) loaded as stored, MLX-quantized matrices
-/// kept packed, computes what its load dequantized to f32 computes: logits bit for bit up to 32
-/// positions, greedy tokens with and without MTP. Returns what each load holds.
+/// kept packed, computes what its load dequantized to f32 computes: logits up to 32 positions
+/// as `agree` says, greedy tokens with and without MTP. Returns what each load holds.
 fn packed_same_as_dequantized(
     dir: &Path,
     drafter: &Path,
+    agree: Agree,
 ) -> (
     std::collections::BTreeMap<String, usize>,
     std::collections::BTreeMap<String, usize>,
@@ -212,10 +225,23 @@ fn packed_same_as_dequantized(
             logits(&packed, &prompt(len)),
             logits(&dequantized, &prompt(len)),
         );
-        assert!(
-            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{name}: logits after {len} prompt tokens differ from the dequantized load"
-        );
+        if agree == Agree::Bits {
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name}: logits after {len} prompt tokens differ from the dequantized load"
+            );
+        } else {
+            let top = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-3 * top,
+                "{name}: logits after {len} prompt tokens off by {worst} (largest {top})"
+            );
+        }
     }
     let (a, b) = (
         logits(&packed, &prompt(45)),
@@ -248,20 +274,24 @@ fn packed_same_as_dequantized(
 /// checkpoint dequantized to f32 at load computes, target and companion drafter alike.
 #[test]
 fn packed_4bit_checkpoint_computes_what_its_dequantized_load_computes() {
-    let (held, wide) = packed_same_as_dequantized(&fixture("tiny-mlx4"), &fixture("tiny-mlx4-mtp"));
+    let (held, wide) = packed_same_as_dequantized(
+        &fixture("tiny-mlx4"),
+        &fixture("tiny-mlx4-mtp"),
+        Agree::Close,
+    );
     // every matrix held packed, the embedding included, in much less memory
     assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
     assert!(4 * held["q4"] < wide["f32"], "{held:?} / {wide:?}");
 }
 
-/// Scales and biases stored in bf16 (what mlx writes for a bf16 model) stay bf16: the same
-/// bits as their f32 widening, in less memory.
+/// Scales and biases stored in bf16 (what mlx writes for a bf16 model) stay bf16 (widened
+/// exactly inside the products), in less memory.
 #[test]
 fn packed_4bit_with_bf16_scales_keeps_them_in_bf16() {
     let dir = half_copy("tiny-mlx4", DType::BF16, false);
     let drafter = fixture("tiny-mlx4-mtp");
-    let (held, _) = packed_same_as_dequantized(&dir, &drafter);
-    let (f32_scales, _) = packed_same_as_dequantized(&fixture("tiny-mlx4"), &drafter);
+    let (held, _) = packed_same_as_dequantized(&dir, &drafter, Agree::Close);
+    let (f32_scales, _) = packed_same_as_dequantized(&fixture("tiny-mlx4"), &drafter, Agree::Close);
     assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
     assert!(held["q4"] < f32_scales["q4"], "{held:?} / {f32_scales:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -275,7 +305,7 @@ fn packed_3_and_6_bit_checkpoints_compute_what_their_dequantized_loads_compute()
             fixture(&format!("tiny-mlx{bits}")),
             fixture(&format!("tiny-mlx{bits}-mtp")),
         );
-        let (held, wide) = packed_same_as_dequantized(&dir, &drafter);
+        let (held, wide) = packed_same_as_dequantized(&dir, &drafter, Agree::Bits);
         let kind = format!("q{bits}");
         assert_eq!(held.keys().collect::<Vec<_>>(), [&kind], "{held:?}");
         assert!(4 * held[&kind] < wide["f32"], "{held:?} / {wide:?}");
@@ -287,7 +317,7 @@ fn packed_3_and_6_bit_checkpoints_compute_what_their_dequantized_loads_compute()
 #[test]
 fn packed_4bit_tied_embeddings_compute_what_their_dequantized_load_computes() {
     let dir = half_copy("tiny-mlx4", DType::F32, true);
-    let (held, _) = packed_same_as_dequantized(&dir, &fixture("tiny-mlx4-mtp"));
+    let (held, _) = packed_same_as_dequantized(&dir, &fixture("tiny-mlx4-mtp"), Agree::Close);
     assert_eq!(held.keys().collect::<Vec<_>>(), ["q4"], "{held:?}");
     let untied = Engine::load_with_drafter(
         &fixture("tiny-mlx4"),
@@ -307,8 +337,11 @@ fn packed_4bit_tied_embeddings_compute_what_their_dequantized_load_computes() {
 /// routers and f32 stacks side by side compute what the dequantized load computes.
 #[test]
 fn packed_moe_checkpoint_computes_what_its_dequantized_load_computes() {
-    let (held, wide) =
-        packed_same_as_dequantized(&fixture("tiny-moe-mlx4"), &fixture("tiny-moe-mlx4-mtp"));
+    let (held, wide) = packed_same_as_dequantized(
+        &fixture("tiny-moe-mlx4"),
+        &fixture("tiny-moe-mlx4-mtp"),
+        Agree::Close,
+    );
     assert_eq!(
         held.keys().collect::<Vec<_>>(),
         ["f32", "q4", "q8"],
