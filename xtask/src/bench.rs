@@ -8,6 +8,7 @@
 //! cargo xtask bench --model DIR-4bit --drafter DIR-MTP-4bit   # a companion drafter
 //! cargo xtask bench --provider gguf                # native vs in-process llama.cpp, same weights
 //! cargo xtask bench --model models/tiny-code --json-schema schema.json   # constrained vs free
+//! cargo xtask bench --llama-server PATH --model DIR-4bit --gguf-from DIR   # vs llama.cpp
 //! ```
 //!
 //! With `--provider NAME` the benchmark runs through the provider API instead (`mtp bench`, the
@@ -24,20 +25,26 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 
-struct Args {
-    model: Option<PathBuf>,
+pub(crate) struct Args {
+    pub(crate) model: Option<PathBuf>,
     /// A companion drafter directory (`qwen3_5_mtp`) replacing any embedded head.
-    drafter: Option<PathBuf>,
-    target_only: bool,
-    tokens: usize,
-    prompt_len: usize,
-    reps: usize,
-    depths: Vec<usize>,
-    mlx: Option<String>,
-    out_dir: PathBuf,
-    provider: Option<String>,
+    pub(crate) drafter: Option<PathBuf>,
+    pub(crate) target_only: bool,
+    pub(crate) tokens: usize,
+    pub(crate) prompt_len: usize,
+    pub(crate) reps: usize,
+    pub(crate) depths: Vec<usize>,
+    pub(crate) mlx: Option<String>,
+    pub(crate) out_dir: PathBuf,
+    pub(crate) provider: Option<String>,
     /// A JSON Schema file: compare constrained and free decoding instead.
-    json_schema: Option<PathBuf>,
+    pub(crate) json_schema: Option<PathBuf>,
+    /// llama-server to compare against on the same weights (`bench_llama`).
+    pub(crate) llama: Option<PathBuf>,
+    /// The Hugging Face checkpoint the GGUF is converted from (default: the model).
+    pub(crate) gguf_from: Option<PathBuf>,
+    /// The GGUF tensor type (`llama-quantize`'s names); default from the model.
+    pub(crate) gguf_type: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
@@ -53,6 +60,9 @@ fn parse(args: &[String]) -> Result<Args> {
         out_dir: PathBuf::from("target/bench"),
         provider: None,
         json_schema: None,
+        llama: None,
+        gguf_from: None,
+        gguf_type: None,
     };
     let mut it = args.iter();
     while let Some(f) = it.next() {
@@ -74,13 +84,16 @@ fn parse(args: &[String]) -> Result<Args> {
             "--out" => a.out_dir = PathBuf::from(val()?),
             "--provider" => a.provider = Some(val()?.clone()),
             "--json-schema" => a.json_schema = Some(PathBuf::from(val()?)),
+            "--llama-server" => a.llama = Some(PathBuf::from(val()?)),
+            "--gguf-from" => a.gguf_from = Some(PathBuf::from(val()?)),
+            "--gguf-type" => a.gguf_type = Some(val()?.clone()),
             other => bail!("unknown bench flag `{other}`"),
         }
     }
     Ok(a)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
         return f64::NAN;
@@ -95,7 +108,7 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     (0..len)
         .map(|_| {
@@ -217,6 +230,9 @@ pub fn run(args: &[String]) -> Result<()> {
             dir
         }
     };
+    if let Some(server) = &a.llama {
+        return crate::bench_llama::run(&a, server, &model_dir);
+    }
     let t = std::time::Instant::now();
     let engine = Engine::load_with_drafter(
         &model_dir,

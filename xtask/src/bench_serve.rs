@@ -16,8 +16,10 @@
 //! table, writes `bench-serve.json` and `bench-serve.svg` (aggregate tok/s against concurrency).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
+use crate::llama::{start_llama, Server};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -86,19 +88,6 @@ fn parse(args: &[String]) -> Result<Args> {
     Ok(a)
 }
 
-/// A server process, stopped when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_mtp(a: &Args, max_batch: usize) -> Result<Server> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(&cargo)
@@ -130,56 +119,6 @@ fn start_mtp(a: &Args, max_batch: usize) -> Result<Server> {
         child,
         base: url.trim_end_matches("/v1").to_string(),
     })
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn start_llama(bin: &Path, gguf: &Path, slots: usize, depth: Option<u32>) -> Result<Server> {
-    let port = free_port()?;
-    let mut cmd = Command::new(bin);
-    cmd.arg("-m")
-        .arg(gguf)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["-np", &slots.to_string(), "-c", &(slots * 1024).to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(d) = depth {
-        cmd.args([
-            "--spec-type",
-            "draft-mtp",
-            "--spec-draft-n-max",
-            &d.to_string(),
-        ]);
-    }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let server = Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    // ready when /health answers 200
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let rt = tokio::runtime::Runtime::new()?;
-    loop {
-        let ok = rt.block_on(async {
-            reqwest::get(format!("{}/health", server.base))
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false)
-        });
-        if ok {
-            return Ok(server);
-        }
-        if Instant::now() > deadline {
-            bail!("llama-server did not become ready in 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// One request's figures.
@@ -360,8 +299,8 @@ pub fn run(args: &[String]) -> Result<()> {
         let gguf = a.out_dir.join(format!("{name}.gguf"));
         crate::gguf::convert::convert(&a.model, &gguf, &Default::default())
             .with_context(|| format!("converting {} to GGUF", a.model.display()))?;
-        let off = start_llama(bin, &gguf, max_c, None)?;
-        let on = start_llama(bin, &gguf, max_c, Some(d))?;
+        let off = start_llama(bin, &gguf, max_c, 1024, None)?;
+        let on = start_llama(bin, &gguf, max_c, 1024, Some(d))?;
         println!(
             "llama-server -np {max_c}: off on {}, draft-mtp {d} on {}",
             off.base, on.base

@@ -24,8 +24,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -76,6 +76,41 @@ pub fn server_path(dir: &Path) -> PathBuf {
 /// The cache directory of [`LLAMA_BUILD`]: `<cache>/llama-cpp-b11434`.
 fn release_dir() -> Result<PathBuf> {
     Ok(cache_root()?.join(format!("llama-cpp-{LLAMA_BUILD}")))
+}
+
+/// `llama-quantize` next to the llama-server binary `server`, or, when it is not there and
+/// `server` is the one [`prepare`] builds, built once in the same CMake tree (a few seconds:
+/// ggml is already compiled).
+pub fn quantize_tool(server: &Path) -> Result<PathBuf> {
+    let bin = server.with_file_name("llama-quantize");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let dir = release_dir()?;
+    if server != server_path(&dir) {
+        bail!(
+            "{} is missing: build llama.cpp's `llama-quantize` target next to {}",
+            bin.display(),
+            server.display()
+        );
+    }
+    let mut compile = niced("cmake");
+    compile
+        .arg("--build")
+        .arg(dir.join("build"))
+        .args(["--target", "llama-quantize", "-j"])
+        .arg(
+            std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(2)
+                .to_string(),
+        );
+    run_logged(
+        &mut compile,
+        &dir.join("build.log"),
+        "cmake --build (llama-quantize)",
+    )?;
+    Ok(bin)
 }
 
 /// The llama.cpp b11434 source tree: `$MTP_LLAMA_CPP_SRC` when set, else `<cache>/…/src`,
@@ -292,4 +327,80 @@ fn run_logged(cmd: &mut Command, log_path: &Path, what: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A server process, stopped when dropped.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts `bin` (llama-server) on `gguf` at a free loopback port with `slots` parallel slots of
+/// `ctx` tokens each and as many threads as the engine's team (`-t`, `-tb`: llama.cpp's own
+/// default counts physical cores), draft-mtp at `depth` when given; returns once `/health`
+/// answers (120 s at most).
+pub(crate) fn start_llama(
+    bin: &Path,
+    gguf: &Path,
+    slots: usize,
+    ctx: usize,
+    depth: Option<u32>,
+) -> Result<Server> {
+    let port = free_port()?;
+    let threads = mtp_engine::team::threads().to_string();
+    let mut cmd = Command::new(bin);
+    cmd.arg("-m")
+        .arg(gguf)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["-np", &slots.to_string(), "-c", &(slots * ctx).to_string()])
+        .args(["-t", &threads, "-tb", &threads])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(d) = depth {
+        cmd.args([
+            "--spec-type",
+            "draft-mtp",
+            "--spec-draft-n-max",
+            &d.to_string(),
+        ]);
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let server = Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    // ready when /health answers 200
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let rt = tokio::runtime::Runtime::new()?;
+    loop {
+        let ok = rt.block_on(async {
+            reqwest::get(format!("{}/health", server.base))
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+        });
+        if ok {
+            return Ok(server);
+        }
+        if Instant::now() > deadline {
+            bail!("llama-server did not become ready in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -7,6 +7,7 @@
 use anyhow::{bail, Result};
 
 mod bench;
+mod bench_llama;
 mod bench_serve;
 mod delta_rule;
 mod fixtures;
@@ -32,7 +33,8 @@ commands:
   gguf <hf-dir> <out.gguf>        convert a Qwen3.5 checkpoint (with its MTP head) to GGUF
   tokenizer <vocab.gguf> <out-dir> [--nfc|--no-nfc] [--qwen3-special-tokens]
                                   write tokenizer.json (+ tokenizer_config.json) from a GGUF vocabulary
-  bench [options]                 MTP on/off benchmark on one loaded model
+  bench [options]                 MTP on/off benchmark on one loaded model;
+                                  --llama-server PATH: against llama.cpp on the same weights
   bench serve [options]           mtp serve under load at several concurrencies (and llama-server)
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)

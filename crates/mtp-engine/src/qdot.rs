@@ -120,7 +120,7 @@ impl Acts {
                     acts.d[r * groups + g] = d;
                     let inv = xmax as f64 / m as f64;
                     for ((h, l), &v) in high.iter_mut().zip(low.iter_mut()).zip(xs) {
-                        let x = ((v as f64 * inv).round() as i32).clamp(-xmax, xmax);
+                        let x = (round64(v as f64 * inv) as i32).clamp(-xmax, xmax);
                         *h = x.div_euclid(1 << SHIFT4) as i16;
                         *l = x.rem_euclid(1 << SHIFT4) as i16;
                     }
@@ -131,12 +131,12 @@ impl Acts {
                     for ((h, l), &v) in high.iter_mut().zip(low.iter_mut()).zip(xs) {
                         // (a group below f32's normal range has no finite inverse)
                         let scaled = if inv.is_finite() { v * inv } else { v / d };
-                        let hi = scaled.round_ties_even().clamp(-QMAX, QMAX);
+                        let hi = round32(scaled).clamp(-QMAX, QMAX);
                         // what the high part leaves (exactly: the two are within half of each
                         // other), in steps of `d / 32768`: at most 16384 of them
                         let rest = (scaled - hi) * LOW;
                         *h = hi as i16;
-                        *l = rest.round_ties_even().clamp(-QMAX, QMAX) as i16;
+                        *l = round32(rest).clamp(-QMAX, QMAX) as i16;
                     }
                 }
                 let dst = &mut acts.q[at..at + 2 * group];
@@ -160,6 +160,30 @@ impl Acts {
             }
         }
         acts
+    }
+}
+
+/// `v` rounded to the nearest integer, ties to even, for `|v| < 2^51` (anything else comes
+/// back as is or clamped by the caller): adding and taking away 1.5 · 2^52 leaves no fraction
+/// bits. Written out because `round_ties_even` is a library call on x86-64 without SSE4.1.
+#[inline(always)]
+fn round64(v: f64) -> f64 {
+    const MAGIC: f64 = 6_755_399_441_055_744.0;
+    if v.abs() < 2_251_799_813_685_248.0 {
+        (v + MAGIC) - MAGIC
+    } else {
+        v
+    }
+}
+
+/// [`round64`] for f32, `|v| < 2^22` (1.5 · 2^23).
+#[inline(always)]
+fn round32(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    if v.abs() < 4_194_304.0 {
+        (v + MAGIC) - MAGIC
+    } else {
+        v
     }
 }
 
@@ -870,6 +894,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The rounding helpers round to the nearest integer, ties to even, as the library does.
+    #[test]
+    fn rounding_matches_round_ties_even() {
+        let mut next = crate::testing::rng(3);
+        for i in 0..20_000 {
+            let v = next() as f64 * 2f64.powi(i % 30) + [0.0, 0.5, -0.5, 1.5][i as usize % 4];
+            assert_eq!(round64(v), v.round_ties_even(), "{v}");
+            let f = v as f32;
+            if f.abs() < 4e6 {
+                assert_eq!(round32(f), f.round_ties_even(), "{f}");
+            }
+        }
+        assert!(round64(f64::NAN).is_nan());
+        assert_eq!(round32(2.5), 2.0);
+        assert_eq!(round32(-3.5), -4.0);
     }
 
     /// Which matrices the integer path takes.
