@@ -4,8 +4,8 @@
 //! dequantize a whole matrix at load ([`crate::loader::dequantize_affine`]), for prefill's
 //! blocks of rows, and, for matrices kept packed in memory at widths other than 4 and 8 bits, a
 //! few rows at a time inside the few-row products ([`crate::simd::matmul_quant`]), which then
-//! give the bits of the dequantized load. 4- and 8-bit few-row products are integer products
-//! over the packed values ([`crate::qdot`]).
+//! give the bits of the dequantized load. 4- and 8-bit few-row products dequantize in registers
+//! with a fused multiply-add ([`crate::qdot`]), which rounds once where this rounds twice.
 
 use candle_core::{DType, Device, Tensor};
 

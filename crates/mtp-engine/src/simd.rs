@@ -982,8 +982,8 @@ fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
 }
 
 /// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed, `1 <= n <=`
-/// [`MAX_ROWS`]. 4- and 8-bit matrices in whole 64-value blocks go to [`crate::qdot`]'s integer
-/// products. Other widths: each block of output features
+/// [`MAX_ROWS`]. 4- and 8-bit matrices in whole 32-value blocks go to [`crate::qdot`], which
+/// dequantizes in registers. Other widths: each block of output features
 /// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
 /// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
 /// dequantized at load, while a step reads the packed bytes (a quarter of bf16's at 4 bits).

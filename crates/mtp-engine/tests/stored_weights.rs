@@ -4,7 +4,8 @@
 //! per forward, the few-row kernel's limit; longer prefills agree to rounding), the same greedy
 //! tokens with and without MTP, on a dense, a tied-embedding and an MoE fixture. MLX-quantized
 //! matrices kept packed compute what their dequantized load computes: bit for bit at 3 and 6
-//! bits, within 1e-3 of the largest logit at 4 and 8 bits (integer products), with the same
+//! bits, within 1e-3 of the largest logit at 4 and 8 bits (dequantized in registers, rounded
+//! once, in another order), with the same
 //! greedy tokens. Converting an f32
 //! checkpoint's matrices with `WeightDtype::Convert(BF16)` rounds them, and speculation stays
 //! exact on them.
@@ -199,8 +200,9 @@ fn converting_to_bf16_at_load_rounds_the_matrices_only() {
 enum Agree {
     /// The same bits (the widths multiplied as dequantized f32 rows: 3, 5, 6 bits).
     Bits,
-    /// Within 1e-3 of the largest logit (4 and 8 bits, multiplied in integers over activations
-    /// quantized to 16 bits; the bound the engine keeps to mlx-vlm's own logits).
+    /// Within 1e-3 of the largest logit (4 and 8 bits, dequantized in registers by a fused
+    /// multiply-add and summed in another order; the bound the engine keeps to mlx-vlm's own
+    /// logits).
     Close,
 }
 
