@@ -152,7 +152,16 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         Some(t) => t.to_ascii_uppercase(),
         None => default_type(model)?,
     };
-    let source = a.gguf_from.clone().unwrap_or_else(|| model.to_path_buf());
+    let quantized = matches!(default_type(model).as_deref(), Ok("Q4_0" | "Q8_0"));
+    let source = match &a.gguf_from {
+        Some(dir) => dir.clone(),
+        None if quantized => bail!(
+            "{} holds MLX-quantized weights, which the GGUF converter does not read: pass \
+             --gguf-from with the Hugging Face checkpoint it was made from",
+            model.display()
+        ),
+        None => model.to_path_buf(),
+    };
     let gguf = gguf_for(a, server, &source, &ty)?;
     let engine = Engine::load_with_drafter(
         model,
