@@ -1422,3 +1422,49 @@ fn probe_speaks_the_command_line() {
     let (_, out, _) = mtp(&["-v", "probe", target.to_str().unwrap()]);
     assert!(out.contains("mtp::create_llm"), "{out}");
 }
+
+/// `mtp chat --json-object` (and the other constraint flags, shared with `generate`) puts
+/// the constraint on every answer's request; a bad constraint flag stops the session before
+/// the model loads, naming the flag.
+#[test]
+fn chat_constrains_every_answer() {
+    let (code, _out, err) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            "--max-tokens",
+            "8",
+            "--json-object",
+        ],
+        &["chat-json-one", "chat-json-two", "/quit"],
+    );
+    assert_eq!(code, OK, "{err}");
+    for prompt in ["chat-json-one", "chat-json-two"] {
+        let reqs = requests_for(prompt);
+        assert_eq!(reqs.len(), 1, "{prompt}");
+        assert_eq!(
+            reqs[0].response_format,
+            Some(mtp::ResponseFormat::JsonObject {
+                flexible_whitespace: false
+            }),
+            "{prompt}"
+        );
+    }
+    let (code, out, err) = chat(
+        &[
+            "--provider",
+            "fake",
+            "--model",
+            "m",
+            "--json-schema",
+            "/nonexistent/schema.json",
+        ],
+        &["chat-json-never", "/quit"],
+    );
+    assert_ne!(code, OK);
+    assert!(err.contains("--json-schema"), "{err}");
+    assert!(!out.contains("mtp chat ·"), "no session started: {out}");
+    assert!(requests_for("chat-json-never").is_empty());
+}

@@ -196,23 +196,9 @@ pub struct GenerateArgs {
     /// Print one JSON object: content, token_ids, finish_reason, usage, metadata.
     #[arg(long)]
     pub json: bool,
-    /// Constrain the reply to JSON valid against the JSON Schema in FILE (`-` for stdin),
-    /// enforced on every token, MTP drafts included.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar", "json_object"])]
-    pub json_schema: Option<PathBuf>,
-    /// Constrain the reply to any JSON object.
-    #[arg(long, conflicts_with_all = ["regex", "grammar"])]
-    pub json_object: bool,
-    /// Constrain the reply to text matching this regular expression (whole).
-    #[arg(long, value_name = "PATTERN", conflicts_with = "grammar")]
-    pub regex: Option<String>,
-    /// Constrain the reply to the Lark grammar in FILE (llguidance's dialect; rule `start`).
-    #[arg(long, value_name = "FILE")]
-    pub grammar: Option<PathBuf>,
-    /// With --json-schema or --json-object: allow free whitespace between JSON tokens
-    /// (default: compact `", "` and `": "`, as mlx-vlm compiles it).
-    #[arg(long)]
-    pub flexible_whitespace: bool,
+    /// Structured output.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// After the answer, generate it again on the same loaded model with speculation off and
     /// print the target-only decode rate, the speed-up MTP gave and whether the text is the
     /// same.
@@ -272,6 +258,32 @@ pub struct ChatArgs {
     /// default.
     #[arg(long, value_enum, value_name = "MODE")]
     pub thinking: Option<ThinkingMode>,
+    /// Structured output, for every answer.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
+}
+
+/// The reply's constraint (`generate` and `chat`), enforced on every token, MTP drafts
+/// included.
+#[derive(Debug, Args)]
+pub struct ConstraintArgs {
+    /// Constrain the reply (every answer, in `chat`) to JSON valid against the JSON Schema in
+    /// FILE (`-` for stdin), enforced on every token, MTP drafts included.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar", "json_object"])]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the reply to any JSON object.
+    #[arg(long, conflicts_with_all = ["regex", "grammar"])]
+    pub json_object: bool,
+    /// Constrain the reply to text matching this regular expression (whole).
+    #[arg(long, value_name = "PATTERN", conflicts_with = "grammar")]
+    pub regex: Option<String>,
+    /// Constrain the reply to the Lark grammar in FILE (llguidance's dialect; rule `start`).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+    /// With --json-schema or --json-object: allow free whitespace between JSON tokens
+    /// (default: compact `", "` and `": "`, as mlx-vlm compiles it).
+    #[arg(long)]
+    pub flexible_whitespace: bool,
 }
 
 /// `mtp probe`.

@@ -90,6 +90,8 @@ struct Session {
     sampling: crate::Sampling,
     system: Option<String>,
     thinking: Option<ThinkingMode>,
+    /// Every answer's constraint (`--json-schema` etc.).
+    format: Option<crate::ResponseFormat>,
     history: Vec<Message>,
     key: String,
     per_call: PerCall,
@@ -102,6 +104,8 @@ pub(crate) fn run(
     out: &mut Out,
     input: Option<Vec<String>>,
 ) -> Result<(), CliError> {
+    // a bad constraint flag is an error before the model loads
+    let format = crate::cli::generate::response_format(&args.constraint)?;
     let (llm, model) = open_provider(&args.model, out)?;
     let mut lines = match input {
         Some(v) => Lines::Script(v.into()),
@@ -145,6 +149,7 @@ pub(crate) fn run(
         sampling: chosen.sampling,
         system: args.system.clone(),
         thinking: args.thinking,
+        format,
         args,
         history: Vec::new(),
         key: format!("mtp-chat-{}-{stamp}", std::process::id()),
@@ -366,6 +371,9 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
     }
     if let Some(t) = s.thinking {
         req = req.thinking(t.request_value());
+    }
+    if let Some(f) = &s.format {
+        req = req.response_format(f.clone());
     }
     let show_reasoning = s.thinking != Some(ThinkingMode::Hide);
     if s.per_call.off {

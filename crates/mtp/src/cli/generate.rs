@@ -33,7 +33,9 @@ fn prompt_text(a: &GenerateArgs) -> Result<String, CliError> {
 
 /// The reply's constraint the flags give (`--json-schema`, `--json-object`, `--regex`,
 /// `--grammar`).
-fn response_format(a: &GenerateArgs) -> Result<Option<crate::ResponseFormat>, CliError> {
+pub(crate) fn response_format(
+    a: &crate::cli::args::ConstraintArgs,
+) -> Result<Option<crate::ResponseFormat>, CliError> {
     use crate::ResponseFormat;
     let read = |path: &std::path::Path, flag: &'static str| -> Result<String, CliError> {
         crate::cli::messages::read_text(path)
@@ -102,7 +104,7 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     if a.raw {
         req = req.raw();
     }
-    if let Some(f) = response_format(&a)? {
+    if let Some(f) = response_format(&a.constraint)? {
         req = req.response_format(f);
     }
     let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
