@@ -108,6 +108,15 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// A short greedy generation on `prompt` before anything is timed (caches, the worker team,
+/// first-touch pages).
+pub(crate) fn warm_up(engine: &Engine, prompt: &[u32]) -> Result<()> {
+    engine.generate(prompt, &GenerateOptions::greedy(8).ignore_eos(true), |_| {
+        true
+    })?;
+    Ok(())
+}
+
 pub(crate) fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     (0..len)
@@ -254,11 +263,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // ---- target-only: prefill / decode tok/s, peak memory
     let prompt = synthetic_prompt(a.prompt_len, vocab);
     let opts = GenerateOptions::greedy(a.tokens).ignore_eos(true);
-    engine.generate(
-        &prompt,
-        &GenerateOptions::greedy(8).ignore_eos(true),
-        |_| true,
-    )?;
+    warm_up(&engine, &prompt)?;
     let (mut pf, mut dec) = (Vec::new(), Vec::new());
     for _ in 0..a.reps {
         let o = engine.generate(&prompt, &opts, |_| true)?;

@@ -195,11 +195,7 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
     let bandwidth = copy_bandwidth();
     // warm-up: both engines, every lane
     let opts = GenerateOptions::greedy(a.tokens).ignore_eos(true);
-    engine.generate(
-        &prompt,
-        &GenerateOptions::greedy(8).ignore_eos(true),
-        |_| true,
-    )?;
+    crate::bench::warm_up(&engine, &prompt)?;
     for (_, s) in &servers {
         rt.block_on(llama_once(&client, &s.base, &prompt, 8))?;
     }
