@@ -36,24 +36,17 @@ use serde_json::{json, Value};
 use crate::bench::{median, synthetic_prompt, Args};
 use crate::llama::{quantize_tool, start_llama, Server};
 
-/// The GGUF type that matches the checkpoint's own weights.
+/// The GGUF type that matches the checkpoint's own weights, from the config as the engine
+/// reads it (MLX `quantization` bits, the declared dtype).
 fn default_type(model: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(model.join("config.json"))
+    let cfg = mtp_engine::config::ModelConfig::load(model)
         .with_context(|| format!("reading {}/config.json", model.display()))?;
-    let cfg: Value = serde_json::from_str(&text)?;
-    let bits = cfg["quantization"]["bits"]
-        .as_u64()
-        .or_else(|| cfg["text_config"]["quantization"]["bits"].as_u64());
-    let dtype = cfg["torch_dtype"]
-        .as_str()
-        .or_else(|| cfg["text_config"]["torch_dtype"].as_str())
-        .or_else(|| cfg["dtype"].as_str())
-        .unwrap_or("float32");
-    Ok(match (bits, dtype) {
+    let bits = cfg.quantization.as_ref().and_then(|q| q["bits"].as_u64());
+    Ok(match (bits, cfg.declared_dtype.as_deref()) {
         (Some(4), _) => "Q4_0",
         (Some(8), _) => "Q8_0",
         (Some(b), _) => bail!("no GGUF type matches MLX {b}-bit weights; pass --gguf-type"),
-        (None, "bfloat16") => "BF16",
+        (None, Some("bfloat16")) => "BF16",
         _ => "F32",
     }
     .to_string())
