@@ -58,7 +58,21 @@ impl ChatError {
 pub fn template_message(m: &Message, index: usize) -> Result<serde_json::Value, ChatError> {
     let mut obj = serde_json::Map::new();
     obj.insert("role".into(), m.role.as_str().into());
-    obj.insert("content".into(), m.content.clone().into());
+    if m.images.is_empty() {
+        obj.insert("content".into(), m.content.clone().into());
+    } else {
+        // transformers' multimodal content parts, the images before the text (as mlx-vlm and
+        // OpenAI clients send them); templates render each as their image placeholder
+        let mut parts: Vec<serde_json::Value> = m
+            .images
+            .iter()
+            .map(|_| serde_json::json!({"type": "image"}))
+            .collect();
+        if !m.content.is_empty() {
+            parts.push(serde_json::json!({"type": "text", "text": m.content}));
+        }
+        obj.insert("content".into(), parts.into());
+    }
     if let Some(r) = &m.reasoning_content {
         obj.insert("reasoning_content".into(), r.clone().into());
     }
@@ -111,8 +125,10 @@ pub fn conversation(request: &GenerateRequest) -> Result<Vec<serde_json::Value>,
         msgs.push(Message::system(s.clone()));
     }
     msgs.extend(request.messages.iter().flatten().cloned());
-    if !request.prompt.is_empty() {
-        msgs.push(Message::user(request.prompt.clone()));
+    if !request.prompt.is_empty() || !request.images.is_empty() {
+        let mut m = Message::user(request.prompt.clone());
+        m.images = request.images.clone();
+        msgs.push(m);
     }
     msgs.iter()
         .enumerate()

@@ -185,6 +185,10 @@ pub const RESERVED_TEMPLATE_VARIABLES: [&str; 4] =
 pub struct GenerateRequest {
     /// The new user turn.
     pub prompt: String,
+    /// Images of the new user turn (paths, `file://` or `data:` URLs), shown before its text.
+    /// Text-only runtimes reject them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
     /// The complete history before `prompt`.
     #[serde(default)]
     pub messages: Option<Vec<Message>>,
@@ -233,6 +237,11 @@ impl GenerateRequest {
             prompt: prompt.into(),
             ..Default::default()
         }
+    }
+    /// Adds an image to the prompt (a path, `file://` or `data:` URL).
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.images.push(image.into());
+        self
     }
     /// Sets the history.
     pub fn messages(mut self, messages: Vec<Message>) -> Self {
@@ -355,11 +364,31 @@ impl GenerateRequest {
         self.sampling.validate()
     }
 
-    /// True when any message carries images.
+    /// True when the prompt or any message carries images.
     pub fn has_images(&self) -> bool {
+        self.image_count() > 0
+    }
+
+    /// Images of the request, the history's first, then the prompt's.
+    pub fn image_count(&self) -> usize {
         self.messages
-            .as_ref()
-            .is_some_and(|m| m.iter().any(|m| !m.images.is_empty()))
+            .iter()
+            .flatten()
+            .map(|m| m.images.len())
+            .sum::<usize>()
+            + self.images.len()
+    }
+
+    /// The images in the order the conversation shows them: each history message's, then the
+    /// prompt's.
+    pub fn all_images(&self) -> Vec<&str> {
+        self.messages
+            .iter()
+            .flatten()
+            .flat_map(|m| m.images.iter())
+            .chain(&self.images)
+            .map(String::as_str)
+            .collect()
     }
 }
 
