@@ -55,7 +55,8 @@ pub use runtimes::{
 pub use source::{is_safe_relative, shown_name, LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
-    mtp_namespace_key, mtp_tensor_names, MtpStyle, MtpTensor, MtpTensorSummary, MTP_PREFIXES,
+    mtp_namespace_key, mtp_tensor_names, vision_tensor_key, MtpStyle, MtpTensor, MtpTensorSummary,
+    MTP_PREFIXES, VISION_PREFIXES,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -180,6 +180,11 @@ pub struct ProbeReport {
     pub model_type: Option<String>,
     /// Whether the weights carry an MTP head (from tensors and header keys only).
     pub mtp_head: bool,
+    /// Whether the artifact carries a vision tower: `model.visual.*` / `vision_tower.*`
+    /// tensors, or for GGUF a vision projector file (`mmproj*.gguf`) beside the weights.
+    pub vision: bool,
+    /// The tensor or file that shows the vision tower.
+    pub vision_evidence: Option<String>,
     /// MTP layers in the weights.
     pub mtp_layers: u64,
     /// The naming convention of the head.
@@ -307,6 +312,14 @@ impl ProbeReport {
         }
         if !self.evidence.is_empty() {
             let _ = writeln!(s, "evidence: {}", self.evidence.join(", "));
+        }
+        match &self.vision_evidence {
+            Some(e) if self.vision => {
+                let _ = writeln!(s, "vision tower: yes ({e})");
+            }
+            _ => {
+                let _ = writeln!(s, "vision tower: no");
+            }
         }
         if let Some(c) = &self.config_claim {
             let _ = writeln!(s, "config claims: {c} (a claim, not evidence)");
@@ -649,6 +662,8 @@ fn empty_report(format: Format) -> ProbeReport {
         arch: None,
         model_type: None,
         mtp_head: false,
+        vision: false,
+        vision_evidence: None,
         mtp_layers: 0,
         mtp_style: None,
         mtp_tensor_count: 0,
@@ -743,6 +758,13 @@ fn probe_safetensors(
         summary = pairs(&names);
     }
     apply_summary(&mut r, &summary);
+    if let Some((n, _)) = names
+        .iter()
+        .find(|(n, _)| crate::tensors::vision_tensor_key(n).is_some())
+    {
+        r.vision = true;
+        r.vision_evidence = Some(n.clone());
+    }
     r.mlx_quantized_weights = cfg.as_ref().is_some_and(|c| c.quant_bits.is_some())
         || names
             .iter()
@@ -912,6 +934,15 @@ fn probe_gguf(
         })?,
     };
     r.file = Some(file.path.clone());
+    // llama.cpp's vision lane is a separate projector file (mtmd's `--mmproj`)
+    if let Some(m) = files.iter().find(|f| {
+        let l = f.path.to_ascii_lowercase();
+        let base = l.rsplit('/').next().unwrap_or(&l);
+        base.starts_with("mmproj") && base.ends_with(".gguf")
+    }) {
+        r.vision = true;
+        r.vision_evidence = Some(m.path.clone());
+    }
     let (h, complete) = read_gguf_header(reader, &file.path, opts.gguf_prefix, opts.gguf_cap)?;
     files_read.push(file.path.clone());
     let arch = h.architecture().map(String::from);

@@ -217,6 +217,31 @@ pub fn mtp_namespace_key(name: &str) -> Option<&str> {
         .filter(|rest| !rest.is_empty())
 }
 
+/// Namespaces of a vision tower's tensors: Hugging Face's `model.visual.` (Qwen2/3-VL, Qwen3.5),
+/// the same nested in the language model (which mlx-vlm's loader accepts), a bare `visual.`,
+/// and MLX's `vision_tower.`.
+pub const VISION_PREFIXES: [&str; 4] = [
+    "model.visual.",
+    "model.language_model.visual.",
+    "visual.",
+    "vision_tower.",
+];
+
+/// The name of a vision-tower tensor without its namespace (`None` for other tensors).
+///
+/// ```
+/// use mtp_detect::vision_tensor_key;
+/// assert_eq!(vision_tensor_key("model.visual.blocks.0.attn.qkv.weight"), Some("blocks.0.attn.qkv.weight"));
+/// assert_eq!(vision_tensor_key("vision_tower.merger.linear_fc1.weight"), Some("merger.linear_fc1.weight"));
+/// assert_eq!(vision_tensor_key("model.language_model.layers.0.mlp.up_proj.weight"), None);
+/// ```
+pub fn vision_tensor_key(name: &str) -> Option<&str> {
+    VISION_PREFIXES
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .filter(|rest| !rest.is_empty())
+}
+
 /// The canonical key of a companion drafter's tensor: the name with any `mtp.` namespace
 /// stripped, if what remains is a drafter component (`fc.weight`, `layers.0.*`, `norm.weight`,
 /// `pre_fc_norm_*`, `eh_proj.*`). `None` for anything else.
