@@ -168,6 +168,7 @@ impl<'e> Batch<'e> {
                     engine.model(),
                     head,
                     prompt,
+                    opts.images.as_ref(),
                     &mut sampler,
                     &mut spec_timings,
                     None,
@@ -184,7 +185,7 @@ impl<'e> Batch<'e> {
                 }
             }
             _ => {
-                let mut cache = [engine.model().new_cache()];
+                let mut cache = [engine.new_cache(opts)];
                 let out = engine
                     .model()
                     .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;

@@ -270,6 +270,9 @@ pub struct SeqCache {
     pos: usize,
     verify_start: Option<usize>,
     mode: VerifyMode,
+    /// The images of the sequence's prompt (their features and the multimodal positions of
+    /// every token), when it has any.
+    images: Option<std::sync::Arc<crate::vision::MultimodalPrompt>>,
 }
 
 /// A saved copy of a [`SeqCache`]'s position-dependent state (linear states copied, KV caches by
@@ -293,7 +296,19 @@ impl SeqCache {
             pos: 0,
             verify_start: None,
             mode: VerifyMode::Auto,
+            images: None,
         }
+    }
+
+    /// Gives a fresh sequence the images of its prompt: the forward writes their features over
+    /// the image tokens' embeddings and turns every token with its multimodal position ids.
+    pub fn set_images(&mut self, images: Option<std::sync::Arc<crate::vision::MultimodalPrompt>>) {
+        self.images = images;
+    }
+
+    /// The images of the sequence's prompt.
+    pub fn images(&self) -> Option<&std::sync::Arc<crate::vision::MultimodalPrompt>> {
+        self.images.as_ref()
     }
 
     /// How later verify forwards treat linear-attention states (the default is

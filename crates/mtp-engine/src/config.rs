@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 /// Rotary settings as the full-attention layers use them, resolved from `rope_parameters`,
 /// `rope_scaling` (older exports) or the flat `rope_theta` / `partial_rotary_factor` keys
 /// (Qwen3-Next), in transformers' order of precedence. The multimodal sections
-/// (`mrope_section`, `mrope_interleaved`) do not matter for text: all three position ids of a
-/// text token are equal, which makes the interleaved multimodal rope the plain one.
+/// (`mrope_section`) only matter around images: all three position ids of a text token are
+/// equal, which makes the interleaved multimodal rope the plain one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeParameters {
     /// `rope_type` (or its older spelling `type`); `default` (or `mrope`) is all this engine
@@ -31,6 +31,11 @@ pub struct RopeParameters {
     /// Fraction of each head that is rotated (default 0.25, as transformers sets it for this
     /// family).
     pub partial_rotary_factor: f64,
+    /// Rotary frequencies given to the temporal, height and width position ids of multimodal
+    /// rows (`mrope_section`; mlx-vlm's default `[11, 11, 10]`), laid out interleaved as Qwen3.5
+    /// does: frequency `i` follows height when `i % 3 == 1 && i < 3 * section[1]`, width when
+    /// `i % 3 == 2 && i < 3 * section[2]`, else the temporal id.
+    pub mrope_section: [usize; 3],
 }
 
 impl Default for RopeParameters {
@@ -39,9 +44,13 @@ impl Default for RopeParameters {
             rope_type: "default".into(),
             rope_theta: DEFAULT_THETA,
             partial_rotary_factor: DEFAULT_PARTIAL,
+            mrope_section: DEFAULT_MROPE_SECTION,
         }
     }
 }
+
+/// mlx-vlm's `TextConfig.rope_parameters["mrope_section"]` default for Qwen3.5.
+const DEFAULT_MROPE_SECTION: [usize; 3] = [11, 11, 10];
 
 /// transformers' `RotaryEmbeddingConfigMixin.default_theta`.
 const DEFAULT_THETA: f64 = 10_000.0;
@@ -245,6 +254,162 @@ pub struct ModelConfig {
     pub declared_dtype: Option<String>,
     /// Drafter configs: `block_size` (seed included), when this is a `qwen3_5_mtp` companion.
     pub block_size: Option<usize>,
+    /// The vision tower's settings, when the config declares one (`vision_config`): `Err`
+    /// says why it cannot be run (the language model still loads; images are then refused
+    /// with that message).
+    pub vision: Option<std::result::Result<VisionConfig, String>>,
+}
+
+/// The vision tower's configuration (`vision_config`, mlx-vlm 0.7.10's `qwen3_vl` /
+/// `qwen3_5` `VisionConfig` with its defaults) and the ids of the tokens that stand for images
+/// in the prompt (the root config's; mlx-vlm's Qwen3.5 defaults when absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisionConfig {
+    /// ViT blocks.
+    pub depth: usize,
+    /// ViT width.
+    pub hidden_size: usize,
+    /// ViT MLP width.
+    pub intermediate_size: usize,
+    /// Width of the merged features: the language model's hidden size.
+    pub out_hidden_size: usize,
+    /// Attention heads of a ViT block.
+    pub num_heads: usize,
+    /// Side of a square patch, in pixels.
+    pub patch_size: usize,
+    /// Frames per patch (a still image is repeated to fill them).
+    pub temporal_patch_size: usize,
+    /// Side of the square of patches merged into one language-model token.
+    pub spatial_merge_size: usize,
+    /// Colour channels (3).
+    pub in_channels: usize,
+    /// Learned position embeddings (a square grid, interpolated to each image's grid).
+    pub num_position_embeddings: usize,
+    /// `<|image_pad|>`: one per image token in the expanded prompt.
+    pub image_token_id: u32,
+    /// `<|video_pad|>`.
+    pub video_token_id: u32,
+    /// `<|vision_start|>`.
+    pub vision_start_token_id: u32,
+    /// `<|vision_end|>`.
+    pub vision_end_token_id: u32,
+}
+
+impl VisionConfig {
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads.max(1)
+    }
+
+    /// Side of the learned position-embedding grid.
+    pub fn grid_per_side(&self) -> usize {
+        (self.num_position_embeddings as f64).sqrt() as usize
+    }
+
+    /// Reads `vision_config` and the root's token ids; a value the tower cannot run with is an
+    /// error message naming the key.
+    fn parse(root: &Value, text_hidden: usize) -> std::result::Result<Self, String> {
+        let Some(o) = root.get("vision_config").and_then(Value::as_object) else {
+            return Err("vision_config is not a JSON object".into());
+        };
+        let bad = |m: String| Error::Config {
+            path: "config.json".into(),
+            message: m,
+        };
+        let msg = |e: Error| match e {
+            Error::Config { message, .. } => format!("vision_config.{message}"),
+            other => other.to_string(),
+        };
+        let size = |key: &str, default: usize| -> std::result::Result<usize, String> {
+            get::<usize>(o, key, &bad)
+                .map_err(msg)
+                .map(|v| v.unwrap_or(default))
+        };
+        let root_obj = root.as_object().cloned().unwrap_or_default();
+        let id = |key: &str, default: u32| -> std::result::Result<u32, String> {
+            get::<u32>(&root_obj, key, &bad)
+                .map_err(|e| e.to_string())
+                .map(|v| v.unwrap_or(default))
+        };
+        let c = VisionConfig {
+            depth: size("depth", 32)?,
+            hidden_size: size("hidden_size", 1280)?,
+            intermediate_size: size("intermediate_size", 3420)?,
+            out_hidden_size: size("out_hidden_size", 1536)?,
+            num_heads: size("num_heads", 16)?,
+            patch_size: size("patch_size", 14)?,
+            temporal_patch_size: size("temporal_patch_size", 2)?,
+            spatial_merge_size: size("spatial_merge_size", 2)?,
+            in_channels: size("in_channels", 3)?,
+            num_position_embeddings: size("num_position_embeddings", 2304)?,
+            image_token_id: id("image_token_id", 248_056)?,
+            video_token_id: id("video_token_id", 248_057)?,
+            vision_start_token_id: id("vision_start_token_id", 248_045)?,
+            vision_end_token_id: id("vision_end_token_id", 248_046)?,
+        };
+        let deepstack: Vec<usize> = get(o, "deepstack_visual_indexes", &bad)
+            .map_err(msg)?
+            .unwrap_or_default();
+        if !deepstack.is_empty() {
+            // mlx-vlm 0.7.10 refuses them for Qwen3.5 too (`qwen3_5/config.py`)
+            return Err(format!(
+                "vision_config.deepstack_visual_indexes = {deepstack:?}: deepstack features are                  not part of Qwen3.5's vision tower"
+            ));
+        }
+        let act: Option<String> = get(o, "hidden_act", &bad).map_err(msg)?;
+        if let Some(a) = act.filter(|a| a != "gelu_pytorch_tanh") {
+            return Err(format!(
+                "vision_config.hidden_act = `{a}`: the vision tower runs gelu_pytorch_tanh, as                  mlx-vlm's does"
+            ));
+        }
+        for (key, v) in [
+            ("depth", c.depth),
+            ("hidden_size", c.hidden_size),
+            ("intermediate_size", c.intermediate_size),
+            ("num_heads", c.num_heads),
+            ("patch_size", c.patch_size),
+            ("temporal_patch_size", c.temporal_patch_size),
+            ("spatial_merge_size", c.spatial_merge_size),
+            ("num_position_embeddings", c.num_position_embeddings),
+        ] {
+            if v == 0 {
+                return Err(format!("vision_config.{key} must be > 0"));
+            }
+        }
+        if c.in_channels != 3 {
+            return Err(format!(
+                "vision_config.in_channels = {}: images are read as RGB (3 channels)",
+                c.in_channels
+            ));
+        }
+        if !c.hidden_size.is_multiple_of(c.num_heads) || !c.head_dim().is_multiple_of(4) {
+            return Err(format!(
+                "vision_config: hidden_size {} over num_heads {} must give heads of a multiple                  of 4 features (the 2D rotary embedding splits each head in four)",
+                c.hidden_size, c.num_heads
+            ));
+        }
+        let side = c.grid_per_side();
+        if side * side != c.num_position_embeddings {
+            return Err(format!(
+                "vision_config.num_position_embeddings = {} is not a square grid",
+                c.num_position_embeddings
+            ));
+        }
+        if c.out_hidden_size != text_hidden {
+            return Err(format!(
+                "vision_config.out_hidden_size = {} differs from the language model's                  hidden_size {text_hidden}",
+                c.out_hidden_size
+            ));
+        }
+        // the sizes multiply into buffer lengths: keep them far from overflow
+        let big = [c.depth, c.hidden_size, c.intermediate_size, c.patch_size]
+            .iter()
+            .any(|&v| v > 1 << 20);
+        if big {
+            return Err("vision_config: a size is implausibly large (over 2^20)".into());
+        }
+        Ok(c)
+    }
 }
 
 /// Token ids of an `eos_token_id` value (a number or a list); other values and ids that do not
@@ -378,6 +543,10 @@ impl ModelConfig {
             .get("block_size")
             .and_then(|b| b.as_u64())
             .map(|b| b as usize);
+        let vision = v
+            .get("vision_config")
+            .filter(|c| !c.is_null())
+            .map(|_| VisionConfig::parse(v, text.hidden_size));
         Ok(ModelConfig {
             model_type,
             family,
@@ -387,6 +556,7 @@ impl ModelConfig {
             eos_token_ids: eos,
             declared_dtype,
             block_size,
+            vision,
         })
     }
 
@@ -707,10 +877,19 @@ fn resolve_rope(t: &TextConfig, bad: &dyn Fn(String) -> Error) -> Result<RopePar
              {head_dim} features: the rotated width must be even and > 0"
         )));
     }
+    let mrope_section = match p.get("mrope_section") {
+        None | Some(Value::Null) => DEFAULT_MROPE_SECTION,
+        Some(v) => serde_json::from_value::<[usize; 3]>(v.clone()).map_err(|_| {
+            bad(format!(
+                "{name}.mrope_section must be three non-negative integers, found {v}"
+            ))
+        })?,
+    };
     Ok(RopeParameters {
         rope_type,
         rope_theta,
         partial_rotary_factor,
+        mrope_section,
     })
 }
 

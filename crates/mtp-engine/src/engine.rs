@@ -1,6 +1,7 @@
 //! The engine: a loaded target model, its optional MTP head and tokenizer, and `generate`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
@@ -16,6 +17,8 @@ use crate::resume::{PromptState, ResumableOutput};
 use crate::sampling::Sampler;
 use crate::speculative::{self, SpecTimings};
 use crate::tokenizer::TextTokenizer;
+use crate::vision::preprocess::{self, ImageLimits, ImageProcessorConfig};
+use crate::vision::{EncodedImage, MultimodalPrompt, VisionTower};
 
 /// Options of one `generate` call (builder style; defaults: greedy, 256 tokens, no speculation).
 ///
@@ -45,6 +48,9 @@ pub struct GenerateOptions {
     /// The shape the reply must take (JSON Schema, regex, Lark grammar), enforced on every
     /// pick, drafts included; compiled before any model work.
     pub response_format: Option<ResponseFormat>,
+    /// The images of the prompt, placed on its expanded `<|image_pad|>` runs (see
+    /// [`Engine::multimodal_prompt`]).
+    pub images: Option<Arc<MultimodalPrompt>>,
 }
 
 impl Default for GenerateOptions {
@@ -57,6 +63,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             checkpoint_at: None,
             response_format: None,
+            images: None,
         }
     }
 }
@@ -135,6 +142,15 @@ pub struct Engine {
     /// Built on the first constrained request (the token trie takes a while on a large
     /// vocabulary); the error is kept and repeated.
     constraints: std::sync::OnceLock<std::result::Result<ConstraintCompiler, String>>,
+    /// The vision tower and the image processor's settings, or why images are refused.
+    vision: std::result::Result<Vision, String>,
+}
+
+/// What the engine needs to turn images into prompt features.
+#[derive(Debug)]
+struct Vision {
+    tower: VisionTower,
+    processor: ImageProcessorConfig,
 }
 
 impl Engine {
@@ -152,8 +168,8 @@ impl Engine {
         device: &Device,
         dtype: impl Into<WeightDtype>,
     ) -> Result<Self> {
-        let (model, _mtp) = qwen3_5::load_dir(dir, device, dtype.into())?;
-        Self::assemble(dir, model, None)
+        let loaded = qwen3_5::load_dir(dir, device, dtype.into())?;
+        Self::assemble(dir, loaded.model, None, loaded.vision)
     }
 
     /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
@@ -165,16 +181,32 @@ impl Engine {
         dtype: impl Into<WeightDtype>,
     ) -> Result<Self> {
         let dtype = dtype.into();
-        let (model, mtp) = qwen3_5::load_dir(dir, device, dtype)?;
+        let qwen3_5::Loaded { model, mtp, vision } = qwen3_5::load_dir(dir, device, dtype)?;
         let drafter = match drafter {
             Some(d) => Some(MtpHead::load_dir(d, model.config(), dtype, device)?),
             None if !mtp.is_empty() => Some(MtpHead::load(mtp, model.config(), dtype, device)?),
             None => None,
         };
-        Self::assemble(dir, model, drafter)
+        Self::assemble(dir, model, drafter, vision)
     }
 
-    fn assemble(dir: &Path, model: Qwen35Model, drafter: Option<MtpHead>) -> Result<Self> {
+    fn assemble(
+        dir: &Path,
+        model: Qwen35Model,
+        drafter: Option<MtpHead>,
+        tower: Option<std::result::Result<VisionTower, String>>,
+    ) -> Result<Self> {
+        let vision = match tower {
+            None => Err("the checkpoint has no vision tower: a text-only model".to_string()),
+            Some(Err(m)) => Err(m),
+            Some(Ok(tower)) => {
+                let processor = ImageProcessorConfig::load(dir).map_err(|e| Error::Config {
+                    path: dir.join("preprocessor_config.json"),
+                    message: e.to_string(),
+                })?;
+                Ok(Vision { tower, processor })
+            }
+        };
         let tokenizer = if dir.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(dir)?)
         } else {
@@ -202,6 +234,7 @@ impl Engine {
             eos,
             dir: dir.to_path_buf(),
             constraints: std::sync::OnceLock::new(),
+            vision,
         })
     }
 
@@ -252,19 +285,139 @@ impl Engine {
         &self.eos
     }
 
-    /// Refuses image input: the vision tower is not loaded by this runtime.
+    /// Whether the engine takes `n_images` images: always for none; for some, when the
+    /// checkpoint's vision tower is loaded (else `Unsupported` saying why).
     pub fn check_images(&self, n_images: usize) -> Result<()> {
-        if n_images > 0 {
-            return Err(Error::Unsupported(
-                "image input (the vision tower is not loaded by the native candle engine)".into(),
-            ));
+        match self.images_refused() {
+            Some(m) if n_images > 0 => Err(Error::Unsupported(format!("image input ({m})"))),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The vision tower and processor, or `Unsupported` saying why there are none.
+    fn vision(&self) -> Result<&Vision> {
+        self.vision
+            .as_ref()
+            .map_err(|m| Error::Unsupported(format!("image input ({m})")))
+    }
+
+    /// Why images are refused (`None` when the vision tower is loaded).
+    pub fn images_refused(&self) -> Option<&str> {
+        self.vision.as_ref().err().map(String::as_str)
+    }
+
+    /// The vision tower, when the checkpoint has one that loaded.
+    pub fn vision_tower(&self) -> Option<&VisionTower> {
+        self.vision.as_ref().ok().map(|v| &v.tower)
+    }
+
+    /// The image processor's settings (`preprocessor_config.json`), with a vision tower.
+    pub fn image_processor(&self) -> Option<&ImageProcessorConfig> {
+        self.vision.as_ref().ok().map(|v| &v.processor)
+    }
+
+    /// Decodes an image file's bytes (PNG, JPEG, WebP), resizes and normalises it as the
+    /// checkpoint's processor does and runs the vision tower: the features that replace the
+    /// image's tokens. `name` (a path, or "image 2") names the image in errors.
+    pub fn encode_image(&self, bytes: &[u8], name: &str) -> Result<EncodedImage> {
+        let v = self.vision()?;
+        let img = preprocess::decode_image(bytes, name, &ImageLimits::default())
+            .map_err(|e| Error::Image(e.to_string()))?;
+        let prepared = preprocess::prepare(&img, &v.processor, name)
+            .map_err(|e| Error::Image(e.to_string()))?;
+        let [t, h, w] = prepared.grid_thw;
+        let m = v.processor.merge_size;
+        if m != v.tower.config().spatial_merge_size
+            || v.processor.patch_size != v.tower.config().patch_size
+            || v.processor.temporal_patch_size != v.tower.config().temporal_patch_size
+        {
+            return Err(Error::Config {
+                path: self.dir.join("preprocessor_config.json"),
+                message: format!(
+                    "patch {} / temporal {} / merge {} differ from the vision tower's {} / {} / {}",
+                    v.processor.patch_size,
+                    v.processor.temporal_patch_size,
+                    m,
+                    v.tower.config().patch_size,
+                    v.tower.config().temporal_patch_size,
+                    v.tower.config().spatial_merge_size
+                ),
+            });
+        }
+        let features = v.tower.forward(&prepared.pixel_values, prepared.grid_thw)?;
+        Ok(EncodedImage {
+            grid: [t, h / m, w / m],
+            features: features.into(),
+            digest: crate::vision::prompt::digest_bytes(bytes),
+        })
+    }
+
+    /// A prompt with images: `tokens` holds one `<|image_pad|>` per image (as the chat
+    /// template renders it), each expanded to the image's token count; returns the expanded
+    /// tokens and the images placed on them (give them to [`GenerateOptions::images`]).
+    pub fn multimodal_prompt(
+        &self,
+        tokens: &[u32],
+        images: &[EncodedImage],
+    ) -> Result<(Vec<u32>, Arc<MultimodalPrompt>)> {
+        let v = self.vision()?;
+        let pad = v.tower.config().image_token_id;
+        let counts: Vec<usize> = images.iter().map(EncodedImage::num_tokens).collect();
+        let expanded = crate::vision::expand_image_tokens(tokens, pad, &counts)?;
+        let mm = MultimodalPrompt::new(&expanded, pad, images, self.model.hidden_size())?;
+        Ok((expanded, Arc::new(mm)))
+    }
+
+    /// The tokens `image` takes in a prompt (decodes it to learn its size; the vision tower
+    /// does not run). Lets a caller expand the prompt before encoding the image.
+    pub fn image_token_count(&self, image: &crate::vision::ImageInput) -> Result<usize> {
+        let v = self.vision()?;
+        let img = preprocess::decode_image(&image.bytes, &image.name, &ImageLimits::default())
+            .map_err(|e| Error::Image(e.to_string()))?;
+        v.processor
+            .num_image_tokens(img.height, img.width)
+            .map_err(|e| Error::Image(format!("{}: {e}", image.name)))
+    }
+
+    /// Places encoded images on an already expanded prompt (one `<|image_pad|>` per image
+    /// token, e.g. from [`crate::vision::expand_image_tokens`] with
+    /// [`Engine::image_token_count`]).
+    pub fn place_images(
+        &self,
+        expanded: &[u32],
+        images: &[EncodedImage],
+    ) -> Result<Arc<MultimodalPrompt>> {
+        let v = self.vision()?;
+        let pad = v.tower.config().image_token_id;
+        Ok(Arc::new(MultimodalPrompt::new(
+            expanded,
+            pad,
+            images,
+            self.model.hidden_size(),
+        )?))
+    }
+
+    /// The `<|image_pad|>` id, with a vision tower.
+    pub fn image_token_id(&self) -> Option<u32> {
+        self.vision_tower().map(|t| t.config().image_token_id)
+    }
+
+    /// A fresh target cache for a request (with its prompt's images).
+    pub(crate) fn new_cache(&self, opts: &GenerateOptions) -> crate::cache::SeqCache {
+        let mut c = self.model.new_cache();
+        c.set_images(opts.images.clone());
+        c
     }
 
     /// Last-position logits of one forward over `prompt` (parity checks).
     pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>> {
-        let mut cache = [self.model.new_cache()];
+        self.prompt_logits_with(prompt, &GenerateOptions::default())
+    }
+
+    /// [`Engine::prompt_logits`] for a prompt with the images of `opts`.
+    pub fn prompt_logits_with(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<f32>> {
+        self.check(prompt, opts)?;
+        let mut cache = [self.new_cache(opts)];
         Ok(self
             .model
             .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?
@@ -307,6 +460,10 @@ impl Engine {
             return Err(Error::InvalidRequest(format!(
                 "token id {t} is outside the vocabulary ({vocab})"
             )));
+        }
+        if let Some(m) = &opts.images {
+            self.check_images(m.spans().len())?;
+            m.check_fits(prompt, self.model.hidden_size())?;
         }
         Ok(())
     }
@@ -405,6 +562,7 @@ impl Engine {
                 &self.model,
                 head,
                 prompt,
+                opts.images.as_ref(),
                 depth,
                 &mut sampler,
                 &mut emitter,
@@ -426,9 +584,10 @@ impl Engine {
             timings.prefill_ms = Some(st.prefill_ms);
         } else {
             let t0 = Instant::now();
-            let resume = resume.filter(|st| st.tokens < prompt.len());
+            let resume = resume
+                .filter(|st| st.tokens < prompt.len() && st.same_images(opts.images.as_ref()));
             let mut start = resume.map_or(0, |st| st.tokens);
-            let mut cache = [resume.map_or_else(|| self.model.new_cache(), |st| st.cache.clone())];
+            let mut cache = [resume.map_or_else(|| self.new_cache(opts), |st| st.cache.clone())];
             computed = prompt.len() - start;
             // The state after the conversation before the generation prompt: prefill in two
             // parts, keeping the cache between them.

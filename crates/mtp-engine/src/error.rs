@@ -75,6 +75,9 @@ pub enum Error {
         /// What llguidance said.
         message: String,
     },
+    /// An image could not be read or prepared (the message names it).
+    #[error("{0}")]
+    Image(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

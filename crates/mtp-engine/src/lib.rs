@@ -40,6 +40,7 @@ pub mod team;
 #[cfg(test)]
 mod testing;
 pub mod tokenizer;
+pub mod vision;
 
 pub use cache::{CacheSnapshot, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};

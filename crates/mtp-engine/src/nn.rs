@@ -18,6 +18,16 @@ use crate::simd;
 /// example, which times it). It checks every length it reads, panicking otherwise.
 pub use crate::simd::attention;
 
+/// Where the new tokens of one sequence sit for the rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Positions<'a> {
+    /// Token `t` at position `start + t` on every axis (text).
+    From(usize),
+    /// Token `t` at the position ids `ids[t]` (temporal, height, width): the multimodal rope of
+    /// a prompt with images.
+    Each(&'a [[usize; 3]]),
+}
+
 /// Canonical-name → tensor map produced by a `sanitize` function, consumed by model builders.
 pub struct Store {
     map: HashMap<String, Param>,
@@ -295,6 +305,25 @@ impl Store {
             }
         }
         Ok(Some(parts))
+    }
+
+    /// A tensor of the shape it has, in f32 on the CPU (a packed quantized matrix is
+    /// dequantized; only for a tensor whose layout the caller works out from its shape).
+    pub fn tensor_any(&mut self, name: &str) -> Result<Tensor> {
+        let dims = match self.map.get(name) {
+            Some(t) => t.dims().to_vec(),
+            None => {
+                return Err(Error::MissingTensor {
+                    name: name.to_string(),
+                    model_type: self.model_type.clone(),
+                })
+            }
+        };
+        let t = match self.take_packed(name, &dims)? {
+            Some(q) => q.to_tensor()?,
+            None => self.take_raw(name, &dims)?,
+        };
+        Ok(t.to_dtype(DType::F32)?)
     }
 
     /// A small f32 vector (norm weights, gates).
@@ -821,7 +850,7 @@ impl DecoderLayer {
                 heads: h,
                 kv_heads: kvh,
                 head_dim: hd,
-                rope: Rope::new(rot, cfg.rope_theta()),
+                rope: Rope::interleaved(rot, cfg.rope_theta(), cfg.rope.mrope_section),
                 eps,
             })
         } else {
@@ -947,15 +976,15 @@ impl DecoderLayer {
         }
     }
 
-    /// `x: [b, l, hidden]` → `[b, l, hidden]`; `caches[i]` and `positions[i]` (position of the
-    /// first new token) belong to row `i`.
+    /// `x: [b, l, hidden]` → `[b, l, hidden]`; `caches[i]` and `positions[i]` (where the new
+    /// tokens sit) belong to row `i`.
     pub fn forward(
         &self,
         x: &[f32],
         b: usize,
         l: usize,
         caches: &mut [&mut LayerCache],
-        positions: &[usize],
+        positions: &[Positions<'_>],
     ) -> Result<Vec<f32>> {
         self.forward_ragged(x, &vec![l; b], caches, positions)
     }
@@ -968,7 +997,7 @@ impl DecoderLayer {
         x: &[f32],
         lens: &[usize],
         caches: &mut [&mut LayerCache],
-        positions: &[usize],
+        positions: &[Positions<'_>],
     ) -> Result<Vec<f32>> {
         let d = self.hidden;
         let b = lens.len();
@@ -1008,7 +1037,13 @@ impl DecoderLayer {
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
         let r = match &self.mixer {
-            Mixer::Attention(a) => a.forward(&normed, &[l], &mut [cache], &[position], true)?,
+            Mixer::Attention(a) => a.forward(
+                &normed,
+                &[l],
+                &mut [cache],
+                &[Positions::From(position)],
+                true,
+            )?,
             // a recurrence needs every position anyway
             Mixer::Linear(m) => {
                 let all = m.forward(&normed, &[l], &mut [cache])?;
@@ -1052,10 +1087,20 @@ impl Attention {
         x: &[f32],
         lens: &[usize],
         caches: &mut [&mut LayerCache],
-        positions: &[usize],
+        positions: &[Positions<'_>],
         last_only: bool,
     ) -> Result<Vec<f32>> {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        for (p, &l) in positions.iter().zip(lens) {
+            if let Positions::Each(ids) = p {
+                if ids.len() != l {
+                    return Err(Error::InvalidRequest(format!(
+                        "{} position ids for {l} new tokens",
+                        ids.len()
+                    )));
+                }
+            }
+        }
         let rows: usize = lens.iter().sum();
         let qkv = self.qkv.forward(x, rows)?; // [rows, h*2hd + 2*kvh*hd]
         let width = h * hd * 2 + 2 * kvh * hd;
@@ -1088,16 +1133,15 @@ impl Attention {
             kernels::rms_norm_rows(&mut q, Some(&self.q_norm), hd, self.eps);
             kernels::rms_norm_rows(&mut k, Some(&self.k_norm), hd, self.eps);
             for t in 0..l {
-                let pos = positions[bi] + t;
+                let rotate = |x: &mut [f32]| match positions[bi] {
+                    Positions::From(start) => self.rope.apply(x, start + t),
+                    Positions::Each(ids) => self.rope.apply_at(x, ids[t]),
+                };
                 for head in 0..h {
-                    self.rope
-                        .apply(&mut q[(t * h + head) * hd..(t * h + head + 1) * hd], pos);
+                    rotate(&mut q[(t * h + head) * hd..(t * h + head + 1) * hd]);
                 }
                 for head in 0..kvh {
-                    self.rope.apply(
-                        &mut k[(t * kvh + head) * hd..(t * kvh + head + 1) * hd],
-                        pos,
-                    );
+                    rotate(&mut k[(t * kvh + head) * hd..(t * kvh + head + 1) * hd]);
                 }
             }
             let LayerCache::Attention(kv) = &mut *caches[bi] else {

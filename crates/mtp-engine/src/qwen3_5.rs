@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::WeightDtype;
 use crate::loader::{load_quantized, Checkpoint, Param};
-use crate::nn::{DecoderLayer, Linear, Store};
+use crate::nn::{DecoderLayer, Linear, Positions, Store};
 
 /// Which positions of a forward get LM-head logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub struct Sanitized {
     pub target: HashMap<String, Param>,
     /// MTP-head tensors embedded in the checkpoint (`mtp.*`), already in MLX conventions.
     pub mtp: HashMap<String, Param>,
+    /// Vision-tower tensors (`model.visual.*`, MLX `vision_tower.*`) without their prefix.
+    pub vision: HashMap<String, Param>,
 }
 
 /// RMSNorm weights stored zero-centred in Hugging Face checkpoints (used as `1 + w`).
@@ -58,15 +60,20 @@ const SHIFTED_NORMS: [&str; 4] = [
 enum Dest {
     Target(String),
     Mtp(String),
+    Vision(String),
     Skip,
 }
 
 fn route(name: &str) -> Dest {
-    // Vision tower: not loaded by this runtime (image input is refused).
-    if name.contains("visual.")
-        || name.starts_with("vision_tower")
-        || name.contains(".vision_tower.")
-    {
+    // the vision tower's namespaces are detection's rule, once
+    if let Some(rest) = mtp_detect::vision_tensor_key(name) {
+        // mlx-vlm's vision sanitize drops these buffers
+        if rest.contains("position_ids") {
+            return Dest::Skip;
+        }
+        return Dest::Vision(rest.to_string());
+    }
+    if name.contains("visual.") || name.contains(".vision_tower.") {
         return Dest::Skip;
     }
     // Embedded head (Qwen3.5/3.6 HF, mlx-works *-mtp, and every other namespace detection
@@ -106,6 +113,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     let mut out = Sanitized {
         target: HashMap::new(),
         mtp: HashMap::new(),
+        vision: HashMap::new(),
     };
     for name in shapes.keys() {
         let module = name.rsplit_once('.').map(|(m, _)| m).unwrap_or("");
@@ -114,7 +122,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
         }
         let dest = route(name);
         let canonical = match &dest {
-            Dest::Target(c) | Dest::Mtp(c) => c.clone(),
+            Dest::Target(c) | Dest::Mtp(c) | Dest::Vision(c) => c.clone(),
             Dest::Skip => continue,
         };
         let tensors = if quantized.contains(module) && name.ends_with(".weight") {
@@ -132,6 +140,7 @@ fn load_renamed(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
             match dest {
                 Dest::Target(_) => out.target.insert(c, t),
                 Dest::Mtp(_) => out.mtp.insert(c, t),
+                Dest::Vision(_) => out.vision.insert(c, t),
                 Dest::Skip => None,
             };
         }
@@ -222,8 +231,8 @@ pub(crate) fn merge_experts(map: &mut HashMap<String, Param>, num_experts: usize
 /// stacked, Gated DeltaNet projections split into `in_proj_qkv`/`in_proj_z`/`in_proj_b`/`in_proj_a`).
 pub fn sanitize(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Sanitized> {
     // Prefix renames (HF `model.language_model.` / MLX `language_model.model.` / text-only
-    // `model.`), vision tower dropped, MLX affine-quantized modules left packed: see `route` and
-    // `load_renamed`.
+    // `model.`), vision tower set apart, MLX affine-quantized modules left packed: see `route`
+    // and `load_renamed`.
     let mut s = load_renamed(ckpt, cfg)?;
     let t = &cfg.text;
 
@@ -500,7 +509,25 @@ impl Qwen35Model {
         let rows: usize = lens.iter().sum();
         let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
         let mut x = self.embed(&flat)?;
-        let positions: Vec<usize> = caches.iter().map(|c| c.position()).collect();
+        // a sequence with images: their features over the pad embeddings, and multimodal
+        // position ids (text-only sequences keep plain positions)
+        let mut ids = Vec::with_capacity(b);
+        let mut row = 0;
+        for (c, &l) in caches.iter().zip(&lens) {
+            ids.push(c.images().and_then(|m| {
+                m.write_features(c.position(), l, &mut x[row * d..(row + l) * d]);
+                m.position_ids(c.position(), l)
+            }));
+            row += l;
+        }
+        let positions: Vec<Positions<'_>> = caches
+            .iter()
+            .zip(&ids)
+            .map(|(c, ids)| match ids {
+                Some(v) => Positions::Each(v),
+                None => Positions::From(c.position()),
+            })
+            .collect();
         for (i, layer) in self.layers.iter().enumerate() {
             let mut lc: Vec<&mut crate::cache::LayerCache> =
                 caches.iter_mut().map(|c| &mut c.layers[i]).collect();
@@ -532,13 +559,20 @@ impl Qwen35Model {
     }
 }
 
-/// Loads a checkpoint directory: config, sanitize, build. Returns the model and the embedded MTP
-/// head's tensors (empty when the checkpoint has none).
-pub fn load_dir(
-    dir: &std::path::Path,
-    device: &Device,
-    dtype: WeightDtype,
-) -> Result<(Qwen35Model, HashMap<String, Param>)> {
+/// What [`load_dir`] reads from a checkpoint directory.
+pub struct Loaded {
+    /// The language model.
+    pub model: Qwen35Model,
+    /// The embedded MTP head's tensors (empty when the checkpoint has none).
+    pub mtp: HashMap<String, Param>,
+    /// The vision tower: `None` when the checkpoint has none (no `vision_config` or no
+    /// `model.visual.*` tensors), `Err` with the reason when it has one this engine cannot
+    /// build (images are then refused with that message; text still runs).
+    pub vision: Option<std::result::Result<crate::vision::VisionTower, String>>,
+}
+
+/// Loads a checkpoint directory: config, sanitize, build.
+pub fn load_dir(dir: &std::path::Path, device: &Device, dtype: WeightDtype) -> Result<Loaded> {
     let cfg = ModelConfig::load(dir)?;
     if cfg.model_type == "qwen3_5_mtp" {
         return Err(Error::Unsupported(format!(
@@ -552,13 +586,38 @@ pub fn load_dir(
     let ckpt = Checkpoint::open(dir)?;
     let s = sanitize(&ckpt, &cfg)?;
     check_mtp_layers(&cfg, &s.mtp, dir)?;
+    let vision = if s.vision.is_empty() {
+        None
+    } else {
+        Some(match &cfg.vision {
+            None => Err("the checkpoint has vision-tower tensors but no vision_config".into()),
+            Some(Err(m)) => Err(m.clone()),
+            Some(Ok(vc)) => {
+                let mut vst = Store::new(s.vision, &cfg.model_type, dtype, device);
+                let tower = crate::vision::VisionTower::load(vc, &mut vst, device)
+                    .map_err(|e| format!("the vision tower does not load: {e}"));
+                let left: Vec<&String> = vst.names().collect();
+                if tower.is_ok() && !left.is_empty() {
+                    tracing::debug!(unused = ?left, "tensors not used by the vision tower");
+                }
+                tower
+            }
+        })
+    };
+    if let Some(Err(m)) = &vision {
+        tracing::warn!(reason = %m, "images will be refused");
+    }
     let mut st = Store::new(s.target, &cfg.model_type, dtype, device);
     let model = Qwen35Model::load(&cfg, &mut st)?;
     let left: Vec<&String> = st.names().collect();
     if !left.is_empty() {
         tracing::debug!(unused = ?left, "tensors not used by the language model");
     }
-    Ok((model, s.mtp))
+    Ok(Loaded {
+        model,
+        mtp: s.mtp,
+        vision,
+    })
 }
 
 /// An embedded head must have the decoder layers `mtp_num_hidden_layers` declares (the head is

@@ -232,7 +232,7 @@ impl MtpHead {
             cat.extend_from_slice(&h[i * d..(i + 1) * d]);
         }
         let mut x = self.fc.forward(&cat, n)?;
-        let positions = [cache.pos];
+        let positions = [crate::nn::Positions::From(cache.pos)];
         let last = self.layers.len() - 1;
         for (i, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             x = if i == last {

@@ -7,8 +7,11 @@
 //! head pairs it with the next token), and, when it was taken by a speculative call, the
 //! drafter's cache over the same prefix.
 
+use std::sync::Arc;
+
 use crate::cache::SeqCache;
 use crate::qwen3_5_mtp::MtpCache;
+use crate::vision::MultimodalPrompt;
 
 /// The decoding state after a prompt prefix.
 #[derive(Debug, Clone)]
@@ -37,6 +40,12 @@ impl PromptState {
     /// True when the state also carries the drafter's cache (taken by a speculative call).
     pub fn has_drafter_cache(&self) -> bool {
         self.mcache.is_some()
+    }
+
+    /// True when the state was taken from a prompt with the same images at the same places as
+    /// `images` (or, both, none): only then does it continue that prompt.
+    pub fn same_images(&self, images: Option<&Arc<MultimodalPrompt>>) -> bool {
+        self.cache.images().map(|m| m.digest()) == images.map(|m| m.digest())
     }
 }
 

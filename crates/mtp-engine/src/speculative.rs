@@ -17,6 +17,7 @@
 //! kept for accepted drafts, the rest are trimmed, and the accepted tail plus the bonus token are
 //! fed with the verified hidden states.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use mtp_contract::DraftStats;
@@ -28,6 +29,7 @@ use crate::qwen3_5::{LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
 use crate::resume::PromptState;
 use crate::sampling::{argmax, Sampler};
+use crate::vision::MultimodalPrompt;
 
 /// Milliseconds spent in each step.
 #[derive(Debug, Clone, Copy, Default)]
@@ -267,6 +269,7 @@ pub(crate) fn run(
     model: &Qwen35Model,
     head: &MtpHead,
     prompt: &[u32],
+    images: Option<&Arc<MultimodalPrompt>>,
     depth: usize,
     s: &mut Sampler,
     em: &mut Emitter<'_>,
@@ -285,6 +288,7 @@ pub(crate) fn run(
         model,
         head,
         prompt,
+        images,
         s,
         t,
         resume,
@@ -328,6 +332,7 @@ pub(crate) fn prefill(
     model: &Qwen35Model,
     head: &MtpHead,
     prompt: &[u32],
+    images: Option<&Arc<MultimodalPrompt>>,
     s: &mut Sampler,
     t: &mut SpecTimings,
     resume: Option<&PromptState>,
@@ -339,8 +344,10 @@ pub(crate) fn prefill(
 ) -> Result<Round> {
     let dm = model.hidden_size();
     let t0 = Instant::now();
-    // Resume only from a state that carries the drafter's cache and leaves a token to compute.
-    let resume = resume.filter(|st| st.mcache.is_some() && st.tokens < prompt.len());
+    // Resume only from a state that carries the drafter's cache, leaves a token to compute and
+    // holds the same images.
+    let resume = resume
+        .filter(|st| st.mcache.is_some() && st.tokens < prompt.len() && st.same_images(images));
     let (mut cache, mut mcache, start, mut hid_all) = match resume {
         Some(st) => (
             st.cache.clone(),
@@ -348,7 +355,11 @@ pub(crate) fn prefill(
             st.tokens,
             st.last_hidden.clone(),
         ),
-        None => (model.new_cache(), head.new_cache(), 0, Vec::new()),
+        None => {
+            let mut cache = model.new_cache();
+            cache.set_images(images.cloned());
+            (cache, head.new_cache(), 0, Vec::new())
+        }
     };
     *computed = prompt.len() - start;
     let mut start = start;

@@ -506,7 +506,8 @@ fn checkpoint(c: &Case, tag: &str) -> PathBuf {
         w.layer(c, "mtp.layers.0", true, c.moe.is_some());
     }
     if matches!(c.layout, Layout::HfWrapper) {
-        // the vision tower is not loaded by this runtime
+        // a vision tower that does not build (one tensor of it): the language model still
+        // loads, images are refused saying why
         w.float(
             "model.visual.patch_embed.proj.weight",
             &[32, 3 * 2 * 16 * 16],

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use mtp_engine::config::ModelConfig;
 use mtp_engine::loader::{Checkpoint, Param};
+use mtp_engine::nn::Positions;
 use mtp_engine::nn::{attention, DecoderLayer, Linear, Store};
 use mtp_engine::{Error, WeightDtype};
 
@@ -138,19 +139,51 @@ fn decoder_layer_forward_checks_its_inputs() {
         let mut cache = layer.new_cache();
         // three positions of one sequence work
         let y = layer
-            .forward(&values(3 * d), 1, 3, &mut [&mut cache], &[0])
+            .forward(
+                &values(3 * d),
+                1,
+                3,
+                &mut [&mut cache],
+                &[Positions::From(0)],
+            )
             .unwrap();
         assert_eq!(y.len(), 3 * d);
         // a row short
         assert_shape_error(
-            layer.forward(&values(3 * d - 1), 1, 3, &mut [&mut cache], &[3]),
+            layer.forward(
+                &values(3 * d - 1),
+                1,
+                3,
+                &mut [&mut cache],
+                &[Positions::From(3)],
+            ),
             "decoder layer",
         );
         // two sequences claimed, one cache and one position given
         let err = layer
-            .forward(&values(2 * d), 2, 1, &mut [&mut cache], &[3])
+            .forward(
+                &values(2 * d),
+                2,
+                1,
+                &mut [&mut cache],
+                &[Positions::From(3)],
+            )
             .unwrap_err();
         assert!(matches!(err, Error::InvalidRequest(_)), "{err:?}");
+        // position ids that do not cover the new tokens
+        if cfg.is_full_attention(i) {
+            let ids = [[3usize; 3]; 2];
+            let err = layer
+                .forward(
+                    &values(3 * d),
+                    1,
+                    3,
+                    &mut [&mut cache],
+                    &[Positions::Each(&ids)],
+                )
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidRequest(_)), "{err:?}");
+        }
         // the last-position form
         assert_shape_error(
             layer.forward_last(&values(d + 1), 1, &mut cache, 3),

@@ -1,0 +1,133 @@
+//! Where an image of a request comes from: a local path, a `file://` URL or a `data:` URL with
+//! base64 bytes (what OpenAI clients send). Nothing is fetched from the network: an `http(s)`
+//! URL is refused with a message saying so (the caller downloads it if the user allows it).
+
+use std::path::Path;
+
+use base64::Engine as _;
+
+use crate::error::{Error, Result};
+
+/// The bytes of one image and the name errors give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInput {
+    /// A path, or `image N (data URL)`.
+    pub name: String,
+    /// The file's bytes (PNG, JPEG, WebP, ...).
+    pub bytes: std::sync::Arc<[u8]>,
+}
+
+/// Reads images larger than this refused (the decoder's own pixel limit comes on top).
+pub const MAX_IMAGE_BYTES: u64 = 64 << 20;
+
+/// Reads the image `spec` names (the `index`-th of its request, counted from 0).
+pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
+    let spec = spec.trim();
+    if let Some(rest) = strip_prefix_ci(spec, "data:") {
+        let Some((meta, data)) = rest.split_once(',') else {
+            return Err(Error::Image(format!(
+                "image {index}: a data URL without a comma before its data"
+            )));
+        };
+        if !meta.ends_with(";base64") {
+            return Err(Error::Image(format!(
+                "image {index}: only base64 data URLs are read (`data:image/png;base64,...`)"
+            )));
+        }
+        let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        if clean.len() as u64 > MAX_IMAGE_BYTES / 3 * 4 + 4 {
+            return Err(Error::Image(format!(
+                "image {index}: the data URL is over {} MiB",
+                MAX_IMAGE_BYTES >> 20
+            )));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(clean.as_bytes())
+            .map_err(|e| Error::Image(format!("image {index}: bad base64 in its data URL: {e}")))?;
+        return Ok(ImageInput {
+            name: format!("image {index} (data URL)"),
+            bytes: bytes.into(),
+        });
+    }
+    if strip_prefix_ci(spec, "http://").is_some() || strip_prefix_ci(spec, "https://").is_some() {
+        return Err(Error::Unsupported(format!(
+            "fetching image {index} from {spec}: images are not downloaded by the engine; save \
+             it and pass its path, or send it as a data URL"
+        )));
+    }
+    let path = match strip_prefix_ci(spec, "file://") {
+        Some(p) => p,
+        None if spec.contains("://") => {
+            return Err(Error::Image(format!(
+                "image {index}: `{spec}` is neither a path nor a file:// or data: URL"
+            )))
+        }
+        None => spec,
+    };
+    let path = Path::new(path);
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(Error::Image(format!("{} is not a file", path.display())));
+    }
+    if meta.len() > MAX_IMAGE_BYTES {
+        return Err(Error::Image(format!(
+            "{} is {} MiB, over the {} MiB an image may take",
+            path.display(),
+            meta.len() >> 20,
+            MAX_IMAGE_BYTES >> 20
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    Ok(ImageInput {
+        name: path.display().to_string(),
+        bytes: bytes.into(),
+    })
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.png");
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(&*read_image(p.to_str().unwrap(), 0).unwrap().bytes, b"abc");
+        let url = format!("file://{}", p.display());
+        assert_eq!(&*read_image(&url, 0).unwrap().bytes, b"abc");
+        let data = read_image("data:image/png;base64,YWJj", 2).unwrap();
+        assert_eq!(&*data.bytes, b"abc");
+        assert_eq!(data.name, "image 2 (data URL)");
+        for bad in [
+            "data:image/png;base64,@@@",
+            "data:image/png,abc",
+            "data:image/png;base64",
+            "ftp://host/x.png",
+        ] {
+            assert!(matches!(read_image(bad, 0), Err(Error::Image(_))), "{bad}");
+        }
+        assert!(matches!(
+            read_image("https://example.invalid/x.png", 0),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            read_image(d.path().join("missing.png").to_str().unwrap(), 0),
+            Err(Error::Io { .. })
+        ));
+        assert!(matches!(
+            read_image(d.path().to_str().unwrap(), 0),
+            Err(Error::Image(_))
+        ));
+    }
+}
