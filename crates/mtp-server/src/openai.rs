@@ -434,13 +434,27 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
                             .and_then(Value::as_str)
                             .ok_or_else(|| bad("a text part has no `text`".into()))?,
                     ),
-                    Some("image_url") => images.push(
-                        p.pointer("/image_url/url")
+                    Some("image_url") => {
+                        let url = p
+                            .pointer("/image_url/url")
                             .or_else(|| p.get("image_url"))
                             .and_then(Value::as_str)
-                            .ok_or_else(|| bad("an image part has no `image_url.url`".into()))?
-                            .to_string(),
-                    ),
+                            .ok_or_else(|| bad("an image part has no `image_url.url`".into()))?;
+                        // a path or file:// URL would read the server's own files, and an
+                        // http(s) URL would make it fetch for the client: only inline images
+                        if !url
+                            .get(..5)
+                            .is_some_and(|h| h.eq_ignore_ascii_case("data:"))
+                        {
+                            return Err(bad(format!(
+                                "image_url `{}` is not a data: URL; the server takes images \
+                                 inline only (`data:image/png;base64,...`), never from its \
+                                 own files or the network",
+                                url.chars().take(64).collect::<String>()
+                            )));
+                        }
+                        images.push(url.to_string());
+                    }
                     other => {
                         return Err(bad(format!(
                             "content part type {} is not supported (text, image_url)",
@@ -573,6 +587,28 @@ mod tests {
 
     fn chat(v: Value) -> Result<Parsed, ApiError> {
         parse(Endpoint::Chat, &v)
+    }
+
+    #[test]
+    fn images_come_inline_only() {
+        let url = "data:image/png;base64,iVBORw0KGgo=";
+        let p = chat(json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "what is it?"}]}]}))
+        .unwrap();
+        let m = &p.request.messages.as_ref().unwrap()[0];
+        assert_eq!(m.images, [url]);
+        assert_eq!(m.content, "what is it?");
+        for bad in [
+            "/etc/passwd",
+            "file:///etc/passwd",
+            "https://example.invalid/a.png",
+        ] {
+            let e = chat(json!({"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": bad}}]}]}))
+            .unwrap_err();
+            assert!(e.message.contains("not a data: URL"), "{bad}: {e:?}");
+        }
     }
 
     #[test]

@@ -196,6 +196,11 @@ pub struct GenerateArgs {
     /// Print one JSON object: content, token_ids, finish_reason, usage, metadata.
     #[arg(long)]
     pub json: bool,
+    /// An image for the prompt (PNG, JPEG or WebP; a path, `file://` or `data:` URL;
+    /// repeatable, shown before the prompt's text in this order). Needs a checkpoint with a
+    /// vision tower.
+    #[arg(long = "image", value_name = "PATH", conflicts_with = "raw")]
+    pub images: Vec<String>,
     /// Structured output.
     #[command(flatten)]
     pub constraint: ConstraintArgs,

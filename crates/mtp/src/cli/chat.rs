@@ -29,6 +29,8 @@ commands:
   /thinking [on|off|hide|default]
                         a thinking model's reasoning: shown, off, done but hidden, template default
   /system [TEXT|clear]  show, set or remove the system prompt (the history stays)
+  /image PATH           attach an image (PNG, JPEG, WebP; path, file:// or data: URL) to the
+                        next message (repeatable; /image lists them, /image clear drops them)
   /stats                this session's tokens, tok/s and acceptance
   /reset, /clear        forget the history and clear the prompt cache
   /help                 this list
@@ -93,6 +95,8 @@ struct Session {
     /// Every answer's constraint (`--json-schema` etc.).
     format: Option<crate::ResponseFormat>,
     history: Vec<Message>,
+    /// Images attached to the next message (`/image`).
+    images: Vec<String>,
     key: String,
     per_call: PerCall,
     stats: Stats,
@@ -152,6 +156,7 @@ pub(crate) fn run(
         format,
         args,
         history: Vec::new(),
+        images: Vec::new(),
         key: format!("mtp-chat-{}-{stamp}", std::process::id()),
         per_call: PerCall::default(),
         stats: Stats::default(),
@@ -250,6 +255,34 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
             }
             Err(e) => out.line(&format!("invalid /depth `{n}`: {e}"))?,
         },
+        ("image", None) => out.line(&if s.images.is_empty() {
+            "no image attached to the next message (/image PATH attaches one).".to_string()
+        } else {
+            format!("attached to the next message: {}", s.images.join(", "))
+        })?,
+        ("image", Some("clear" | "none")) if rest.split_whitespace().count() == 1 => {
+            s.images.clear();
+            out.line("images dropped; the next message goes without them.")?;
+        }
+        ("image", Some(_)) => {
+            let caps = s.llm.capabilities();
+            let local = !rest.contains("://") && !rest.starts_with("data:");
+            if !caps.images {
+                out.line(&format!(
+                    "{} on {} takes no images (no vision tower); the image is not attached.",
+                    s.llm.model(),
+                    s.llm.name()
+                ))?;
+            } else if local && !std::path::Path::new(rest).is_file() {
+                out.line(&format!("no such image file: {rest}"))?;
+            } else {
+                s.images.push(rest.to_string());
+                out.line(&format!(
+                    "image {} attached to the next message: {rest}",
+                    s.images.len()
+                ))?;
+            }
+        }
         ("stats", _) => out.line(&stats_text(&s.stats))?,
         ("system", None) => out.line(&match &s.system {
             Some(p) => format!("system prompt: {p}"),
@@ -361,6 +394,7 @@ enum Outcome {
 }
 
 async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliError> {
+    let images = std::mem::take(&mut s.images);
     let mut req = GenerateRequest::new(prompt.clone())
         .messages(s.history.clone())
         .prompt_cache_key(s.key.clone())
@@ -375,6 +409,12 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
     if let Some(f) = &s.format {
         req = req.response_format(f.clone());
     }
+    req.images = images.clone();
+    let user_turn = |prompt: String| {
+        let mut m = Message::user(prompt);
+        m.images = images.clone();
+        m
+    };
     let show_reasoning = s.thinking != Some(ThinkingMode::Hide);
     if s.per_call.off {
         req = req.speculation(Speculation::off());
@@ -409,7 +449,7 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
                 s.stats.draft.merge(&d);
             }
             s.stats.last = Some(speculation_phrase(rep));
-            s.history.push(Message::user(prompt));
+            s.history.push(user_turn(prompt));
             let mut answer = Message::assistant(r.content.clone());
             answer.reasoning_content = r.reasoning_content.clone();
             s.history.push(answer);
@@ -427,7 +467,7 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
             }
             s.stats.tokens += tokens;
             s.stats.seconds += wall.as_secs_f64();
-            s.history.push(Message::user(prompt));
+            s.history.push(user_turn(prompt));
             s.history.push(Message::assistant(text));
         }
         Err(e) => {

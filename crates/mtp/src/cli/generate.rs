@@ -104,6 +104,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     if a.raw {
         req = req.raw();
     }
+    for i in &a.images {
+        req = req.image(i.clone());
+    }
     if let Some(f) = response_format(&a.constraint)? {
         req = req.response_format(f);
     }

@@ -18,6 +18,9 @@ pub struct RenderedPrompt {
     /// assistant's turn), when it is a proper prefix of `ids`: the next turn of a chat re-renders
     /// the conversation up to there identically, so a state kept there can be resumed.
     pub history_len: Option<usize>,
+    /// The request's images in the order the prompt shows them; `ids` holds each one's run of
+    /// image tokens already.
+    pub images: Vec<mtp_engine::vision::ImageInput>,
 }
 
 /// The text of a reply, token by token: each step's cost does not grow with the reply.
@@ -58,6 +61,8 @@ pub struct Job<'a, S> {
     /// Also keep the state after this many prompt tokens (see
     /// [`RenderedPrompt::history_len`]), when `checkpoint` is set.
     pub checkpoint_at: Option<usize>,
+    /// The prompt's images (see [`RenderedPrompt::images`]).
+    pub images: &'a [mtp_engine::vision::ImageInput],
     /// Called with each batch of accepted tokens; returning `false` stops generation.
     pub on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
 }
@@ -96,6 +101,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Renders the request (chat template, system prompt, history, tools, `thinking`) into
     /// token ids.
     fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError>;
+
+    /// Whether requests may carry images (`Err` says why not).
+    fn accepts_images(&self) -> Result<(), String> {
+        Err("this model takes no images".into())
+    }
 
     /// An incremental decoder for one reply.
     fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError>;

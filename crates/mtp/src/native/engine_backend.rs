@@ -95,15 +95,39 @@ impl EngineBackend {
     }
 }
 
+/// An image that cannot be read or decoded: the request's fault, named by its field.
+fn image_error(e: mtp_engine::Error) -> ProviderError {
+    match e {
+        mtp_engine::Error::Unsupported(_) => api(e),
+        other => ProviderError::InvalidRequest {
+            field: "images",
+            message: other.to_string(),
+        },
+    }
+}
+
 /// Bytes of the safetensors files of a checkpoint (what loading maps into memory).
-/// The engine's options for a job: its budget, sampling and depth.
-fn engine_options(job: &Job<'_, EngineState>) -> GenerateOptions {
+/// The engine's options for a job: its budget, sampling and depth, and its images encoded by
+/// the vision tower.
+fn engine_options(
+    engine: &Engine,
+    job: &Job<'_, EngineState>,
+) -> Result<GenerateOptions, ProviderError> {
     let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
     opts.response_format = job.response_format.cloned();
-    match job.depth {
+    if !job.images.is_empty() {
+        let encoded = job
+            .images
+            .iter()
+            .map(|i| engine.encode_image(&i.bytes, &i.name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(image_error)?;
+        opts.images = Some(engine.place_images(job.prompt, &encoded).map_err(api)?);
+    }
+    Ok(match job.depth {
         Some(d) => opts.num_draft_tokens(d as usize),
         None => opts,
-    }
+    })
 }
 
 /// The draft statistics of a generation that speculated (empty otherwise).
@@ -144,16 +168,41 @@ impl Backend for EngineBackend {
         let prompt = tok
             .render(request)
             .map_err(|e| e.into_provider_error(&model))?;
-        let ids = tok.encode(&prompt.text).map_err(api)?;
+        let mut ids = tok.encode(&prompt.text).map_err(api)?;
         if ids.is_empty() {
             return Err(ProviderError::InvalidRequest {
                 field: "prompt",
                 message: "the rendered prompt has no tokens".into(),
             });
         }
+        let sources = request.all_images();
+        let mut images = Vec::with_capacity(sources.len());
+        if !sources.is_empty() {
+            let pad = self.engine.image_token_id().ok_or_else(|| {
+                api(self
+                    .engine
+                    .check_images(1)
+                    .err()
+                    .unwrap_or_else(|| mtp_engine::Error::Unsupported("image input".into())))
+            })?;
+            let mut counts = Vec::with_capacity(sources.len());
+            for (i, s) in sources.iter().enumerate() {
+                let img = mtp_engine::vision::read_image(s, i).map_err(image_error)?;
+                counts.push(self.engine.image_token_count(&img).map_err(image_error)?);
+                images.push(img);
+            }
+            ids = mtp_engine::vision::expand_image_tokens(&ids, pad, &counts).map_err(|e| {
+                ProviderError::InvalidRequest {
+                    field: "messages",
+                    message: format!("{e} (does the chat template show images?)"),
+                }
+            })?;
+        }
         // Where a later turn of the same conversation can resume: only worth a second render
         // and encode when the caller keeps a prefix cache.
         let history_len = match (&request.prompt_cache_key, tok.templates()) {
+            // the history's token count would leave out its images' runs
+            _ if !images.is_empty() => None,
             (Some(_), Ok(t)) => t
                 .history_prefix(request, &prompt)
                 .and_then(|h| tok.encode(&h).ok())
@@ -165,7 +214,15 @@ impl Backend for EngineBackend {
             ids,
             reasoning: prompt.reasoning,
             history_len,
+            images,
         })
+    }
+
+    fn accepts_images(&self) -> Result<(), String> {
+        match self.engine.images_refused() {
+            Some(m) => Err(m.to_string()),
+            None => Ok(()),
+        }
     }
 
     fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError> {
@@ -173,7 +230,7 @@ impl Backend for EngineBackend {
     }
 
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
-        let mut opts = engine_options(&job);
+        let mut opts = engine_options(&self.engine, &job)?;
         opts.checkpoint_at = job.checkpoint_at;
         let resume = job.resume.as_ref().map(|(_, s)| &s.0);
         let out = self
@@ -203,7 +260,7 @@ impl Backend for EngineBackend {
         job: Job<'_, EngineState>,
     ) -> Result<RunOutput<EngineState>, ProviderError> {
         use mtp_engine::batch::{BatchEvent, Scheduler};
-        let opts = engine_options(&job);
+        let opts = engine_options(&self.engine, &job)?;
         let scheduler = self
             .scheduler
             .get_or_init(|| Scheduler::spawn(Arc::clone(&self.engine), max_batch));

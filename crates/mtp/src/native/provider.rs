@@ -126,7 +126,9 @@ impl<B: Backend> Provider for NativeProvider<B> {
             runtime: self.runtime(),
             streaming: true,
             prompt_cache: true,
-            images: false,
+            images: self
+                .loaded()
+                .is_ok_and(|l| l.backend.accepts_images().is_ok()),
             per_request_speculation: true,
         }
     }
@@ -184,13 +186,15 @@ impl<B: Backend> Provider for NativeProvider<B> {
         request: GenerateRequest,
     ) -> Result<EventStream, ProviderError> {
         request.validate()?;
-        if request.has_images() {
-            return Err(ProviderError::Unsupported {
-                provider: self.name.clone(),
-                what: "image input (the vision tower is not loaded by this runtime)".into(),
-            });
-        }
         let loaded = self.loaded()?;
+        if request.has_images() {
+            if let Err(why) = loaded.backend.accepts_images() {
+                return Err(ProviderError::Unsupported {
+                    provider: self.name.clone(),
+                    what: format!("image input ({why})"),
+                });
+            }
+        }
         let plan = plan(
             self.default.as_ref(),
             request.speculation.as_ref(),
@@ -310,10 +314,11 @@ fn run_job<B: Backend>(
     let backend = &loaded.backend;
     let ids = prompt.ids.as_slice();
     // batched calls start from their prompt (no prefix-cache states yet)
+    // (nor states of prompts with images: their image tokens are alike whatever the picture)
     let key = request
         .prompt_cache_key
         .as_deref()
-        .filter(|_| max_batch.is_none());
+        .filter(|_| max_batch.is_none() && prompt.images.is_empty());
     let resume = key.and_then(|k| {
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         c.lookup(k, ids).map(|h| (h.tokens, h.state))
@@ -365,6 +370,7 @@ fn run_job<B: Backend>(
         response_format: request.constraint(),
         checkpoint: key.is_some(),
         checkpoint_at: prompt.history_len,
+        images: &prompt.images,
         on_tokens: &mut on_tokens,
     };
     let out = match max_batch {

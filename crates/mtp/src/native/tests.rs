@@ -61,6 +61,7 @@ impl Backend for Fake {
             ids: s.bytes().map(u32::from).collect(),
             reasoning,
             history_len: None,
+            images: Vec::new(),
         })
     }
     fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError> {
