@@ -30,8 +30,13 @@ impl Drop for Server {
 
 /// Starts `mtp serve --port 0 ARGS` and reads the address from its first line.
 fn serve(args: &[&str]) -> Server {
+    serve_model(&demo_model(), args)
+}
+
+/// [`serve`] of another model.
+fn serve_model(model: &str, args: &[&str]) -> Server {
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
-        .args(["serve", "--port", "0", "--model", &demo_model()])
+        .args(["serve", "--port", "0", "--model", model])
         .args(args)
         .env_remove("MTP_API_KEY")
         .stdout(Stdio::piped())
@@ -358,4 +363,65 @@ async fn response_format_is_enforced_per_request_with_mtp_on() {
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "response_format", "{v}");
+}
+
+/// A picture sent as an OpenAI `image_url` data URL gets the answer the native provider gives
+/// in process for the same image, alone and through the batch scheduler; a path is a 400.
+#[tokio::test]
+async fn images_arrive_as_data_urls() {
+    use base64::Engine as _;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-vl");
+    let dir = dir.canonicalize().unwrap().display().to_string();
+    let png = std::fs::read(format!("{dir}/images/c.png")).unwrap();
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png)
+    );
+    let local = create_llm("native", &dir, ProviderOptions::default()).unwrap();
+    let want = local
+        .generate(
+            GenerateRequest::new("What is in the picture?")
+                .image(url.clone())
+                .max_output_tokens(8)
+                .thinking(false)
+                .speculation(depth(2)),
+        )
+        .await
+        .unwrap();
+    let body = |img: &str| {
+        serde_json::json!({
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": img}},
+                {"type": "text", "text": "What is in the picture?"}]}],
+            "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": false},
+            "speculation": {"num_draft_tokens": 2},
+        })
+    };
+    for args in [&[][..], &["--max-batch", "2"][..]] {
+        let srv = serve_model(&dir, args);
+        let r = post_json(&srv, "/v1/chat/completions", &body(&url)).await;
+        assert_eq!(
+            r["choices"][0]["message"]["content"].as_str(),
+            Some(want.content.as_str()),
+            "{args:?}: {r}"
+        );
+        assert_eq!(
+            r["usage"]["prompt_tokens"].as_u64(),
+            Some(want.usage.input_tokens),
+            "{r}"
+        );
+        let r = post_json(
+            &srv,
+            "/v1/chat/completions",
+            &body(&format!("{dir}/images/c.png")),
+        )
+        .await;
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not a data: URL")),
+            "{r}"
+        );
+    }
 }
