@@ -1426,6 +1426,65 @@ fn probe_speaks_the_command_line() {
 /// `mtp chat --json-object` (and the other constraint flags, shared with `generate`) puts
 /// the constraint on every answer's request; a bad constraint flag stops the session before
 /// the model loads, naming the flag.
+/// `/image PATH` attaches a picture to the next message (then the list is empty again); a
+/// model without a vision tower says so and attaches nothing.
+#[test]
+fn chat_attaches_images_to_the_next_message() {
+    let vl = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny-vl")
+        .canonicalize()
+        .unwrap();
+    let img = vl.join("images/a.png").display().to_string();
+    let attach = format!("/image {img}");
+    let (code, out, err) = chat(
+        &[
+            "--model",
+            &vl.display().to_string(),
+            "--max-tokens",
+            "4",
+            "--thinking",
+            "off",
+        ],
+        &[
+            &attach,
+            "/image",
+            "Describe the image.",
+            "/image",
+            "again",
+            "/quit",
+        ],
+    );
+    assert_eq!(code, OK, "{err}");
+    assert!(
+        out.contains(&format!("image 1 attached to the next message: {img}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("attached to the next message: {img}")),
+        "{out}"
+    );
+    assert!(
+        out.contains("no image attached to the next message"),
+        "{out}"
+    );
+    assert_eq!(err.matches("4 tokens").count(), 2, "two answers: {err}");
+    let (code, out, _) = chat(
+        &["--provider", "fake", "--model", "m"],
+        &[&attach, "/image", "/quit"],
+    );
+    assert_eq!(code, OK);
+    assert!(out.contains("takes no images"), "{out}");
+    assert!(out.contains("no image attached"), "{out}");
+    let (_, out, _) = chat(
+        &["--model", &vl.display().to_string()],
+        &["/image /no/such/file.png", "/quit"],
+    );
+    assert!(
+        out.contains("no such image file: /no/such/file.png"),
+        "{out}"
+    );
+}
+
 #[test]
 fn chat_constrains_every_answer() {
     let (code, _out, err) = chat(
