@@ -348,7 +348,7 @@ impl Engine {
         Ok(EncodedImage {
             grid: [t, h / m, w / m],
             features: features.into(),
-            digest: crate::vision::prompt::digest_bytes(bytes),
+            digest: crate::vision::prompt::image_digest(bytes),
         })
     }
 
@@ -588,6 +588,8 @@ impl Engine {
                 .filter(|st| st.tokens < prompt.len() && st.same_images(opts.images.as_ref()));
             let mut start = resume.map_or(0, |st| st.tokens);
             let mut cache = [resume.map_or_else(|| self.new_cache(opts), |st| st.cache.clone())];
+            // the images of this prompt (those of the resumed prefix are the same)
+            cache[0].set_images(opts.images.clone());
             computed = prompt.len() - start;
             // The state after the conversation before the generation prompt: prefill in two
             // parts, keeping the cache between them.

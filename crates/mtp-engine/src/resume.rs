@@ -42,10 +42,15 @@ impl PromptState {
         self.mcache.is_some()
     }
 
-    /// True when the state was taken from a prompt with the same images at the same places as
-    /// `images` (or, both, none): only then does it continue that prompt.
+    /// True when the state's prefix holds the same images at the same places as the prompt
+    /// whose images are `images` (or neither holds any there): only then does it continue that
+    /// prompt.
     pub fn same_images(&self, images: Option<&Arc<MultimodalPrompt>>) -> bool {
-        self.cache.images().map(|m| m.digest()) == images.map(|m| m.digest())
+        MultimodalPrompt::same_prefix(
+            self.cache.images().map(|m| &**m),
+            images.map(|m| &**m),
+            self.tokens,
+        )
     }
 }
 

@@ -349,12 +349,17 @@ pub(crate) fn prefill(
     let resume = resume
         .filter(|st| st.mcache.is_some() && st.tokens < prompt.len() && st.same_images(images));
     let (mut cache, mut mcache, start, mut hid_all) = match resume {
-        Some(st) => (
-            st.cache.clone(),
-            st.mcache.clone().unwrap_or_else(|| head.new_cache()),
-            st.tokens,
-            st.last_hidden.clone(),
-        ),
+        Some(st) => {
+            // the images of this prompt (those of the resumed prefix are the same)
+            let mut cache = st.cache.clone();
+            cache.set_images(images.cloned());
+            (
+                cache,
+                st.mcache.clone().unwrap_or_else(|| head.new_cache()),
+                st.tokens,
+                st.last_hidden.clone(),
+            )
+        }
         None => {
             let mut cache = model.new_cache();
             cache.set_images(images.cloned());

@@ -244,3 +244,59 @@ fn bad_images_are_refused() {
     assert!(err.to_string().contains("vision tower"), "{err}");
     assert!(text.check_images(1).is_err() && text.check_images(0).is_ok());
 }
+
+/// A state taken after a prompt with one picture resumes a longer prompt with the same picture
+/// (and gives the tokens of a fresh run), and is not used for a prompt whose picture differs
+/// though its token ids are the same; with MTP on and off.
+#[test]
+fn resumed_states_hold_their_pictures() {
+    let g = golden();
+    let engine = load(WeightDtype::Stored);
+    let tok = engine.tokenizer().unwrap();
+    let png = std::fs::read(fixture().join("images/a.png")).unwrap();
+    let a = engine.encode_image(&png, "a.png").unwrap();
+    // the same grid, other features: another picture of the same size
+    let mut other = a.clone();
+    other.features = a.features.iter().map(|v| -v).collect::<Vec<_>>().into();
+    other.digest[0] ^= 1;
+    let rendered = tok
+        .encode(g["cases"][0]["prompt"].as_str().unwrap())
+        .unwrap();
+    let (prompt, mm) = engine
+        .multimodal_prompt(&rendered, std::slice::from_ref(&a))
+        .unwrap();
+    let (_, mm_other) = engine.multimodal_prompt(&rendered, &[other]).unwrap();
+    let longer: Vec<u32> = prompt
+        .iter()
+        .copied()
+        .chain(tok.encode("ok").unwrap())
+        .collect();
+    for depth in [0, 2] {
+        let mut opts = GenerateOptions::greedy(6)
+            .ignore_eos(true)
+            .num_draft_tokens(depth);
+        opts.images = Some(mm.clone());
+        let first = engine
+            .generate_resumable(&prompt, None, true, &opts, &mut |_| true)
+            .unwrap();
+        let state = first.prompt_state.expect("a state after the prompt");
+        let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
+        let resumed = engine
+            .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+            .unwrap();
+        assert_eq!(resumed.computed_prompt_tokens, longer.len() - prompt.len());
+        assert_eq!(resumed.output.tokens, fresh.tokens, "depth {depth}");
+        // the other picture: the state is not used
+        opts.images = Some(mm_other.clone());
+        let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
+        let refused = engine
+            .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+            .unwrap();
+        assert_eq!(
+            refused.computed_prompt_tokens,
+            longer.len(),
+            "depth {depth}"
+        );
+        assert_eq!(refused.output.tokens, fresh.tokens, "depth {depth}");
+    }
+}

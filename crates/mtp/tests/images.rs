@@ -151,3 +151,52 @@ async fn bad_images_are_typed_errors() {
         "{err:?}"
     );
 }
+
+/// A chat's second turn resumes the first turn's state when its history holds the same
+/// picture, and never when a different picture sits where the first one was; either way the
+/// answer is the one a fresh model gives.
+#[tokio::test]
+async fn the_prefix_cache_keys_on_the_pictures() {
+    std::env::set_var("HF_HUB_CACHE", tempfile::tempdir().unwrap().path());
+    let dir = fixture("tiny-vl").display().to_string();
+    let llm = create_llm("native", &dir, ProviderOptions::default()).unwrap();
+    let turn = |img: &str, history: Vec<Message>, text: &str| {
+        let mut r = GenerateRequest::new(text)
+            .messages(history)
+            .max_output_tokens(6)
+            .thinking(false);
+        if !img.is_empty() {
+            r = r.image(image(img));
+        }
+        r
+    };
+    let first = llm
+        .generate(turn("images/a.png", vec![], "Describe the image.").prompt_cache_key("k"))
+        .await
+        .unwrap();
+    let mut asked = Message::user("Describe the image.");
+    asked.images.push(image("images/a.png"));
+    let history = vec![asked, Message::assistant(first.content.clone())];
+    let second = turn("", history.clone(), "And the colours?");
+    let cached = llm
+        .generate(second.clone().prompt_cache_key("k"))
+        .await
+        .unwrap();
+    assert!(
+        cached.usage.cached_input_tokens > 0,
+        "the second turn resumed: {:?}",
+        cached.usage
+    );
+    let fresh = llm.generate(second).await.unwrap();
+    assert_eq!(cached.token_ids, fresh.token_ids);
+    // another picture in the same place: same token ids, other digests, no resume past it
+    let other = turn("images/c.png", vec![], "Describe the image.");
+    let r = llm
+        .generate(other.clone().prompt_cache_key("k"))
+        .await
+        .unwrap();
+    let fresh = llm.generate(other).await.unwrap();
+    assert_eq!(r.token_ids, fresh.token_ids);
+    let before_image = 4; // `<|im_start|>user\n<|vision_start|>` at most
+    assert!(r.usage.cached_input_tokens <= before_image, "{:?}", r.usage);
+}

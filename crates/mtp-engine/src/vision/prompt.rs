@@ -21,6 +21,8 @@ pub struct ImageSpan {
     pub grid: [usize; 3],
     /// The rows that replace the image's token embeddings, `[t · h · w, hidden]`.
     pub features: Arc<[f32]>,
+    /// SHA-256 of the image file's bytes.
+    pub digest: [u8; 32],
 }
 
 impl ImageSpan {
@@ -41,8 +43,8 @@ pub struct EncodedImage {
     pub grid: [usize; 3],
     /// `[t · h · w, hidden]` features.
     pub features: Arc<[f32]>,
-    /// A digest of the image's bytes and the tower's settings (prefix caches key on it).
-    pub digest: u64,
+    /// SHA-256 of the image file's bytes (prefix caches key on it).
+    pub digest: [u8; 32],
 }
 
 impl EncodedImage {
@@ -57,7 +59,6 @@ impl EncodedImage {
 pub struct MultimodalPrompt {
     spans: Vec<ImageSpan>,
     hidden: usize,
-    digest: u64,
     image_token_id: u32,
 }
 
@@ -74,7 +75,6 @@ impl MultimodalPrompt {
     ) -> Result<Self> {
         let mut spans = Vec::with_capacity(images.len());
         let mut st = 0;
-        let mut digest = 0xcbf2_9ce4_8422_2325u64;
         for (k, img) in images.iter().enumerate() {
             let n = img.num_tokens();
             if img.features.len() != n * hidden {
@@ -106,8 +106,8 @@ impl MultimodalPrompt {
                 start,
                 grid: img.grid,
                 features: img.features.clone(),
+                digest: img.digest,
             });
-            digest = mix(mix(digest, start as u64), img.digest);
             st = start + n;
         }
         if let Some(i) = tokens[st..].iter().position(|&t| t == image_token_id) {
@@ -120,7 +120,6 @@ impl MultimodalPrompt {
         Ok(MultimodalPrompt {
             spans,
             hidden,
-            digest,
             image_token_id,
         })
     }
@@ -162,10 +161,20 @@ impl MultimodalPrompt {
         &self.spans
     }
 
-    /// A digest of the images and where they sit (two prompts with the same tokens and the same
-    /// digest hold the same images at the same places).
-    pub fn digest(&self) -> u64 {
-        self.digest
+    /// True when the tokens before `upto` hold the same images at the same places in both
+    /// prompts (`None`: a prompt without images): a state taken after `upto` tokens of one
+    /// continues the other.
+    pub fn same_prefix(a: Option<&Self>, b: Option<&Self>, upto: usize) -> bool {
+        let key = |m: Option<&Self>| -> Vec<(usize, [usize; 3], [u8; 32])> {
+            m.map_or_else(Vec::new, |m| {
+                m.spans
+                    .iter()
+                    .filter(|s| s.start < upto)
+                    .map(|s| (s.start, s.grid, s.digest))
+                    .collect()
+            })
+        };
+        key(a) == key(b)
     }
 
     /// The offset of the text position at or after token `index` from the index (the sum over
@@ -224,23 +233,10 @@ impl MultimodalPrompt {
     }
 }
 
-/// FNV-1a step over the bytes of `v`.
-fn mix(mut h: u64, v: u64) -> u64 {
-    for b in v.to_le_bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// FNV-1a digest of `bytes` (a prefix-cache key, not a security boundary).
-pub(crate) fn digest_bytes(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+/// SHA-256 of an image file's bytes: what prefix caches key an image on.
+pub fn image_digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
 }
 
 /// Replaces the `k`-th `<|image_pad|>` of `tokens` by `counts[k]` pads (what the processor does
@@ -279,7 +275,7 @@ mod tests {
         EncodedImage {
             grid,
             features: vec![fill; n * hidden].into(),
-            digest: fill as u64,
+            digest: [fill as u8; 32],
         }
     }
 

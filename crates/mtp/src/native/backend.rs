@@ -21,6 +21,17 @@ pub struct RenderedPrompt {
     /// The request's images in the order the prompt shows them; `ids` holds each one's run of
     /// image tokens already.
     pub images: Vec<mtp_engine::vision::ImageInput>,
+    /// With images: `ids` with each image's run of tokens replaced by words of the image's
+    /// digest, the prompt's key in the prefix cache (the image tokens are alike whatever the
+    /// picture; the engine checks the images again before it resumes).
+    pub cache_ids: Option<Vec<u32>>,
+}
+
+impl RenderedPrompt {
+    /// The prompt's key in the prefix cache.
+    pub fn key_ids(&self) -> &[u32] {
+        self.cache_ids.as_deref().unwrap_or(&self.ids)
+    }
 }
 
 /// The text of a reply, token by token: each step's cost does not grow with the reply.

@@ -177,21 +177,23 @@ impl Backend for EngineBackend {
         }
         let sources = request.all_images();
         let mut images = Vec::with_capacity(sources.len());
+        let mut counts = Vec::with_capacity(sources.len());
+        let mut pad = None;
         if !sources.is_empty() {
-            let pad = self.engine.image_token_id().ok_or_else(|| {
+            let p = self.engine.image_token_id().ok_or_else(|| {
                 api(self
                     .engine
-                    .check_images(1)
+                    .check_images(sources.len())
                     .err()
                     .unwrap_or_else(|| mtp_engine::Error::Unsupported("image input".into())))
             })?;
-            let mut counts = Vec::with_capacity(sources.len());
+            pad = Some(p);
             for (i, s) in sources.iter().enumerate() {
                 let img = mtp_engine::vision::read_image(s, i).map_err(image_error)?;
                 counts.push(self.engine.image_token_count(&img).map_err(image_error)?);
                 images.push(img);
             }
-            ids = mtp_engine::vision::expand_image_tokens(&ids, pad, &counts).map_err(|e| {
+            ids = mtp_engine::vision::expand_image_tokens(&ids, p, &counts).map_err(|e| {
                 ProviderError::InvalidRequest {
                     field: "messages",
                     message: format!("{e} (does the chat template show images?)"),
@@ -199,22 +201,51 @@ impl Backend for EngineBackend {
             })?;
         }
         // Where a later turn of the same conversation can resume: only worth a second render
-        // and encode when the caller keeps a prefix cache.
+        // and encode when the caller keeps a prefix cache. The history's ids hold its images'
+        // runs of tokens too (its images are the first).
+        let expand = |h: Vec<u32>| -> Option<Vec<u32>> {
+            let Some(p) = pad else { return Some(h) };
+            let n = h.iter().filter(|&&t| t == p).count();
+            mtp_engine::vision::expand_image_tokens(&h, p, counts.get(..n)?).ok()
+        };
         let history_len = match (&request.prompt_cache_key, tok.templates()) {
-            // the history's token count would leave out its images' runs
-            _ if !images.is_empty() => None,
             (Some(_), Ok(t)) => t
                 .history_prefix(request, &prompt)
                 .and_then(|h| tok.encode(&h).ok())
+                .and_then(expand)
                 .filter(|h| !h.is_empty() && h.len() < ids.len() && ids.starts_with(h))
                 .map(|h| h.len()),
             _ => None,
         };
+        let cache_ids = pad.map(|p| {
+            let digests: Vec<[u8; 32]> = images
+                .iter()
+                .map(|i| mtp_engine::vision::prompt::image_digest(&i.bytes))
+                .collect();
+            let mut key = ids.clone();
+            let mut k = 0;
+            let mut i = 0;
+            while i < key.len() {
+                if key[i] == p && k < digests.len() {
+                    for (j, t) in key.iter_mut().skip(i).take(counts[k]).enumerate() {
+                        let w = (j % 8) * 4;
+                        let d = &digests[k][w..w + 4];
+                        *t = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+                    }
+                    i += counts[k];
+                    k += 1;
+                } else {
+                    i += 1;
+                }
+            }
+            key
+        });
         Ok(RenderedPrompt {
             ids,
             reasoning: prompt.reasoning,
             history_len,
             images,
+            cache_ids,
         })
     }
 

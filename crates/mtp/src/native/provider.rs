@@ -314,14 +314,15 @@ fn run_job<B: Backend>(
     let backend = &loaded.backend;
     let ids = prompt.ids.as_slice();
     // batched calls start from their prompt (no prefix-cache states yet)
-    // (nor states of prompts with images: their image tokens are alike whatever the picture)
     let key = request
         .prompt_cache_key
         .as_deref()
-        .filter(|_| max_batch.is_none() && prompt.images.is_empty());
+        .filter(|_| max_batch.is_none());
+    // with images, the key names each picture by its digest
+    let key_ids = prompt.key_ids();
     let resume = key.and_then(|k| {
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
-        c.lookup(k, ids).map(|h| (h.tokens, h.state))
+        c.lookup(k, key_ids).map(|h| (h.tokens, h.state))
     });
     let depth = match plan {
         Plan::Speculate { depth, .. } => Some(*depth),
@@ -401,7 +402,7 @@ fn run_job<B: Backend>(
         }
     }
     if let Some(k) = key {
-        let mut all = ids.to_vec();
+        let mut all = key_ids.to_vec();
         all.extend_from_slice(&out.tokens);
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         for state in [out.history_state, out.prompt_state, out.final_state]

@@ -62,6 +62,7 @@ impl Backend for Fake {
             reasoning,
             history_len: None,
             images: Vec::new(),
+            cache_ids: None,
         })
     }
     fn decoder(&self) -> Result<Box<dyn TextDecoder + '_>, ProviderError> {
