@@ -144,6 +144,54 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 16 * KIB,
         },
         Target {
+            name: "image",
+            about: "image decoding and preprocessing (mtp_engine::vision::preprocess: PNG, JPEG, WebP headers and data, EXIF, resize, patches)",
+            seeds: || {
+                let exts = [".png", ".jpg", ".jpeg", ".webp"];
+                let dir = repo().join("tests/fixtures/vision-resize");
+                let mut s = files(&dir.join("images"), &exts);
+                s.extend(files(&dir.join("hostile"), &exts));
+                s
+            },
+            dictionary: &[
+                b"\x89PNG\r\n\x1a\n",
+                b"IHDR",
+                b"IDAT",
+                b"IEND",
+                b"tRNS",
+                b"eXIf",
+                b"\xff\xd8\xff",
+                b"\xff\xc0",
+                b"\xff\xd9",
+                b"Exif\0\0",
+                b"RIFF",
+                b"WEBPVP8L",
+                b"\xff\xff\xff\x7f",
+            ],
+            run: |b| {
+                use mtp_engine::vision::preprocess::{
+                    decode_image, prepare, ImageLimits, ImageProcessorConfig,
+                };
+                // limits that keep one input's decoded pixels small (the product's are larger)
+                let limits = ImageLimits {
+                    max_bytes: 1 << 20,
+                    max_pixels: 1 << 20,
+                };
+                if let Ok(img) = decode_image(b, "fuzz", &limits) {
+                    let cfg = ImageProcessorConfig {
+                        min_pixels: 32 * 32,
+                        max_pixels: 64 * 64,
+                        ..Default::default()
+                    };
+                    let _ = prepare(&img, &cfg, "fuzz");
+                }
+            },
+            // a decoded image of at most 2^20 pixels in RGBA (and 16-bit) buffers, the
+            // decoders' tables, and the small resized copy
+            alloc_cap: |n| 40 * 1024 * KIB + 16 * n,
+            max_len: 256 * KIB,
+        },
+        Target {
             name: "chat-template",
             about: "compiling and rendering a chat template (mtp_chat::ChatTemplate), 72 published ones as seeds",
             seeds: || files(&repo().join("crates/mtp-chat/tests/templates"), &[".jinja"]),

@@ -801,7 +801,7 @@ fn check_webp_complete(bytes: &[u8]) -> Result<(), String> {
         .get(4..8)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
     match riff {
-        Some(size) if size.saturating_add(8) <= bytes.len() => Ok(()),
+        Some(size) if size.saturating_add(8) <= bytes.len() => check_webp_chunks(bytes, size + 8),
         Some(size) => Err(format!(
             "the WebP file is truncated ({} bytes, its header says {})",
             bytes.len(),
@@ -809,6 +809,32 @@ fn check_webp_complete(bytes: &[u8]) -> Result<(), String> {
         )),
         None => Err("the WebP file is truncated".to_string()),
     }
+}
+
+/// Every chunk of the RIFF payload `bytes[12..end]` must lie inside it: image-webp allocates
+/// what a chunk's header claims (the fuzzer found a 2.7 KB file making it reserve 2.5 GB
+/// through a metadata chunk), so a claim past the end is refused before it decodes anything.
+fn check_webp_chunks(bytes: &[u8], end: usize) -> Result<(), String> {
+    let mut at = 12;
+    while at + 8 <= end {
+        let fourcc = String::from_utf8_lossy(&bytes[at..at + 4]).into_owned();
+        let size = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]])
+            as usize;
+        let next = (at + 8)
+            .checked_add(size)
+            .and_then(|n| n.checked_add(size % 2));
+        match next {
+            // a final chunk may omit its padding byte
+            Some(n) if n <= end || (size % 2 == 1 && n == end + 1) => at = n,
+            _ => {
+                return Err(format!(
+                    "the WebP file's `{}` chunk claims {size} bytes, past the end of the file",
+                    fourcc.escape_debug()
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The orientation tag (0x0112) of an EXIF block (with or without the "Exif\0\0" prefix of a
@@ -1424,6 +1450,15 @@ mod tests {
 
     #[test]
     fn decode_errors() {
+        // found by `cargo xtask fuzz --target image`: a 2.7 KB WebP whose metadata chunk
+        // claims more bytes than the file holds made image-webp reserve 2.5 GB
+        let hostile = "hostile/webp_chunk_claims_2gb.webp";
+        let bytes = std::fs::read(fixtures().join(hostile)).unwrap();
+        let err = decode_image(&bytes, hostile, &ImageLimits::default()).unwrap_err();
+        assert!(
+            matches!(&err, ImageError::Decode { message, .. } if message.contains("past the end")),
+            "{err}"
+        );
         let m = manifest();
         for case in m["decode_errors"].as_array().unwrap() {
             let file = case["file"].as_str().unwrap();
