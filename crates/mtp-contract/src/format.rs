@@ -150,7 +150,7 @@ impl ResponseFormat {
                     other => {
                         return Err(bad(format!(
                             "json_schema.schema must be a JSON object (or true), not {}",
-                            kind_of(other)
+                            json_kind(other)
                         )))
                     }
                 }
@@ -179,7 +179,9 @@ impl ResponseFormat {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+/// How messages name a JSON value's type ("a string", "an object", ...): one spelling for every
+/// crate's errors about a JSON file or field.
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -31,7 +31,7 @@ mod sampling;
 mod speculation;
 
 pub use error::ProviderError;
-pub use format::{JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
+pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use provider::{
     plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
     ProviderOptions, SpeculationStatus,

@@ -203,7 +203,10 @@ fn read_config_object(path: &Path) -> Result<Option<Map<String, Value>>, ImageEr
         v if is_falsy(&v) => Ok(Some(Map::new())),
         v => Err(ImageError::Config {
             path: path.to_path_buf(),
-            message: format!("expected a JSON object, found {}", json_kind(&v)),
+            message: format!(
+                "expected a JSON object, found {}",
+                mtp_contract::json_kind(&v)
+            ),
         }),
     }
 }
@@ -217,17 +220,6 @@ fn is_falsy(v: &Value) -> bool {
         Value::String(s) => s.is_empty(),
         Value::Array(a) => a.is_empty(),
         Value::Object(o) => o.is_empty(),
-    }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
