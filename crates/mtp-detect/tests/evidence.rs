@@ -569,3 +569,48 @@ fn mlx_quantized_target_without_a_head_names_what_can_read_it() {
         "{llama:?}"
     );
 }
+
+/// A vision tower is reported from its tensors (any of the namespaces) or, for GGUF, from a
+/// projector file beside the weights; a config's `vision_config` alone is no evidence.
+#[test]
+fn vision_towers_come_from_tensors_or_projector_files() {
+    for (prefix, sharded) in [
+        ("model.visual.", false),
+        ("vision_tower.", true),
+        ("model.language_model.visual.", false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = qwen_base_names(4);
+        names.push(format!("{prefix}blocks.0.attn.qkv.weight"));
+        write_checkpoint(
+            dir.path(),
+            &qwen_config(64, 256, 4, None),
+            &names,
+            Dtype::BF16,
+            sharded,
+        );
+        let r = probe_local(dir.path()).unwrap();
+        assert!(r.vision, "{prefix}");
+        assert_eq!(
+            r.vision_evidence.as_deref(),
+            Some(format!("{prefix}blocks.0.attn.qkv.weight").as_str())
+        );
+        assert!(r.render_human().contains("vision tower: yes"), "{prefix}");
+        assert_eq!(r.to_json()["vision"], true);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = qwen_config(64, 256, 4, None);
+    config["vision_config"] = serde_json::json!({"depth": 2});
+    write_checkpoint(dir.path(), &config, &qwen_base_names(4), Dtype::BF16, false);
+    let r = probe_local(dir.path()).unwrap();
+    assert!(!r.vision && r.vision_evidence.is_none());
+    assert!(r.render_human().contains("vision tower: no"));
+    // GGUF: the projector file beside the weights
+    let dir = tempfile::tempdir().unwrap();
+    qwen35_gguf("qwen35", 4, 1, true, true).write(&dir.path().join("m-Q4_K_M.gguf"));
+    assert!(!probe_local(dir.path()).unwrap().vision);
+    std::fs::write(dir.path().join("mmproj-m-f16.gguf"), b"GGUFxxxx").unwrap();
+    let r = probe_local(dir.path()).unwrap();
+    assert!(r.vision);
+    assert_eq!(r.vision_evidence.as_deref(), Some("mmproj-m-f16.gguf"));
+}
