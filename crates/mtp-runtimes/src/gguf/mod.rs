@@ -350,7 +350,10 @@ impl GgufProvider {
         if req.has_images() {
             return Err(ProviderError::Unsupported {
                 provider: PROVIDER.into(),
-                what: "image input".into(),
+                what: "image input (llama.cpp reads images through a vision projector, an \
+                       mmproj*.gguf file, which this lane does not load yet; the native \
+                       provider runs a safetensors checkpoint's vision tower)"
+                    .into(),
             });
         }
         if let Some(f) = req.constraint() {
