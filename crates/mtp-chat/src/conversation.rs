@@ -308,3 +308,34 @@ impl ReplyText {
         (self.parser.is_some() && !self.reasoning.is_empty()).then_some(self.reasoning.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Images become transformers' content parts, before the text (the shape
+    /// `tests/templates` renders through the 72 published templates, case `image_parts`).
+    #[test]
+    fn images_are_content_parts_before_the_text() {
+        let mut seen = Message::user("What is in this picture?");
+        seen.images.push("a.png".into());
+        let req = GenerateRequest::new("And these two?")
+            .messages(vec![seen, Message::assistant("A cat.")])
+            .image("b.png")
+            .image("c.png");
+        let msgs = conversation(&req).unwrap();
+        assert_eq!(
+            msgs[0]["content"],
+            serde_json::json!([{"type": "image"}, {"type": "text", "text": "What is in this picture?"}])
+        );
+        assert_eq!(msgs[1]["content"], "A cat.");
+        assert_eq!(
+            msgs[2]["content"],
+            serde_json::json!([{"type": "image"}, {"type": "image"}, {"type": "text", "text": "And these two?"}])
+        );
+        // an image alone, no text
+        let only = conversation(&GenerateRequest::new("").image("x.png")).unwrap();
+        assert_eq!(only[0]["content"], serde_json::json!([{"type": "image"}]));
+        assert_eq!(req.all_images(), ["a.png", "b.png", "c.png"]);
+    }
+}
