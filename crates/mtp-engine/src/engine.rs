@@ -144,7 +144,16 @@ pub struct Engine {
     constraints: std::sync::OnceLock<std::result::Result<ConstraintCompiler, String>>,
     /// The vision tower and the image processor's settings, or why images are refused.
     vision: std::result::Result<Vision, String>,
+    /// The last images encoded, by the SHA-256 of their files (a chat sends its pictures again
+    /// with every turn): most recent last, at most [`ENCODED_KEPT`] of them and
+    /// [`ENCODED_KEPT_BYTES`] of features.
+    encoded: std::sync::Mutex<std::collections::VecDeque<EncodedImage>>,
 }
+
+/// Encoded images kept for reuse.
+const ENCODED_KEPT: usize = 16;
+/// Bytes of features kept for reuse.
+const ENCODED_KEPT_BYTES: usize = 256 << 20;
 
 /// What the engine needs to turn images into prompt features.
 #[derive(Debug)]
@@ -235,6 +244,7 @@ impl Engine {
             dir: dir.to_path_buf(),
             constraints: std::sync::OnceLock::new(),
             vision,
+            encoded: Default::default(),
         })
     }
 
@@ -319,8 +329,38 @@ impl Engine {
     /// Decodes an image file's bytes (PNG, JPEG, WebP), resizes and normalises it as the
     /// checkpoint's processor does and runs the vision tower: the features that replace the
     /// image's tokens. `name` (a path, or "image 2") names the image in errors.
+    ///
+    /// The last images encoded are kept (by the SHA-256 of their bytes), so a picture sent again
+    /// (every turn of a chat sends its pictures) is not encoded again.
     pub fn encode_image(&self, bytes: &[u8], name: &str) -> Result<EncodedImage> {
         let v = self.vision()?;
+        let digest = crate::vision::prompt::image_digest(bytes);
+        let mut kept = self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = kept.iter().position(|e| e.digest == digest) {
+            let hit = kept.remove(i).expect("position is in range");
+            kept.push_back(hit.clone());
+            return Ok(hit);
+        }
+        drop(kept);
+        let encoded = self.encode_new(v, bytes, name, digest)?;
+        let mut kept = self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        kept.push_back(encoded.clone());
+        let bytes_of = |e: &EncodedImage| e.features.len() * std::mem::size_of::<f32>();
+        while kept.len() > ENCODED_KEPT
+            || kept.iter().map(bytes_of).sum::<usize>() > ENCODED_KEPT_BYTES
+        {
+            kept.pop_front();
+        }
+        Ok(encoded)
+    }
+
+    fn encode_new(
+        &self,
+        v: &Vision,
+        bytes: &[u8],
+        name: &str,
+        digest: [u8; 32],
+    ) -> Result<EncodedImage> {
         let img = preprocess::decode_image(bytes, name, &ImageLimits::default())
             .map_err(|e| Error::Image(e.to_string()))?;
         let prepared = preprocess::prepare(&img, &v.processor, name)
@@ -348,7 +388,7 @@ impl Engine {
         Ok(EncodedImage {
             grid: [t, h / m, w / m],
             features: features.into(),
-            digest: crate::vision::prompt::image_digest(bytes),
+            digest,
         })
     }
 

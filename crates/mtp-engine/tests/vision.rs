@@ -300,3 +300,27 @@ fn resumed_states_hold_their_pictures() {
         assert_eq!(refused.output.tokens, fresh.tokens, "depth {depth}");
     }
 }
+
+/// A picture sent again is not encoded again (the same features come back), and another
+/// picture is encoded on its own.
+#[test]
+fn encoded_images_are_kept_by_digest() {
+    let engine = load(WeightDtype::Stored);
+    let a = std::fs::read(fixture().join("images/a.png")).unwrap();
+    let c = std::fs::read(fixture().join("images/c.png")).unwrap();
+    let first = engine.encode_image(&a, "a.png").unwrap();
+    let other = engine.encode_image(&c, "c.png").unwrap();
+    let again = engine.encode_image(&a, "a-again.png").unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first.features, &again.features));
+    assert!(!std::sync::Arc::ptr_eq(&first.features, &other.features));
+    assert_eq!(first.digest, again.digest);
+    assert_ne!(first.digest, other.digest);
+    // a changed byte is another picture
+    let mut b = a.clone();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    let changed = engine.encode_image(&b, "changed.png");
+    if let Ok(ch) = changed {
+        assert_ne!(ch.digest, first.digest);
+    }
+}
