@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 
 /// One image's place in a prompt and its features.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ImageSpan {
     /// Index of the image's first `<|image_pad|>` token.
     pub start: usize,
@@ -23,6 +23,33 @@ pub struct ImageSpan {
     pub features: Arc<[f32]>,
     /// SHA-256 of the image file's bytes.
     pub digest: [u8; 32],
+}
+
+/// The feature values are left out (thousands of them per image).
+impl std::fmt::Debug for ImageSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageSpan")
+            .field("start", &self.start)
+            .field("grid", &self.grid)
+            .field(
+                "features",
+                &format_args!("[{} values]", self.features.len()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The feature values are left out (thousands of them per image).
+impl std::fmt::Debug for EncodedImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodedImage")
+            .field("grid", &self.grid)
+            .field(
+                "features",
+                &format_args!("[{} values]", self.features.len()),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl ImageSpan {
@@ -37,7 +64,7 @@ impl ImageSpan {
 
 /// An image encoded by the vision tower: its merged grid and features (see
 /// [`crate::Engine::encode_image`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EncodedImage {
     /// Merged grid `[t, h, w]` (the patch grid divided by the merge size in height and width).
     pub grid: [usize; 3],
