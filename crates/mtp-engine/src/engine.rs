@@ -361,10 +361,8 @@ impl Engine {
         name: &str,
         digest: [u8; 32],
     ) -> Result<EncodedImage> {
-        let img = preprocess::decode_image(bytes, name, &ImageLimits::default())
-            .map_err(|e| Error::Image(e.to_string()))?;
-        let prepared = preprocess::prepare(&img, &v.processor, name)
-            .map_err(|e| Error::Image(e.to_string()))?;
+        let img = preprocess::decode_image(bytes, name, &ImageLimits::default())?;
+        let prepared = preprocess::prepare(&img, &v.processor, name)?;
         let [t, h, w] = prepared.grid_thw;
         let m = v.processor.merge_size;
         if m != v.tower.config().spatial_merge_size
@@ -412,11 +410,9 @@ impl Engine {
     /// does not run). Lets a caller expand the prompt before encoding the image.
     pub fn image_token_count(&self, image: &crate::vision::ImageInput) -> Result<usize> {
         let v = self.vision()?;
-        let img = preprocess::decode_image(&image.bytes, &image.name, &ImageLimits::default())
-            .map_err(|e| Error::Image(e.to_string()))?;
-        v.processor
-            .num_image_tokens(img.height, img.width)
-            .map_err(|e| Error::Image(format!("{}: {e}", image.name)))
+        let img = preprocess::decode_image(&image.bytes, &image.name, &ImageLimits::default())?;
+        Ok(v.processor
+            .num_image_tokens_named(img.height, img.width, &image.name)?)
     }
 
     /// Places encoded images on an already expanded prompt (one `<|image_pad|>` per image

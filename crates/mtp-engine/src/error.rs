@@ -75,9 +75,13 @@ pub enum Error {
         /// What llguidance said.
         message: String,
     },
-    /// An image could not be read or prepared (the message names it).
+    /// An image could not be decoded or prepared (the error names it).
+    #[error(transparent)]
+    Image(#[from] crate::vision::preprocess::ImageError),
+    /// An image source (a data URL, a path that is no file) cannot be read; the message names
+    /// it.
     #[error("{0}")]
-    Image(String),
+    ImageSource(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -478,7 +478,17 @@ impl ImageProcessorConfig {
     /// Number of language-model tokens an image of this size becomes, as mlx-vlm's
     /// `num_image_tokens`: `(grid_h * grid_w) / merge_size^2` of the resized image.
     pub fn num_image_tokens(&self, height: usize, width: usize) -> Result<usize, ImageError> {
-        let (h, w) = self.resized_size(height, width)?;
+        self.num_image_tokens_named(height, width, &format!("{width}x{height} image"))
+    }
+
+    /// [`ImageProcessorConfig::num_image_tokens`] with errors naming the image `name`.
+    pub fn num_image_tokens_named(
+        &self,
+        height: usize,
+        width: usize,
+        name: &str,
+    ) -> Result<usize, ImageError> {
+        let (h, w) = self.resized_size_named(height, width, name)?;
         Ok((h / self.patch_size) * (w / self.patch_size) / (self.merge_size * self.merge_size))
     }
 }

@@ -25,25 +25,27 @@ pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
     let spec = spec.trim();
     if let Some(rest) = strip_prefix_ci(spec, "data:") {
         let Some((meta, data)) = rest.split_once(',') else {
-            return Err(Error::Image(format!(
+            return Err(Error::ImageSource(format!(
                 "image {index}: a data URL without a comma before its data"
             )));
         };
         if !meta.ends_with(";base64") {
-            return Err(Error::Image(format!(
+            return Err(Error::ImageSource(format!(
                 "image {index}: only base64 data URLs are read (`data:image/png;base64,...`)"
             )));
         }
         let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         if clean.len() as u64 > MAX_IMAGE_BYTES / 3 * 4 + 4 {
-            return Err(Error::Image(format!(
+            return Err(Error::ImageSource(format!(
                 "image {index}: the data URL is over {} MiB",
                 MAX_IMAGE_BYTES >> 20
             )));
         }
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(clean.as_bytes())
-            .map_err(|e| Error::Image(format!("image {index}: bad base64 in its data URL: {e}")))?;
+            .map_err(|e| {
+                Error::ImageSource(format!("image {index}: bad base64 in its data URL: {e}"))
+            })?;
         return Ok(ImageInput {
             name: format!("image {index} (data URL)"),
             bytes: bytes.into(),
@@ -58,7 +60,7 @@ pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
     let path = match strip_prefix_ci(spec, "file://") {
         Some(p) => p,
         None if spec.contains("://") => {
-            return Err(Error::Image(format!(
+            return Err(Error::ImageSource(format!(
                 "image {index}: `{spec}` is neither a path nor a file:// or data: URL"
             )))
         }
@@ -71,10 +73,13 @@ pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
     };
     let meta = std::fs::metadata(path).map_err(io)?;
     if !meta.is_file() {
-        return Err(Error::Image(format!("{} is not a file", path.display())));
+        return Err(Error::ImageSource(format!(
+            "{} is not a file",
+            path.display()
+        )));
     }
     if meta.len() > MAX_IMAGE_BYTES {
-        return Err(Error::Image(format!(
+        return Err(Error::ImageSource(format!(
             "{} is {} MiB, over the {} MiB an image may take",
             path.display(),
             meta.len() >> 20,
@@ -115,7 +120,10 @@ mod tests {
             "data:image/png;base64",
             "ftp://host/x.png",
         ] {
-            assert!(matches!(read_image(bad, 0), Err(Error::Image(_))), "{bad}");
+            assert!(
+                matches!(read_image(bad, 0), Err(Error::ImageSource(_))),
+                "{bad}"
+            );
         }
         assert!(matches!(
             read_image("https://example.invalid/x.png", 0),
@@ -127,7 +135,7 @@ mod tests {
         ));
         assert!(matches!(
             read_image(d.path().to_str().unwrap(), 0),
-            Err(Error::Image(_))
+            Err(Error::ImageSource(_))
         ));
     }
 }
