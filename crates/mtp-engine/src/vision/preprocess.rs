@@ -1062,55 +1062,10 @@ fn clip8(acc: i32) -> u8 {
 /// Starting value of every accumulator: one half, for rounding.
 const ROUND_HALF: i32 = 1 << (PRECISION_BITS - 1);
 
-/// The horizontal pass over `rows` of `src` (width `in_w`, `c` channels).
+/// The horizontal pass over `rows` of `src` (width `in_w`, `c` channels), each channel of each
+/// pixel summed over its taps in i32 as Pillow does (wrapping, which 8-bit input never reaches,
+/// keeps it exact).
 fn resample_horizontal(
-    src: &[u8],
-    in_w: usize,
-    c: usize,
-    rows: std::ops::Range<usize>,
-    taps: &Taps,
-    out_w: usize,
-) -> Vec<u8> {
-    match c {
-        1 => horizontal_n::<1>(src, in_w, rows, taps, out_w),
-        2 => horizontal_n::<2>(src, in_w, rows, taps, out_w),
-        3 => horizontal_n::<3>(src, in_w, rows, taps, out_w),
-        4 => horizontal_n::<4>(src, in_w, rows, taps, out_w),
-        _ => horizontal_any(src, in_w, c, rows, taps, out_w),
-    }
-}
-
-/// [`resample_horizontal`] for `C` channels, all of a pixel's channels summed in one sweep.
-fn horizontal_n<const C: usize>(
-    src: &[u8],
-    in_w: usize,
-    rows: std::ops::Range<usize>,
-    taps: &Taps,
-    out_w: usize,
-) -> Vec<u8> {
-    let mut out = vec![0u8; rows.len() * out_w * C];
-    for (line_out, y) in out.chunks_exact_mut(out_w * C).zip(rows) {
-        let line = &src[y * in_w * C..][..in_w * C];
-        for (xx, px) in line_out.chunks_exact_mut(C).enumerate() {
-            let (xmin, k) = taps.taps(xx);
-            let window = &line[xmin * C..][..k.len() * C];
-            let mut ss = [ROUND_HALF; C];
-            for (p, &kv) in window.chunks_exact(C).zip(k) {
-                for (s, &v) in ss.iter_mut().zip(p) {
-                    // i32 as in Pillow; wrapping (never reached for 8-bit input) keeps it exact.
-                    *s = s.wrapping_add(i32::from(v).wrapping_mul(kv));
-                }
-            }
-            for (o, &s) in px.iter_mut().zip(&ss) {
-                *o = clip8(s);
-            }
-        }
-    }
-    out
-}
-
-/// [`resample_horizontal`] for any number of channels.
-fn horizontal_any(
     src: &[u8],
     in_w: usize,
     c: usize,
