@@ -582,7 +582,9 @@ impl Provider for HttpProvider {
             runtime,
             streaming: true,
             prompt_cache: false,
-            images: false,
+            // sent inline as `image_url` parts; a server without a vision projector answers
+            // with its own error
+            images: true,
             per_request_speculation: false,
         }
     }

@@ -41,10 +41,25 @@ impl Endpoint {
 pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(), ProviderError> {
     req.validate()?;
     if req.has_images() {
-        return Err(ProviderError::Unsupported {
-            provider: kind.name().into(),
-            what: "image input over HTTP".into(),
-        });
+        if req.raw_prompt {
+            return Err(ProviderError::Unsupported {
+                provider: kind.name().into(),
+                what: "image input with a raw prompt (the completion endpoints take text only)"
+                    .into(),
+            });
+        }
+        // sent as OpenAI `image_url` parts: inline, or a URL the server fetches itself; a local
+        // path means nothing to a server (the `mtp` command inlines the files it is given)
+        if let Some(p) = req.all_images().into_iter().find(|u| !is_sendable_image(u)) {
+            return Err(ProviderError::InvalidRequest {
+                field: "images",
+                message: format!(
+                    "`{}` is not a data: or http(s) URL; an HTTP runtime sends images inline \
+                     (`data:image/png;base64,...`), it does not read local files",
+                    p.chars().take(80).collect::<String>()
+                ),
+            });
+        }
     }
     if let Some(f) = req.constraint() {
         if !matches!(
@@ -100,8 +115,8 @@ pub(crate) fn build_body(
             for m in req.messages.iter().flatten() {
                 msgs.push(openai_message(m));
             }
-            if !req.prompt.is_empty() {
-                msgs.push(json!({"role": "user", "content": req.prompt}));
+            if !req.prompt.is_empty() || !req.images.is_empty() {
+                msgs.push(json!({"role": "user", "content": content(&req.prompt, &req.images)}));
             }
             b.insert("messages".into(), Value::Array(msgs));
             if !req.tools.is_empty() {
@@ -225,13 +240,36 @@ pub(crate) fn constraint_warning(
     ))
 }
 
+/// An image reference a server can take as an `image_url`: a `data:` URL, or an `http(s)` one
+/// (which the server fetches).
+fn is_sendable_image(u: &str) -> bool {
+    let head = |p: &str| u.get(..p.len()).is_some_and(|h| h.eq_ignore_ascii_case(p));
+    head("data:") || head("http://") || head("https://")
+}
+
+/// A message's `content`: the text, or with images OpenAI's parts (the images first, as the
+/// native lane renders them).
+fn content(text: &str, images: &[String]) -> Value {
+    if images.is_empty() {
+        return text.into();
+    }
+    let mut parts: Vec<Value> = images
+        .iter()
+        .map(|u| json!({"type": "image_url", "image_url": {"url": u}}))
+        .collect();
+    if !text.is_empty() {
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    Value::Array(parts)
+}
+
 /// One history message in the OpenAI chat shape: tool-call arguments as the JSON string the
 /// API specifies, reasoning as `reasoning_content` (llama-server and vLLM read it back into
 /// their templates).
 fn openai_message(m: &Message) -> Value {
     let mut o = Map::new();
     o.insert("role".into(), m.role.as_str().into());
-    o.insert("content".into(), m.content.clone().into());
+    o.insert("content".into(), content(&m.content, &m.images));
     if let Some(r) = &m.reasoning_content {
         o.insert("reasoning_content".into(), r.clone().into());
     }
@@ -450,6 +488,45 @@ pub(crate) fn f64_at(v: &Value, ptr: &str) -> Option<f64> {
 mod tests {
     use super::*;
     use mtp_contract::{resolve, Message, Sampling, Speculation};
+
+    #[test]
+    fn images_go_inline_as_image_url_parts() {
+        let url = "data:image/png;base64,iVBORw0KGgo=";
+        let mut seen = Message::user("what is this?");
+        seen.images.push("https://example.invalid/cat.png".into());
+        let req = GenerateRequest::new("and this?")
+            .messages(vec![seen, Message::assistant("a cat")])
+            .image(url);
+        check_request(ServerKind::Vllm, &req).unwrap();
+        let b = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, None);
+        assert_eq!(
+            b["messages"][0]["content"],
+            json!([{"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}},
+                   {"type": "text", "text": "what is this?"}])
+        );
+        assert_eq!(b["messages"][1]["content"], "a cat");
+        assert_eq!(
+            b["messages"][2]["content"],
+            json!([{"type": "image_url", "image_url": {"url": url}},
+                   {"type": "text", "text": "and this?"}])
+        );
+        // a local path is refused, naming it; so is a raw prompt with images
+        let err = check_request(
+            ServerKind::LlamaServer,
+            &GenerateRequest::new("x").image("/tmp/a.png"),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::InvalidRequest { field: "images", message } if message.contains("/tmp/a.png")),
+            "{err:?}"
+        );
+        let err = check_request(
+            ServerKind::LlamaServer,
+            &GenerateRequest::new("x").image(url).raw(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ProviderError::Unsupported { .. }), "{err:?}");
+    }
 
     #[test]
     fn chat_body_carries_history_sampling_and_llama_fields() {

@@ -1426,6 +1426,53 @@ fn probe_speaks_the_command_line() {
 /// `mtp chat --json-object` (and the other constraint flags, shared with `generate`) puts
 /// the constraint on every answer's request; a bad constraint flag stops the session before
 /// the model loads, naming the flag.
+/// `--image FILE` reaches an HTTP-style provider inline, as a data URL holding the file's bytes
+/// (a server cannot read this machine's files); a URL goes as it is; a missing file is a usage
+/// error naming it.
+#[test]
+fn generate_sends_image_files_inline_to_other_providers() {
+    use base64::Engine as _;
+    let png = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny-vl/images/a.png");
+    let p = png.display().to_string();
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--image",
+        &p,
+        "--image",
+        "https://example.invalid/b.png",
+        "img-inline-prompt",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let reqs = requests_for("img-inline-prompt");
+    assert_eq!(reqs.len(), 1);
+    let sent = &reqs[0].images;
+    let b64 = sent[0]
+        .strip_prefix("data:image/png;base64,")
+        .expect("a PNG data URL");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    assert_eq!(bytes, std::fs::read(&png).unwrap());
+    assert_eq!(sent[1], "https://example.invalid/b.png");
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--image",
+        "/no/such.png",
+        "x",
+    ]);
+    assert_ne!(code, OK);
+    assert!(err.contains("/no/such.png"), "{err}");
+}
+
 /// `/image PATH` attaches a picture to the next message (then the list is empty again); a
 /// model without a vision tower says so and attaches nothing.
 #[test]

@@ -95,8 +95,8 @@ struct Session {
     /// Every answer's constraint (`--json-schema` etc.).
     format: Option<crate::ResponseFormat>,
     history: Vec<Message>,
-    /// Images attached to the next message (`/image`).
-    images: Vec<String>,
+    /// Images attached to the next message (`/image`): as typed, and as sent.
+    images: Vec<(String, String)>,
     key: String,
     per_call: PerCall,
     stats: Stats,
@@ -258,7 +258,8 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
         ("image", None) => out.line(&if s.images.is_empty() {
             "no image attached to the next message (/image PATH attaches one).".to_string()
         } else {
-            format!("attached to the next message: {}", s.images.join(", "))
+            let shown: Vec<&str> = s.images.iter().map(|(shown, _)| shown.as_str()).collect();
+            format!("attached to the next message: {}", shown.join(", "))
         })?,
         ("image", Some("clear" | "none")) if rest.split_whitespace().count() == 1 => {
             s.images.clear();
@@ -276,7 +277,14 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
             } else if local && !std::path::Path::new(rest).is_file() {
                 out.line(&format!("no such image file: {rest}"))?;
             } else {
-                s.images.push(rest.to_string());
+                let n = s.images.len();
+                match crate::cli::generate::image_for(s.llm.as_ref(), rest, n) {
+                    Ok(img) => s.images.push((rest.to_string(), img)),
+                    Err(e) => {
+                        out.line(&format!("cannot attach {rest}: {e}"))?;
+                        return Ok(true);
+                    }
+                }
                 out.line(&format!(
                     "image {} attached to the next message: {rest}",
                     s.images.len()
@@ -394,7 +402,10 @@ enum Outcome {
 }
 
 async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliError> {
-    let images = std::mem::take(&mut s.images);
+    let images: Vec<String> = std::mem::take(&mut s.images)
+        .into_iter()
+        .map(|(_, sent)| sent)
+        .collect();
     let mut req = GenerateRequest::new(prompt.clone())
         .messages(s.history.clone())
         .prompt_cache_key(s.key.clone())

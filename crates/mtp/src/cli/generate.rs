@@ -104,8 +104,8 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
     if a.raw {
         req = req.raw();
     }
-    for i in &a.images {
-        req = req.image(i.clone());
+    for (k, i) in a.images.iter().enumerate() {
+        req = req.image(image_for(llm.as_ref(), i, k)?);
     }
     if let Some(f) = response_format(&a.constraint)? {
         req = req.response_format(f);
@@ -230,4 +230,36 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
             message: "the stream ended without its final report".into(),
         },
     })
+}
+
+/// An image as `provider` takes it: in-process runtimes read the file themselves (and name it
+/// in their errors); an HTTP runtime is sent the file inline, as a `data:` URL (a server cannot
+/// read this machine's files). URLs go as they are.
+pub(crate) fn image_for(
+    provider: &dyn crate::Provider,
+    spec: &str,
+    index: usize,
+) -> Result<String, CliError> {
+    let url = ["data:", "http://", "https://"].iter().any(|p| {
+        spec.get(..p.len())
+            .is_some_and(|h| h.eq_ignore_ascii_case(p))
+    });
+    if url || matches!(provider.name(), "native" | "mlx" | "gguf") {
+        return Ok(spec.to_string());
+    }
+    let img = mtp_engine::vision::read_image(spec, index).map_err(|e| CliError::InvalidFlag {
+        flag: "--image",
+        message: e.to_string(),
+    })?;
+    let mime = match img.bytes.get(..4) {
+        Some([0x89, b'P', b'N', b'G']) => "image/png",
+        Some([0xff, 0xd8, 0xff, _]) => "image/jpeg",
+        Some(b"RIFF") => "image/webp",
+        _ => "application/octet-stream",
+    };
+    use base64::Engine as _;
+    Ok(format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&img.bytes)
+    ))
 }
