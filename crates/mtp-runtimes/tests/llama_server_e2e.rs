@@ -404,6 +404,19 @@ async fn llama_cpp_src_real_llama_server_with_and_without_mtp() {
         );
         assert!(r.warnings.is_empty(), "{name}: {:?}", r.warnings);
 
+        // An image travels as an OpenAI `image_url` part, which llama-server reads; this one
+        // runs without a vision projector and says so, and the error reaches the caller.
+        let err = p
+            .generate(
+                GenerateRequest::new("what is in the picture?")
+                    .image("data:image/png;base64,iVBORw0KGgo=")
+                    .max_output_tokens(4)
+                    .sampling(greedy()),
+            )
+            .await
+            .expect_err("a server without an mmproj refuses images");
+        assert!(err.to_string().contains("mmproj"), "{name}: {err}");
+
         if std::env::var_os("MTP_RECORD_FIXTURES").is_some() && name == "tiny-trained" {
             record(&mtp.base, &prompts[0]).await;
         }
