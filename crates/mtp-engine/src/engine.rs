@@ -406,13 +406,13 @@ impl Engine {
         Ok((expanded, Arc::new(mm)))
     }
 
-    /// The tokens `image` takes in a prompt (decodes it to learn its size; the vision tower
-    /// does not run). Lets a caller expand the prompt before encoding the image.
+    /// The tokens `image` takes in a prompt, from its header (no pixel is decoded and the
+    /// vision tower does not run; a file the header passes may still fail to decode later).
+    /// Lets a caller expand the prompt before encoding the image.
     pub fn image_token_count(&self, image: &crate::vision::ImageInput) -> Result<usize> {
         let v = self.vision()?;
-        let img = preprocess::decode_image(&image.bytes, &image.name, &ImageLimits::default())?;
-        Ok(v.processor
-            .num_image_tokens_named(img.height, img.width, &image.name)?)
+        let (w, h) = preprocess::image_size(&image.bytes, &image.name, &ImageLimits::default())?;
+        Ok(v.processor.num_image_tokens_named(h, w, &image.name)?)
     }
 
     /// Places encoded images on an already expanded prompt (one `<|image_pad|>` per image

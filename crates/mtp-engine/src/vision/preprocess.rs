@@ -626,17 +626,55 @@ pub fn decode_image(
     name: &str,
     limits: &ImageLimits,
 ) -> Result<RgbImage, ImageError> {
-    if bytes.len() > limits.max_bytes {
-        return Err(ImageError::TooLarge {
-            name: name.to_string(),
-            detail: format!(
-                "the file is {} bytes, over the limit of {} bytes",
-                bytes.len(),
-                limits.max_bytes
-            ),
-        });
-    }
-    let decode_error = |e: image::ImageError| match e {
+    let (hdr, decoder) = open_image(bytes, name, limits)?;
+    let img = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(name, e))?;
+    let rgb = to_rgb_like_pillow(img, hdr.png_grey16);
+    debug_assert_eq!(rgb.len(), hdr.width * hdr.height * 3);
+    let img = RgbImage {
+        width: hdr.width,
+        height: hdr.height,
+        data: rgb,
+    };
+    let img = apply_orientation(img, hdr.orientation);
+    tracing::debug!(
+        image = name,
+        format = ?hdr.format,
+        width = img.width,
+        height = img.height,
+        orientation = hdr.orientation,
+        "decoded image"
+    );
+    Ok(img)
+}
+
+/// The `(width, height)` [`decode_image`] gives (EXIF orientation applied), read from the
+/// file's header without decoding its pixels; the same checks and errors before the pixels.
+pub fn image_size(
+    bytes: &[u8],
+    name: &str,
+    limits: &ImageLimits,
+) -> Result<(usize, usize), ImageError> {
+    let (h, _) = open_image(bytes, name, limits)?;
+    Ok(if (5..=8).contains(&h.orientation) {
+        (h.height, h.width)
+    } else {
+        (h.width, h.height)
+    })
+}
+
+/// What a file's header says, read before any pixel is decoded.
+struct Header {
+    format: ImageFormat,
+    width: usize,
+    height: usize,
+    orientation: u16,
+    /// A 16-bit grey PNG (color type 0), which reaches us as grey+alpha when it has tRNS.
+    png_grey16: bool,
+}
+
+/// `image::ImageError` as ours, naming the image.
+fn decode_error(name: &str, e: image::ImageError) -> ImageError {
+    match e {
         image::ImageError::Unsupported(u) => ImageError::Decode {
             name: name.to_string(),
             message: format!("unsupported: {u}"),
@@ -649,7 +687,26 @@ pub fn decode_image(
             name: name.to_string(),
             message: e.to_string(),
         },
-    };
+    }
+}
+
+/// The checks before decoding (size limits, format, completeness, the header's dimensions) and
+/// the decoder, positioned at the pixels.
+fn open_image<'a>(
+    bytes: &'a [u8],
+    name: &str,
+    limits: &ImageLimits,
+) -> Result<(Header, impl ImageDecoder + 'a), ImageError> {
+    if bytes.len() > limits.max_bytes {
+        return Err(ImageError::TooLarge {
+            name: name.to_string(),
+            detail: format!(
+                "the file is {} bytes, over the limit of {} bytes",
+                bytes.len(),
+                limits.max_bytes
+            ),
+        });
+    }
     let format = match image::guess_format(bytes) {
         Ok(f @ (ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP)) => f,
         Ok(other) => {
@@ -686,7 +743,7 @@ pub fn decode_image(
             .saturating_add(256 << 20),
     );
     reader.limits(decoder_limits);
-    let mut decoder = reader.into_decoder().map_err(decode_error)?;
+    let mut decoder = reader.into_decoder().map_err(|e| decode_error(name, e))?;
 
     let (w, h) = decoder.dimensions();
     let (width, height) = (w as usize, h as usize);
@@ -720,25 +777,14 @@ pub fn decode_image(
     // 16-bit grey PNGs (color type 0), with tRNS, reach us as grey+alpha: tell them apart.
     let png_grey16 =
         format == ImageFormat::Png && bytes.get(24) == Some(&16) && bytes.get(25) == Some(&0);
-
-    let img = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
-    let rgb = to_rgb_like_pillow(img, png_grey16);
-    debug_assert_eq!(rgb.len(), width * height * 3);
-    let img = RgbImage {
+    let header = Header {
+        format,
         width,
         height,
-        data: rgb,
-    };
-    let img = apply_orientation(img, orientation);
-    tracing::debug!(
-        image = name,
-        ?format,
-        width = img.width,
-        height = img.height,
         orientation,
-        "decoded image"
-    );
-    Ok(img)
+        png_grey16,
+    };
+    Ok((header, decoder))
 }
 
 /// Pillow refuses a JPEG whose data ends before the decoder is done ("image file is truncated");
@@ -1403,6 +1449,30 @@ mod tests {
         }
         assert!(!lossy.is_empty());
         eprintln!("lossy decoders vs Pillow:\n  {}", lossy.join("\n  "));
+    }
+
+    /// `image_size` reads from the header what `decode_image` gives, orientation included.
+    #[test]
+    fn sizes_from_headers_match_the_decoded_images() {
+        let mut n = 0;
+        for e in std::fs::read_dir(fixtures().join("images")).unwrap() {
+            let path = e.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            let name = path.display().to_string();
+            let limits = ImageLimits::default();
+            match (
+                decode_image(&bytes, &name, &limits),
+                image_size(&bytes, &name, &limits),
+            ) {
+                (Ok(img), Ok(size)) => {
+                    assert_eq!((img.width, img.height), size, "{name}");
+                    n += 1;
+                }
+                (Err(_), _) => {}
+                (Ok(_), Err(e)) => panic!("{name}: decodes but its size does not read: {e}"),
+            }
+        }
+        assert!(n > 20, "{n} images compared");
     }
 
     #[test]
