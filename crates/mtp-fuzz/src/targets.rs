@@ -145,7 +145,7 @@ pub(crate) fn all() -> Vec<Target> {
         },
         Target {
             name: "image",
-            about: "image decoding and preprocessing (mtp_engine::vision::preprocess: PNG, JPEG, WebP headers and data, EXIF, resize, patches)",
+            about: "image decoding and preprocessing (mtp_engine::vision::preprocess: PNG, JPEG, WebP headers and data, EXIF, the header-only size, resize, patches)",
             seeds: || {
                 let exts = [".png", ".jpg", ".jpeg", ".webp"];
                 let dir = repo().join("tests/fixtures/vision-resize");
@@ -170,14 +170,17 @@ pub(crate) fn all() -> Vec<Target> {
             ],
             run: |b| {
                 use mtp_engine::vision::preprocess::{
-                    decode_image, prepare, ImageLimits, ImageProcessorConfig,
+                    decode_image, image_size, prepare, ImageLimits, ImageProcessorConfig,
                 };
                 // limits that keep one input's decoded pixels small (the product's are larger)
                 let limits = ImageLimits {
                     max_bytes: 1 << 20,
                     max_pixels: 1 << 20,
                 };
+                let size = image_size(b, "fuzz", &limits);
                 if let Ok(img) = decode_image(b, "fuzz", &limits) {
+                    // what the header said is what decoding gave
+                    assert_eq!(size.ok(), Some((img.width, img.height)));
                     let cfg = ImageProcessorConfig {
                         min_pixels: 32 * 32,
                         max_pixels: 64 * 64,
