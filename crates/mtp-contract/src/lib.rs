@@ -39,8 +39,8 @@ pub use provider::{
 pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
 pub use request::{
-    FinishReason, FunctionCall, GenerateRequest, GenerateResponse, Message, Metadata, Role,
-    StreamEvent, ToolCall, Usage, RESERVED_TEMPLATE_VARIABLES,
+    FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message, Metadata,
+    Role, StreamEvent, ToolCall, Usage, RESERVED_TEMPLATE_VARIABLES,
 };
 pub use sampling::Sampling;
 pub use speculation::{

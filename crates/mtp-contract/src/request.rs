@@ -114,6 +114,52 @@ impl Message {
     }
 }
 
+/// What an image reference of a request ([`GenerateRequest::images`], [`Message::images`])
+/// names, from its scheme alone (ASCII case ignored): the one place the schemes are told apart.
+///
+/// ```
+/// use mtp_contract::ImageRef;
+/// assert_eq!(ImageRef::of("data:image/png;base64,iVBOR"), ImageRef::Inline);
+/// assert_eq!(ImageRef::of("HTTPS://example.invalid/a.png"), ImageRef::Remote);
+/// assert_eq!(ImageRef::of("file:///tmp/a.png"), ImageRef::File("/tmp/a.png"));
+/// assert_eq!(ImageRef::of("photos/a.png"), ImageRef::File("photos/a.png"));
+/// assert_eq!(ImageRef::of("ftp://host/a.png"), ImageRef::Other);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageRef<'a> {
+    /// A `data:` URL: the image itself.
+    Inline,
+    /// An `http(s)` URL, which only a server that fetches can read.
+    Remote,
+    /// A local file: a path, or a `file://` URL (the path it names).
+    File(&'a str),
+    /// Another URL scheme.
+    Other,
+}
+
+impl<'a> ImageRef<'a> {
+    /// Classifies `spec` (surrounding whitespace ignored).
+    pub fn of(spec: &'a str) -> Self {
+        let spec = spec.trim();
+        let strip = |p: &str| {
+            spec.get(..p.len())
+                .filter(|h| h.eq_ignore_ascii_case(p))
+                .map(|_| &spec[p.len()..])
+        };
+        if strip("data:").is_some() {
+            ImageRef::Inline
+        } else if strip("http://").is_some() || strip("https://").is_some() {
+            ImageRef::Remote
+        } else if let Some(path) = strip("file://") {
+            ImageRef::File(path)
+        } else if spec.contains("://") {
+            ImageRef::Other
+        } else {
+            ImageRef::File(spec)
+        }
+    }
+}
+
 /// One tool call of an assistant turn (OpenAI shape).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {

@@ -243,8 +243,10 @@ pub(crate) fn constraint_warning(
 /// An image reference a server can take as an `image_url`: a `data:` URL, or an `http(s)` one
 /// (which the server fetches).
 fn is_sendable_image(u: &str) -> bool {
-    let head = |p: &str| u.get(..p.len()).is_some_and(|h| h.eq_ignore_ascii_case(p));
-    head("data:") || head("http://") || head("https://")
+    matches!(
+        mtp_contract::ImageRef::of(u),
+        mtp_contract::ImageRef::Inline | mtp_contract::ImageRef::Remote
+    )
 }
 
 /// A message's `content`: the text, or with images OpenAI's parts (the images first, as the

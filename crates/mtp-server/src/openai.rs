@@ -442,10 +442,7 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
                             .ok_or_else(|| bad("an image part has no `image_url.url`".into()))?;
                         // a path or file:// URL would read the server's own files, and an
                         // http(s) URL would make it fetch for the client: only inline images
-                        if !url
-                            .get(..5)
-                            .is_some_and(|h| h.eq_ignore_ascii_case("data:"))
-                        {
+                        if mtp_contract::ImageRef::of(url) != mtp_contract::ImageRef::Inline {
                             return Err(bad(format!(
                                 "image_url `{}` is not a data: URL; the server takes images \
                                  inline only (`data:image/png;base64,...`), never from its \

@@ -647,6 +647,17 @@ pub fn decode_image(
     Ok(img)
 }
 
+/// The media type of an image file, from its signature (as [`decode_image`] recognises it):
+/// `image/png`, `image/jpeg`, `image/webp`, else `application/octet-stream`.
+pub fn media_type(bytes: &[u8]) -> &'static str {
+    match image::guess_format(bytes) {
+        Ok(ImageFormat::Png) => "image/png",
+        Ok(ImageFormat::Jpeg) => "image/jpeg",
+        Ok(ImageFormat::WebP) => "image/webp",
+        _ => "application/octet-stream",
+    }
+}
+
 /// The `(width, height)` [`decode_image`] gives (EXIF orientation applied), read from the
 /// file's header without decoding its pixels; the same checks and errors before the pixels.
 pub fn image_size(

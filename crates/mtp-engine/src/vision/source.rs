@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use base64::Engine as _;
+use mtp_contract::ImageRef;
 
 use crate::error::{Error, Result};
 
@@ -23,48 +24,20 @@ pub const MAX_IMAGE_BYTES: u64 = 64 << 20;
 /// Reads the image `spec` names (the `index`-th of its request, counted from 0).
 pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
     let spec = spec.trim();
-    if let Some(rest) = strip_prefix_ci(spec, "data:") {
-        let Some((meta, data)) = rest.split_once(',') else {
-            return Err(Error::ImageSource(format!(
-                "image {index}: a data URL without a comma before its data"
-            )));
-        };
-        if !meta.ends_with(";base64") {
-            return Err(Error::ImageSource(format!(
-                "image {index}: only base64 data URLs are read (`data:image/png;base64,...`)"
-            )));
+    let path = match ImageRef::of(spec) {
+        ImageRef::Inline => return read_data_url(spec, index),
+        ImageRef::Remote => {
+            return Err(Error::Unsupported(format!(
+                "fetching image {index} from {spec}: images are not downloaded by the engine; \
+                 save it and pass its path, or send it as a data URL"
+            )))
         }
-        let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-        if clean.len() as u64 > MAX_IMAGE_BYTES / 3 * 4 + 4 {
-            return Err(Error::ImageSource(format!(
-                "image {index}: the data URL is over {} MiB",
-                MAX_IMAGE_BYTES >> 20
-            )));
-        }
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(clean.as_bytes())
-            .map_err(|e| {
-                Error::ImageSource(format!("image {index}: bad base64 in its data URL: {e}"))
-            })?;
-        return Ok(ImageInput {
-            name: format!("image {index} (data URL)"),
-            bytes: bytes.into(),
-        });
-    }
-    if strip_prefix_ci(spec, "http://").is_some() || strip_prefix_ci(spec, "https://").is_some() {
-        return Err(Error::Unsupported(format!(
-            "fetching image {index} from {spec}: images are not downloaded by the engine; save \
-             it and pass its path, or send it as a data URL"
-        )));
-    }
-    let path = match strip_prefix_ci(spec, "file://") {
-        Some(p) => p,
-        None if spec.contains("://") => {
+        ImageRef::Other => {
             return Err(Error::ImageSource(format!(
                 "image {index}: `{spec}` is neither a path nor a file:// or data: URL"
             )))
         }
-        None => spec,
+        ImageRef::File(p) => p,
     };
     let path = Path::new(path);
     let io = |source| Error::Io {
@@ -93,10 +66,35 @@ pub fn read_image(spec: &str, index: usize) -> Result<ImageInput> {
     })
 }
 
-fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &s[prefix.len()..])
+/// The bytes of a base64 `data:` URL.
+fn read_data_url(spec: &str, index: usize) -> Result<ImageInput> {
+    let rest = &spec["data:".len()..];
+    let Some((meta, data)) = rest.split_once(',') else {
+        return Err(Error::ImageSource(format!(
+            "image {index}: a data URL without a comma before its data"
+        )));
+    };
+    if !meta.ends_with(";base64") {
+        return Err(Error::ImageSource(format!(
+            "image {index}: only base64 data URLs are read (`data:image/png;base64,...`)"
+        )));
+    }
+    let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if clean.len() as u64 > MAX_IMAGE_BYTES / 3 * 4 + 4 {
+        return Err(Error::ImageSource(format!(
+            "image {index}: the data URL is over {} MiB",
+            MAX_IMAGE_BYTES >> 20
+        )));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(clean.as_bytes())
+        .map_err(|e| {
+            Error::ImageSource(format!("image {index}: bad base64 in its data URL: {e}"))
+        })?;
+    Ok(ImageInput {
+        name: format!("image {index} (data URL)"),
+        bytes: bytes.into(),
+    })
 }
 
 #[cfg(test)]

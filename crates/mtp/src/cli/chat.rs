@@ -267,14 +267,17 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
         }
         ("image", Some(_)) => {
             let caps = s.llm.capabilities();
-            let local = !rest.contains("://") && !rest.starts_with("data:");
+            let local = match mtp_contract::ImageRef::of(rest) {
+                mtp_contract::ImageRef::File(p) => Some(p),
+                _ => None,
+            };
             if !caps.images {
                 out.line(&format!(
                     "{} on {} takes no images (no vision tower); the image is not attached.",
                     s.llm.model(),
                     s.llm.name()
                 ))?;
-            } else if local && !std::path::Path::new(rest).is_file() {
+            } else if local.is_some_and(|p| !std::path::Path::new(p).is_file()) {
                 out.line(&format!("no such image file: {rest}"))?;
             } else {
                 let n = s.images.len();

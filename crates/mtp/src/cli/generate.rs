@@ -240,23 +240,18 @@ pub(crate) fn image_for(
     spec: &str,
     index: usize,
 ) -> Result<String, CliError> {
-    let url = ["data:", "http://", "https://"].iter().any(|p| {
-        spec.get(..p.len())
-            .is_some_and(|h| h.eq_ignore_ascii_case(p))
-    });
-    if url || matches!(provider.name(), "native" | "mlx" | "gguf") {
+    let file = matches!(
+        mtp_contract::ImageRef::of(spec),
+        mtp_contract::ImageRef::File(_)
+    );
+    if !file || matches!(provider.name(), "native" | "mlx" | "gguf") {
         return Ok(spec.to_string());
     }
     let img = mtp_engine::vision::read_image(spec, index).map_err(|e| CliError::InvalidFlag {
         flag: "--image",
         message: e.to_string(),
     })?;
-    let mime = match img.bytes.get(..4) {
-        Some([0x89, b'P', b'N', b'G']) => "image/png",
-        Some([0xff, 0xd8, 0xff, _]) => "image/jpeg",
-        Some(b"RIFF") => "image/webp",
-        _ => "application/octet-stream",
-    };
+    let mime = mtp_engine::vision::preprocess::media_type(&img.bytes);
     use base64::Engine as _;
     Ok(format!(
         "data:{mime};base64,{}",

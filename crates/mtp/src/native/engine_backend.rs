@@ -217,7 +217,8 @@ impl Backend for EngineBackend {
                 .map(|h| h.len()),
             _ => None,
         };
-        let cache_ids = pad.map(|p| {
+        // (only worth hashing the pictures when the caller keeps a prefix cache)
+        let cache_ids = pad.filter(|_| request.prompt_cache_key.is_some()).map(|p| {
             let digests: Vec<[u8; 32]> = images
                 .iter()
                 .map(|i| mtp_engine::vision::prompt::image_digest(&i.bytes))
