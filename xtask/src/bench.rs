@@ -5,6 +5,7 @@
 //! ```text
 //! cargo xtask bench --target-only                  # prefill / decode tok/s, peak memory
 //! cargo xtask bench --model models/tiny-code --depths 1,2,3,4,5 --mlx-vlm /tmp/mlxref/bin/python
+//! cargo xtask bench --model models/tiny-code --depths 1,3,auto   # auto: depth chosen per round
 //! cargo xtask bench --model DIR-4bit --drafter DIR-MTP-4bit   # a companion drafter
 //! cargo xtask bench --provider gguf                # native vs in-process llama.cpp, same weights
 //! cargo xtask bench --model models/tiny-code --json-schema schema.json   # constrained vs free
@@ -34,6 +35,8 @@ pub(crate) struct Args {
     pub(crate) prompt_len: usize,
     pub(crate) reps: usize,
     pub(crate) depths: Vec<usize>,
+    /// `auto` in `--depths`: also run with the depth chosen per round (up to 8).
+    pub(crate) auto: bool,
     pub(crate) mlx: Option<String>,
     pub(crate) out_dir: PathBuf,
     pub(crate) provider: Option<String>,
@@ -56,6 +59,7 @@ fn parse(args: &[String]) -> Result<Args> {
         prompt_len: 128,
         reps: 3,
         depths: vec![1, 2, 3, 4, 5],
+        auto: false,
         mlx: None,
         out_dir: PathBuf::from("target/bench"),
         provider: None,
@@ -75,8 +79,11 @@ fn parse(args: &[String]) -> Result<Args> {
             "--prompt-len" => a.prompt_len = val()?.parse()?,
             "--reps" => a.reps = val()?.parse::<usize>()?.max(1),
             "--depths" => {
-                a.depths = val()?
+                let list = val()?;
+                a.auto = list.split(',').any(|d| d.trim() == "auto");
+                a.depths = list
                     .split(',')
+                    .filter(|d| d.trim() != "auto")
                     .map(|d| d.trim().parse::<usize>())
                     .collect::<std::result::Result<_, _>>()?
             }
@@ -293,11 +300,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut report = serde_json::json!({
         "model": model_dir, "weights_held_bytes": engine.weights_held(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
     });
-    let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() {
-        vec![]
-    } else {
-        a.depths.clone()
-    };
+    let speculate = !a.target_only && engine.drafter().is_some();
+    let depths: Vec<usize> = if speculate { a.depths.clone() } else { vec![] };
+    let auto = speculate && a.auto;
     let tok = engine.tokenizer();
     let spec_prompts: Vec<(String, Vec<u32>)> = PROMPTS
         .iter()
@@ -329,7 +334,7 @@ pub fn run(args: &[String]) -> Result<()> {
         report["mlx_vlm"] =
             serde_json::json!({"prefill_tps": mpf, "decode_tps": mdec, "decode_ratio": dec / mdec});
     }
-    if depths.is_empty() {
+    if depths.is_empty() && !auto {
         std::fs::write(
             a.out_dir.join("bench.json"),
             serde_json::to_string_pretty(&report)?,
@@ -352,30 +357,50 @@ pub fn run(args: &[String]) -> Result<()> {
         if mlx_col { " --- |" } else { "" }
     );
     let mut rows = Vec::new();
+    // fixed depths, then `auto` (None): the depth chosen per round, up to the contract's ceiling
+    let runs: Vec<Option<usize>> = depths
+        .iter()
+        .map(|&k| Some(k))
+        .chain(auto.then_some(None))
+        .collect();
     for (pi, (name, ids)) in spec_prompts.iter().enumerate() {
-        for &k in &depths {
-            let (mut off, mut on, mut acc, mut tpr) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for &k in &runs {
+            let (mut off, mut on, mut acc, mut tpr, mut mean_depth) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut identical = true;
+            let spec = match k {
+                Some(k) => opts.clone().num_draft_tokens(k),
+                None => opts
+                    .clone()
+                    .auto_depth(mtp_contract::AUTO_MAX_DRAFT_TOKENS as usize),
+            };
             for _ in 0..a.reps {
                 let o = engine.generate(ids, &opts, |_| true)?;
-                let s = engine.generate(ids, &opts.clone().num_draft_tokens(k), |_| true)?;
+                let s = engine.generate(ids, &spec, |_| true)?;
                 identical &= o.tokens == s.tokens;
                 off.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
                 on.push(s.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
                 if let Some(sp) = &s.speculation {
                     acc.push(sp.stats.acceptance_rate().unwrap_or(0.0));
                     tpr.push(sp.stats.tokens_per_round().unwrap_or(1.0));
+                    mean_depth.push(sp.stats.drafted as f64 / sp.stats.rounds.max(1) as f64);
                 }
             }
             let (off, on, acc, tpr) = (median(off), median(on), median(acc), median(tpr));
             let speedup = on / off;
-            let mlx_speedup = mlx.as_ref().map(|m| {
-                let p = &m["prompts"][pi + 1];
-                med_of(&p["on"][k.to_string()]) / med_of(&p["off"])
-            });
+            let mlx_speedup = match (&mlx, k) {
+                (Some(m), Some(k)) => {
+                    let p = &m["prompts"][pi + 1];
+                    Some(med_of(&p["on"][k.to_string()]) / med_of(&p["off"]))
+                }
+                _ => None,
+            };
+            let label = match k {
+                Some(k) => k.to_string(),
+                None => format!("auto (mean {:.1})", median(mean_depth)),
+            };
             println!(
-                "| {name} | {k} | {off:.2} | {on:.2} | {speedup:.2}x | {:.0}% | {:.2} | {} | {:.2} |{}",
+                "| {name} | {label} | {off:.2} | {on:.2} | {speedup:.2}x | {:.0}% | {:.2} | {} | {:.2} |{}",
                 acc * 100.0,
                 tpr - 1.0,
                 if identical { "yes" } else { "NO" },
@@ -383,7 +408,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 mlx_speedup.map(|s| format!(" {s:.2}x |")).unwrap_or_default()
             );
             rows.push(serde_json::json!({
-                "prompt": name, "depth": k, "tps_off": off, "tps_on": on, "speedup": speedup,
+                "prompt": name, "depth": k.map_or(serde_json::json!("auto"), |k| k.into()), "tps_off": off, "tps_on": on, "speedup": speedup,
                 "acceptance": acc, "tokens_per_round": tpr, "identical": identical,
                 "efficiency": speedup / tpr, "mlx_vlm_speedup": mlx_speedup,
             }));
@@ -394,7 +419,12 @@ pub fn run(args: &[String]) -> Result<()> {
         a.out_dir.join("bench.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    std::fs::write(a.out_dir.join("bench.svg"), svg(&rows, &depths))?;
+    let fixed: Vec<serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["depth"].is_u64())
+        .cloned()
+        .collect();
+    std::fs::write(a.out_dir.join("bench.svg"), svg(&fixed, &depths))?;
     println!(
         "\nwrote {0}/bench.json and {0}/bench.svg",
         a.out_dir.display()

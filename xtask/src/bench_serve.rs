@@ -1,5 +1,5 @@
 //! `cargo xtask bench serve`: `mtp serve` under load, at several concurrencies, MTP off and at a
-//! fixed depth, and with `--llama-server PATH` the same load against llama-server on the same
+//! fixed depth and `auto` depth, and with `--llama-server PATH` the same load against llama-server on the same
 //! checkpoint converted to GGUF, in the same run, as side-by-side columns.
 //!
 //! ```text
@@ -287,6 +287,11 @@ pub fn run(args: &[String]) -> Result<()> {
             format!("mtp depth {d}"),
             mtp.base.clone(),
             Some(json!({"mode": "native_mtp", "num_draft_tokens": d})),
+        ),
+        (
+            "mtp auto".into(),
+            mtp.base.clone(),
+            Some(json!({"mode": "native_mtp", "num_draft_tokens": "auto"})),
         ),
     ];
     let mut _llama = Vec::new();

@@ -44,6 +44,6 @@ pub use request::{
 };
 pub use sampling::Sampling;
 pub use speculation::{
-    resolve, ResolvedSpeculation, Source, Speculation, SpeculationError, SpeculationMode,
-    MAX_NUM_DRAFT_TOKENS, VALID_KEYS,
+    resolve, DraftDepth, ResolvedSpeculation, Source, Speculation, SpeculationError,
+    SpeculationMode, AUTO_MAX_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, VALID_KEYS,
 };

@@ -63,6 +63,29 @@ impl DraftStats {
         (self.drafted > 0).then(|| self.accepted as f64 / self.drafted as f64)
     }
 
+    /// `rounds_per_depth()[d]`: rounds that drafted `d` proposals (`0`: a plain target step
+    /// of a call whose depth is chosen per round). Empty before any round.
+    ///
+    /// ```
+    /// let mut s = mtp_contract::DraftStats::default();
+    /// s.record_round(3, 1);
+    /// s.record_round(0, 0);
+    /// s.record_round(1, 1);
+    /// assert_eq!(s.rounds_per_depth(), vec![1, 1, 0, 1]);
+    /// ```
+    pub fn rounds_per_depth(&self) -> Vec<u64> {
+        if self.rounds == 0 {
+            return Vec::new();
+        }
+        let at_least = |d: usize| match d {
+            0 => self.rounds,
+            d => self.drafted_per_position.get(d - 1).copied().unwrap_or(0),
+        };
+        (0..=self.drafted_per_position.len())
+            .map(|d| at_least(d).saturating_sub(at_least(d + 1)))
+            .collect()
+    }
+
     /// Mean tokens produced per round (accepted proposals plus the target's own token).
     pub fn tokens_per_round(&self) -> Option<f64> {
         (self.rounds > 0).then(|| (self.accepted + self.rounds) as f64 / self.rounds as f64)
@@ -110,8 +133,17 @@ pub struct SpeculationReport {
     pub used: bool,
     /// The drafter that ran or would have run (repo id, path, or "embedded").
     pub drafter: Option<String>,
-    /// Proposals per round that were (or would have been) used.
+    /// Proposals per round that were (or would have been) used; with `auto_depth`, the most
+    /// any round could draft.
     pub num_draft_tokens: Option<u32>,
+    /// The depth was chosen round by round (`num_draft_tokens: "auto"` honoured); see
+    /// `rounds_per_depth` for the depths used.
+    #[serde(default)]
+    pub auto_depth: bool,
+    /// `rounds_per_depth[d]`: rounds that drafted `d` proposals (see
+    /// [`DraftStats::rounds_per_depth`]); `null` when unknown.
+    #[serde(default)]
+    pub rounds_per_depth: Option<Vec<u64>>,
     /// What really executed, e.g. `candle-cpu`, `llama.cpp b11434`, `llama-server`.
     pub runtime: String,
     /// The drafter kind, when used.
@@ -148,6 +180,8 @@ impl SpeculationReport {
             used: false,
             drafter: resolved.drafter.clone(),
             num_draft_tokens: resolved.num_draft_tokens,
+            auto_depth: false,
+            rounds_per_depth: None,
             runtime: runtime.into(),
             draft_kind: None,
             drafted: None,
@@ -161,7 +195,10 @@ impl SpeculationReport {
         }
     }
 
-    /// A report for a call that drafted with the given statistics.
+    /// A report for a call that drafted with the given statistics at a fixed `depth`. When the
+    /// request asked for `num_draft_tokens: "auto"`, `message` says that this runtime drafted at
+    /// its fixed depth instead; a runtime that did choose per round says so with
+    /// [`SpeculationReport::chosen_per_round`].
     pub fn used(
         resolved: &ResolvedSpeculation,
         runtime: impl Into<String>,
@@ -176,6 +213,10 @@ impl SpeculationReport {
             used: true,
             drafter: Some(drafter.into()),
             num_draft_tokens: Some(depth),
+            auto_depth: false,
+            // only from per-position counts that add up (a runtime may know the totals only)
+            rounds_per_depth: (stats.drafted_per_position.iter().sum::<u64>() == stats.drafted)
+                .then(|| stats.rounds_per_depth()),
             runtime: runtime.into(),
             draft_kind: Some(DraftKind::Mtp),
             drafted: Some(stats.drafted),
@@ -185,8 +226,30 @@ impl SpeculationReport {
             accepted_per_position: Some(stats.accepted_per_position.clone()),
             output_preserving,
             reason: None,
-            message: None,
+            message: resolved
+                .auto_depth
+                .then(|| SpeculationReport::auto_depth_not_chosen(Some(depth))),
         }
+    }
+
+    /// The note of a runtime that was asked for `num_draft_tokens: "auto"` and drafted at a
+    /// fixed depth (`None`: the server's own, not known here).
+    pub fn auto_depth_not_chosen(depth: Option<u32>) -> String {
+        let at = match depth {
+            Some(d) => format!("{d} per round"),
+            None => "its launch depth".into(),
+        };
+        format!("num_draft_tokens \"auto\" is chosen round by round only by the native engine; this runtime drafted {at}")
+    }
+
+    /// Marks a used report as one whose depth was chosen round by round (up to
+    /// `num_draft_tokens`), dropping the fixed-depth note of [`SpeculationReport::used`].
+    pub fn chosen_per_round(mut self) -> Self {
+        if self.used {
+            self.auto_depth = true;
+            self.message = None;
+        }
+        self
     }
 }
 

@@ -8,10 +8,11 @@
 //! | `true` | `{"mode": "native_mtp"}` |
 //! | `false` | `{"mode": "off"}` |
 //! | `{"mode": "native_mtp", "drafter": "...", "num_draft_tokens": 3, "require_acceleration": true}` | any subset of the fields |
+//! | `{"num_draft_tokens": "auto"}` | the depth is chosen round by round (see [`DraftDepth::Auto`]) |
 //!
 //! Anything else (unknown key, unknown mode, a depth of 0, negative, fractional or above
-//! [`MAX_NUM_DRAFT_TOKENS`]) is a [`SpeculationError`] naming the key or value and listing
-//! what is valid.
+//! [`MAX_NUM_DRAFT_TOKENS`], a string other than `"auto"`) is a [`SpeculationError`] naming the
+//! key or value and listing what is valid.
 
 use std::fmt;
 
@@ -22,6 +23,78 @@ use crate::reason::Reason;
 /// The documented ceiling for `num_draft_tokens`. Depths 1–8 are the tested range; larger
 /// depths up to this ceiling are accepted but rarely pay.
 pub const MAX_NUM_DRAFT_TOKENS: u32 = 16;
+
+/// The most proposals per round a runtime that chooses the depth itself
+/// ([`DraftDepth::Auto`]) may draft: the top of the tested range.
+pub const AUTO_MAX_DRAFT_TOKENS: u32 = 8;
+
+/// `num_draft_tokens`: a fixed number of proposals per round, or `"auto"`.
+///
+/// ```
+/// use mtp_contract::DraftDepth;
+/// assert_eq!(DraftDepth::parse("auto").unwrap(), DraftDepth::Auto);
+/// assert_eq!(DraftDepth::parse("3").unwrap(), DraftDepth::Fixed(3));
+/// assert!(DraftDepth::parse("0").is_err());
+/// assert_eq!(DraftDepth::Auto.to_string(), "auto");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraftDepth {
+    /// Exactly this many proposals per round (fewer only where the token budget ends first).
+    Fixed(u32),
+    /// The runtime picks each round's depth, from 0 (a plain target step) to
+    /// [`AUTO_MAX_DRAFT_TOKENS`], from the acceptance it measures and what a round costs
+    /// (in a batch, from how full the step already is). Output is the same as at any fixed
+    /// depth; only speed changes. A runtime that cannot choose drafts at its fixed default and
+    /// says so in the report's `message`.
+    Auto,
+}
+
+impl DraftDepth {
+    /// Parses `auto` or a depth from 1 to [`MAX_NUM_DRAFT_TOKENS`].
+    pub fn parse(s: &str) -> Result<Self, SpeculationError> {
+        let t = s.trim();
+        if t == "auto" {
+            return Ok(DraftDepth::Auto);
+        }
+        let n: i128 = t.parse().map_err(|_| SpeculationError::InvalidDepth {
+            value: t.to_string(),
+            max: MAX_NUM_DRAFT_TOKENS,
+        })?;
+        validate_depth(n, t)?;
+        Ok(DraftDepth::Fixed(n as u32))
+    }
+
+    /// The fixed depth, `None` for `auto`.
+    pub fn fixed(self) -> Option<u32> {
+        match self {
+            DraftDepth::Fixed(n) => Some(n),
+            DraftDepth::Auto => None,
+        }
+    }
+
+    /// The block's JSON value: a number or `"auto"`.
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            DraftDepth::Fixed(n) => n.into(),
+            DraftDepth::Auto => "auto".into(),
+        }
+    }
+}
+
+impl From<u32> for DraftDepth {
+    fn from(n: u32) -> Self {
+        DraftDepth::Fixed(n)
+    }
+}
+
+impl fmt::Display for DraftDepth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DraftDepth::Fixed(n) => write!(f, "{n}"),
+            DraftDepth::Auto => f.write_str("auto"),
+        }
+    }
+}
 
 /// The keys a speculation block may contain.
 pub const VALID_KEYS: [&str; 4] = [
@@ -93,8 +166,8 @@ pub enum SpeculationError {
         /// The mode as given.
         value: String,
     },
-    /// `num_draft_tokens` outside `1..=MAX_NUM_DRAFT_TOKENS` or not an integer.
-    #[error("invalid num_draft_tokens {value}: it must be an integer from 1 to {max} (proposals per round, excluding the target's seed token)")]
+    /// `num_draft_tokens` outside `1..=MAX_NUM_DRAFT_TOKENS`, not an integer, and not `"auto"`.
+    #[error("invalid num_draft_tokens {value}: it must be an integer from 1 to {max} (proposals per round, excluding the target's seed token) or \"auto\"")]
     InvalidDepth {
         /// The value as given (its JSON text).
         value: String,
@@ -128,8 +201,10 @@ pub enum SpeculationError {
 /// ```
 /// use mtp_contract::{Speculation, SpeculationMode};
 /// let s: Speculation = serde_json::from_str(r#"{"num_draft_tokens": 5}"#).unwrap();
-/// assert_eq!(s.num_draft_tokens, Some(5));
+/// assert_eq!(s.num_draft_tokens, Some(5.into()));
 /// assert_eq!(s.mode, None);
+/// let auto: Speculation = serde_json::from_str(r#"{"num_draft_tokens": "auto"}"#).unwrap();
+/// assert_eq!(auto.num_draft_tokens, Some(mtp_contract::DraftDepth::Auto));
 /// let on: Speculation = serde_json::from_str("true").unwrap();
 /// assert_eq!(on.mode, Some(SpeculationMode::NativeMtp));
 /// assert!(serde_json::from_str::<Speculation>(r#"{"depth": 3}"#).is_err());
@@ -140,8 +215,8 @@ pub struct Speculation {
     pub mode: Option<SpeculationMode>,
     /// Repo id or local path of a companion MTP drafter; `None` inherits (registry / embedded head).
     pub drafter: Option<String>,
-    /// Proposals per round, excluding the target's seed token; `None` inherits.
-    pub num_draft_tokens: Option<u32>,
+    /// Proposals per round, excluding the target's seed token, or `auto`; `None` inherits.
+    pub num_draft_tokens: Option<DraftDepth>,
     /// Fail with `SpeculationUnavailable` rather than run unaccelerated; `None` inherits.
     pub require_acceleration: Option<bool>,
 }
@@ -167,17 +242,33 @@ impl Speculation {
     ///
     /// ```
     /// let s = mtp_contract::Speculation::depth(5).unwrap();
-    /// assert_eq!(s.num_draft_tokens, Some(5));
+    /// assert_eq!(s.num_draft_tokens, Some(5.into()));
     /// assert!(mtp_contract::Speculation::depth(0).is_err());
     /// ```
     pub fn depth(n: u32) -> Result<Self, SpeculationError> {
         Speculation::default().with_num_draft_tokens(n)
     }
 
-    /// Sets `num_draft_tokens`, validating it.
-    pub fn with_num_draft_tokens(mut self, n: u32) -> Result<Self, SpeculationError> {
-        validate_depth(n as i128, &n.to_string())?;
-        self.num_draft_tokens = Some(n);
+    /// A block that only asks for the depth to be chosen round by round
+    /// (`{"num_draft_tokens": "auto"}`).
+    pub fn auto_depth() -> Self {
+        Speculation {
+            num_draft_tokens: Some(DraftDepth::Auto),
+            ..Default::default()
+        }
+    }
+
+    /// Sets `num_draft_tokens`, validating it: a depth (`3`, `DraftDepth::Fixed(3)`) or
+    /// `DraftDepth::Auto`.
+    pub fn with_num_draft_tokens(
+        mut self,
+        n: impl Into<DraftDepth>,
+    ) -> Result<Self, SpeculationError> {
+        let d = n.into();
+        if let DraftDepth::Fixed(n) = d {
+            validate_depth(n as i128, &n.to_string())?;
+        }
+        self.num_draft_tokens = Some(d);
         Ok(self)
     }
 
@@ -244,7 +335,10 @@ impl Speculation {
                                         max: MAX_NUM_DRAFT_TOKENS,
                                     })?;
                                 validate_depth(int, &text)?;
-                                out.num_draft_tokens = Some(int as u32);
+                                out.num_draft_tokens = Some(DraftDepth::Fixed(int as u32));
+                            }
+                            Value::String(s) if s == "auto" => {
+                                out.num_draft_tokens = Some(DraftDepth::Auto)
                             }
                             Value::Null => {}
                             other => {
@@ -290,7 +384,7 @@ impl Speculation {
             map.insert("drafter".into(), d.clone().into());
         }
         if let Some(n) = self.num_draft_tokens {
-            map.insert("num_draft_tokens".into(), n.into());
+            map.insert("num_draft_tokens".into(), n.to_json());
         }
         if let Some(r) = self.require_acceleration {
             map.insert("require_acceleration".into(), r.into());
@@ -380,8 +474,12 @@ pub struct ResolvedSpeculation {
     pub mode_source: Source,
     /// The drafter named explicitly (request or provider); `None` means "embedded head or registry".
     pub drafter: Option<String>,
-    /// The depth named explicitly; `None` means "the drafter's or registry's default".
+    /// The fixed depth named explicitly; `None` means "the drafter's or registry's default"
+    /// (and, with `auto_depth`, the depth a runtime that cannot choose falls back to).
     pub num_draft_tokens: Option<u32>,
+    /// `num_draft_tokens: "auto"` won: the runtime picks each round's depth, up to
+    /// [`AUTO_MAX_DRAFT_TOKENS`].
+    pub auto_depth: bool,
     /// Refuse to run unaccelerated.
     pub require_acceleration: bool,
 }
@@ -398,7 +496,8 @@ impl ResolvedSpeculation {
         }
     }
 
-    /// The effective depth given the default the runtime would use.
+    /// The effective fixed depth given the default the runtime would use (under `auto_depth`,
+    /// that default: what a runtime that cannot choose drafts at).
     pub fn depth_or(&self, default_depth: u32) -> u32 {
         self.num_draft_tokens.unwrap_or(default_depth)
     }
@@ -412,7 +511,7 @@ impl ResolvedSpeculation {
 /// | --- | --- | --- | --- |
 /// | `mode` | request | provider | `native_mtp` if either level gave a block, else `off` |
 /// | `drafter` | request | provider | embedded head, then registry companion |
-/// | `num_draft_tokens` | request | provider | drafter config / registry default |
+/// | `num_draft_tokens` (a number or `"auto"`) | request | provider | drafter config / registry default |
 /// | `require_acceleration` | request | provider | `false` |
 ///
 /// The override lives only for the request it came with: the next request resolves against
@@ -424,6 +523,8 @@ impl ResolvedSpeculation {
 /// let r = resolve(Some(&default), Some(&Speculation::depth(5).unwrap()));
 /// assert!(r.requested);
 /// assert_eq!(r.num_draft_tokens, Some(5));
+/// let r = resolve(Some(&default), Some(&Speculation::auto_depth()));
+/// assert!(r.auto_depth && r.num_draft_tokens.is_none());
 /// let r = resolve(Some(&default), Some(&false.into()));
 /// assert_eq!(r.disabled_reason(), Some(Reason::DisabledByRequest));
 /// let r = resolve(None, None);
@@ -470,14 +571,16 @@ pub fn resolve(
             .and_then(get)
             .or_else(|| provider_default.and_then(get))
     };
+    let depth = request
+        .and_then(|s| s.num_draft_tokens)
+        .or_else(|| provider_default.and_then(|s| s.num_draft_tokens));
     ResolvedSpeculation {
         requested: mode == SpeculationMode::NativeMtp,
         mode,
         mode_source,
         drafter: layered(&|s| s.drafter.clone()),
-        num_draft_tokens: request
-            .and_then(|s| s.num_draft_tokens)
-            .or_else(|| provider_default.and_then(|s| s.num_draft_tokens)),
+        num_draft_tokens: depth.and_then(DraftDepth::fixed),
+        auto_depth: depth == Some(DraftDepth::Auto),
         require_acceleration: request
             .and_then(|s| s.require_acceleration)
             .or_else(|| provider_default.and_then(|s| s.require_acceleration))

@@ -2,15 +2,20 @@
 #![allow(clippy::type_complexity)]
 
 use mtp_contract::{
-    plan, resolve, DraftStats, Lane, Plan, ProviderError, Reason, Sampling, Speculation,
-    SpeculationError, SpeculationMode, SpeculationReport, MAX_NUM_DRAFT_TOKENS,
+    plan, resolve, DraftDepth, DraftStats, Lane, Plan, ProviderError, Reason, Sampling,
+    Speculation, SpeculationError, SpeculationMode, SpeculationReport, MAX_NUM_DRAFT_TOKENS,
 };
 use serde_json::json;
 
 #[test]
 fn parse_table() {
     // (input, expected mode, expected depth, expected require_acceleration)
-    let ok: &[(&str, Option<SpeculationMode>, Option<u32>, Option<bool>)] = &[
+    let ok: &[(
+        &str,
+        Option<SpeculationMode>,
+        Option<DraftDepth>,
+        Option<bool>,
+    )] = &[
         ("true", Some(SpeculationMode::NativeMtp), None, None),
         ("false", Some(SpeculationMode::Off), None, None),
         (
@@ -20,15 +25,21 @@ fn parse_table() {
             None,
         ),
         (r#"{"mode":"off"}"#, Some(SpeculationMode::Off), None, None),
-        (r#"{"num_draft_tokens":5}"#, None, Some(5), None),
-        (r#"{"num_draft_tokens":1}"#, None, Some(1), None),
-        (r#"{"num_draft_tokens":16}"#, None, Some(16), None),
+        (r#"{"num_draft_tokens":5}"#, None, Some(5.into()), None),
+        (r#"{"num_draft_tokens":1}"#, None, Some(1.into()), None),
+        (r#"{"num_draft_tokens":16}"#, None, Some(16.into()), None),
         (r#"{"require_acceleration":true}"#, None, None, Some(true)),
         (r#"{}"#, None, None, None),
         (
+            r#"{"num_draft_tokens":"auto"}"#,
+            None,
+            Some(DraftDepth::Auto),
+            None,
+        ),
+        (
             r#"{"mode":"native_mtp","drafter":"org/x-MTP","num_draft_tokens":3,"require_acceleration":false}"#,
             Some(SpeculationMode::NativeMtp),
-            Some(3),
+            Some(3.into()),
             Some(false),
         ),
     ];
@@ -69,6 +80,11 @@ fn parse_errors_name_key_or_value() {
             json!({"num_draft_tokens": 1e30}),
             "invalid num_draft_tokens",
         ),
+        (
+            json!({"num_draft_tokens": "Auto"}),
+            "invalid num_draft_tokens \"Auto\"",
+        ),
+        (json!({"num_draft_tokens": "auto "}), "or \"auto\""),
         (json!({"require_acceleration": "yes"}), "must be a boolean"),
         (json!({"mode": 1}), "key `mode` must be"),
         (json!({"drafter": ""}), "`drafter` must name"),
@@ -107,7 +123,7 @@ fn from_str_accepts_cli_spellings() {
     }
     assert!("medusa".parse::<Speculation>().is_err());
     let j: Speculation = r#"{"num_draft_tokens":4}"#.parse().unwrap();
-    assert_eq!(j.num_draft_tokens, Some(4));
+    assert_eq!(j.num_draft_tokens, Some(4.into()));
 }
 
 #[test]
@@ -384,6 +400,8 @@ fn report_serializes_every_key() {
         "used",
         "drafter",
         "num_draft_tokens",
+        "auto_depth",
+        "rounds_per_depth",
         "runtime",
         "draft_kind",
         "drafted",
@@ -404,7 +422,8 @@ fn report_serializes_every_key() {
         v,
         json!({
             "requested": true, "mode": "native_mtp", "used": true, "drafter": "embedded",
-            "num_draft_tokens": 3, "runtime": "candle-cpu", "draft_kind": "mtp",
+            "num_draft_tokens": 3, "auto_depth": false, "rounds_per_depth": [0, 0, 0, 2],
+            "runtime": "candle-cpu", "draft_kind": "mtp",
             "drafted": 6, "accepted": 4, "rounds": 2, "acceptance_rate": 4.0 / 6.0,
             "accepted_per_position": [2, 1, 1], "output_preserving": true,
             "reason": null, "message": null
@@ -435,4 +454,71 @@ fn reasons_round_trip() {
     ] {
         assert!(Reason::parse(code).is_some(), "{code}");
     }
+}
+
+#[test]
+fn auto_depth_resolves_reports_and_round_trips() {
+    let fixed3 = Speculation::native_mtp().with_num_draft_tokens(3).unwrap();
+    let auto = Speculation::native_mtp()
+        .with_num_draft_tokens(DraftDepth::Auto)
+        .unwrap();
+    // the request's choice wins either way, field by field
+    let r = resolve(Some(&fixed3), Some(&Speculation::auto_depth()));
+    assert!(r.auto_depth && r.requested && r.num_draft_tokens.is_none());
+    let r = resolve(Some(&auto), Some(&Speculation::depth(2).unwrap()));
+    assert!(!r.auto_depth);
+    assert_eq!(r.num_draft_tokens, Some(2));
+    let r = resolve(Some(&auto), None);
+    assert!(r.auto_depth);
+    // off stays off
+    let r = resolve(Some(&auto), Some(&false.into()));
+    assert!(!r.requested);
+    // a runtime that cannot choose drafts at its default and says so
+    let lane = Lane::Ready {
+        drafter: "embedded".into(),
+        default_depth: 3,
+        output_preserving: Some(true),
+    };
+    let p = plan(Some(&auto), None, &Sampling::default(), &lane).unwrap();
+    let Plan::Speculate {
+        depth, resolved, ..
+    } = &p
+    else {
+        panic!("{p:?}")
+    };
+    assert_eq!(*depth, 3);
+    assert!(resolved.auto_depth);
+    let mut stats = DraftStats::default();
+    stats.record_round(3, 2);
+    let rep = p.report("llama.cpp", &stats);
+    assert!(!rep.auto_depth);
+    let msg = rep.message.clone().unwrap();
+    assert!(
+        msg.contains("\"auto\"") && msg.contains("3 per round"),
+        "{msg}"
+    );
+    // one that chose says so, and the depths it used are counted
+    stats.record_round(0, 0);
+    stats.record_round(1, 1);
+    let chosen = p.report("candle-cpu", &stats).chosen_per_round();
+    assert!(chosen.auto_depth && chosen.message.is_none());
+    assert_eq!(chosen.rounds_per_depth, Some(vec![1, 1, 0, 1]));
+    let v = serde_json::to_value(&chosen).unwrap();
+    assert_eq!(v["auto_depth"], true);
+    assert_eq!(v["rounds_per_depth"], json!([1, 1, 0, 1]));
+    assert_eq!(
+        serde_json::from_value::<SpeculationReport>(v).unwrap(),
+        chosen
+    );
+    // a not-used report is never marked
+    let off = SpeculationReport::not_used(&resolved.clone(), "x", Reason::NoMtpHead, None);
+    assert!(!off.chosen_per_round().auto_depth);
+    // the block round-trips as the string
+    assert_eq!(auto.to_json()["num_draft_tokens"], "auto");
+    let back: Speculation = serde_json::from_value(auto.to_json()).unwrap();
+    assert_eq!(back, auto);
+    assert_eq!(
+        r#"{"num_draft_tokens":"auto"}"#.parse::<Speculation>().unwrap(),
+        Speculation::auto_depth()
+    );
 }

@@ -12,9 +12,18 @@
 //! [`Batch`] is the synchronous core (the caller decides when to step); [`Scheduler`] is the
 //! thread that owns a batch and takes requests from any thread.
 //!
-//! Not yet: chunked prefill (a joining prompt is computed whole before the next step), drafting
-//! the speculating sequences' heads in one forward (each drafts alone), and the prefix cache
-//! (batched sequences start from their prompt).
+//! Sequences asking for `auto` depths get them chosen jointly each step ([`crate::depth`]):
+//! one forward's rows are shared, so as the batch fills each draft buys less than the row it
+//! costs and depths fall, to plain target steps where drafting would cost more than it gains.
+//!
+//! A joining prompt longer than the batch's prefill chunk ([`DEFAULT_PREFILL_CHUNK`] tokens
+//! unless set) is computed a chunk per step, so one long prompt does not stall the sequences
+//! already decoding: each step computes one chunk of each prompt still filling, then the
+//! others' rows. A chunked prompt resumes exactly as a prefix-cache state does, so its tokens
+//! are still the ones it gets alone.
+//!
+//! Not yet: drafting the speculating sequences' heads in one forward (each drafts alone), and
+//! the prefix cache (batched sequences start from their prompt).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -24,23 +33,49 @@ use std::time::Instant;
 use mtp_contract::{FinishReason, Timings};
 
 use crate::cache::SeqCache;
+use crate::depth::{self, Acceptance, Choice, Fixed};
 use crate::engine::{close_timings, Emitter, Engine, GenerateOptions, GenerationOutput};
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
+use crate::resume::PromptState;
 use crate::sampling::Sampler;
 use crate::speculative::{self, Drafts, Round, SpecTimings};
+use crate::vision::MultimodalPrompt;
 use crate::SpeculationOutcome;
+
+/// Prompt tokens a step computes for one joining sequence, by default.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+/// A prompt still being computed, a chunk per step.
+struct Filling {
+    prompt: Vec<u32>,
+    /// The state after the chunks computed so far.
+    state: Option<PromptState>,
+    speculate: bool,
+    depth: usize,
+    auto: bool,
+    images: Option<Arc<MultimodalPrompt>>,
+    /// Milliseconds of the chunks so far.
+    ms: f64,
+}
 
 /// How a sequence decodes.
 enum Lane {
+    /// Its prompt is being computed ([`Batch`]'s prefill chunk per step).
+    Filling(Box<Filling>),
     /// One token per step; `logits` are the target's for the next token.
     Target {
         cache: SeqCache,
         logits: Vec<f32>,
         history: Vec<u32>,
     },
-    /// MTP rounds of at most `depth` proposals.
-    Mtp { round: Box<Round>, depth: usize },
+    /// MTP rounds of at most `depth` proposals; with `auto`, each round's depth is chosen up to
+    /// `depth` from this acceptance estimate.
+    Mtp {
+        round: Box<Round>,
+        depth: usize,
+        auto: Option<Acceptance>,
+    },
 }
 
 /// One sequence of a batch.
@@ -61,6 +96,15 @@ struct Slot {
 }
 
 impl Slot {
+    /// A speculating sequence's prefill produced its first token: emit it.
+    fn first_speculative_token(&mut self, on: &mut dyn FnMut(u64, &[u32]) -> bool) {
+        if let Lane::Mtp { round, .. } = &self.lane {
+            let b = round.bonus;
+            self.first_at = Some(Instant::now());
+            self.emit(&[b], on);
+        }
+    }
+
     /// Emits `chunk` under the one emission rule ([`Emitter`]: stop ids, budget, cancel).
     fn emit(&mut self, chunk: &[u32], on: &mut dyn FnMut(u64, &[u32]) -> bool) -> bool {
         let id = self.id;
@@ -114,6 +158,7 @@ pub struct Batch<'e> {
     engine: &'e Engine,
     slots: Vec<Slot>,
     done: Vec<(u64, Result<GenerationOutput>)>,
+    chunk: usize,
 }
 
 impl<'e> Batch<'e> {
@@ -123,7 +168,15 @@ impl<'e> Batch<'e> {
             engine,
             slots: Vec::new(),
             done: Vec::new(),
+            chunk: DEFAULT_PREFILL_CHUNK,
         }
+    }
+
+    /// Sets the prompt tokens a step computes for each joining sequence (at least 1; a prompt
+    /// no longer than this is computed when it joins).
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
+        self.chunk = tokens.max(1);
+        self
     }
 
     /// Sequences still generating.
@@ -161,42 +214,30 @@ impl<'e> Batch<'e> {
         let mut sampler = engine.sampler(opts)?;
         let mut spec_timings = SpecTimings::default();
         let mut timings = Timings::default();
-        let lane = match (speculate, engine.drafter()) {
-            (true, Some(head)) => {
-                let mut computed = 0;
-                let round = speculative::prefill(
-                    engine.model(),
-                    head,
-                    prompt,
-                    opts.images.as_ref(),
-                    &mut sampler,
-                    &mut spec_timings,
-                    None,
-                    false,
-                    None,
-                    &mut None,
-                    &mut None,
-                    &mut computed,
-                )?;
-                timings.prefill_ms = Some(spec_timings.prefill_ms);
-                Lane::Mtp {
-                    round: Box::new(round),
-                    depth: opts.num_draft_tokens.unwrap_or(0),
-                }
-            }
-            _ => {
-                let mut cache = [engine.new_cache(opts)];
-                let out = engine
-                    .model()
-                    .forward(&[prompt.to_vec()], &mut cache, LogitsAt::Last)?;
-                timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-                let [cache] = cache;
-                Lane::Target {
-                    cache,
-                    logits: out.logits,
-                    history: prompt.to_vec(),
-                }
-            }
+        let speculate = speculate && engine.drafter().is_some();
+        let depth = opts.num_draft_tokens.unwrap_or(0);
+        let lane = if prompt.len() > self.chunk {
+            Lane::Filling(Box::new(Filling {
+                prompt: prompt.to_vec(),
+                state: None,
+                speculate,
+                depth,
+                auto: opts.auto_depth,
+                images: opts.images.clone(),
+                ms: 0.0,
+            }))
+        } else {
+            let lane = start_lane(
+                engine,
+                prompt,
+                opts.images.as_ref(),
+                None,
+                (speculate, depth, opts.auto_depth),
+                &mut sampler,
+                &mut spec_timings,
+            )?;
+            timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+            lane
         };
         let mut slot = Slot {
             id,
@@ -215,14 +256,67 @@ impl<'e> Batch<'e> {
         };
         if slot.max == 0 {
             slot.finish = Some(FinishReason::Length);
-        } else if let Lane::Mtp { round, .. } = &slot.lane {
-            let b = round.bonus;
-            slot.first_at = Some(Instant::now());
-            slot.emit(&[b], on_tokens);
+        } else {
+            slot.first_speculative_token(on_tokens);
         }
         self.slots.push(slot);
         self.retire();
         Ok(())
+    }
+
+    /// Computes one chunk of each prompt still filling; a prompt's last chunk starts its
+    /// decoding (and emits a speculating sequence's first token).
+    fn fill(&mut self, on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool) -> Vec<(usize, String)> {
+        let engine = self.engine;
+        let chunk = self.chunk;
+        let mut failed = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Lane::Filling(f) = &mut s.lane else {
+                continue;
+            };
+            if s.finish.is_some() {
+                continue;
+            }
+            let t0 = Instant::now();
+            let done = f.state.as_ref().map_or(0, PromptState::tokens);
+            let head = engine.drafter().filter(|_| f.speculate);
+            let next = if f.prompt.len() - done > chunk {
+                speculative::prefill_part(
+                    engine.model(),
+                    head,
+                    &f.prompt,
+                    f.images.as_ref(),
+                    f.state.take(),
+                    done + chunk,
+                )
+                .map(|st| {
+                    f.state = Some(st);
+                    None
+                })
+            } else {
+                start_lane(
+                    engine,
+                    &f.prompt,
+                    f.images.as_ref(),
+                    f.state.as_ref(),
+                    (f.speculate, f.depth, f.auto),
+                    &mut s.sampler,
+                    &mut s.spec_timings,
+                )
+                .map(Some)
+            };
+            f.ms += t0.elapsed().as_secs_f64() * 1e3;
+            match next {
+                Ok(None) => {}
+                Ok(Some(lane)) => {
+                    s.timings.prefill_ms = Some(f.ms);
+                    s.lane = lane;
+                    s.first_speculative_token(on_tokens);
+                }
+                Err(e) => failed.push((i, e.to_string())),
+            }
+        }
+        failed
     }
 
     /// Ends a sequence now (its output so far goes to [`Batch::take_finished`], cancelled).
@@ -259,19 +353,23 @@ impl<'e> Batch<'e> {
         let engine = self.engine;
         let model = engine.model();
         let head = engine.drafter();
+        // 0. a chunk of each prompt still filling
+        let mut failed: Vec<(usize, String)> = self.fill(on_tokens);
         let t0 = Instant::now();
+        let chosen = self.choose_depths();
+        let mut head_calls = 0;
         // 1. each sequence's row: a target-only sequence samples and emits its next token (the
         //    row feeds it); a speculating one drafts its round
         let mut rows: Vec<Vec<u32>> = Vec::new();
         let mut members: Vec<(usize, Option<Drafts>)> = Vec::new();
-        let mut failed: Vec<(usize, String)> = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.finish.is_some() {
+            if s.finish.is_some() || failed.iter().any(|f| f.0 == i) {
                 continue;
             }
             let pos = s.tokens.len();
             let remaining = s.remaining();
             match &mut s.lane {
+                Lane::Filling(_) => {}
                 Lane::Target {
                     logits, history, ..
                 } => {
@@ -290,14 +388,15 @@ impl<'e> Batch<'e> {
                         members.push((i, None));
                     }
                 }
-                Lane::Mtp { round, depth } => {
-                    let k = (*depth).min(remaining);
-                    let Some(head) = head.filter(|_| k > 0) else {
+                Lane::Mtp { round, depth, .. } => {
+                    let k = chosen[i].unwrap_or((*depth).min(remaining));
+                    let Some(head) = head.filter(|_| remaining > 0) else {
                         s.finish = Some(FinishReason::Length);
                         continue;
                     };
                     match speculative::draft(model, head, round, k, &mut s.sampler, pos) {
                         Ok(d) => {
+                            head_calls += d.heads;
                             rows.push(speculative::verify_row(round, &d));
                             members.push((i, Some(d)));
                         }
@@ -316,13 +415,23 @@ impl<'e> Batch<'e> {
                         std::mem::replace(cache, SeqCache::new(Vec::new()))
                     }
                     Lane::Mtp { round, .. } => round.take_cache(),
+                    Lane::Filling(_) => SeqCache::new(Vec::new()),
                 })
                 .collect();
             let out = model.forward(&rows, &mut caches, LogitsAt::All);
+            {
+                let forward_ms = t1.elapsed().as_secs_f64() * 1e3;
+                let mut m = speculative::lock(engine.depths());
+                m.cost
+                    .record_forward(rows.iter().map(Vec::len).sum(), forward_ms);
+                m.cost
+                    .record_heads(head_calls, (t1 - t0).as_secs_f64() * 1e3);
+            }
             for ((i, _), c) in members.iter().zip(caches) {
                 match &mut self.slots[*i].lane {
                     Lane::Target { cache, .. } => *cache = c,
                     Lane::Mtp { round, .. } => round.put_cache(c),
+                    Lane::Filling(_) => {}
                 }
             }
             let t2 = Instant::now();
@@ -346,7 +455,7 @@ impl<'e> Batch<'e> {
                             (Lane::Target { logits: next, .. }, None, _) => {
                                 *next = logits.to_vec();
                             }
-                            (Lane::Mtp { round, .. }, Some(d), Some(head)) => {
+                            (Lane::Mtp { round, auto, .. }, Some(d), Some(_)) => {
                                 s.spec_timings.draft_ms += draft_ms;
                                 s.spec_timings.verify_ms += verify_ms;
                                 let mut stats = s
@@ -356,7 +465,6 @@ impl<'e> Batch<'e> {
                                     .unwrap_or_default();
                                 let new = speculative::finish_round(
                                     model,
-                                    head,
                                     round,
                                     d,
                                     logits,
@@ -370,7 +478,14 @@ impl<'e> Batch<'e> {
                                     o.stats = stats;
                                 }
                                 match new {
-                                    Ok(new) => {
+                                    Ok((accepted, new)) => {
+                                        if let Some(a) = auto.as_mut() {
+                                            speculative::lock(engine.depths()).record_round(
+                                                a,
+                                                d.len(),
+                                                accepted,
+                                            );
+                                        }
                                         s.emit(&new, on_tokens);
                                     }
                                     Err(e) => failed.push((*i, e.to_string())),
@@ -390,6 +505,118 @@ impl<'e> Batch<'e> {
             self.done.push((s.id, Err(Error::Batch(m))));
         }
         self.retire();
+    }
+}
+
+/// A sequence's decoding lane once its prompt is computed (from `resume`, the state after its
+/// first chunks, when given): an MTP round state (its first token not yet emitted) or the
+/// target's next logits.
+fn start_lane(
+    engine: &Engine,
+    prompt: &[u32],
+    images: Option<&Arc<MultimodalPrompt>>,
+    resume: Option<&PromptState>,
+    (speculate, depth, auto): (bool, usize, bool),
+    sampler: &mut Sampler,
+    spec_timings: &mut SpecTimings,
+) -> Result<Lane> {
+    if let (true, Some(head)) = (speculate, engine.drafter()) {
+        let mut computed = 0;
+        let round = speculative::prefill(
+            engine.model(),
+            head,
+            prompt,
+            images,
+            sampler,
+            spec_timings,
+            resume,
+            false,
+            None,
+            &mut None,
+            &mut None,
+            &mut computed,
+        )?;
+        return Ok(Lane::Mtp {
+            round: Box::new(round),
+            depth,
+            auto: auto.then(|| speculative::lock(engine.depths()).new_sequence()),
+        });
+    }
+    let resume = resume.filter(|st| st.tokens() < prompt.len());
+    let (mut cache, from) = match resume {
+        Some(st) => (st.cache.clone(), st.tokens()),
+        None => {
+            let mut c = engine.model().new_cache();
+            c.set_images(images.cloned());
+            (c, 0)
+        }
+    };
+    let out = engine.model().forward(
+        &[prompt[from..].to_vec()],
+        std::slice::from_mut(&mut cache),
+        LogitsAt::Last,
+    )?;
+    Ok(Lane::Target {
+        cache,
+        logits: out.logits,
+        history: prompt.to_vec(),
+    })
+}
+
+impl Batch<'_> {
+    /// The depth of every `auto` sequence for the next step, by slot (`None` for the others),
+    /// chosen together with what the other sequences put in the step.
+    fn choose_depths(&self) -> Vec<Option<usize>> {
+        let mut chosen = vec![None; self.slots.len()];
+        if !self
+            .slots
+            .iter()
+            .any(|s| matches!(&s.lane, Lane::Mtp { auto: Some(_), .. }))
+        {
+            return chosen;
+        }
+        let mut m = speculative::lock(self.engine.depths());
+        let prior = m.new_sequence();
+        let mut fixed = Fixed::default();
+        let mut seqs = Vec::new();
+        let mut which = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.finish.is_some() {
+                continue;
+            }
+            let remaining = s.remaining();
+            match &s.lane {
+                Lane::Filling(_) => {}
+                Lane::Target { .. } => {
+                    fixed.rows += 1;
+                    fixed.tokens += 1.0;
+                }
+                Lane::Mtp {
+                    auto: Some(a),
+                    depth,
+                    ..
+                } => {
+                    seqs.push(Choice {
+                        acceptance: a,
+                        max: (*depth).min(remaining.saturating_sub(1)),
+                    });
+                    which.push(i);
+                }
+                Lane::Mtp {
+                    auto: None, depth, ..
+                } => {
+                    let k = (*depth).min(remaining);
+                    fixed.rows += k + 1;
+                    fixed.tokens += 1.0 + prior.gains(k).iter().sum::<f64>();
+                    fixed.heads += k;
+                }
+            }
+        }
+        let depths = depth::choose(&mut m.cost, fixed, &seqs);
+        for (i, k) in which.into_iter().zip(depths) {
+            chosen[i] = Some(k);
+        }
+        chosen
     }
 }
 

@@ -9,6 +9,7 @@ use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 
 use crate::config::GenerationConfig;
 use crate::constraint::{Constraint, ConstraintCompiler};
+use crate::depth::DepthModel;
 use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
@@ -34,8 +35,13 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     /// Sampling controls (the contract's type).
     pub sampling: Sampling,
-    /// MTP proposals per round; `None` or `Some(0)` = target-only decoding.
+    /// MTP proposals per round; `None` or `Some(0)` = target-only decoding. With
+    /// `auto_depth`, the most a round may draft.
     pub num_draft_tokens: Option<usize>,
+    /// Choose each round's depth, from 0 (a plain target step) to `num_draft_tokens`, from
+    /// the measured acceptance and round costs (`num_draft_tokens: "auto"`); the tokens are
+    /// the same as at any fixed depth.
+    pub auto_depth: bool,
     /// Extra stop token ids (the checkpoint's EOS ids are always included unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     /// Do not stop at EOS (parity tests, benchmarks).
@@ -59,6 +65,7 @@ impl Default for GenerateOptions {
             max_tokens: 256,
             sampling: Sampling::default(),
             num_draft_tokens: None,
+            auto_depth: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             checkpoint_at: None,
@@ -89,6 +96,19 @@ impl GenerateOptions {
         self
     }
 
+    /// Chooses each round's depth up to `max` (`num_draft_tokens: "auto"`).
+    ///
+    /// ```
+    /// let o = mtp_engine::GenerateOptions::greedy(8).auto_depth(8);
+    /// assert!(o.auto_depth);
+    /// assert_eq!(o.num_draft_tokens, Some(8));
+    /// ```
+    pub fn auto_depth(mut self, max: usize) -> Self {
+        self.num_draft_tokens = Some(max);
+        self.auto_depth = true;
+        self
+    }
+
     /// Constrains the reply to `format`.
     pub fn response_format(mut self, format: ResponseFormat) -> Self {
         self.response_format = Some(format);
@@ -107,8 +127,11 @@ impl GenerateOptions {
 pub struct SpeculationOutcome {
     /// True when MTP rounds ran.
     pub used: bool,
-    /// Proposals per round requested.
+    /// Proposals per round requested (with `auto_depth`, the most a round could draft).
     pub num_draft_tokens: usize,
+    /// Each round's depth was chosen (`GenerateOptions::auto_depth`); the depths used are in
+    /// `stats` ([`DraftStats::rounds_per_depth`]).
+    pub auto_depth: bool,
     /// Drafted / accepted / rounds / per-position acceptance.
     pub stats: DraftStats,
     /// Why speculation was not used although requested (e.g. penalties, no head).
@@ -148,6 +171,9 @@ pub struct Engine {
     /// with every turn): most recent last, at most [`ENCODED_KEPT`] of them and
     /// [`ENCODED_KEPT_BYTES`] of features.
     encoded: std::sync::Mutex<std::collections::VecDeque<EncodedImage>>,
+    /// What `auto` depths are chosen from: this model's measured round costs and the
+    /// acceptance of the sequences run so far.
+    depths: std::sync::Mutex<DepthModel>,
 }
 
 /// Encoded images kept for reuse.
@@ -245,6 +271,7 @@ impl Engine {
             constraints: std::sync::OnceLock::new(),
             vision,
             encoded: Default::default(),
+            depths: Default::default(),
         })
     }
 
@@ -273,6 +300,11 @@ impl Engine {
             *held.entry(kind).or_default() += bytes;
         }
         held
+    }
+
+    /// The state `auto` depths are chosen from.
+    pub(crate) fn depths(&self) -> &std::sync::Mutex<DepthModel> {
+        &self.depths
     }
 
     /// The MTP head, when loaded.
@@ -522,6 +554,7 @@ impl Engine {
         let depth = opts.num_draft_tokens.unwrap_or(0);
         let mut outcome = (depth > 0).then(|| SpeculationOutcome {
             num_draft_tokens: depth,
+            auto_depth: opts.auto_depth,
             ..Default::default()
         });
         let spec_ok = match (&self.drafter, outcome.as_mut()) {
@@ -600,6 +633,8 @@ impl Engine {
                 prompt,
                 opts.images.as_ref(),
                 depth,
+                &self.depths,
+                opts.auto_depth,
                 &mut sampler,
                 &mut emitter,
                 &mut o.stats,

@@ -17,6 +17,7 @@ pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod constraint;
+pub(crate) mod depth;
 pub mod engine;
 pub mod error;
 #[allow(unsafe_code)] // `exp`'s exact float-to-int conversion; AVX2 builds of slice loops

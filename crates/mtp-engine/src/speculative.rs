@@ -15,14 +15,18 @@
 //! Drafter bookkeeping follows mlx-vlm 0.7.10: the drafter's entry at position `p` pairs the
 //! token at `p + 1` with the target hidden at `p`; drafter entries appended while drafting are
 //! kept for accepted drafts, the rest are trimmed, and the accepted tail plus the bonus token are
-//! fed with the verified hidden states.
+//! fed with the verified hidden states. They are fed when the next round drafts (its first step
+//! produces the seed from them), so a round of depth 0 (a plain target step, which an `auto`
+//! depth may choose) costs no drafter work and the last round's update is never computed; the
+//! drafter catches up with every pending pair in one forward.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mtp_contract::DraftStats;
 
 use crate::cache::SeqCache;
+use crate::depth::{self, Choice, DepthModel, Fixed};
 use crate::engine::Emitter;
 use crate::error::Result;
 use crate::qwen3_5::{LogitsAt, Qwen35Model};
@@ -60,12 +64,29 @@ pub(crate) struct Round {
     fed: Vec<u32>,
     /// The target's final hidden state at the last fed position.
     last_hidden: Vec<f32>,
+    /// Pairs not yet fed to the drafter (tokens and the target hidden states before them);
+    /// while any are pending, `seed` is stale.
+    pending: Vec<u32>,
+    pending_hidden: Vec<f32>,
 }
+
+/// Pairs a run of plain (depth-0) steps may leave pending before the drafter catches up.
+const MAX_PENDING: usize = 64;
 
 /// Proposals of one round (with their draft distributions for unseeded sampling).
 pub(crate) struct Drafts {
     tokens: Vec<u32>,
     q: Vec<Vec<f32>>,
+    /// Drafter forwards this round ran (the catch-up that made the seed, and the recurrent
+    /// drafts).
+    pub(crate) heads: usize,
+}
+
+impl Drafts {
+    /// Proposals made.
+    pub(crate) fn len(&self) -> usize {
+        self.tokens.len()
+    }
 }
 
 fn mode_uses_q(s: &Sampler) -> bool {
@@ -86,7 +107,8 @@ fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> Result<(u32, 
     })
 }
 
-/// Step 1: draft `k` tokens (the seed plus `k - 1` recurrent head forwards).
+/// Step 1: draft `k` tokens (the seed, made by feeding the drafter the last rounds' pairs,
+/// plus `k - 1` recurrent head forwards). `k = 0` drafts nothing: the round is a target step.
 pub(crate) fn draft(
     model: &Qwen35Model,
     head: &MtpHead,
@@ -95,11 +117,34 @@ pub(crate) fn draft(
     s: &mut Sampler,
     pos: usize,
 ) -> Result<Drafts> {
+    r.appended = 0;
+    // a long run of plain steps: catch the drafter up now and then rather than hold every
+    // hidden state until the next draft
+    let catch_up = !r.pending.is_empty() && (k > 0 || r.pending.len() >= MAX_PENDING);
+    let mut heads = 0;
+    if catch_up {
+        let toks = std::mem::take(&mut r.pending);
+        let hid = std::mem::take(&mut r.pending_hidden);
+        let last = head.forward(model, &toks, &hid, &mut r.mcache)?;
+        let logits = model.logits(&last, 1)?;
+        let (t, q) = draft_pick(s, &logits, pos)?;
+        r.seed = t;
+        r.seed_q = q;
+        r.seed_hidden = last;
+        heads += 1;
+    }
+    if k == 0 {
+        return Ok(Drafts {
+            tokens: Vec::new(),
+            q: Vec::new(),
+            heads,
+        });
+    }
     let mut d = Drafts {
         tokens: vec![r.seed],
         q: r.seed_q.take().into_iter().collect(),
+        heads,
     };
-    r.appended = 0;
     let mut h = r.seed_hidden.clone();
     let mut tok = r.seed;
     // Under a constraint the grammar walks through the drafts (each is picked with the state
@@ -115,6 +160,7 @@ pub(crate) fn draft(
     while open && d.tokens.len() < k {
         h = head.forward(model, &[tok], &h, &mut r.mcache)?;
         r.appended += 1;
+        d.heads += 1;
         let logits = model.logits(&h, 1)?;
         let (t, q) = draft_pick(s, &logits, pos + d.tokens.len())?;
         tok = t;
@@ -167,6 +213,8 @@ impl Round {
 ///
 /// Under a constraint each row is masked with the grammar state after the tokens before it,
 /// and every token kept is fed to the grammar (drafts as they are accepted, then the target's).
+/// An accepted draft that completes the grammar ends the walk: the reply is over, and plain
+/// decoding would pick nothing after it.
 fn accept(
     logits: &[f32],
     vocab: usize,
@@ -180,6 +228,9 @@ fn accept(
         if j > 0 {
             // the draft just accepted moves the grammar on
             s.advance(new[j - 1])?;
+            if s.constraint_complete() {
+                return Ok((j, new));
+            }
         }
         let row = s.constrain(&logits[j * vocab..(j + 1) * vocab])?;
         let row = &row[..];
@@ -232,38 +283,29 @@ fn rollback(r: &mut Round, accepted: usize) {
     r.cache.commit_verify(accepted + 1);
 }
 
-/// Step 5: bring the drafter up to date with the accepted tokens and verified hidden states and
-/// produce the next seed.
-#[allow(clippy::too_many_arguments)]
+/// Step 5: trim the drafter's rejected entries and queue the accepted tokens with their
+/// verified hidden states for it (fed when the next round drafts, see [`draft`]).
 fn update_drafter(
-    model: &Qwen35Model,
-    head: &MtpHead,
+    dm: usize,
     r: &mut Round,
     d: &Drafts,
     accepted: usize,
     new: &[u32],
     verify_hidden: &[f32],
-    s: &mut Sampler,
-    pos: usize,
-) -> Result<()> {
-    let dm = model.hidden_size();
+) {
     let keep = accepted.min(r.appended);
     r.mcache.trim(r.appended - keep);
-    let mut toks: Vec<u32> = d.tokens[keep..accepted].to_vec();
+    r.appended = 0;
     let bonus = *new.last().unwrap_or(&r.bonus);
-    toks.push(bonus);
-    let hid = &verify_hidden[keep * dm..(accepted + 1) * dm];
-    let last = head.forward(model, &toks, hid, &mut r.mcache)?;
-    let logits = model.logits(&last, 1)?;
-    let (t, q) = draft_pick(s, &logits, pos)?;
-    r.seed = t;
-    r.seed_q = q;
-    r.seed_hidden = last;
+    r.pending.extend_from_slice(&d.tokens[keep..accepted]);
+    r.pending.push(bonus);
+    r.pending_hidden
+        .extend_from_slice(&verify_hidden[keep * dm..(accepted + 1) * dm]);
     r.bonus = bonus;
-    Ok(())
 }
 
-/// Runs prefill and MTP rounds until the emitter says stop.
+/// Runs prefill and MTP rounds until the emitter says stop. With `auto`, each round's depth is
+/// chosen up to `depth` (see [`crate::depth`]); the round costs are recorded either way.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     model: &Qwen35Model,
@@ -271,6 +313,8 @@ pub(crate) fn run(
     prompt: &[u32],
     images: Option<&Arc<MultimodalPrompt>>,
     depth: usize,
+    depths: &Mutex<DepthModel>,
+    auto: bool,
     s: &mut Sampler,
     em: &mut Emitter<'_>,
     stats: &mut DraftStats,
@@ -302,27 +346,96 @@ pub(crate) fn run(
     if !em.emit(&[r.bonus]) || em.constraint_done(s) {
         return Ok(());
     }
+    let mut acceptance = auto.then(|| lock(depths).new_sequence());
     loop {
-        let k = depth.min(em.remaining());
-        if k == 0 {
+        let remaining = em.remaining();
+        if remaining == 0 {
             break;
         }
+        let k = match &acceptance {
+            Some(a) => {
+                let choice = Choice {
+                    acceptance: a,
+                    max: depth.min(remaining - 1),
+                };
+                depth::choose(&mut lock(depths).cost, Fixed::default(), &[choice])[0]
+            }
+            None => depth.min(remaining),
+        };
         let pos = em.tokens.len();
         let t1 = Instant::now();
         let d = draft(model, head, &mut r, k, s, pos)?;
         let t2 = Instant::now();
         let (logits, hidden) = verify(model, &mut r, &d)?;
-        t.verify_ms += t2.elapsed().as_secs_f64() * 1e3;
-        t.draft_ms += (t2 - t1).as_secs_f64() * 1e3;
-        let new = finish_round(model, head, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
+        let verify_ms = t2.elapsed().as_secs_f64() * 1e3;
+        let draft_ms = (t2 - t1).as_secs_f64() * 1e3;
+        t.verify_ms += verify_ms;
+        t.draft_ms += draft_ms;
+        {
+            let mut m = lock(depths);
+            m.cost.record_forward(d.len() + 1, verify_ms);
+            m.cost.record_heads(d.heads, draft_ms);
+        }
+        let (accepted, new) = finish_round(model, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
+        if let Some(a) = acceptance.as_mut() {
+            lock(depths).record_round(a, d.len(), accepted);
+        }
         if !em.emit(&new) || em.constraint_done(s) {
             break;
         }
     }
     if checkpoint {
-        *final_out = end_state(r, prompt.len(), &em.tokens);
+        *final_out = end_state(model, head, r, prompt.len(), &em.tokens)?;
     }
     Ok(())
+}
+
+/// The engine's depth model, also after a panic elsewhere (it holds only estimates).
+pub(crate) fn lock(m: &Mutex<DepthModel>) -> std::sync::MutexGuard<'_, DepthModel> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One chunk of a prompt computed into a state: the target's cache (and, with `head`, the
+/// drafter's pairs) from `state` (or the start) through `prompt[..to]`, no logits. The state
+/// resumes as a prefix-cache state does ([`prefill`]'s `resume`, or the target-only path).
+pub(crate) fn prefill_part(
+    model: &Qwen35Model,
+    head: Option<&MtpHead>,
+    prompt: &[u32],
+    images: Option<&Arc<MultimodalPrompt>>,
+    state: Option<PromptState>,
+    to: usize,
+) -> Result<PromptState> {
+    let dm = model.hidden_size();
+    let (mut cache, mut mcache, start, mut hid) = match state {
+        Some(st) => (st.cache, st.mcache, st.tokens, st.last_hidden),
+        None => {
+            let mut cache = model.new_cache();
+            cache.set_images(images.cloned());
+            (cache, head.map(MtpHead::new_cache), 0, Vec::new())
+        }
+    };
+    let to = to.clamp(start, prompt.len());
+    let out = model.forward(
+        &[prompt[start..to].to_vec()],
+        std::slice::from_mut(&mut cache),
+        LogitsAt::None,
+    )?;
+    hid.extend_from_slice(&out.hidden);
+    // the pairs (token[p + 1], hidden[p]) for p < to - 1
+    if let (Some(head), Some(mc)) = (head, mcache.as_mut()) {
+        let pairs = &prompt[start.max(1)..to];
+        if !pairs.is_empty() {
+            head.forward(model, pairs, &hid[..pairs.len() * dm], mc)?;
+        }
+    }
+    let last = hid[hid.len().saturating_sub(dm)..].to_vec();
+    Ok(PromptState {
+        cache,
+        mcache,
+        last_hidden: last,
+        tokens: to,
+    })
 }
 
 /// The prompt forward of the target and the drafter's prefill: the round state whose `bonus`
@@ -435,15 +548,18 @@ pub(crate) fn prefill(
         appended: 0,
         fed: Vec::new(),
         last_hidden: Vec::new(),
+        pending: Vec::new(),
+        pending_hidden: Vec::new(),
     })
 }
 
 /// Steps 3 to 5 of a round whose verify ran (alone or batched with other sequences'): accept,
-/// roll back, record, update the drafter. Returns the round's new tokens.
+/// roll back, record, update the drafter. Returns the drafts accepted and the round's new
+/// tokens (the accepted drafts and the target's own token, which a completed grammar leaves
+/// out).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_round(
     model: &Qwen35Model,
-    head: &MtpHead,
     r: &mut Round,
     d: &Drafts,
     logits: &[f32],
@@ -452,7 +568,7 @@ pub(crate) fn finish_round(
     pos: usize,
     stats: &mut DraftStats,
     t: &mut SpecTimings,
-) -> Result<Vec<u32>> {
+) -> Result<(usize, Vec<u32>)> {
     let dm = model.hidden_size();
     let t2 = Instant::now();
     let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos)?;
@@ -463,38 +579,46 @@ pub(crate) fn finish_round(
     r.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
     let t4 = Instant::now();
     stats.record_round(d.tokens.len(), accepted);
-    update_drafter(
-        model,
-        head,
-        r,
-        d,
-        accepted,
-        &new,
-        hidden,
-        s,
-        pos + new.len(),
-    )?;
+    update_drafter(dm, r, d, accepted, &new, hidden);
     let t5 = Instant::now();
     t.draft_ms += (t5 - t4).as_secs_f64() * 1e3;
     t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
     t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
-    Ok(new)
+    Ok((accepted, new))
 }
 
 /// The state after the last fed token, for a prefix cache: only when the fed tokens are a
 /// prefix of what was emitted (a stop token or the budget can cut a round's accepted tokens,
 /// and a state must never cover tokens the caller did not receive).
-fn end_state(mut r: Round, prompt_len: usize, emitted: &[u32]) -> Option<PromptState> {
+fn end_state(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    mut r: Round,
+    prompt_len: usize,
+    emitted: &[u32],
+) -> Result<Option<PromptState>> {
     if r.fed.is_empty() || !emitted.starts_with(&r.fed) {
-        return None;
+        return Ok(None);
     }
-    // The drafter's last entry pairs the next (unfed) token with the last hidden state; a
-    // resumed call adds that pair itself.
-    r.mcache.trim(1);
-    Some(PromptState {
+    // The drafter takes the pending pairs but the last, which pairs the next (unfed) token
+    // with the last hidden state: a resumed call adds that pair itself.
+    match r.pending.len() {
+        0 => r.mcache.trim(1),
+        1 => {}
+        n => {
+            let dm = model.hidden_size();
+            head.forward(
+                model,
+                &r.pending[..n - 1],
+                &r.pending_hidden[..(n - 1) * dm],
+                &mut r.mcache,
+            )?;
+        }
+    }
+    Ok(Some(PromptState {
         cache: r.cache,
         mcache: Some(r.mcache),
         last_hidden: r.last_hidden,
         tokens: prompt_len + r.fed.len(),
-    })
+    }))
 }

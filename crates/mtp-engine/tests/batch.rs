@@ -61,8 +61,11 @@ fn solo(engine: &Engine, i: usize) -> GenerationOutput {
 }
 
 /// Runs sequences `0..n` in one batch; the second half joins after `late` steps.
-fn batched(engine: &Engine, n: usize, late: usize) -> BTreeMap<u64, (Vec<u32>, GenerationOutput)> {
-    let mut batch = Batch::new(engine);
+fn batched_with(
+    mut batch: Batch<'_>,
+    n: usize,
+    late: usize,
+) -> BTreeMap<u64, (Vec<u32>, GenerationOutput)> {
     let mut streamed: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
     let mut outs = BTreeMap::new();
     let mut on = |id: u64, t: &[u32]| {
@@ -98,10 +101,19 @@ fn batched(engine: &Engine, n: usize, late: usize) -> BTreeMap<u64, (Vec<u32>, G
 }
 
 fn check(engine: &Engine, what: &str) {
+    check_with(engine, what, None)
+}
+
+/// With `chunk`, prompts longer than it are computed that many tokens per step.
+fn check_with(engine: &Engine, what: &str, chunk: Option<usize>) {
     let solos: Vec<GenerationOutput> = (0..8).map(|i| solo(engine, i)).collect();
     for n in [1, 2, 3, 5, 8] {
         for late in [0, 3] {
-            let got = batched(engine, n, late);
+            let batch = match chunk {
+                Some(c) => Batch::new(engine).with_prefill_chunk(c),
+                None => Batch::new(engine),
+            };
+            let got = batched_with(batch, n, late);
             assert_eq!(got.len(), n, "{what}: every sequence ends");
             for (id, (streamed, out)) in got {
                 let s = &solos[id as usize];
@@ -128,6 +140,60 @@ fn batched_equals_solo_on_a_trained_dense_model_with_its_head() {
         e.set_verify_mode(mode);
         check(&e, &format!("tiny-trained ({mode:?})"));
     }
+}
+
+/// Prompts computed a chunk per step (1, 4 and 7 tokens: every prompt here is longer than a
+/// chunk) give each sequence its solo tokens and draft counts, joining early or late.
+#[test]
+fn chunked_prefill_gives_the_solo_tokens() {
+    let e = load("tiny-trained", None);
+    for c in [1, 4, 7] {
+        check_with(&e, &format!("tiny-trained, chunk {c}"), Some(c));
+    }
+    check_with(
+        &load("tiny-mlx4", Some("tiny-mlx4-mtp")),
+        "tiny-mlx4 + drafter, chunk 5",
+        Some(5),
+    );
+}
+
+/// A long prompt joining a batch does not hold the others up: they get a token each step
+/// while it fills.
+#[test]
+fn a_long_prompt_fills_while_the_others_decode() {
+    let e = load("tiny-trained", None);
+    let mut batch = Batch::new(&e).with_prefill_chunk(8);
+    let got: std::cell::RefCell<BTreeMap<u64, Vec<u32>>> = Default::default();
+    let mut on = |id: u64, t: &[u32]| {
+        got.borrow_mut().entry(id).or_default().extend_from_slice(t);
+        true
+    };
+    let count = |id: u64| got.borrow().get(&id).map_or(0, Vec::len);
+    // a prompt of one token: it decodes from the first step
+    batch.join(
+        0,
+        &prompt(2),
+        &GenerateOptions::greedy(64).ignore_eos(true),
+        &mut on,
+    );
+    let long: Vec<u32> = (0..80).map(|i| 97 + (i % 26)).collect();
+    let opts = GenerateOptions::greedy(4)
+        .ignore_eos(true)
+        .num_draft_tokens(2);
+    batch.join(1, &long, &opts, &mut on);
+    // 80 tokens at 8 per step: sequence 1 fills for 10 steps, its first token in the 10th
+    for _ in 0..9 {
+        batch.step(&mut on);
+    }
+    assert_eq!(count(0), 9, "one token per step for the other");
+    assert_eq!(count(1), 0, "still filling");
+    batch.step(&mut on);
+    assert!(count(1) > 0, "first token after the last chunk");
+    while batch.active() > 0 {
+        batch.step(&mut on);
+    }
+    let solo = e.generate(&long, &opts, |_| true).unwrap();
+    assert_eq!(got.borrow()[&1], solo.tokens);
 }
 
 #[test]

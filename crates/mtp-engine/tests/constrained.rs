@@ -271,3 +271,39 @@ fn budget_cut_reports_length() {
     assert_eq!(finish, FinishReason::Length, "{text}");
     assert!(text.starts_with('['), "{text}");
 }
+
+/// A draft that completes the grammar ends the round: nothing is picked after it, as plain
+/// decoding picks nothing after the grammar's last token (before the fix, depths of 2 and more
+/// emitted the end id after it when `ignore_eos` kept it from stopping the reply).
+#[test]
+fn a_draft_that_completes_the_grammar_ends_the_reply() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-trained");
+    let e = Engine::load(&dir, &Device::Cpu, DType::F32).expect("load");
+    let regex = ResponseFormat::Regex {
+        regex: "[a-z ]{3,30}\\.".into(),
+    };
+    for prompt in ["the quick brown fox ", "vro tvc sbircuj "] {
+        let ids: Vec<u32> = prompt.bytes().map(u32::from).collect();
+        for eos in [true, false] {
+            let o = GenerateOptions::greedy(40)
+                .ignore_eos(eos)
+                .response_format(regex.clone());
+            let want = e.generate(&ids, &o, |_| true).unwrap();
+            assert_eq!(want.tokens.last(), Some(&u32::from(b'.')), "{prompt}");
+            for k in [1usize, 2, 3, 5, 8] {
+                let got = e
+                    .generate(&ids, &o.clone().num_draft_tokens(k), |_| true)
+                    .unwrap();
+                assert_eq!(
+                    got.tokens, want.tokens,
+                    "{prompt} depth {k} ignore_eos {eos}"
+                );
+                assert_eq!(got.finish_reason, want.finish_reason);
+            }
+            let got = e
+                .generate(&ids, &o.clone().auto_depth(8), |_| true)
+                .unwrap();
+            assert_eq!(got.tokens, want.tokens, "{prompt} auto");
+        }
+    }
+}

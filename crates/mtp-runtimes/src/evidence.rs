@@ -378,6 +378,9 @@ pub(crate) fn build_report(
                     spec.types.as_deref().unwrap_or_default().join(",")
                 ));
             }
+            if resolved.auto_depth {
+                notes.push(SpeculationReport::auto_depth_not_chosen(r.num_draft_tokens));
+            }
             if off_reason.is_some() {
                 notes.push(format!(
                     "speculation was off for this call, but the {kind} server drafts for every request: its drafter is a launch setting; to measure without MTP, restart it without its speculative setting"

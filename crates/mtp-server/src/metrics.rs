@@ -120,8 +120,16 @@ impl Metrics {
         if s.used {
             self.speculated_requests.fetch_add(1, Ordering::Relaxed);
         }
-        self.drafts
-            .fetch_add(s.rounds.unwrap_or(0), Ordering::Relaxed);
+        // rounds that drafted (an `auto` depth's plain target steps draft nothing)
+        let plain = s
+            .rounds_per_depth
+            .as_ref()
+            .and_then(|p| p.first().copied())
+            .unwrap_or(0);
+        self.drafts.fetch_add(
+            s.rounds.unwrap_or(0).saturating_sub(plain),
+            Ordering::Relaxed,
+        );
         self.draft_tokens
             .fetch_add(s.drafted.unwrap_or(0), Ordering::Relaxed);
         self.accepted_tokens
@@ -210,7 +218,7 @@ impl Metrics {
         );
         counter(
             "mtp:spec_decode_num_drafts_total",
-            "Draft/verify rounds.",
+            "Draft/verify rounds (rounds that drafted nothing are not counted).",
             "",
             get(&self.drafts),
         );

@@ -177,7 +177,7 @@ fn generate_num_draft_tokens_and_drafter_set_the_provider_default() {
     let opts = fake::OPTIONS.lock().unwrap();
     let (_, o) = opts.iter().find(|(m, _)| m == "m-depth").unwrap();
     let s = o.speculation.as_ref().unwrap();
-    assert_eq!(s.num_draft_tokens, Some(5));
+    assert_eq!(s.num_draft_tokens, Some(5.into()));
     assert_eq!(s.drafter.as_deref(), Some("org/drafter"));
     assert_eq!(s.require_acceleration, None);
 }

@@ -281,6 +281,7 @@ impl Provider for Fake {
                     self.default
                         .as_ref()
                         .and_then(|s| s.num_draft_tokens)
+                        .and_then(mtp_contract::DraftDepth::fixed)
                         .unwrap_or(*default_depth),
                 ),
                 default_mode: SpeculationMode::NativeMtp,

@@ -77,7 +77,8 @@ async fn mtp_on_and_off_on_one_loaded_model_give_the_same_text() {
         serde_json::to_value(&without.metadata.speculation).unwrap(),
         json!({
             "requested": false, "mode": "off", "used": false, "drafter": null,
-            "num_draft_tokens": 3, "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": 3, "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "candle-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "disabled_by_request",
@@ -390,7 +391,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(s).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": true, "drafter": "embedded",
-            "num_draft_tokens": 1, "runtime": "candle-cpu", "draft_kind": "mtp",
+            "num_draft_tokens": 1, "auto_depth": false, "rounds_per_depth": [0, n],
+            "runtime": "candle-cpu", "draft_kind": "mtp",
             "drafted": d, "accepted": a, "rounds": n, "acceptance_rate": a as f64 / d as f64,
             "accepted_per_position": [a], "output_preserving": true,
             "reason": null, "message": null
@@ -413,7 +415,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(&r.metadata.speculation).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": false, "drafter": null,
-            "num_draft_tokens": 1, "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": 1, "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "candle-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "sampling_requires_target_only", "message": msg
@@ -477,7 +480,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(&r.metadata.speculation).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": false, "drafter": missing,
-            "num_draft_tokens": null, "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": null, "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "candle-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "mtp_head_not_cached", "message": msg

@@ -315,6 +315,96 @@ async fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
     }
 }
 
+/// `num_draft_tokens: "auto"` per request, alone and batched (and as the server's default):
+/// the text is the target-only text, the report says the depth was chosen and counts the
+/// depths used, and llama-server's `timings.draft_n` agrees with it.
+#[tokio::test]
+async fn auto_depth_per_request_answers_as_target_only() {
+    let prompts = ["fn main() {", "impl Engine {\n    pub fn ", "let mut x = "];
+    let native = create_llm(
+        "native",
+        &demo_model(),
+        ProviderOptions::default().speculation(Speculation::native_mtp()),
+    )
+    .unwrap();
+    let mut want = Vec::new();
+    for p in prompts {
+        let r = native
+            .generate(
+                GenerateRequest::new(p)
+                    .raw()
+                    .max_output_tokens(48)
+                    .speculation(false),
+            )
+            .await
+            .unwrap();
+        want.push(r.content);
+    }
+    let check = |v: &serde_json::Value, i: usize, tag: &str| {
+        assert_eq!(v["choices"][0]["text"], want[i].as_str(), "{tag} {i}");
+        let rep = &v["speculation"];
+        assert_eq!(rep["used"], true, "{tag} {i}: {rep}");
+        assert_eq!(rep["auto_depth"], true, "{tag} {i}: {rep}");
+        let per: Vec<u64> = serde_json::from_value(rep["rounds_per_depth"].clone()).unwrap();
+        assert_eq!(
+            per.iter().sum::<u64>(),
+            rep["rounds"].as_u64().unwrap(),
+            "{tag} {i}"
+        );
+        let drafted: u64 = per.iter().enumerate().map(|(d, n)| d as u64 * n).sum();
+        assert_eq!(Some(drafted), rep["drafted"].as_u64(), "{tag} {i}");
+        assert!(per.len() <= 9, "{tag} {i}: {per:?}");
+    };
+    let auto = serde_json::json!({"num_draft_tokens": "auto"});
+    for args in [&[][..], &["--max-batch", "3"][..]] {
+        let srv = serve(args);
+        let client = reqwest::Client::new();
+        let calls = prompts.iter().map(|p| {
+            let body = serde_json::json!({"prompt": p, "max_tokens": 48, "temperature": 0,
+                "speculation": auto});
+            let c = client.clone();
+            let url = format!("{}/v1/completions", srv.base);
+            async move {
+                loop {
+                    let r = c.post(&url).json(&body).send().await.unwrap();
+                    // direct mode answers one request at a time
+                    if r.status() != 503 && r.status() != 429 {
+                        return r.json::<serde_json::Value>().await.unwrap();
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+        });
+        let answers = futures::future::join_all(calls).await;
+        for (i, v) in answers.iter().enumerate() {
+            check(v, i, &format!("{args:?}"));
+        }
+    }
+    // the server's default
+    let srv = serve(&["--num-draft-tokens", "auto"]);
+    let v = post_json(
+        &srv,
+        "/v1/completions",
+        &serde_json::json!({"prompt": prompts[0], "max_tokens": 48, "temperature": 0}),
+    )
+    .await;
+    check(&v, 0, "server default");
+    assert_eq!(
+        v["timings"]["draft_n"].as_u64(),
+        v["speculation"]["drafted"].as_u64()
+    );
+    // a bad value is the contract's 400
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", srv.base))
+        .json(&serde_json::json!({"prompt": "x", "speculation": {"num_draft_tokens": "fast"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("or \\\"auto\\\""), "{body}");
+}
+
 #[tokio::test]
 async fn response_format_is_enforced_per_request_with_mtp_on() {
     let srv = serve(&["--max-batch", "2"]);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::Speculation;
+use crate::{DraftDepth, Speculation};
 
 /// `mtp`: multi-token-prediction speculative decoding of local LLMs.
 #[derive(Debug, Parser)]
@@ -97,9 +97,10 @@ pub struct ModelArgs {
     /// decides which lane is loaded at startup.
     #[arg(long, default_value = "native_mtp", value_parser = parse_speculation)]
     pub speculation: Speculation,
-    /// Proposals per round (excluding the target's seed token), 1 to 16.
-    #[arg(long, value_name = "N")]
-    pub num_draft_tokens: Option<u32>,
+    /// Proposals per round (excluding the target's seed token), 1 to 16, or `auto`: the
+    /// native engine chooses each round's depth (0 to 8) from measured acceptance and cost.
+    #[arg(long, value_name = "N|auto", value_parser = parse_depth)]
+    pub num_draft_tokens: Option<DraftDepth>,
     /// Companion MTP drafter (repo id or path) when the runtime needs a separate one.
     #[arg(long, value_name = "REPO|PATH")]
     pub drafter: Option<String>,
@@ -400,4 +401,8 @@ pub struct VerifyArgs {
 
 fn parse_speculation(s: &str) -> Result<Speculation, String> {
     s.parse::<Speculation>().map_err(|e| e.to_string())
+}
+
+fn parse_depth(s: &str) -> Result<DraftDepth, String> {
+    DraftDepth::parse(s).map_err(|e| e.to_string())
 }

@@ -16,8 +16,8 @@ use crate::cli::output::{
     speculation_phrase, status_report, summary_line, LiveAnswer, Out, PerCall,
 };
 use crate::{
-    DraftStats, GenerateRequest, GenerateResponse, Message, Provider, ProviderError, Speculation,
-    StreamEvent,
+    DraftDepth, DraftStats, GenerateRequest, GenerateResponse, Message, Provider, ProviderError,
+    Speculation, StreamEvent,
 };
 
 const HELP: &str = "\
@@ -25,7 +25,7 @@ commands:
   /speculation          what is loaded: lane, drafter, depth, per-call state
   /speculation off      skip the drafter for the next calls (the lane stays loaded)
   /speculation on       use the drafter again (only if a lane was loaded at startup)
-  /depth N              draft N tokens per round for the next calls (/depth default resets)
+  /depth N|auto         draft N tokens per round, or choose each round (auto), for the next calls (/depth default resets)
   /thinking [on|off|hide|default]
                         a thinking model's reasoning: shown, off, done but hidden, template default
   /system [TEXT|clear]  show, set or remove the system prompt (the history stays)
@@ -237,13 +237,11 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
                 (None, None) => "provider default (not reported)".into(),
             }
         ))?,
-        ("depth", Some("default" | "auto")) => {
+        ("depth", Some("default")) => {
             s.per_call.depth = None;
             out.line("draft tokens: back to the provider default.")?;
         }
-        ("depth", Some(n)) => match n.parse::<u32>().map_err(|e| e.to_string()).and_then(|d| {
-            Speculation::depth(d).map(|_| d).map_err(|e| e.to_string())
-        }) {
+        ("depth", Some(n)) => match DraftDepth::parse(n) {
             Ok(d) => {
                 s.per_call.depth = Some(d);
                 let note = if s.llm.speculation_status().lane_loaded {
@@ -251,7 +249,13 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
                 } else {
                     " (no MTP lane is loaded, so nothing is drafted)"
                 };
-                out.line(&format!("draft tokens: {d} per round for the next calls{note}."))?;
+                out.line(&match d {
+                    DraftDepth::Auto => format!(
+                        "draft tokens: chosen each round (0 to {}) for the next calls{note}.",
+                        crate::AUTO_MAX_DRAFT_TOKENS
+                    ),
+                    d => format!("draft tokens: {d} per round for the next calls{note}."),
+                })?;
             }
             Err(e) => out.line(&format!("invalid /depth `{n}`: {e}"))?,
         },
@@ -433,7 +437,7 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
     if s.per_call.off {
         req = req.speculation(Speculation::off());
     } else if let Some(d) = s.per_call.depth {
-        req = req.speculation(Speculation::depth(d)?);
+        req = req.speculation(Speculation::default().with_num_draft_tokens(d)?);
     }
     match stream_answer(&s.llm, req, show_reasoning, out).await {
         Ok(Outcome::Done(r, wall)) => {
@@ -451,14 +455,26 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
                     ..Default::default()
                 };
                 if let Some(p) = &rep.accepted_per_position {
-                    // Depth is fixed per call: every round proposed each of its positions.
-                    let depth = rep
-                        .num_draft_tokens
-                        .map_or(p.len(), |k| k as usize)
-                        .max(p.len());
                     d.accepted_per_position = p.clone();
-                    d.accepted_per_position.resize(depth, 0);
-                    d.drafted_per_position = vec![d.rounds; depth];
+                    match &rep.rounds_per_depth {
+                        // position i was proposed by every round deeper than i
+                        Some(per) if !per.is_empty() => {
+                            d.drafted_per_position = (0..per.len().saturating_sub(1))
+                                .map(|i| per[i + 1..].iter().sum())
+                                .collect();
+                        }
+                        // a fixed depth: every round proposed each of its positions
+                        _ => {
+                            let depth = rep
+                                .num_draft_tokens
+                                .map_or(p.len(), |k| k as usize)
+                                .max(p.len());
+                            d.drafted_per_position = vec![d.rounds; depth];
+                        }
+                    }
+                    let n = d.drafted_per_position.len().max(p.len());
+                    d.accepted_per_position.resize(n, 0);
+                    d.drafted_per_position.resize(n, 0);
                 }
                 s.stats.draft.merge(&d);
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::error::CliError;
-use crate::{GenerateResponse, SpeculationReport, SpeculationStatus};
+use crate::{DraftDepth, GenerateResponse, SpeculationReport, SpeculationStatus};
 
 /// Where the command writes, and where the chat reads its lines from.
 ///
@@ -470,13 +470,38 @@ pub fn compare_line(on: &GenerateResponse, off: &GenerateResponse) -> String {
     s
 }
 
+/// The depths an `auto` call used: `auto depth 0-5, mean 2.4` (from rounds per depth).
+fn auto_depth_phrase(per_depth: &[u64]) -> String {
+    let used: Vec<usize> = (0..per_depth.len()).filter(|&d| per_depth[d] > 0).collect();
+    let rounds: u64 = per_depth.iter().sum();
+    match (used.first(), used.last()) {
+        (Some(lo), Some(hi)) if rounds > 0 => {
+            let drafted: u64 = per_depth
+                .iter()
+                .enumerate()
+                .map(|(d, n)| d as u64 * n)
+                .sum();
+            let mean = drafted as f64 / rounds as f64;
+            if lo == hi {
+                format!("auto depth {lo}")
+            } else {
+                format!("auto depth {lo}-{hi}, mean {mean:.1}")
+            }
+        }
+        _ => "auto depth".into(),
+    }
+}
+
 /// How one call's speculation report reads in a sentence.
 pub fn speculation_phrase(rep: &SpeculationReport) -> String {
     if rep.used {
-        let depth = rep
-            .num_draft_tokens
-            .map(|d| format!("depth {d}"))
-            .unwrap_or_else(|| "depth unknown".into());
+        let depth = match (rep.auto_depth, &rep.rounds_per_depth) {
+            (true, Some(per)) => auto_depth_phrase(per),
+            _ => rep
+                .num_draft_tokens
+                .map(|d| format!("depth {d}"))
+                .unwrap_or_else(|| "depth unknown".into()),
+        };
         match (rep.acceptance_rate, rep.accepted, rep.drafted) {
             (Some(rate), Some(a), Some(d)) => {
                 // Servers report drafted/accepted but not always rounds.
@@ -520,8 +545,8 @@ pub fn speculation_phrase(rep: &SpeculationReport) -> String {
 pub struct PerCall {
     /// `/speculation off`: the drafter is skipped for each call.
     pub off: bool,
-    /// `/depth N`: the per-call depth override.
-    pub depth: Option<u32>,
+    /// `/depth N` or `/depth auto`: the per-call depth override.
+    pub depth: Option<DraftDepth>,
 }
 
 /// The `/speculation` report, in the reference's layout.

@@ -59,8 +59,10 @@ pub struct Job<'a, S> {
     pub prompt: &'a [u32],
     /// A cached state covering `prompt[..n]`.
     pub resume: Option<(usize, Arc<S>)>,
-    /// Draft depth; `None` decodes target-only.
+    /// Draft depth; `None` decodes target-only. With `auto_depth`, the most a round drafts.
     pub depth: Option<u32>,
+    /// Choose each round's depth up to `depth` (`num_draft_tokens: "auto"`).
+    pub auto_depth: bool,
     /// Sampling controls.
     pub sampling: &'a Sampling,
     /// Generation bound.

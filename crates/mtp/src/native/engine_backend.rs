@@ -125,6 +125,7 @@ fn engine_options(
         opts.images = Some(engine.place_images(job.prompt, &encoded).map_err(api)?);
     }
     Ok(match job.depth {
+        Some(d) if job.auto_depth => opts.auto_depth(d as usize),
         Some(d) => opts.num_draft_tokens(d as usize),
         None => opts,
     })

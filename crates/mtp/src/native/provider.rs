@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use mtp_contract::{
-    plan, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse, Lane,
-    Metadata, Plan, Provider, ProviderError, Speculation, SpeculationStatus, StreamEvent, Usage,
+    plan, Capabilities, DraftDepth, EventStream, FinishReason, GenerateRequest, GenerateResponse,
+    Lane, Metadata, Plan, Provider, ProviderError, Speculation, SpeculationStatus, StreamEvent,
+    Usage,
 };
 use tokio::sync::mpsc;
 
@@ -144,10 +145,11 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 lane_loaded: true,
                 drafter: Some(drafter.clone()),
                 num_draft_tokens: Some(
-                    self.default
-                        .as_ref()
-                        .and_then(|d| d.num_draft_tokens)
-                        .unwrap_or(*default_depth),
+                    match self.default.as_ref().and_then(|d| d.num_draft_tokens) {
+                        Some(DraftDepth::Fixed(n)) => n,
+                        Some(DraftDepth::Auto) => mtp_contract::AUTO_MAX_DRAFT_TOKENS,
+                        None => *default_depth,
+                    },
                 ),
                 default_mode,
                 reason: None,
@@ -195,12 +197,21 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 });
             }
         }
-        let plan = plan(
+        let mut plan = plan(
             self.default.as_ref(),
             request.speculation.as_ref(),
             &request.sampling,
             &self.lane,
         )?;
+        // `auto`: the engine chooses each round's depth, up to the contract's ceiling
+        if let Plan::Speculate {
+            resolved, depth, ..
+        } = &mut plan
+        {
+            if resolved.auto_depth {
+                *depth = mtp_contract::AUTO_MAX_DRAFT_TOKENS;
+            }
+        }
         let guard = match self.max_batch {
             Some(_) => None,
             None => {
@@ -324,9 +335,11 @@ fn run_job<B: Backend>(
         let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         c.lookup(k, key_ids).map(|h| (h.tokens, h.state))
     });
-    let depth = match plan {
-        Plan::Speculate { depth, .. } => Some(*depth),
-        Plan::TargetOnly { .. } => None,
+    let (depth, auto_depth) = match plan {
+        Plan::Speculate {
+            depth, resolved, ..
+        } => (Some(*depth), resolved.auto_depth),
+        Plan::TargetOnly { .. } => (None, false),
     };
     let asked = request.max_output_tokens.unwrap_or(512) as usize;
     // never past the context: the reply gets what the prompt leaves
@@ -366,6 +379,7 @@ fn run_job<B: Backend>(
         prompt: ids,
         resume,
         depth,
+        auto_depth,
         sampling: &request.sampling,
         max_tokens,
         response_format: request.constraint(),
@@ -428,7 +442,10 @@ fn run_job<B: Backend>(
             ctx.unwrap_or(0)
         ));
     }
-    let speculation = plan.report(runtime, &out.stats);
+    let mut speculation = plan.report(runtime, &out.stats);
+    if auto_depth {
+        speculation = speculation.chosen_per_round();
+    }
     let mut timings = out.timings;
     if let Some(t) = first_token_at {
         timings.time_to_first_token_ms = Some(t.duration_since(started).as_secs_f64() * 1e3);
