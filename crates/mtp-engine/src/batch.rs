@@ -463,6 +463,7 @@ impl<'e> Batch<'e> {
                                     .as_mut()
                                     .map(|o| std::mem::take(&mut o.stats))
                                     .unwrap_or_default();
+                                let t3 = Instant::now();
                                 let new = speculative::finish_round(
                                     model,
                                     round,
@@ -479,13 +480,15 @@ impl<'e> Batch<'e> {
                                 }
                                 match new {
                                     Ok((accepted, new)) => {
+                                        let mut m = speculative::lock(engine.depths());
+                                        m.cost.record_after(
+                                            d.len() > 0,
+                                            t3.elapsed().as_secs_f64() * 1e3,
+                                        );
                                         if let Some(a) = auto.as_mut() {
-                                            speculative::lock(engine.depths()).record_round(
-                                                a,
-                                                d.len(),
-                                                accepted,
-                                            );
+                                            m.record_round(a, d.len(), accepted);
                                         }
+                                        drop(m);
                                         s.emit(&new, on_tokens);
                                     }
                                     Err(e) => failed.push((*i, e.to_string())),
@@ -609,6 +612,7 @@ impl Batch<'_> {
                     fixed.rows += k + 1;
                     fixed.tokens += 1.0 + prior.gains(k).iter().sum::<f64>();
                     fixed.heads += k;
+                    fixed.drafting += usize::from(k > 0);
                 }
             }
         }

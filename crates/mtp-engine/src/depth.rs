@@ -1,8 +1,9 @@
 //! Choosing each round's depth for `num_draft_tokens: "auto"`.
 //!
-//! A round of depth `k` costs one target forward over `k + 1` rows and `k` drafter forwards
+//! A round of depth `k` costs one target forward over `k + 1` rows, `k` drafter forwards
 //! (the seed's, computed when the drafter catches up with the last round, and `k - 1`
-//! recurrent drafts); depth 0 is a plain target step with no drafter work at all. It yields
+//! recurrent drafts) and the bookkeeping of a verified round (acceptance walk, cache rollback);
+//! depth 0 is a plain target step with no drafter work and nothing to roll back. It yields
 //! `1 + g_1 + … + g_k` tokens on average, where `g_j` is the probability that the first `j`
 //! drafts are all accepted. The depth is the one that makes tokens per millisecond largest.
 //!
@@ -123,6 +124,9 @@ pub(crate) struct CostModel {
     forward: Vec<(f64, f64)>,
     /// Decayed count and sum of drafter-forward milliseconds.
     head: (f64, f64),
+    /// Decayed count and sum of the milliseconds after the forward of rounds that drafted
+    /// (`.0`) and of plain steps (`.1`): acceptance, rollback, queueing the drafter's pairs.
+    after: [(f64, f64); 2],
     /// Choices made (for the exploration step).
     choices: u64,
 }
@@ -132,6 +136,7 @@ impl Default for CostModel {
         CostModel {
             forward: vec![(0.0, 0.0); MAX_ROWS + 1],
             head: (0.0, 0.0),
+            after: [(0.0, 0.0); 2],
             choices: 0,
         }
     }
@@ -158,6 +163,26 @@ impl CostModel {
         }
         self.head.0 = self.head.0 * COST_DECAY + n as f64;
         self.head.1 = self.head.1 * COST_DECAY + ms;
+    }
+
+    /// Records the milliseconds a round took after its forward (`drafted`: it verified drafts).
+    pub(crate) fn record_after(&mut self, drafted: bool, ms: f64) {
+        if !ms.is_finite() || ms < 0.0 {
+            return;
+        }
+        let e = &mut self.after[usize::from(!drafted)];
+        e.0 = e.0 * COST_DECAY + 1.0;
+        e.1 = e.1 * COST_DECAY + ms;
+    }
+
+    /// What a round that drafts costs after its forward beyond what a plain step costs.
+    fn round_overhead(&self) -> f64 {
+        let mean = |(w, s): (f64, f64)| (w > 0.3).then(|| s / w);
+        match (mean(self.after[0]), mean(self.after[1])) {
+            (Some(d), Some(p)) => (d - p).max(0.0),
+            (Some(d), None) => d,
+            _ => 0.0,
+        }
     }
 
     /// Row counts with enough weight to count as measured.
@@ -235,6 +260,8 @@ pub(crate) struct Fixed {
     pub(crate) rows: usize,
     pub(crate) tokens: f64,
     pub(crate) heads: usize,
+    /// Sequences whose round verifies drafts (each pays the round's bookkeeping).
+    pub(crate) drafting: usize,
 }
 
 /// The depth of each chosen sequence for the next step (see the module docs).
@@ -249,15 +276,25 @@ pub(crate) fn choose(cost: &mut CostModel, fixed: Fixed, seqs: &[Choice<'_>]) ->
         .collect();
     inc.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
     let base_rows = fixed.rows + seqs.len();
-    let rate = |n: usize, tokens: f64| {
-        let t = forward(base_rows + n) + head * (fixed.heads + n) as f64;
+    let overhead = cost.round_overhead();
+    // a sequence's first draft also makes its round one that verifies and rolls back
+    let rate = |n: usize, drafting: usize, tokens: f64| {
+        let t = forward(base_rows + n)
+            + head * (fixed.heads + n) as f64
+            + overhead * (fixed.drafting + drafting) as f64;
         tokens / t.max(1e-12)
     };
     let mut tokens = fixed.tokens + seqs.len() as f64;
-    let mut best = (rate(0, tokens), 0);
-    for (n, (g, _)) in inc.iter().enumerate() {
+    let mut best = (rate(0, 0, tokens), 0);
+    let mut drafting = vec![false; seqs.len()];
+    let mut n_drafting = 0;
+    for (n, &(g, i)) in inc.iter().enumerate() {
         tokens += g;
-        let r = rate(n + 1, tokens);
+        if !drafting[i] {
+            drafting[i] = true;
+            n_drafting += 1;
+        }
+        let r = rate(n + 1, n_drafting, tokens);
         if r > best.0 {
             best = (r, n + 1);
         }
@@ -430,6 +467,31 @@ mod tests {
     }
 
     #[test]
+    fn a_dear_rollback_keeps_middling_drafts_off() {
+        let acc = seq(0.6);
+        let one = |c: &mut CostModel| {
+            choose(
+                c,
+                Fixed::default(),
+                &[Choice {
+                    acceptance: &acc,
+                    max: 8,
+                }],
+            )[0]
+        };
+        let mut cheap = cost(10.0, 1.0, 0.5);
+        assert!(one(&mut cheap) >= 1);
+        // a verified round costs 10 ms more than a plain step: 0.6 tokens are not worth it
+        let mut dear = cost(10.0, 1.0, 0.5);
+        for _ in 0..20 {
+            dear.record_after(true, 10.5);
+            dear.record_after(false, 0.5);
+        }
+        assert!((dear.round_overhead() - 10.0).abs() < 1e-9);
+        assert_eq!(one(&mut dear), 0);
+    }
+
+    #[test]
     fn poor_acceptance_or_dear_rows_mean_no_drafts() {
         let mut c = cost(10.0, 10.0, 2.0); // every row costs as much as the weights
         let acc = seq(0.3);
@@ -480,6 +542,7 @@ mod tests {
                 rows: 4,
                 tokens: 4.0,
                 heads: 0,
+                drafting: 0,
             },
             &[
                 Choice {

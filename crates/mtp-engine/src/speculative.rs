@@ -192,7 +192,10 @@ pub(crate) fn verify_row(r: &mut Round, d: &Drafts) -> Vec<u32> {
     let mut input = Vec::with_capacity(d.tokens.len() + 1);
     input.push(r.bonus);
     input.extend_from_slice(&d.tokens);
-    r.cache.begin_verify();
+    // a round without drafts is a plain step: nothing to roll back
+    if !d.tokens.is_empty() {
+        r.cache.begin_verify();
+    }
     input
 }
 
@@ -376,9 +379,15 @@ pub(crate) fn run(
             m.cost.record_forward(d.len() + 1, verify_ms);
             m.cost.record_heads(d.heads, draft_ms);
         }
+        let t3 = Instant::now();
         let (accepted, new) = finish_round(model, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
-        if let Some(a) = acceptance.as_mut() {
-            lock(depths).record_round(a, d.len(), accepted);
+        {
+            let mut m = lock(depths);
+            m.cost
+                .record_after(d.len() > 0, t3.elapsed().as_secs_f64() * 1e3);
+            if let Some(a) = acceptance.as_mut() {
+                m.record_round(a, d.len(), accepted);
+            }
         }
         if !em.emit(&new) || em.constraint_done(s) {
             break;
