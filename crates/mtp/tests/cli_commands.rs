@@ -1574,3 +1574,53 @@ fn chat_constrains_every_answer() {
     assert!(!out.contains("mtp chat ·"), "no session started: {out}");
     assert!(requests_for("chat-json-never").is_empty());
 }
+
+/// `--num-draft-tokens auto` on the bundled demo model: the same text as speculation off, a
+/// report that says the depth was chosen and counts the depths used, and a summary line that
+/// names the range; a bad value is a usage error naming it.
+#[test]
+fn binary_auto_depth_is_chosen_and_reported() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
+    let run = |extra: &[&str]| {
+        let out = bin()
+            .args([
+                "generate",
+                "--model",
+                demo.to_str().unwrap(),
+                "-n",
+                "40",
+                "--raw",
+            ])
+            .args(extra)
+            .arg("fn add(a: i32, b: i32) -> i32 {")
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            err,
+        )
+    };
+    let (code, auto, err) = run(&["--num-draft-tokens", "auto", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, off, _) = run(&["--speculation", "off", "--json"]);
+    let (auto, off) = (json(&auto), json(&off));
+    assert_eq!(auto["content"], off["content"]);
+    let rep = &auto["metadata"]["speculation"];
+    assert_eq!(rep["used"], true, "{rep}");
+    assert_eq!(rep["auto_depth"], true, "{rep}");
+    assert_eq!(rep["num_draft_tokens"], 8, "{rep}");
+    let per: Vec<u64> = serde_json::from_value(rep["rounds_per_depth"].clone()).unwrap();
+    assert_eq!(
+        Some(per.iter().sum::<u64>()),
+        rep["rounds"].as_u64(),
+        "{rep}"
+    );
+    let (code, _, err) = run(&["--num-draft-tokens", "auto"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("MTP on (auto depth"), "{err}");
+    let (code, _, err) = run(&["--num-draft-tokens", "deep"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("invalid num_draft_tokens deep"), "{err}");
+}
