@@ -493,25 +493,18 @@ pub(crate) fn prefill(
     // The state after the conversation before the generation prompt (`checkpoint_at`): prefill
     // the target and the drafter up to there, keep both caches, then go on as if resumed there.
     if let Some(n) = checkpoint_at.filter(|&n| n > start && n < prompt.len()) {
-        let out = model.forward(
-            &[prompt[start..n].to_vec()],
-            std::slice::from_mut(&mut cache),
-            LogitsAt::None,
-        )?;
-        hid_all.extend_from_slice(&out.hidden);
-        let pairs = &prompt[start.max(1)..n];
-        if !pairs.is_empty() {
-            head.forward(model, pairs, &hid_all[..pairs.len() * dm], &mut mcache)?;
-        }
-        let last = hid_all[pairs.len() * dm..(pairs.len() + 1) * dm].to_vec();
-        *history_out = Some(PromptState {
-            cache: cache.clone(),
-            mcache: Some(mcache.clone()),
-            last_hidden: last.clone(),
-            tokens: n,
-        });
-        hid_all = last;
+        let from = PromptState {
+            cache,
+            mcache: Some(mcache),
+            last_hidden: hid_all,
+            tokens: start,
+        };
+        let st = prefill_part(model, Some(head), prompt, images, Some(from), n)?;
+        cache = st.cache.clone();
+        mcache = st.mcache.clone().unwrap_or_else(|| head.new_cache());
+        hid_all = st.last_hidden.clone();
         start = n;
+        *history_out = Some(st);
     }
     let out = model.forward(
         &[prompt[start..].to_vec()],
