@@ -22,8 +22,12 @@
 //! others' rows. A chunked prompt resumes exactly as a prefix-cache state does, so its tokens
 //! are still the ones it gets alone.
 //!
-//! Not yet: drafting the speculating sequences' heads in one forward (each drafts alone), and
-//! the prefix cache (batched sequences start from their prompt).
+//! A sequence may resume from a prefix-cache state and keep the states a solo call keeps
+//! ([`Batch::join_resumable`]: after the conversation before the generation prompt, after the
+//! prompt, after the last token fed), so a batched chat turn resumes the last one's state
+//! exactly as [`Engine::generate_resumable`] does.
+//!
+//! Not yet: drafting the speculating sequences' heads in one forward (each drafts alone).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -34,10 +38,12 @@ use mtp_contract::{FinishReason, Timings};
 
 use crate::cache::SeqCache;
 use crate::depth::{self, Acceptance, Choice, Fixed};
-use crate::engine::{close_timings, Emitter, Engine, GenerateOptions, GenerationOutput};
+use crate::engine::{
+    close_timings, prefill_target, Emitter, Engine, GenerateOptions, GenerationOutput,
+};
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
-use crate::resume::PromptState;
+use crate::resume::{PromptState, ResumableOutput};
 use crate::sampling::Sampler;
 use crate::speculative::{self, Drafts, Round, SpecTimings};
 use crate::vision::MultimodalPrompt;
@@ -59,15 +65,31 @@ struct Filling {
     ms: f64,
 }
 
+/// A sequence's prefix-cache states: whether to keep them, and those kept so far.
+#[derive(Default)]
+struct Kept {
+    /// Keep the states after the prompt and after the last token fed.
+    on: bool,
+    /// Also keep the state after this many prompt tokens.
+    at: Option<usize>,
+    prompt: Option<PromptState>,
+    history: Option<PromptState>,
+    /// Prompt tokens computed (not resumed).
+    computed: usize,
+}
+
 /// How a sequence decodes.
 enum Lane {
     /// Its prompt is being computed ([`Batch`]'s prefill chunk per step).
     Filling(Box<Filling>),
-    /// One token per step; `logits` are the target's for the next token.
+    /// One token per step; `logits` are the target's for the next token, `hidden` the last
+    /// fed position's hidden row (kept for a final state), `fed` the generated tokens fed.
     Target {
         cache: SeqCache,
         logits: Vec<f32>,
+        hidden: Vec<f32>,
         history: Vec<u32>,
+        fed: usize,
     },
     /// MTP rounds of at most `depth` proposals; with `auto`, each round's depth is chosen up to
     /// `depth` from this acceptance estimate.
@@ -93,6 +115,7 @@ struct Slot {
     timings: Timings,
     outcome: Option<SpeculationOutcome>,
     lane: Lane,
+    kept: Kept,
 }
 
 impl Slot {
@@ -125,7 +148,14 @@ impl Slot {
         self.max.saturating_sub(self.tokens.len())
     }
 
-    fn output(mut self) -> GenerationOutput {
+    /// The sequence's output and the states it kept; the state after the last token fed is
+    /// taken here (only over tokens the caller received).
+    fn output(mut self, engine: &Engine) -> ResumableOutput {
+        let final_state = if self.kept.on {
+            self.final_state(engine)
+        } else {
+            None
+        };
         if let Some(o) = self.outcome.as_mut() {
             if matches!(self.lane, Lane::Mtp { .. }) {
                 o.used = true;
@@ -143,12 +173,71 @@ impl Slot {
             self.prompt_len,
         );
         self.timings.constraint_ms = self.sampler.constraint().map(|c| c.mask_cost().0);
-        GenerationOutput {
-            tokens: self.tokens,
-            finish_reason: self.finish.unwrap_or(FinishReason::Length),
-            timings: self.timings,
-            speculation: self.outcome,
-            prompt_tokens: self.prompt_len,
+        ResumableOutput {
+            output: GenerationOutput {
+                tokens: self.tokens,
+                finish_reason: self.finish.unwrap_or(FinishReason::Length),
+                timings: self.timings,
+                speculation: self.outcome,
+                prompt_tokens: self.prompt_len,
+            },
+            computed_prompt_tokens: self.kept.computed,
+            prompt_state: self.kept.prompt,
+            final_state,
+            history_state: self.kept.history,
+        }
+    }
+
+    /// The state after the last generated token fed to the model, when it extends the prompt
+    /// with tokens the caller received.
+    fn final_state(&mut self, engine: &Engine) -> Option<PromptState> {
+        let lane = std::mem::replace(
+            &mut self.lane,
+            Lane::Filling(Box::new(Filling {
+                prompt: Vec::new(),
+                state: None,
+                speculate: false,
+                depth: 0,
+                auto: false,
+                images: None,
+                ms: 0.0,
+            })),
+        );
+        match lane {
+            Lane::Target {
+                cache,
+                hidden,
+                history,
+                fed,
+                ..
+            } => {
+                let fed_tokens = history.get(self.prompt_len..self.prompt_len + fed)?;
+                (fed > 0 && !hidden.is_empty() && self.tokens.starts_with(fed_tokens)).then(|| {
+                    PromptState {
+                        cache,
+                        mcache: None,
+                        last_hidden: hidden,
+                        tokens: self.prompt_len + fed,
+                    }
+                })
+            }
+            Lane::Mtp { round, .. } => {
+                let head = engine.drafter()?;
+                match speculative::end_state(
+                    engine.model(),
+                    head,
+                    *round,
+                    self.prompt_len,
+                    &self.tokens,
+                ) {
+                    Ok(st) => st,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no final prefix-cache state");
+                        None
+                    }
+                }
+            }
+            Lane::Filling(_) => None,
         }
     }
 }
@@ -157,7 +246,7 @@ impl Slot {
 pub struct Batch<'e> {
     engine: &'e Engine,
     slots: Vec<Slot>,
-    done: Vec<(u64, Result<GenerationOutput>)>,
+    done: Vec<(u64, Result<ResumableOutput>)>,
     chunk: usize,
 }
 
@@ -195,7 +284,25 @@ impl<'e> Batch<'e> {
         opts: &GenerateOptions,
         on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
     ) {
-        if let Err(e) = self.try_join(id, prompt, opts, on_tokens) {
+        self.join_resumable(id, prompt, opts, None, false, on_tokens);
+    }
+
+    /// [`Batch::join`] for a prefix cache, as [`Engine::generate_resumable`]: the sequence
+    /// resumes from `resume` (a state after a prefix of `prompt`; one that covers the whole
+    /// prompt, holds other images or, for a speculating sequence, lacks the drafter's cache is
+    /// not used) and, with `checkpoint`, keeps the states after the prompt, after
+    /// `opts.checkpoint_at` prompt tokens and after the last token fed, which
+    /// [`Batch::take_finished_resumable`] returns. The tokens are the same either way.
+    pub fn join_resumable(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        resume: Option<&PromptState>,
+        checkpoint: bool,
+        on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
+    ) {
+        if let Err(e) = self.try_join(id, prompt, opts, resume, checkpoint, on_tokens) {
             self.done.push((id, Err(e)));
         }
     }
@@ -205,6 +312,8 @@ impl<'e> Batch<'e> {
         id: u64,
         prompt: &[u32],
         opts: &GenerateOptions,
+        resume: Option<&PromptState>,
+        checkpoint: bool,
         on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
     ) -> Result<()> {
         let engine = self.engine;
@@ -216,10 +325,23 @@ impl<'e> Batch<'e> {
         let mut timings = Timings::default();
         let speculate = speculate && engine.drafter().is_some();
         let depth = opts.num_draft_tokens.unwrap_or(0);
-        let lane = if prompt.len() > self.chunk {
+        // the rules `generate_resumable` resumes by
+        let resume = resume.filter(|st| {
+            st.tokens() < prompt.len()
+                && st.same_images(opts.images.as_ref())
+                && (!speculate || st.has_drafter_cache())
+        });
+        let from = resume.map_or(0, PromptState::tokens);
+        let mut kept = Kept {
+            on: checkpoint,
+            at: opts.checkpoint_at.filter(|_| checkpoint),
+            computed: prompt.len() - from,
+            ..Kept::default()
+        };
+        let lane = if prompt.len() - from > self.chunk {
             Lane::Filling(Box::new(Filling {
                 prompt: prompt.to_vec(),
-                state: None,
+                state: resume.cloned(),
                 speculate,
                 depth,
                 auto: opts.auto_depth,
@@ -231,10 +353,11 @@ impl<'e> Batch<'e> {
                 engine,
                 prompt,
                 opts.images.as_ref(),
-                None,
+                resume,
                 (speculate, depth, opts.auto_depth),
                 &mut sampler,
                 &mut spec_timings,
+                &mut kept,
             )?;
             timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
             lane
@@ -253,6 +376,7 @@ impl<'e> Batch<'e> {
             timings,
             outcome,
             lane,
+            kept,
         };
         if slot.max == 0 {
             slot.finish = Some(FinishReason::Length);
@@ -281,15 +405,23 @@ impl<'e> Batch<'e> {
             let done = f.state.as_ref().map_or(0, PromptState::tokens);
             let head = engine.drafter().filter(|_| f.speculate);
             let next = if f.prompt.len() - done > chunk {
+                // a chunk ends where a history state is to be kept
+                let to = match s.kept.at {
+                    Some(h) if h > done && h < done + chunk => h,
+                    _ => done + chunk,
+                };
                 speculative::prefill_part(
                     engine.model(),
                     head,
                     &f.prompt,
                     f.images.as_ref(),
                     f.state.take(),
-                    done + chunk,
+                    to,
                 )
                 .map(|st| {
+                    if s.kept.at == Some(to) {
+                        s.kept.history = Some(st.clone());
+                    }
                     f.state = Some(st);
                     None
                 })
@@ -302,6 +434,7 @@ impl<'e> Batch<'e> {
                     (f.speculate, f.depth, f.auto),
                     &mut s.sampler,
                     &mut s.spec_timings,
+                    &mut s.kept,
                 )
                 .map(Some)
             };
@@ -329,6 +462,15 @@ impl<'e> Batch<'e> {
 
     /// Sequences that ended since the last call, with their outputs or errors.
     pub fn take_finished(&mut self) -> Vec<(u64, Result<GenerationOutput>)> {
+        self.take_finished_resumable()
+            .into_iter()
+            .map(|(id, r)| (id, r.map(|o| o.output)))
+            .collect()
+    }
+
+    /// [`Batch::take_finished`] with the prefix-cache states each sequence kept (see
+    /// [`Batch::join_resumable`]).
+    pub fn take_finished_resumable(&mut self) -> Vec<(u64, Result<ResumableOutput>)> {
         std::mem::take(&mut self.done)
     }
 
@@ -337,7 +479,7 @@ impl<'e> Batch<'e> {
         while i < self.slots.len() {
             if self.slots[i].finish.is_some() {
                 let s = self.slots.swap_remove(i);
-                self.done.push((s.id, Ok(s.output())));
+                self.done.push((s.id, Ok(s.output(self.engine))));
             } else {
                 i += 1;
             }
@@ -451,9 +593,24 @@ impl<'e> Batch<'e> {
                         off += n;
                         let s = &mut self.slots[*i];
                         let pos = s.tokens.len();
+                        let keep = s.kept.on;
                         match (&mut s.lane, d, head) {
-                            (Lane::Target { logits: next, .. }, None, _) => {
+                            (
+                                Lane::Target {
+                                    logits: next,
+                                    hidden: last,
+                                    fed,
+                                    ..
+                                },
+                                None,
+                                _,
+                            ) => {
                                 *next = logits.to_vec();
+                                *fed += 1;
+                                if keep {
+                                    last.clear();
+                                    last.extend_from_slice(&hidden[(n - 1) * dm..]);
+                                }
                             }
                             (Lane::Mtp { round, auto, .. }, Some(d), Some(_)) => {
                                 s.spec_timings.draft_ms += draft_ms;
@@ -511,9 +668,10 @@ impl<'e> Batch<'e> {
     }
 }
 
-/// A sequence's decoding lane once its prompt is computed (from `resume`, the state after its
-/// first chunks, when given): an MTP round state (its first token not yet emitted) or the
-/// target's next logits.
+/// A sequence's decoding lane once its prompt is computed (from `resume`, a prefix-cache state
+/// or the state after its first chunks, when given): an MTP round state (its first token not
+/// yet emitted) or the target's next logits. The prefix-cache states `kept` asks for are kept.
+#[allow(clippy::too_many_arguments)]
 fn start_lane(
     engine: &Engine,
     prompt: &[u32],
@@ -522,9 +680,11 @@ fn start_lane(
     (speculate, depth, auto): (bool, usize, bool),
     sampler: &mut Sampler,
     spec_timings: &mut SpecTimings,
+    kept: &mut Kept,
 ) -> Result<Lane> {
     if let (true, Some(head)) = (speculate, engine.drafter()) {
         let mut computed = 0;
+        let mut history = None;
         let round = speculative::prefill(
             engine.model(),
             head,
@@ -533,36 +693,32 @@ fn start_lane(
             sampler,
             spec_timings,
             resume,
-            false,
-            None,
-            &mut None,
-            &mut None,
+            kept.on,
+            kept.at,
+            &mut kept.prompt,
+            &mut history,
             &mut computed,
         )?;
+        if history.is_some() {
+            kept.history = history;
+        }
         return Ok(Lane::Mtp {
             round: Box::new(round),
             depth,
             auto: auto.then(|| speculative::lock(engine.depths()).new_sequence()),
         });
     }
-    let resume = resume.filter(|st| st.tokens() < prompt.len());
-    let (mut cache, from) = match resume {
-        Some(st) => (st.cache.clone(), st.tokens()),
-        None => {
-            let mut c = engine.model().new_cache();
-            c.set_images(images.cloned());
-            (c, 0)
-        }
-    };
-    let out = engine.model().forward(
-        &[prompt[from..].to_vec()],
-        std::slice::from_mut(&mut cache),
-        LogitsAt::Last,
-    )?;
+    let pre = prefill_target(engine.model(), prompt, images, resume, kept.on, kept.at)?;
+    kept.prompt = pre.prompt_state;
+    if pre.history_state.is_some() {
+        kept.history = pre.history_state;
+    }
     Ok(Lane::Target {
-        cache,
-        logits: out.logits,
+        cache: pre.cache,
+        logits: pre.logits,
+        hidden: if kept.on { pre.hidden } else { Vec::new() },
         history: prompt.to_vec(),
+        fed: 0,
     })
 }
 
@@ -629,13 +785,16 @@ impl Batch<'_> {
 pub enum BatchEvent {
     /// Newly accepted tokens.
     Tokens(Vec<u32>),
-    /// The end: the output, or why it failed.
-    Done(Box<Result<GenerationOutput>>),
+    /// The end: the output (with the prefix-cache states kept, when asked for), or why it
+    /// failed.
+    Done(Box<Result<ResumableOutput>>),
 }
 
 struct Job {
     prompt: Vec<u32>,
     opts: GenerateOptions,
+    resume: Option<Arc<PromptState>>,
+    checkpoint: bool,
     events: mpsc::Sender<BatchEvent>,
 }
 
@@ -668,10 +827,23 @@ impl Scheduler {
         prompt: Vec<u32>,
         opts: GenerateOptions,
     ) -> Result<mpsc::Receiver<BatchEvent>> {
+        self.submit_resumable(prompt, opts, None, false)
+    }
+
+    /// [`Scheduler::submit`] for a prefix cache (see [`Batch::join_resumable`]).
+    pub fn submit_resumable(
+        &self,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        resume: Option<Arc<PromptState>>,
+        checkpoint: bool,
+    ) -> Result<mpsc::Receiver<BatchEvent>> {
         let (events, rx) = mpsc::channel();
         let job = Job {
             prompt,
             opts,
+            resume,
+            checkpoint,
             events,
         };
         self.tx
@@ -720,13 +892,20 @@ fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Job>, max_batch: usize) {
             next_id += 1;
             senders.insert(id, job.events);
             let s = &senders;
-            batch.join(id, &job.prompt, &job.opts, &mut |id, t| forward(s, id, t));
+            batch.join_resumable(
+                id,
+                &job.prompt,
+                &job.opts,
+                job.resume.as_deref(),
+                job.checkpoint,
+                &mut |id, t| forward(s, id, t),
+            );
         }
         if batch.active() > 0 {
             let s = &senders;
             batch.step(&mut |id, t| forward(s, id, t));
         }
-        for (id, out) in batch.take_finished() {
+        for (id, out) in batch.take_finished_resumable() {
             if let Some(tx) = senders.remove(&id) {
                 let _ = tx.send(BatchEvent::Done(Box::new(out)));
             }

@@ -51,6 +51,11 @@ impl KvCache {
         self.k.len() / self.row.max(1)
     }
 
+    /// Floats per position in each of the keys and the values.
+    pub(crate) fn row(&self) -> usize {
+        self.row
+    }
+
     /// True when nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.k.is_empty()

@@ -7,6 +7,7 @@ use std::time::Instant;
 use candle_core::Device;
 use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 
+use crate::cache::SeqCache;
 use crate::config::GenerationConfig;
 use crate::constraint::{Constraint, ConstraintCompiler};
 use crate::depth::DepthModel;
@@ -174,6 +175,8 @@ pub struct Engine {
     /// What `auto` depths are chosen from: this model's measured round costs and the
     /// acceptance of the sequences run so far.
     depths: std::sync::Mutex<DepthModel>,
+    /// What its states depend on ([`Engine::state_identity`]).
+    pub(crate) identity: String,
 }
 
 /// Encoded images kept for reuse.
@@ -203,8 +206,10 @@ impl Engine {
         device: &Device,
         dtype: impl Into<WeightDtype>,
     ) -> Result<Self> {
-        let loaded = qwen3_5::load_dir(dir, device, dtype.into())?;
-        Self::assemble(dir, loaded.model, None, loaded.vision)
+        let dtype = dtype.into();
+        let loaded = qwen3_5::load_dir(dir, device, dtype)?;
+        let identity = crate::persist::engine_identity(dir, None, false, dtype)?;
+        Self::assemble(dir, loaded.model, None, loaded.vision, identity)
     }
 
     /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
@@ -217,12 +222,14 @@ impl Engine {
     ) -> Result<Self> {
         let dtype = dtype.into();
         let qwen3_5::Loaded { model, mtp, vision } = qwen3_5::load_dir(dir, device, dtype)?;
+        let drafter_dir = drafter;
         let drafter = match drafter {
             Some(d) => Some(MtpHead::load_dir(d, model.config(), dtype, device)?),
             None if !mtp.is_empty() => Some(MtpHead::load(mtp, model.config(), dtype, device)?),
             None => None,
         };
-        Self::assemble(dir, model, drafter, vision)
+        let identity = crate::persist::engine_identity(dir, drafter_dir, drafter.is_some(), dtype)?;
+        Self::assemble(dir, model, drafter, vision, identity)
     }
 
     fn assemble(
@@ -230,6 +237,7 @@ impl Engine {
         model: Qwen35Model,
         drafter: Option<MtpHead>,
         tower: Option<std::result::Result<VisionTower, String>>,
+        identity: String,
     ) -> Result<Self> {
         let vision = match tower {
             None => Err("the checkpoint has no vision tower: a text-only model".to_string()),
@@ -272,6 +280,7 @@ impl Engine {
             vision,
             encoded: Default::default(),
             depths: Default::default(),
+            identity,
         })
     }
 
@@ -655,48 +664,21 @@ impl Engine {
             timings.prefill_ms = Some(st.prefill_ms);
         } else {
             let t0 = Instant::now();
-            let resume = resume
-                .filter(|st| st.tokens < prompt.len() && st.same_images(opts.images.as_ref()));
-            let mut start = resume.map_or(0, |st| st.tokens);
-            let mut cache = [resume.map_or_else(|| self.new_cache(opts), |st| st.cache.clone())];
-            // the images of this prompt (those of the resumed prefix are the same)
-            cache[0].set_images(opts.images.clone());
-            computed = prompt.len() - start;
-            // The state after the conversation before the generation prompt: prefill in two
-            // parts, keeping the cache between them.
-            if let Some(n) = opts
-                .checkpoint_at
-                .filter(|&n| checkpoint && n > start && n < prompt.len())
-            {
-                let out =
-                    self.model
-                        .forward(&[prompt[start..n].to_vec()], &mut cache, LogitsAt::None)?;
-                let dm = self.model.hidden_size();
-                let rows = out.hidden.len() / dm.max(1);
-                history_state = Some(PromptState {
-                    cache: cache[0].clone(),
-                    mcache: None,
-                    last_hidden: out.hidden[rows.saturating_sub(1) * dm..].to_vec(),
-                    tokens: n,
-                });
-                start = n;
-            }
-            let out =
-                self.model
-                    .forward(&[prompt[start..].to_vec()], &mut cache, LogitsAt::Last)?;
-            if checkpoint {
-                let dm = self.model.hidden_size();
-                let rows = out.hidden.len() / dm.max(1);
-                prompt_state = Some(PromptState {
-                    cache: cache[0].clone(),
-                    mcache: None,
-                    last_hidden: out.hidden[(rows.saturating_sub(1)) * dm..].to_vec(),
-                    tokens: prompt.len(),
-                });
-            }
+            let pre = prefill_target(
+                &self.model,
+                prompt,
+                opts.images.as_ref(),
+                resume,
+                checkpoint,
+                opts.checkpoint_at,
+            )?;
+            computed = pre.computed;
+            prompt_state = pre.prompt_state;
+            history_state = pre.history_state;
+            let mut cache = [pre.cache];
             timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
             let mut history = prompt.to_vec();
-            let mut logits = out.logits;
+            let mut logits = pre.logits;
             let mut last_hidden = Vec::new();
             while emitter.finish.is_none() && opts.max_tokens > 0 {
                 sampler.apply_penalties(&mut logits, &history);
@@ -837,4 +819,72 @@ impl<'a> Emitter<'a> {
     pub(crate) fn remaining(&self) -> usize {
         self.max.saturating_sub(self.tokens.len())
     }
+}
+
+/// What [`prefill_target`] computed.
+pub(crate) struct TargetPrefill {
+    /// The cache after the whole prompt.
+    pub(crate) cache: SeqCache,
+    /// The logits for the first generated token.
+    pub(crate) logits: Vec<f32>,
+    /// The last prompt position's hidden row.
+    pub(crate) hidden: Vec<f32>,
+    /// Prompt tokens computed (the rest came from the resumed state).
+    pub(crate) computed: usize,
+    /// The state after the whole prompt, when asked for.
+    pub(crate) prompt_state: Option<PromptState>,
+    /// The state after `checkpoint_at` prompt tokens, when asked for and computed here.
+    pub(crate) history_state: Option<PromptState>,
+}
+
+/// The target-only prompt forward, alone or for a batch's sequence: from `resume` when it
+/// covers a proper prefix of `prompt` with the same images (else from the start), keeping the
+/// prefix-cache states asked for (`checkpoint`: the state after the prompt; `checkpoint_at`:
+/// also the state after that many tokens, computed as a part of its own).
+pub(crate) fn prefill_target(
+    model: &crate::Qwen35Model,
+    prompt: &[u32],
+    images: Option<&std::sync::Arc<crate::vision::MultimodalPrompt>>,
+    resume: Option<&PromptState>,
+    checkpoint: bool,
+    checkpoint_at: Option<usize>,
+) -> Result<TargetPrefill> {
+    let resume = resume.filter(|st| st.tokens < prompt.len() && st.same_images(images));
+    let mut start = resume.map_or(0, |st| st.tokens);
+    let mut cache = [resume.map_or_else(|| model.new_cache(), |st| st.cache.clone())];
+    // the images of this prompt (those of the resumed prefix are the same)
+    cache[0].set_images(images.cloned());
+    let computed = prompt.len() - start;
+    let dm = model.hidden_size();
+    let last_row = |hidden: &[f32]| hidden[hidden.len().saturating_sub(dm)..].to_vec();
+    let mut history_state = None;
+    // The state after the conversation before the generation prompt: prefill in two parts,
+    // keeping the cache between them.
+    if let Some(n) = checkpoint_at.filter(|&n| checkpoint && n > start && n < prompt.len()) {
+        let out = model.forward(&[prompt[start..n].to_vec()], &mut cache, LogitsAt::None)?;
+        history_state = Some(PromptState {
+            cache: cache[0].clone(),
+            mcache: None,
+            last_hidden: last_row(&out.hidden),
+            tokens: n,
+        });
+        start = n;
+    }
+    let out = model.forward(&[prompt[start..].to_vec()], &mut cache, LogitsAt::Last)?;
+    let hidden = last_row(&out.hidden);
+    let [cache] = cache;
+    let prompt_state = checkpoint.then(|| PromptState {
+        cache: cache.clone(),
+        mcache: None,
+        last_hidden: hidden.clone(),
+        tokens: prompt.len(),
+    });
+    Ok(TargetPrefill {
+        cache,
+        logits: out.logits,
+        hidden,
+        computed,
+        prompt_state,
+        history_state,
+    })
 }

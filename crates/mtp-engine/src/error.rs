@@ -94,6 +94,9 @@ pub enum Error {
     /// A forward shared by several sequences of a batch failed; each of them gets this error.
     #[error("a batched forward failed: {0}")]
     Batch(String),
+    /// A saved decoding state (a prefix-cache file) does not fit this model, or is damaged.
+    #[error("saved state: {0}")]
+    State(String),
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),

@@ -25,6 +25,7 @@ pub(crate) mod kernels;
 #[allow(unsafe_code)] // checkpoint files are memory-mapped
 pub mod loader;
 pub mod nn;
+pub mod persist;
 #[allow(unsafe_code)] // AVX2 / AVX-512 products over packed 4- and 8-bit matrices
 pub(crate) mod qdot;
 #[allow(unsafe_code)] // AVX2 / AVX-512 dequantization

@@ -967,11 +967,14 @@ impl DecoderLayer {
             }
             Mixer::Linear(n) => {
                 let conv_dim = 2 * n.dims.hk * n.dims.dk + n.dims.hv * n.dims.dv;
-                LayerCache::Linear(crate::cache::LinearState {
+                let mut st = crate::cache::LinearState {
                     conv: vec![0.0; (n.kernel - 1) * conv_dim],
                     state: vec![0.0; n.dims.hv * n.dims.dv * n.dims.dk],
                     ..Default::default()
-                })
+                };
+                // (the shapes of its pending steps, which a saved state is checked against)
+                st.pending.dims = n.dims;
+                LayerCache::Linear(st)
             }
         }
     }

@@ -37,6 +37,17 @@ impl MtpCache {
         crate::cache::layers_bytes(&self.layers)
     }
 
+    /// The layers' caches.
+    pub(crate) fn layers(&self) -> &[LayerCache] {
+        &self.layers
+    }
+
+    /// Puts back layers read from a saved state, holding `pos` entries each.
+    pub(crate) fn restore(&mut self, layers: Vec<LayerCache>, pos: usize) {
+        self.layers = layers;
+        self.pos = pos;
+    }
+
     /// Drops the newest `n` entries.
     pub fn trim(&mut self, n: usize) {
         self.pos = self.pos.saturating_sub(n);

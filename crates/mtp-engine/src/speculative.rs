@@ -592,7 +592,7 @@ pub(crate) fn finish_round(
 /// The state after the last fed token, for a prefix cache: only when the fed tokens are a
 /// prefix of what was emitted (a stop token or the budget can cut a round's accepted tokens,
 /// and a state must never cover tokens the caller did not receive).
-fn end_state(
+pub(crate) fn end_state(
     model: &Qwen35Model,
     head: &MtpHead,
     mut r: Round,

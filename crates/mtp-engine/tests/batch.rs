@@ -245,7 +245,7 @@ fn the_scheduler_serves_threads_and_a_dropped_receiver_cancels() {
                 loop {
                     match rx.recv().unwrap() {
                         BatchEvent::Tokens(t) => streamed.extend(t),
-                        BatchEvent::Done(out) => return (i, streamed, (*out).unwrap()),
+                        BatchEvent::Done(out) => return (i, streamed, (*out).unwrap().output),
                     }
                 }
             })

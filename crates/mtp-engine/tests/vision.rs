@@ -247,7 +247,8 @@ fn bad_images_are_refused() {
 
 /// A state taken after a prompt with one picture resumes a longer prompt with the same picture
 /// (and gives the tokens of a fresh run), and is not used for a prompt whose picture differs
-/// though its token ids are the same; with MTP on and off.
+/// though its token ids are the same; with MTP on and off, and after the state was written
+/// as bytes and read back.
 #[test]
 fn resumed_states_hold_their_pictures() {
     let g = golden();
@@ -279,25 +280,32 @@ fn resumed_states_hold_their_pictures() {
         let first = engine
             .generate_resumable(&prompt, None, true, &opts, &mut |_| true)
             .unwrap();
-        let state = first.prompt_state.expect("a state after the prompt");
-        let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
-        let resumed = engine
-            .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
-            .unwrap();
-        assert_eq!(resumed.computed_prompt_tokens, longer.len() - prompt.len());
-        assert_eq!(resumed.output.tokens, fresh.tokens, "depth {depth}");
-        // the other picture: the state is not used
-        opts.images = Some(mm_other.clone());
-        let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
-        let refused = engine
-            .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
-            .unwrap();
-        assert_eq!(
-            refused.computed_prompt_tokens,
-            longer.len(),
-            "depth {depth}"
-        );
-        assert_eq!(refused.output.tokens, fresh.tokens, "depth {depth}");
+        let taken = first.prompt_state.expect("a state after the prompt");
+        // also written as bytes and read back (a prefix cache on disk): it keeps its pictures
+        let bytes = taken.to_bytes();
+        let read = engine.state_from_bytes(&bytes).unwrap();
+        assert_eq!(read.to_bytes(), bytes);
+        for state in [taken, read] {
+            opts.images = Some(mm.clone());
+            let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
+            let resumed = engine
+                .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+                .unwrap();
+            assert_eq!(resumed.computed_prompt_tokens, longer.len() - prompt.len());
+            assert_eq!(resumed.output.tokens, fresh.tokens, "depth {depth}");
+            // the other picture: the state is not used
+            opts.images = Some(mm_other.clone());
+            let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
+            let refused = engine
+                .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+                .unwrap();
+            assert_eq!(
+                refused.computed_prompt_tokens,
+                longer.len(),
+                "depth {depth}"
+            );
+            assert_eq!(refused.output.tokens, fresh.tokens, "depth {depth}");
+        }
     }
 }
 

@@ -188,6 +188,20 @@ impl MultimodalPrompt {
         &self.spans
     }
 
+    /// The token the images are placed on (`<|image_pad|>`).
+    pub fn image_token_id(&self) -> u32 {
+        self.image_token_id
+    }
+
+    /// Spans already checked by the caller (a saved state's, see `persist`).
+    pub(crate) fn from_parts(spans: Vec<ImageSpan>, hidden: usize, image_token_id: u32) -> Self {
+        MultimodalPrompt {
+            spans,
+            hidden,
+            image_token_id,
+        }
+    }
+
     /// True when the tokens before `upto` hold the same images at the same places in both
     /// prompts (`None`: a prompt without images): a state taken after `upto` tokens of one
     /// continues the other.
