@@ -515,3 +515,127 @@ async fn images_arrive_as_data_urls() {
         );
     }
 }
+
+/// The checkpoint files under a `--cache-dir`, with the token count each covers.
+fn checkpoints_in(cache: &std::path::Path) -> Vec<(PathBuf, u64)> {
+    let Ok(subs) = std::fs::read_dir(cache) else {
+        return Vec::new();
+    };
+    subs.flat_map(|s| std::fs::read_dir(s.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .filter_map(|p| {
+            let b = std::fs::read(&p).ok()?;
+            // after the magic, the version, the identity and the key
+            let klen = u32::from_le_bytes(b.get(76..80)?.try_into().ok()?) as usize;
+            let n = u64::from_le_bytes(b.get(80 + klen..88 + klen)?.try_into().ok()?);
+            Some((p, n))
+        })
+        .collect()
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// `--cache-dir`: a chat's checkpoints go to disk, outlive a server killed without warning, and
+/// the next server resumes the conversation from them (batched, `--max-batch 2`), answering as
+/// a cold run does. What a killed writer leaves is removed at start; a checkpoint with a
+/// changed byte fails its checksum when read, is removed, and an earlier one is used.
+#[tokio::test]
+async fn checkpoints_on_disk_survive_a_killed_server() {
+    let cache = tempfile::tempdir().unwrap();
+    let intact = cache.path().join("intact");
+    let damaged = cache.path().join("damaged");
+    let args = |d: &std::path::Path| {
+        vec![
+            "--max-batch".to_string(),
+            "2".into(),
+            "--cache-dir".into(),
+            d.display().to_string(),
+        ]
+    };
+    let serve_at = |d: &std::path::Path| {
+        let a = args(d);
+        serve(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let turn = |messages: &[serde_json::Value], key: &str| {
+        serde_json::json!({"messages": messages, "max_tokens": 24, "temperature": 0,
+            "prompt_cache_key": key})
+    };
+    let cached = |v: &serde_json::Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let prompt_tokens = |v: &serde_json::Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let content = |v: &serde_json::Value| v["choices"][0]["message"]["content"].clone();
+    let user = |t: &str| serde_json::json!({"role": "user", "content": t});
+    let assistant =
+        |v: &serde_json::Value| serde_json::json!({"role": "assistant", "content": content(v)});
+
+    let srv = serve_at(&intact);
+    let mut history = vec![user("fn add(a: i32, b: i32) -> i32 {")];
+    let r1 = post_json(&srv, "/v1/chat/completions", &turn(&history, "s")).await;
+    history.extend([assistant(&r1), user("fn sub(a: i32, b: i32) -> i32 {")]);
+    let r2 = post_json(&srv, "/v1/chat/completions", &turn(&history, "s")).await;
+    assert!(cached(&r2) > prompt_tokens(&r1), "{}", r2["usage"]);
+    // the writes are in the background: wait for the state after the second reply
+    let t0 = std::time::Instant::now();
+    while !checkpoints_in(&intact)
+        .iter()
+        .any(|c| c.1 > prompt_tokens(&r2))
+    {
+        assert!(t0.elapsed().as_secs() < 30, "{:?}", checkpoints_in(&intact));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(srv); // SIGKILL
+    copy_dir(&intact, &damaged);
+    history.extend([assistant(&r2), user("fn mul(a: i32, b: i32) -> i32 {")]);
+
+    // a new server resumes the third turn from the state after the second reply
+    let srv = serve_at(&intact);
+    let r3 = post_json(&srv, "/v1/chat/completions", &turn(&history, "s")).await;
+    let cold = post_json(&srv, "/v1/chat/completions", &turn(&history, "another")).await;
+    assert!(cached(&r3) > prompt_tokens(&r2), "{}", r3["usage"]);
+    assert_eq!(cached(&cold), 0);
+    assert_eq!(content(&r3), content(&cold));
+    drop(srv);
+
+    // the same files, with what a killed writer leaves and one changed byte in that state
+    let (longest, _) = checkpoints_in(&damaged)
+        .into_iter()
+        .max_by_key(|c| c.1)
+        .unwrap();
+    let sub = longest.parent().unwrap().to_path_buf();
+    std::fs::write(sub.join("0123.tmp"), b"MTPCACHE half a checkpoint").unwrap();
+    let mut bytes = std::fs::read(&longest).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x10;
+    std::fs::write(&longest, &bytes).unwrap();
+    let srv = serve_at(&damaged);
+    assert!(
+        !sub.join("0123.tmp").exists(),
+        "the partial file is removed at start"
+    );
+    let r3b = post_json(&srv, "/v1/chat/completions", &turn(&history, "s")).await;
+    assert!(
+        !longest.exists(),
+        "the corrupt checkpoint was caught and removed"
+    );
+    assert!(
+        cached(&r3b) > 0 && cached(&r3b) < cached(&r3),
+        "an earlier checkpoint resumed: {}",
+        r3b["usage"]
+    );
+    assert_eq!(content(&r3b), content(&cold));
+}

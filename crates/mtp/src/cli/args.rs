@@ -78,6 +78,18 @@ pub struct ServeArgs {
     /// The model id in /v1/models and in answers (default: the model as given).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
+    /// Memory for the native prefix cache (requests with a `prompt_cache_key` resume from the
+    /// longest checkpoint of their key), in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    pub cache_bytes: u64,
+    /// Keep the native prefix cache's checkpoints on disk too, in this folder (one subfolder
+    /// per model), so that they outlive the server: written to a temporary file, checksummed
+    /// and renamed; a torn or corrupt file is removed, never loaded.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Disk for the checkpoints under --cache-dir, in bytes (least recently used go first).
+    #[arg(long, value_name = "BYTES", requires = "cache_dir", default_value_t = 4 << 30)]
+    pub cache_disk_bytes: u64,
 }
 
 /// Which provider and model to load, and the provider-level speculation default.

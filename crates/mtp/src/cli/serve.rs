@@ -18,12 +18,27 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             ),
         });
     }
-    // the native engine batches the sequences in flight (continuous batching)
-    let extra: Vec<(&str, String)> = if native && a.max_batch > 1 {
-        vec![("max_batch", a.max_batch.to_string())]
-    } else {
-        Vec::new()
-    };
+    if !native && a.cache_dir.is_some() {
+        return Err(CliError::InvalidFlag {
+            flag: "--cache-dir",
+            message: format!(
+                "the prefix cache on disk is the native engine's; `{}` keeps its own cache",
+                a.model.provider
+            ),
+        });
+    }
+    let mut extra: Vec<(&str, String)> = Vec::new();
+    if native {
+        // the native engine batches the sequences in flight (continuous batching)
+        if a.max_batch > 1 {
+            extra.push(("max_batch", a.max_batch.to_string()));
+        }
+        extra.push(("prompt_cache_bytes", a.cache_bytes.to_string()));
+        if let Some(dir) = &a.cache_dir {
+            extra.push(("prompt_cache_dir", dir.display().to_string()));
+            extra.push(("prompt_cache_disk_bytes", a.cache_disk_bytes.to_string()));
+        }
+    }
     // the key protects this server; it is not the upstream runtime's
     let mut model_args = a.model.clone();
     let api_key = model_args.api_key.take();

@@ -127,9 +127,8 @@ pub trait Backend: Send + Sync + 'static {
     fn run(&self, job: Job<'_, Self::State>) -> Result<RunOutput<Self::State>, ProviderError>;
 
     /// Runs one job alongside the others in flight (continuous batching, at most `max_batch`
-    /// sequences per step); the tokens are the ones [`Backend::run`] gives. Jobs here neither
-    /// resume nor keep prefix-cache states. A backend without a batching engine runs the job
-    /// alone.
+    /// sequences per step); the tokens, and the prefix-cache states resumed and kept, are the
+    /// ones [`Backend::run`] gives. A backend without a batching engine runs the job alone.
     fn run_batched(
         &self,
         max_batch: usize,
@@ -137,6 +136,20 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<RunOutput<Self::State>, ProviderError> {
         let _ = max_batch;
         self.run(job)
+    }
+
+    /// Reads a state written by [`CacheState::to_bytes`] on this model (a prefix cache on
+    /// disk); `Err` says why it does not fit.
+    fn state_from_bytes(&self, bytes: &[u8]) -> Result<Self::State, String> {
+        let _ = bytes;
+        Err("this backend keeps prefix-cache states in memory only".into())
+    }
+
+    /// What this model's states depend on (weights, drafter, precision, state format): a
+    /// prefix cache on disk keeps each identity's states apart. `None`: states are not
+    /// persisted.
+    fn state_identity(&self) -> Option<String> {
+        None
     }
 
     /// Approximate bytes of weights held in memory.

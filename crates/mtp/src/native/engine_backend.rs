@@ -20,8 +20,15 @@ pub struct EngineBackend {
     weight_bytes: usize,
 }
 
-/// Decoding state snapshots of the candle engine (for the prefix cache).
-pub struct EngineState(mtp_engine::PromptState);
+/// Decoding state snapshots of the candle engine (for the prefix cache; shared with the
+/// scheduler thread when a batched call resumes one).
+pub struct EngineState(Arc<mtp_engine::PromptState>);
+
+impl EngineState {
+    fn new(s: mtp_engine::PromptState) -> Arc<Self> {
+        Arc::new(EngineState(Arc::new(s)))
+    }
+}
 
 impl CacheState for EngineState {
     fn bytes(&self) -> usize {
@@ -29,6 +36,9 @@ impl CacheState for EngineState {
     }
     fn tokens(&self) -> usize {
         self.0.tokens()
+    }
+    fn to_bytes(&self) -> Option<Vec<u8>> {
+        Some(self.0.to_bytes())
     }
 }
 
@@ -138,6 +148,21 @@ fn draft_stats(out: &mtp_engine::GenerationOutput) -> mtp_contract::DraftStats {
         .filter(|s| s.used)
         .map(|s| s.stats.clone())
         .unwrap_or_default()
+}
+
+/// A finished generation as the provider takes it, solo or batched.
+fn run_output(out: mtp_engine::ResumableOutput) -> RunOutput<EngineState> {
+    let stats = draft_stats(&out.output);
+    RunOutput {
+        tokens: out.output.tokens,
+        finish: out.output.finish_reason,
+        stats,
+        timings: out.output.timings,
+        computed_prompt_tokens: out.computed_prompt_tokens,
+        prompt_state: out.prompt_state.map(EngineState::new),
+        final_state: out.final_state.map(EngineState::new),
+        history_state: out.history_state.map(EngineState::new),
+    }
 }
 
 fn dir_weight_bytes(dir: &Path) -> usize {
@@ -265,26 +290,12 @@ impl Backend for EngineBackend {
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
         let mut opts = engine_options(&self.engine, &job)?;
         opts.checkpoint_at = job.checkpoint_at;
-        let resume = job.resume.as_ref().map(|(_, s)| &s.0);
+        let resume = job.resume.as_ref().map(|(_, s)| &*s.0);
         let out = self
             .engine
             .generate_resumable(job.prompt, resume, job.checkpoint, &opts, job.on_tokens)
             .map_err(api)?;
-        let stats = draft_stats(&out.output);
-        Ok(RunOutput {
-            tokens: out.output.tokens,
-            finish: out.output.finish_reason,
-            stats,
-            timings: out.output.timings,
-            computed_prompt_tokens: out.computed_prompt_tokens,
-            prompt_state: out
-                .prompt_state
-                .map(|s| std::sync::Arc::new(EngineState(s))),
-            final_state: out.final_state.map(|s| std::sync::Arc::new(EngineState(s))),
-            history_state: out
-                .history_state
-                .map(|s| std::sync::Arc::new(EngineState(s))),
-        })
+        Ok(run_output(out))
     }
 
     fn run_batched(
@@ -293,11 +304,15 @@ impl Backend for EngineBackend {
         job: Job<'_, EngineState>,
     ) -> Result<RunOutput<EngineState>, ProviderError> {
         use mtp_engine::batch::{BatchEvent, Scheduler};
-        let opts = engine_options(&self.engine, &job)?;
+        let mut opts = engine_options(&self.engine, &job)?;
+        opts.checkpoint_at = job.checkpoint_at;
         let scheduler = self
             .scheduler
             .get_or_init(|| Scheduler::spawn(Arc::clone(&self.engine), max_batch));
-        let rx = scheduler.submit(job.prompt.to_vec(), opts).map_err(api)?;
+        let resume = job.resume.as_ref().map(|(_, s)| Arc::clone(&s.0));
+        let rx = scheduler
+            .submit_resumable(job.prompt.to_vec(), opts, resume, job.checkpoint)
+            .map_err(api)?;
         let mut streamed = Vec::new();
         let out = loop {
             match rx.recv() {
@@ -326,17 +341,18 @@ impl Backend for EngineBackend {
                 }
             }
         };
-        let stats = draft_stats(&out);
-        Ok(RunOutput {
-            tokens: out.tokens,
-            finish: out.finish_reason,
-            stats,
-            timings: out.timings,
-            computed_prompt_tokens: job.prompt.len(),
-            prompt_state: None,
-            history_state: None,
-            final_state: None,
-        })
+        Ok(run_output(out))
+    }
+
+    fn state_from_bytes(&self, bytes: &[u8]) -> Result<EngineState, String> {
+        self.engine
+            .state_from_bytes(bytes)
+            .map(|s| EngineState(Arc::new(s)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn state_identity(&self) -> Option<String> {
+        Some(self.engine.state_identity().to_string())
     }
 
     fn weight_bytes(&self) -> usize {

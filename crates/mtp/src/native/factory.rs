@@ -14,19 +14,22 @@ use mtp_detect::{
 };
 use mtp_engine::{Engine, WeightDtype};
 
-use super::backend::DrafterLane;
+use super::backend::{Backend, DrafterLane};
+use super::disk_cache::{DiskCache, DEFAULT_DISK_BUDGET_BYTES};
 use super::engine_backend::EngineBackend;
 use super::prefix_cache::{DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY};
 use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 7] = [
+pub const EXTRA_KEYS: [&str; 9] = [
     "device",
     "dtype",
     "max_batch",
     "prompt_cache_bytes",
     "prompt_cache_checkpoints",
+    "prompt_cache_dir",
+    "prompt_cache_disk_bytes",
     "ctx_size",
     "threads",
 ];
@@ -38,6 +41,8 @@ struct Extra {
     runtime: String,
     cache_bytes: usize,
     checkpoints: usize,
+    /// The prefix cache's disk tier: folder and byte budget.
+    cache_dir: Option<(PathBuf, u64)>,
     ctx_size: Option<usize>,
     threads: Option<usize>,
     max_batch: Option<usize>,
@@ -127,6 +132,33 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         runtime,
         cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
         checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
+        cache_dir: match (
+            opts.extra.get("prompt_cache_dir"),
+            opts.extra.get("prompt_cache_disk_bytes"),
+        ) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: "`prompt_cache_disk_bytes` needs `prompt_cache_dir` (--cache-dir), \
+                              the folder the checkpoints go to"
+                        .into(),
+                })
+            }
+            (Some(d), _) if d.is_empty() => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: "`prompt_cache_dir` is empty".into(),
+                })
+            }
+            (Some(d), _) => Some((
+                PathBuf::from(d),
+                num(
+                    "prompt_cache_disk_bytes",
+                    DEFAULT_DISK_BUDGET_BYTES as usize,
+                )? as u64,
+            )),
+        },
         ctx_size: positive("ctx_size")?,
         threads: positive("threads")?,
         max_batch: positive("max_batch")?,
@@ -188,6 +220,7 @@ pub fn create(
         runtime,
         cache_bytes,
         checkpoints,
+        cache_dir,
         ctx_size,
         threads,
         max_batch,
@@ -295,13 +328,19 @@ pub fn create(
         other => other,
     };
     let want_head = matches!(lane, Lane::Ready { .. });
+    // (a provider with a prefix cache on disk gets a load of its own: the folder is locked to
+    // the process that uses it, and providers without one must not write to it)
     let variant = format!(
-        "{runtime}:{dtype:?}:{}",
+        "{runtime}:{dtype:?}:{}{}",
         match (&drafter_dir, want_head) {
             (Some(d), _) => d.display().to_string(),
             (None, true) => "embedded".into(),
             (None, false) => "target-only".into(),
-        }
+        },
+        cache_dir
+            .as_ref()
+            .map(|(d, b)| format!(":disk cache {} ({b} bytes)", d.display()))
+            .unwrap_or_default()
     );
     let drafter_lane = match &lane {
         Lane::Ready {
@@ -329,11 +368,19 @@ pub fn create(
                 "the artifact carries MTP tensors but the engine loaded no drafter from them",
             ));
         }
-        Ok::<_, ProviderError>(Loaded::new(
-            EngineBackend::new(engine, drafter_lane.clone(), runtime.clone()),
-            cache_bytes,
-            checkpoints,
-        ))
+        let backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone());
+        let disk = match (&cache_dir, backend.state_identity()) {
+            (Some((root, budget)), Some(id)) => Some(
+                DiskCache::open(root, &id, *budget, checkpoints)
+                    .map_err(|e| load_err(model, e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let loaded = Loaded::new(backend, cache_bytes, checkpoints);
+        Ok::<_, ProviderError>(match disk {
+            Some(d) => loaded.with_disk(d),
+            None => loaded,
+        })
     })?;
     Ok(Arc::new(
         NativeProvider::new(name, model, loaded, opts.speculation.clone(), lane)

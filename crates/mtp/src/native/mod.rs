@@ -3,6 +3,7 @@
 //! cancellation and the prefix cache.
 
 mod backend;
+mod disk_cache;
 mod engine_backend;
 mod factory;
 mod prefix_cache;
@@ -10,6 +11,7 @@ mod provider;
 mod shared;
 
 pub use backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
+pub use disk_cache::{DiskCache, DiskCacheError, DEFAULT_DISK_BUDGET_BYTES};
 pub use engine_backend::{EngineBackend, EngineState};
 pub use factory::{create, loaded_checkpoints, loaded_copies, EXTRA_KEYS};
 pub use prefix_cache::{

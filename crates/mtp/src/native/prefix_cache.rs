@@ -18,6 +18,11 @@ pub trait CacheState: Send + Sync {
     fn bytes(&self) -> usize;
     /// Tokens of the sequence this state covers (its first `tokens()` tokens).
     fn tokens(&self) -> usize;
+    /// The state as bytes, for a prefix cache on disk (`None`: kept in memory only); the
+    /// backend reads them back ([`Backend::state_from_bytes`](super::backend::Backend)).
+    fn to_bytes(&self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Default budget: 512 MiB.

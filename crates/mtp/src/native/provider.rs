@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use mtp_chat::ReplyText;
 
 use super::backend::{Backend, Job, RenderedPrompt};
+use super::disk_cache::DiskCache;
 use super::prefix_cache::{CacheState, PrefixCache};
 
 /// A loaded model plus the prefix cache that every provider on these weights shares.
@@ -23,6 +24,8 @@ pub struct Loaded<B: Backend> {
     pub backend: B,
     /// The shared native prefix cache.
     pub cache: Mutex<PrefixCache<B::State>>,
+    /// Its disk tier, when a cache directory was given.
+    pub disk: Option<DiskCache<B::State>>,
 }
 
 impl<B: Backend> Loaded<B> {
@@ -31,7 +34,59 @@ impl<B: Backend> Loaded<B> {
         Loaded {
             backend,
             cache: Mutex::new(PrefixCache::new(cache_bytes, checkpoints_per_key)),
+            disk: None,
         }
+    }
+
+    /// Adds a disk tier: every checkpoint kept in memory is also written there, and a lookup
+    /// reads a longer one from there.
+    pub fn with_disk(mut self, disk: DiskCache<B::State>) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, PrefixCache<B::State>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The longest checkpoint under `key` that covers a strict prefix of `ids`, from memory or,
+    /// when the disk has a longer one that reads back, from the disk (then kept in memory too).
+    fn resume(&self, key: &str, ids: &[u32]) -> Option<(usize, Arc<B::State>)> {
+        let hit = self.memory().lookup(key, ids).map(|h| (h.tokens, h.state));
+        let Some(disk) = &self.disk else { return hit };
+        let have = hit.as_ref().map_or(0, |h| h.0);
+        if have > 0 {
+            // (the disk evicts as the memory does: what was just used stays)
+            disk.touch(key, &ids[..have]);
+        }
+        let Some((n, bytes)) = disk.lookup(key, ids, have) else {
+            return hit;
+        };
+        match self.backend.state_from_bytes(&bytes) {
+            Ok(state) if state.tokens() == n => {
+                let state = Arc::new(state);
+                self.memory()
+                    .insert(key, ids[..n].to_vec(), Arc::clone(&state));
+                Some((n, state))
+            }
+            Ok(_) | Err(_) => {
+                tracing::warn!(
+                    key,
+                    tokens = n,
+                    "a prefix-cache file does not fit this model; removed"
+                );
+                disk.discard(key, &ids[..n]);
+                hit
+            }
+        }
+    }
+
+    /// Keeps a checkpoint in memory and, with a disk tier, on disk.
+    fn keep(&self, key: &str, tokens: Vec<u32>, state: Arc<B::State>) {
+        if let Some(disk) = &self.disk {
+            disk.store(key, tokens.clone(), Arc::clone(&state));
+        }
+        self.memory().insert(key, tokens, state);
     }
 }
 
@@ -80,8 +135,8 @@ impl<B: Backend> NativeProvider<B> {
     }
 
     /// Generates up to `n` sequences together (continuous batching; each one's tokens are the
-    /// ones it gets alone). `None` or 1: one call at a time, others are refused as busy. Batched
-    /// calls do not use the prefix cache.
+    /// ones it gets alone, and each resumes and keeps prefix-cache states as it would alone).
+    /// `None` or 1: one call at a time, others are refused as busy.
     pub fn with_max_batch(mut self, n: Option<usize>) -> Self {
         self.max_batch = n.filter(|&n| n > 1);
         self
@@ -288,14 +343,16 @@ impl<B: Backend> Provider for NativeProvider<B> {
 
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         let loaded = self.loaded()?;
-        let mut cache = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = key {
             tracing::warn!(
                 key = k,
                 "prompt_cache_clear(key) clears the whole shared native prefix cache, not only this key"
             );
         }
-        cache.clear();
+        loaded.memory().clear();
+        if let Some(d) = &loaded.disk {
+            d.clear();
+        }
         Ok(())
     }
 
@@ -324,17 +381,10 @@ fn run_job<B: Backend>(
 ) -> Result<GenerateResponse, ProviderError> {
     let backend = &loaded.backend;
     let ids = prompt.ids.as_slice();
-    // batched calls start from their prompt (no prefix-cache states yet)
-    let key = request
-        .prompt_cache_key
-        .as_deref()
-        .filter(|_| max_batch.is_none());
+    let key = request.prompt_cache_key.as_deref();
     // with images, the key names each picture by its digest
     let key_ids = prompt.key_ids();
-    let resume = key.and_then(|k| {
-        let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
-        c.lookup(k, key_ids).map(|h| (h.tokens, h.state))
-    });
+    let resume = key.and_then(|k| loaded.resume(k, key_ids));
     let (depth, auto_depth) = match plan {
         Plan::Speculate {
             depth, resolved, ..
@@ -418,13 +468,12 @@ fn run_job<B: Backend>(
     if let Some(k) = key {
         let mut all = key_ids.to_vec();
         all.extend_from_slice(&out.tokens);
-        let mut c = loaded.cache.lock().unwrap_or_else(|p| p.into_inner());
         for state in [out.history_state, out.prompt_state, out.final_state]
             .into_iter()
             .flatten()
         {
             let n = state.tokens().min(all.len());
-            c.insert(k, all[..n].to_vec(), state);
+            loaded.keep(k, all[..n].to_vec(), state);
         }
     }
     let finish = if reply.stopped() {
