@@ -93,6 +93,22 @@ pub struct SpeculationStatus {
     pub message: Option<String>,
     /// Whether greedy output is known to be preserved.
     pub output_preserving: Option<bool>,
+    /// The default depth is chosen each round (`num_draft_tokens: "auto"`), up to
+    /// `num_draft_tokens`.
+    #[serde(default)]
+    pub auto_depth: bool,
+}
+
+impl SpeculationStatus {
+    /// The default depth in words: `3`, `auto (up to 8)`, or `None` when not reported.
+    pub fn depth_phrase(&self) -> Option<String> {
+        let n = self.num_draft_tokens?;
+        Some(if self.auto_depth {
+            format!("auto (up to {n})")
+        } else {
+            n.to_string()
+        })
+    }
 }
 
 /// What a runtime knows about its drafter before a call: the input of [`plan`].

@@ -809,11 +809,17 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the thread.
     pub fn spawn(engine: Arc<Engine>, max_batch: usize) -> Scheduler {
+        Self::spawn_with_chunk(engine, max_batch, DEFAULT_PREFILL_CHUNK)
+    }
+
+    /// [`Scheduler::spawn`] whose batch computes joining prompts `chunk` tokens per step (see
+    /// [`Batch::with_prefill_chunk`]).
+    pub fn spawn_with_chunk(engine: Arc<Engine>, max_batch: usize, chunk: usize) -> Scheduler {
         let (tx, rx) = mpsc::channel::<Job>();
         let max_batch = max_batch.max(1);
         let thread = std::thread::Builder::new()
             .name("mtp-scheduler".into())
-            .spawn(move || run_scheduler(&engine, rx, max_batch))
+            .spawn(move || run_scheduler(&engine, rx, max_batch, chunk))
             .ok();
         Scheduler {
             tx: Some(tx),
@@ -863,8 +869,8 @@ impl Drop for Scheduler {
     }
 }
 
-fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Job>, max_batch: usize) {
-    let mut batch = Batch::new(engine);
+fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Job>, max_batch: usize, chunk: usize) {
+    let mut batch = Batch::new(engine).with_prefill_chunk(chunk);
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut senders: BTreeMap<u64, mpsc::Sender<BatchEvent>> = BTreeMap::new();
     let mut next_id = 0u64;

@@ -626,6 +626,7 @@ impl Provider for HttpProvider {
             reason,
             message,
             output_preserving: None,
+            auto_depth: false,
         }
     }
 

@@ -83,6 +83,7 @@ impl Provider for Scripted {
             reason: None,
             message: None,
             output_preserving: Some(true),
+            auto_depth: false,
         }
     }
     async fn generate(&self, request: GenerateRequest) -> Result<GenerateResponse, ProviderError> {

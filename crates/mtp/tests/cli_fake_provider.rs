@@ -288,6 +288,7 @@ impl Provider for Fake {
                 reason: None,
                 message: None,
                 output_preserving: *output_preserving,
+                auto_depth: false,
             },
             Lane::Unavailable { reason, message } => SpeculationStatus {
                 lane_loaded: false,
@@ -301,6 +302,7 @@ impl Provider for Fake {
                 reason: Some(*reason),
                 message: Some(message.clone()),
                 output_preserving: None,
+                auto_depth: false,
             },
         }
     }

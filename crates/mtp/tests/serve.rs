@@ -18,6 +18,8 @@ fn demo_model() -> String {
 struct Server {
     child: Child,
     base: String,
+    /// The line the server printed when it started.
+    banner: String,
     out: BufReader<std::process::ChildStdout>,
 }
 
@@ -52,7 +54,12 @@ fn serve_model(model: &str, args: &[&str]) -> Server {
     let url = line[start..].split_whitespace().next().unwrap();
     let base = url.trim_end_matches("/v1").to_string();
     assert!(line.contains("MTP lane loaded"), "{line}");
-    Server { child, base, out }
+    Server {
+        child,
+        base,
+        out,
+        banner: line,
+    }
 }
 
 /// POSTs `body` to the server's `path` and reads the JSON answer.
@@ -245,10 +252,11 @@ fn batching_the_gguf_runtime_is_refused_with_the_reason() {
 }
 
 /// Four clients at once on `--max-batch 4`: the engine decodes them together, each with its own
-/// speculation (off, depth 1, 2, 3), and each gets the text and draft counts it gets alone.
+/// speculation (off, depth 1, 2, 3), and each gets the text and draft counts it gets alone;
+/// with `--prefill-chunk 3` their prompts are computed three tokens per step.
 #[tokio::test]
 async fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
-    let srv = serve(&["--max-batch", "4"]);
+    let srv = serve(&["--max-batch", "4", "--prefill-chunk", "3"]);
     let prompts = [
         "fn main() {",
         "impl Engine {\n    pub fn ",
@@ -382,6 +390,11 @@ async fn auto_depth_per_request_answers_as_target_only() {
     }
     // the server's default
     let srv = serve(&["--num-draft-tokens", "auto"]);
+    assert!(
+        srv.banner.contains("depth auto (up to 8)"),
+        "the banner names the auto depth: {}",
+        srv.banner
+    );
     let v = post_json(
         &srv,
         "/v1/completions",

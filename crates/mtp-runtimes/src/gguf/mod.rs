@@ -562,6 +562,8 @@ impl Provider for GgufProvider {
                 reason: None,
                 message: Some(format!("embedded MTP head run in-process by {RUNTIME}")),
                 output_preserving: *output_preserving,
+                // llama.cpp drafts at a fixed depth
+                auto_depth: false,
             },
             Lane::Unavailable { reason, message } => SpeculationStatus {
                 lane_loaded: false,
@@ -571,6 +573,7 @@ impl Provider for GgufProvider {
                 reason: Some(*reason),
                 message: Some(message.clone()),
                 output_preserving: None,
+                auto_depth: false,
             },
         }
     }

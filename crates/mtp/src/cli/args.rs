@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// The model id in /v1/models and in answers (default: the model as given).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
+    /// Prompt tokens the native engine computes per step for a joining request (chunked
+    /// prefill: a long prompt is computed a chunk per step while the others decode).
+    #[arg(long, value_name = "TOKENS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefill_chunk: u32,
     /// Memory for the native prefix cache (requests with a `prompt_cache_key` resume from the
     /// longest checkpoint of their key), in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]

@@ -126,9 +126,7 @@ pub(crate) fn run(
             format!(
                 "MTP lane loaded (drafter {}, depth {})",
                 st.drafter.as_deref().unwrap_or("?"),
-                st.num_draft_tokens
-                    .map(|d| d.to_string())
-                    .unwrap_or_else(|| "?".into())
+                st.depth_phrase().unwrap_or_else(|| "?".into())
             )
         } else {
             format!(
@@ -231,7 +229,7 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
         ))?,
         ("depth", None) => out.line(&format!(
             "draft tokens: {}",
-            match (s.per_call.depth, s.llm.speculation_status().num_draft_tokens) {
+            match (s.per_call.depth, s.llm.speculation_status().depth_phrase()) {
                 (Some(d), _) => format!("{d} (set with /depth)"),
                 (None, Some(d)) => format!("{d} (provider default)"),
                 (None, None) => "provider default (not reported)".into(),

@@ -558,10 +558,10 @@ pub fn status_report(st: &SpeculationStatus, per_call: PerCall) -> String {
             "   drafter        : {}\n",
             st.drafter.as_deref().unwrap_or("(not reported)")
         ));
-        let depth = match (per_call.depth, st.num_draft_tokens) {
+        let depth = match (per_call.depth, st.depth_phrase()) {
             (Some(d), Some(def)) => format!("{d} (this session; provider default {def})"),
             (Some(d), None) => format!("{d} (this session)"),
-            (None, Some(def)) => def.to_string(),
+            (None, Some(def)) => def,
             (None, None) => "(not reported)".into(),
         };
         s.push_str(&format!("   draft tokens   : {depth}\n"));

@@ -33,6 +33,7 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
         if a.max_batch > 1 {
             extra.push(("max_batch", a.max_batch.to_string()));
         }
+        extra.push(("prefill_chunk", a.prefill_chunk.to_string()));
         extra.push(("prompt_cache_bytes", a.cache_bytes.to_string()));
         if let Some(dir) = &a.cache_dir {
             extra.push(("prompt_cache_dir", dir.display().to_string()));
@@ -49,8 +50,7 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             "MTP lane loaded ({}, depth {})",
             status.drafter.as_deref().unwrap_or("embedded"),
             status
-                .num_draft_tokens
-                .map(|n| n.to_string())
+                .depth_phrase()
                 .unwrap_or_else(|| "server default".into())
         )
     } else {

@@ -18,6 +18,8 @@ pub struct EngineBackend {
     drafter: Option<DrafterLane>,
     runtime: String,
     weight_bytes: usize,
+    /// Prompt tokens a batch step computes for each joining prompt.
+    prefill_chunk: usize,
 }
 
 /// Decoding state snapshots of the candle engine (for the prefix cache; shared with the
@@ -77,7 +79,15 @@ impl EngineBackend {
             drafter,
             runtime,
             weight_bytes,
+            prefill_chunk: mtp_engine::batch::DEFAULT_PREFILL_CHUNK,
         }
+    }
+
+    /// Sets the prompt tokens a batch step computes for each joining prompt (chunked prefill,
+    /// so a long prompt does not stall the sequences decoding).
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
+        self.prefill_chunk = tokens.max(1);
+        self
     }
 }
 
@@ -306,9 +316,9 @@ impl Backend for EngineBackend {
         use mtp_engine::batch::{BatchEvent, Scheduler};
         let mut opts = engine_options(&self.engine, &job)?;
         opts.checkpoint_at = job.checkpoint_at;
-        let scheduler = self
-            .scheduler
-            .get_or_init(|| Scheduler::spawn(Arc::clone(&self.engine), max_batch));
+        let scheduler = self.scheduler.get_or_init(|| {
+            Scheduler::spawn_with_chunk(Arc::clone(&self.engine), max_batch, self.prefill_chunk)
+        });
         let resume = job.resume.as_ref().map(|(_, s)| Arc::clone(&s.0));
         let rx = scheduler
             .submit_resumable(job.prompt.to_vec(), opts, resume, job.checkpoint)

@@ -22,10 +22,11 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 9] = [
+pub const EXTRA_KEYS: [&str; 10] = [
     "device",
     "dtype",
     "max_batch",
+    "prefill_chunk",
     "prompt_cache_bytes",
     "prompt_cache_checkpoints",
     "prompt_cache_dir",
@@ -46,6 +47,7 @@ struct Extra {
     ctx_size: Option<usize>,
     threads: Option<usize>,
     max_batch: Option<usize>,
+    prefill_chunk: Option<usize>,
 }
 
 fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
@@ -162,6 +164,7 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         ctx_size: positive("ctx_size")?,
         threads: positive("threads")?,
         max_batch: positive("max_batch")?,
+        prefill_chunk: positive("prefill_chunk")?,
     })
 }
 
@@ -224,6 +227,7 @@ pub fn create(
         ctx_size,
         threads,
         max_batch,
+        prefill_chunk,
     } = parse_extra(model, opts)?;
     if let Some(n) = threads {
         let running = mtp_engine::team::set_threads(n);
@@ -368,7 +372,10 @@ pub fn create(
                 "the artifact carries MTP tensors but the engine loaded no drafter from them",
             ));
         }
-        let backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone());
+        let mut backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone());
+        if let Some(c) = prefill_chunk {
+            backend = backend.with_prefill_chunk(c);
+        }
         let disk = match (&cache_dir, backend.state_identity()) {
             (Some((root, budget)), Some(id)) => Some(
                 DiskCache::open(root, &id, *budget, checkpoints)

@@ -210,6 +210,10 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 reason: None,
                 message: None,
                 output_preserving: *output_preserving,
+                auto_depth: matches!(
+                    self.default.as_ref().and_then(|d| d.num_draft_tokens),
+                    Some(DraftDepth::Auto)
+                ),
             },
             Lane::Unavailable { reason, message } => SpeculationStatus {
                 lane_loaded: false,
@@ -219,6 +223,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 reason: Some(*reason),
                 message: Some(message.clone()),
                 output_preserving: None,
+                auto_depth: false,
             },
         }
     }
