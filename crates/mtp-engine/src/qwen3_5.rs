@@ -15,6 +15,7 @@ use crate::kernels;
 use crate::loader::WeightDtype;
 use crate::loader::{load_quantized, Checkpoint, Param};
 use crate::nn::{DecoderLayer, Linear, Positions, Store};
+use crate::simd;
 
 /// Which positions of a forward get LM-head logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,6 +505,13 @@ impl Qwen35Model {
                 crate::cache::SECOND_VERIFY_FORWARD.into(),
             ));
         }
+        // Products over more than `MAX_ROWS` rows take the GEMM, whose bits differ from the
+        // few-row product's: sequences are computed in groups of at most that many rows (a
+        // longer sequence alone, as it would be anyway), so each gets the bits it gets alone.
+        let total: usize = tokens.iter().map(Vec::len).sum();
+        if b > 1 && total > simd::MAX_ROWS {
+            return self.forward_grouped(tokens, caches, at);
+        }
         let d = self.hidden_size();
         let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
         let rows: usize = lens.iter().sum();
@@ -556,6 +564,34 @@ impl Qwen35Model {
             }
         };
         Ok(ForwardOutput { hidden: x, logits })
+    }
+
+    /// [`Qwen35Model::forward`] in groups of consecutive sequences of at most
+    /// [`simd::MAX_ROWS`] rows together (one longer sequence alone), outputs in order.
+    fn forward_grouped(
+        &self,
+        tokens: &[Vec<u32>],
+        caches: &mut [SeqCache],
+        at: LogitsAt,
+    ) -> Result<ForwardOutput> {
+        let mut out = ForwardOutput {
+            hidden: Vec::new(),
+            logits: Vec::new(),
+        };
+        let mut start = 0;
+        while start < tokens.len() {
+            let mut end = start + 1;
+            let mut rows = tokens[start].len();
+            while end < tokens.len() && rows + tokens[end].len() <= simd::MAX_ROWS {
+                rows += tokens[end].len();
+                end += 1;
+            }
+            let part = self.forward(&tokens[start..end], &mut caches[start..end], at)?;
+            out.hidden.extend_from_slice(&part.hidden);
+            out.logits.extend_from_slice(&part.logits);
+            start = end;
+        }
+        Ok(out)
     }
 }
 

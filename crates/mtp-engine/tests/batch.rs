@@ -142,6 +142,85 @@ fn batched_equals_solo_on_a_trained_dense_model_with_its_head() {
     }
 }
 
+/// One forward over many sequences (80 rows: more than one few-row product takes, which
+/// would switch to the GEMM and other bits) gives every sequence the bits it gets alone, for
+/// f32, bf16 and MLX 4-bit matrices.
+#[test]
+fn a_forward_over_many_sequences_gives_each_its_solo_bits() {
+    for (name, dtype) in [
+        ("tiny-trained", DType::F32),
+        ("tiny-trained", DType::BF16),
+        ("tiny-mlx4", DType::F32),
+    ] {
+        let e = Engine::load(&fixture(name), &Device::Cpu, dtype).unwrap();
+        let m = e.model();
+        let n = 40;
+        let rows: Vec<Vec<u32>> = (0..n).map(|i| vec![97 + (i % 26) as u32, 98]).collect();
+        let mut caches: Vec<_> = (0..n).map(|_| m.new_cache()).collect();
+        let all = m
+            .forward(&rows, &mut caches, mtp_engine::LogitsAt::All)
+            .unwrap();
+        let v = m.vocab_size();
+        for (i, row) in rows.iter().enumerate() {
+            let mut c = [m.new_cache()];
+            let one = m
+                .forward(std::slice::from_ref(row), &mut c, mtp_engine::LogitsAt::All)
+                .unwrap();
+            assert!(
+                one.logits[..] == all.logits[i * 2 * v..(i + 1) * 2 * v],
+                "{name} {dtype:?}: sequence {i}"
+            );
+        }
+    }
+}
+
+/// More rows in a step than the few-row product takes at once (14 sequences at depth 3: 56
+/// rows; the kernels' limit is 32): each sequence still gets its solo tokens and draft counts.
+#[test]
+fn a_step_of_more_rows_than_one_product_takes_equals_solo() {
+    let e = load("tiny-trained", None);
+    let o = |i: usize| {
+        let mut o = GenerateOptions::greedy(10 + i % 3)
+            .ignore_eos(true)
+            .num_draft_tokens(3);
+        if i % 4 == 1 {
+            o = o.sampling(Sampling {
+                temperature: Some(0.9),
+                seed: Some(3 + i as u64),
+                ..Default::default()
+            });
+        }
+        o
+    };
+    let n = 14;
+    let solos: Vec<GenerationOutput> = (0..n)
+        .map(|i| e.generate(&prompt(i), &o(i), |_| true).unwrap())
+        .collect();
+    let mut batch = Batch::new(&e);
+    let mut on = |_: u64, _: &[u32]| true;
+    for i in 0..n {
+        batch.join(i as u64, &prompt(i), &o(i), &mut on);
+    }
+    let mut outs = BTreeMap::new();
+    while batch.active() > 0 {
+        batch.step(&mut on);
+    }
+    for (id, out) in batch.take_finished() {
+        outs.insert(id, out.unwrap());
+    }
+    assert_eq!(outs.len(), n);
+    for (id, out) in outs {
+        let s = &solos[id as usize];
+        assert_eq!(out.tokens, s.tokens, "sequence {id}: tokens");
+        let (a, b) = (out.speculation.unwrap(), s.speculation.clone().unwrap());
+        assert_eq!(
+            (a.stats.drafted, a.stats.accepted, a.stats.rounds),
+            (b.stats.drafted, b.stats.accepted, b.stats.rounds),
+            "sequence {id}: draft statistics"
+        );
+    }
+}
+
 /// Prompts computed a chunk per step (1, 4 and 7 tokens: every prompt here is longer than a
 /// chunk) give each sequence its solo tokens and draft counts, joining early or late.
 #[test]
