@@ -27,7 +27,9 @@
 //! prompt, after the last token fed), so a batched chat turn resumes the last one's state
 //! exactly as [`Engine::generate_resumable`] does.
 //!
-//! Not yet: drafting the speculating sequences' heads in one forward (each drafts alone).
+//! The speculating sequences draft together: each draft position is one MTP-head forward and
+//! one LM-head product over every sequence still drafting (`speculative::draft_batch`), so the
+//! head's weights are read once per position, not once per sequence.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -504,6 +506,9 @@ impl<'e> Batch<'e> {
         //    row feeds it); a speculating one drafts its round
         let mut rows: Vec<Vec<u32>> = Vec::new();
         let mut members: Vec<(usize, Option<Drafts>)> = Vec::new();
+        // the speculating sequences draft together (one head forward per draft position)
+        let mut drafting: Vec<(usize, speculative::Drafting<'_>)> = Vec::new();
+        let mut wants: Vec<(usize, usize, usize)> = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
             if s.finish.is_some() || failed.iter().any(|f| f.0 == i) {
                 continue;
@@ -530,20 +535,51 @@ impl<'e> Batch<'e> {
                         members.push((i, None));
                     }
                 }
-                Lane::Mtp { round, depth, .. } => {
+                Lane::Mtp { depth, .. } => {
                     let k = chosen[i].unwrap_or((*depth).min(remaining));
-                    let Some(head) = head.filter(|_| remaining > 0) else {
+                    if head.is_none() || remaining == 0 {
                         s.finish = Some(FinishReason::Length);
                         continue;
-                    };
-                    match speculative::draft(model, head, round, k, &mut s.sampler, pos) {
-                        Ok(d) => {
-                            head_calls += d.heads;
-                            rows.push(speculative::verify_row(round, &d));
-                            members.push((i, Some(d)));
-                        }
-                        Err(e) => failed.push((i, e.to_string())),
                     }
+                    wants.push((i, k, pos));
+                }
+            }
+        }
+        let mut wants = wants.into_iter().peekable();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(&(_, k, pos)) = wants.peek().filter(|w| w.0 == i) else {
+                continue;
+            };
+            wants.next();
+            if let Slot {
+                lane: Lane::Mtp { round, .. },
+                sampler,
+                ..
+            } = s
+            {
+                drafting.push((
+                    i,
+                    speculative::Drafting {
+                        r: round,
+                        k,
+                        s: sampler,
+                        pos,
+                    },
+                ));
+            }
+        }
+        if let (Some(head), false) = (head, drafting.is_empty()) {
+            let (which, mut items): (Vec<usize>, Vec<speculative::Drafting<'_>>) =
+                drafting.into_iter().unzip();
+            let drafts = speculative::draft_batch(model, head, &mut items);
+            for ((i, it), d) in which.into_iter().zip(items).zip(drafts) {
+                match d {
+                    Ok(d) => {
+                        head_calls += d.heads;
+                        rows.push(speculative::verify_row(it.r, &d));
+                        members.push((i, Some(d)));
+                    }
+                    Err(e) => failed.push((i, e.to_string())),
                 }
             }
         }

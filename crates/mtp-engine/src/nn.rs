@@ -1032,28 +1032,58 @@ impl DecoderLayer {
         cache: &mut LayerCache,
         position: usize,
     ) -> Result<Vec<f32>> {
-        let d = self.hidden;
         self.check_rows(x, &[l])?;
         if l == 0 {
             return Ok(Vec::new());
         }
+        self.forward_last_ragged(x, &[l], &mut [cache], &[Positions::From(position)])
+    }
+
+    /// [`DecoderLayer::forward_last`] for several sequences of `lens` rows (at least one each)
+    /// in one pass: `[b, hidden]`, each sequence's last row.
+    pub fn forward_last_ragged(
+        &self,
+        x: &[f32],
+        lens: &[usize],
+        caches: &mut [&mut LayerCache],
+        positions: &[Positions<'_>],
+    ) -> Result<Vec<f32>> {
+        let d = self.hidden;
+        let b = lens.len();
+        if caches.len() != b || positions.len() != b || lens.contains(&0) {
+            return Err(Error::InvalidRequest(format!(
+                "a decoder layer over {b} sequences of at least one row was given {} caches \
+                 and {} positions",
+                caches.len(),
+                positions.len()
+            )));
+        }
+        let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+        self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
         let mut normed = x.to_vec();
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
+        // each sequence's last row
+        let mut ends = Vec::with_capacity(b);
+        let mut end = 0;
+        for &l in lens {
+            end += l;
+            ends.push(end - 1);
+        }
         let r = match &self.mixer {
-            Mixer::Attention(a) => a.forward(
-                &normed,
-                &[l],
-                &mut [cache],
-                &[Positions::From(position)],
-                true,
-            )?,
+            Mixer::Attention(a) => a.forward(&normed, lens, caches, positions, true)?,
             // a recurrence needs every position anyway
             Mixer::Linear(m) => {
-                let all = m.forward(&normed, &[l], &mut [cache])?;
-                all[(l - 1) * d..].to_vec()
+                let all = m.forward(&normed, lens, caches)?;
+                ends.iter()
+                    .flat_map(|&e| all[e * d..(e + 1) * d].iter().copied())
+                    .collect()
             }
         };
-        self.finish(x[(l - 1) * d..].to_vec(), &r, 1)
+        let residual: Vec<f32> = ends
+            .iter()
+            .flat_map(|&e| x[e * d..(e + 1) * d].iter().copied())
+            .collect();
+        self.finish(residual, &r, b)
     }
 
     /// The row count `x` must hold (`lead` times the hidden size floats), or a

@@ -227,14 +227,67 @@ impl MtpHead {
         hidden: &[f32],
         cache: &mut MtpCache,
     ) -> Result<Vec<f32>> {
-        let n = tokens.len();
-        let d = self.hidden;
-        if n == 0 {
+        if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        let mut e = target.embed(tokens)?;
+        Ok(self
+            .forward_ragged(target, &[(tokens, hidden)], &mut [cache])?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// [`MtpHead::forward`] for several sequences at once (`rows[i]`: sequence `i`'s tokens,
+    /// at least one, and their target hidden states, with its cache): each one's last normed
+    /// hidden state, the bits it gets alone. Sequences go through the head in groups of at
+    /// most [`crate::simd::MAX_ROWS`] rows (one longer sequence alone), so each group reads the
+    /// weights once and every product takes the few-row arithmetic a single sequence takes.
+    pub fn forward_ragged(
+        &self,
+        target: &Qwen35Model,
+        rows: &[(&[u32], &[f32])],
+        caches: &mut [&mut MtpCache],
+    ) -> Result<Vec<Vec<f32>>> {
+        let d = self.hidden;
+        if caches.len() != rows.len()
+            || rows
+                .iter()
+                .any(|(t, h)| t.is_empty() || Some(h.len()) != t.len().checked_mul(d))
+        {
+            return Err(Error::InvalidRequest(format!(
+                "the MTP head over {} sequences needs a cache and at least one token with its \
+                 {d}-wide hidden state per token for each, got {} caches",
+                rows.len(),
+                caches.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        let mut start = 0;
+        while start < rows.len() {
+            let mut end = start + 1;
+            let mut n = rows[start].0.len();
+            while end < rows.len() && n + rows[end].0.len() <= crate::simd::MAX_ROWS {
+                n += rows[end].0.len();
+                end += 1;
+            }
+            out.extend(self.forward_group(target, &rows[start..end], &mut caches[start..end])?);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn forward_group(
+        &self,
+        target: &Qwen35Model,
+        rows: &[(&[u32], &[f32])],
+        caches: &mut [&mut MtpCache],
+    ) -> Result<Vec<Vec<f32>>> {
+        let d = self.hidden;
+        let lens: Vec<usize> = rows.iter().map(|r| r.0.len()).collect();
+        let n: usize = lens.iter().sum();
+        let flat: Vec<u32> = rows.iter().flat_map(|r| r.0.iter().copied()).collect();
+        let mut e = target.embed(&flat)?;
         kernels::rms_norm_rows(&mut e, Some(&self.pre_emb), d, self.eps);
-        let mut h = hidden.to_vec();
+        let mut h: Vec<f32> = rows.iter().flat_map(|r| r.1.iter().copied()).collect();
         kernels::rms_norm_rows(&mut h, Some(&self.pre_hidden), d, self.eps);
         // [n, 2d] = [norm(embed) | norm(hidden)]
         let mut cat = Vec::with_capacity(n * 2 * d);
@@ -243,17 +296,24 @@ impl MtpHead {
             cat.extend_from_slice(&h[i * d..(i + 1) * d]);
         }
         let mut x = self.fc.forward(&cat, n)?;
-        let positions = [crate::nn::Positions::From(cache.pos)];
+        let positions: Vec<crate::nn::Positions<'_>> = caches
+            .iter()
+            .map(|c| crate::nn::Positions::From(c.pos))
+            .collect();
         let last = self.layers.len() - 1;
-        for (i, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut lc: Vec<&mut LayerCache> =
+                caches.iter_mut().map(|c| &mut c.layers[i]).collect();
             x = if i == last {
-                layer.forward_last(&x, n, lc, cache.pos)?
+                layer.forward_last_ragged(&x, &lens, &mut lc, &positions)?
             } else {
-                layer.forward(&x, 1, n, &mut [lc], &positions)?
+                layer.forward_ragged(&x, &lens, &mut lc, &positions)?
             };
         }
-        cache.pos += n;
+        for (c, &l) in caches.iter_mut().zip(&lens) {
+            c.pos += l;
+        }
         kernels::rms_norm_rows(&mut x, Some(&self.norm), d, self.eps);
-        Ok(x)
+        Ok(x.chunks_exact(d).map(<[f32]>::to_vec).collect())
     }
 }

@@ -28,7 +28,7 @@ use mtp_contract::DraftStats;
 use crate::cache::SeqCache;
 use crate::depth::{self, Choice, DepthModel, Fixed};
 use crate::engine::Emitter;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::qwen3_5::{LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
 use crate::resume::PromptState;
@@ -117,66 +117,245 @@ pub(crate) fn draft(
     s: &mut Sampler,
     pos: usize,
 ) -> Result<Drafts> {
-    r.appended = 0;
-    // a long run of plain steps: catch the drafter up now and then rather than hold every
-    // hidden state until the next draft
-    let catch_up = !r.pending.is_empty() && (k > 0 || r.pending.len() >= MAX_PENDING);
-    let mut heads = 0;
-    if catch_up {
-        let toks = std::mem::take(&mut r.pending);
-        let hid = std::mem::take(&mut r.pending_hidden);
-        let last = head.forward(model, &toks, &hid, &mut r.mcache)?;
-        let logits = model.logits(&last, 1)?;
-        let (t, q) = draft_pick(s, &logits, pos)?;
-        r.seed = t;
-        r.seed_q = q;
-        r.seed_hidden = last;
-        heads += 1;
-    }
-    if k == 0 {
-        return Ok(Drafts {
-            tokens: Vec::new(),
-            q: Vec::new(),
-            heads,
-        });
-    }
-    let mut d = Drafts {
-        tokens: vec![r.seed],
-        q: r.seed_q.take().into_iter().collect(),
-        heads,
-    };
-    let mut h = r.seed_hidden.clone();
-    let mut tok = r.seed;
-    // Under a constraint the grammar walks through the drafts (each is picked with the state
-    // after the ones before it) and is rolled back before verifying; drafting stops at an end
-    // token or where the grammar is complete (only the end could follow).
-    let mut fed = 0;
-    let mut open = !s.is_constrained_end(tok);
-    if open {
-        s.advance(tok)?;
-        fed += 1;
-        open = !s.constraint_complete();
-    }
-    while open && d.tokens.len() < k {
-        h = head.forward(model, &[tok], &h, &mut r.mcache)?;
-        r.appended += 1;
-        d.heads += 1;
-        let logits = model.logits(&h, 1)?;
-        let (t, q) = draft_pick(s, &logits, pos + d.tokens.len())?;
-        tok = t;
-        d.tokens.push(t);
-        if let Some(q) = q {
-            d.q.push(q);
+    let mut one = [Drafting { r, k, s, pos }];
+    draft_batch(model, head, &mut one)
+        .pop()
+        .unwrap_or_else(|| Err(Error::Batch("no draft was made".into())))
+}
+
+/// One sequence's part in [`draft_batch`]: its round, depth, sampler and output position.
+pub(crate) struct Drafting<'a> {
+    pub(crate) r: &'a mut Round,
+    pub(crate) k: usize,
+    pub(crate) s: &'a mut Sampler,
+    pub(crate) pos: usize,
+}
+
+/// Where one sequence's drafting stands.
+struct DraftWalk {
+    d: Drafts,
+    /// The last draft and the head's hidden state after it.
+    tok: u32,
+    h: Vec<f32>,
+    /// Drafts fed to the grammar (rolled back at the end).
+    fed: usize,
+    open: bool,
+}
+
+/// [`draft`] for several sequences at once: each head forward and each LM-head product serves
+/// every sequence still drafting ([`MtpHead::forward_ragged`]), so a batch reads the head's
+/// weights once per draft position instead of once per sequence. Each sequence gets the
+/// drafts (and bits) it gets alone; one that fails ends alone with its error.
+pub(crate) fn draft_batch(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    items: &mut [Drafting<'_>],
+) -> Vec<Result<Drafts>> {
+    let n = items.len();
+    let mut out: Vec<Option<Result<Drafts>>> = (0..n).map(|_| None).collect();
+    let mut heads = vec![0usize; n];
+    // 1. the catch-up: a long run of plain steps catches the drafter up now and then rather
+    //    than hold every hidden state until the next draft
+    let mut catch: Vec<usize> = Vec::new();
+    for (i, it) in items.iter_mut().enumerate() {
+        it.r.appended = 0;
+        if !it.r.pending.is_empty() && (it.k > 0 || it.r.pending.len() >= MAX_PENDING) {
+            catch.push(i);
         }
-        if s.is_constrained_end(t) || d.tokens.len() == k {
+    }
+    if !catch.is_empty() {
+        let pending: Vec<(Vec<u32>, Vec<f32>)> = catch
+            .iter()
+            .map(|&i| {
+                let r = &mut *items[i].r;
+                (
+                    std::mem::take(&mut r.pending),
+                    std::mem::take(&mut r.pending_hidden),
+                )
+            })
+            .collect();
+        let rows: Vec<(&[u32], &[f32])> = pending
+            .iter()
+            .map(|(t, h)| (t.as_slice(), h.as_slice()))
+            .collect();
+        let lasts = heads_and_logits(model, head, items, &catch, &rows);
+        match lasts {
+            Err(e) => share_error(e, &catch, &mut out),
+            Ok(lasts) => {
+                for (&i, (last, logits)) in catch.iter().zip(lasts) {
+                    let it = &mut items[i];
+                    match draft_pick(it.s, &logits, it.pos) {
+                        Ok((t, q)) => {
+                            it.r.seed = t;
+                            it.r.seed_q = q;
+                            it.r.seed_hidden = last;
+                            heads[i] += 1;
+                        }
+                        Err(e) => out[i] = Some(Err(e)),
+                    }
+                }
+            }
+        }
+    }
+    // 2. the seeds; under a constraint the grammar walks through the drafts (each is picked
+    //    with the state after the ones before it) and is rolled back before verifying;
+    //    drafting stops at an end token or where the grammar is complete (only the end could
+    //    follow)
+    let mut walks: Vec<Option<DraftWalk>> = (0..n).map(|_| None).collect();
+    for (i, it) in items.iter_mut().enumerate() {
+        if out[i].is_some() {
+            continue;
+        }
+        if it.k == 0 {
+            out[i] = Some(Ok(Drafts {
+                tokens: Vec::new(),
+                q: Vec::new(),
+                heads: heads[i],
+            }));
+            continue;
+        }
+        let tok = it.r.seed;
+        let mut w = DraftWalk {
+            d: Drafts {
+                tokens: vec![tok],
+                q: it.r.seed_q.take().into_iter().collect(),
+                heads: heads[i],
+            },
+            tok,
+            h: it.r.seed_hidden.clone(),
+            fed: 0,
+            open: !it.s.is_constrained_end(tok),
+        };
+        if w.open {
+            match it.s.advance(tok) {
+                Ok(()) => {
+                    w.fed += 1;
+                    w.open = !it.s.constraint_complete();
+                }
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    continue;
+                }
+            }
+        }
+        walks[i] = Some(w);
+    }
+    // 3. the recurrent drafts, one head forward per position for every sequence still drafting
+    loop {
+        let active: Vec<usize> = (0..n)
+            .filter(|&i| {
+                walks[i]
+                    .as_ref()
+                    .is_some_and(|w| w.open && w.d.tokens.len() < items[i].k)
+            })
+            .collect();
+        if active.is_empty() {
             break;
         }
-        s.advance(t)?;
-        fed += 1;
-        open = !s.constraint_complete();
+        let inputs: Vec<(u32, Vec<f32>)> = active
+            .iter()
+            .map(|&i| {
+                let w = walks[i].as_ref().expect("active");
+                (w.tok, w.h.clone())
+            })
+            .collect();
+        let rows: Vec<(&[u32], &[f32])> = inputs
+            .iter()
+            .map(|(t, h)| (std::slice::from_ref(t), h.as_slice()))
+            .collect();
+        let lasts = match heads_and_logits(model, head, items, &active, &rows) {
+            Ok(l) => l,
+            Err(e) => {
+                for &i in &active {
+                    walks[i] = None;
+                }
+                share_error(e, &active, &mut out);
+                continue;
+            }
+        };
+        for (&i, (h, logits)) in active.iter().zip(lasts) {
+            let it = &mut items[i];
+            let w = walks[i].as_mut().expect("active");
+            w.h = h;
+            it.r.appended += 1;
+            w.d.heads += 1;
+            let step = draft_pick(it.s, &logits, it.pos + w.d.tokens.len()).and_then(|(t, q)| {
+                w.tok = t;
+                w.d.tokens.push(t);
+                if let Some(q) = q {
+                    w.d.q.push(q);
+                }
+                if it.s.is_constrained_end(t) || w.d.tokens.len() == it.k {
+                    w.open = false;
+                    return Ok(());
+                }
+                it.s.advance(t)?;
+                w.fed += 1;
+                w.open = !it.s.constraint_complete();
+                Ok(())
+            });
+            if let Err(e) = step {
+                walks[i] = None;
+                out[i] = Some(Err(e));
+            }
+        }
     }
-    s.rollback(fed)?;
-    Ok(d)
+    for (i, it) in items.iter_mut().enumerate() {
+        if let Some(w) = walks[i].take() {
+            out[i] = Some(it.s.rollback(w.fed).map(|()| w.d));
+        }
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(Error::Batch("a draft was not made".into()))))
+        .collect()
+}
+
+/// A forward shared by the sequences `which` failed: the first gets the error, the others
+/// (in a batch) its message.
+fn share_error(e: Error, which: &[usize], out: &mut [Option<Result<Drafts>>]) {
+    let message = e.to_string();
+    let mut e = Some(e);
+    for &i in which {
+        out[i] = Some(Err(e
+            .take()
+            .unwrap_or_else(|| Error::Batch(message.clone()))));
+    }
+}
+
+/// One head forward over `rows` (the sequences `which` of `items`, in that order) and the LM
+/// head over their last hidden states: per sequence, its hidden state and its logits. The LM
+/// head runs in groups of at most [`crate::simd::MAX_ROWS`] rows, as the head does.
+fn heads_and_logits(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    items: &mut [Drafting<'_>],
+    which: &[usize],
+    rows: &[(&[u32], &[f32])],
+) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+    let mut caches: Vec<&mut MtpCache> = Vec::with_capacity(which.len());
+    {
+        // the caches of `which`, in order (indices are increasing)
+        let mut rest: &mut [Drafting<'_>] = items;
+        let mut base = 0;
+        for &i in which {
+            let (_, tail) = rest.split_at_mut(i - base);
+            let (it, tail) = tail.split_first_mut().expect("an index in range");
+            caches.push(&mut it.r.mcache);
+            rest = tail;
+            base = i + 1;
+        }
+    }
+    let lasts = head.forward_ragged(model, rows, &mut caches)?;
+    let mut out = Vec::with_capacity(lasts.len());
+    for group in lasts.chunks(crate::simd::MAX_ROWS) {
+        let flat: Vec<f32> = group.iter().flatten().copied().collect();
+        let logits = model.logits(&flat, group.len())?;
+        let v = model.vocab_size();
+        for (j, h) in group.iter().enumerate() {
+            out.push((h.clone(), logits[j * v..(j + 1) * v].to_vec()));
+        }
+    }
+    Ok(out)
 }
 
 /// Step 2: one target forward over `[bonus, d_1 .. d_k]`, recording per-position linear states.

@@ -174,6 +174,62 @@ fn a_forward_over_many_sequences_gives_each_its_solo_bits() {
     }
 }
 
+/// The MTP head over several sequences at once (batched drafting) gives each the bits it gets
+/// alone: catch-ups of different lengths (45 rows in all) and then one row each.
+#[test]
+fn the_head_over_many_sequences_gives_each_its_solo_bits() {
+    for (name, drafter) in [("tiny-trained", None), ("tiny-mlx4", Some("tiny-mlx4-mtp"))] {
+        let e = load(name, drafter);
+        let (m, head) = (e.model(), e.drafter().expect("a head"));
+        let d = m.hidden_size();
+        let lens = [1usize, 7, 2, 12, 1, 9, 5, 8];
+        let toks: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (0..l).map(|j| 97 + ((i * 5 + j) % 26) as u32).collect())
+            .collect();
+        let hid: Vec<Vec<f32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                (0..l * d)
+                    .map(|j| (((i * 31 + j * 7) % 97) as f32 / 48.0) - 1.0)
+                    .collect()
+            })
+            .collect();
+        for round in 0..2 {
+            // round 0: the catch-ups; round 1: one more token each on the caches they left
+            let rows: Vec<(&[u32], &[f32])> = toks
+                .iter()
+                .zip(&hid)
+                .map(|(t, h)| {
+                    if round == 0 {
+                        (t.as_slice(), h.as_slice())
+                    } else {
+                        (&t[..1], &h[..d])
+                    }
+                })
+                .collect();
+            let mut alone: Vec<_> = (0..lens.len()).map(|_| head.new_cache()).collect();
+            let mut together: Vec<_> = (0..lens.len()).map(|_| head.new_cache()).collect();
+            if round == 1 {
+                for (i, (t, h)) in toks.iter().zip(&hid).enumerate() {
+                    head.forward(m, t, h, &mut alone[i]).unwrap();
+                    head.forward(m, t, h, &mut together[i]).unwrap();
+                }
+            }
+            let want: Vec<Vec<f32>> = rows
+                .iter()
+                .zip(alone.iter_mut())
+                .map(|((t, h), c)| head.forward(m, t, h, c).unwrap())
+                .collect();
+            let mut refs: Vec<&mut _> = together.iter_mut().collect();
+            let got = head.forward_ragged(m, &rows, &mut refs).unwrap();
+            assert!(got == want, "{name}, round {round}");
+        }
+    }
+}
+
 /// More rows in a step than the few-row product takes at once (14 sequences at depth 3: 56
 /// rows; the kernels' limit is 32): each sequence still gets its solo tokens and draft counts.
 #[test]
