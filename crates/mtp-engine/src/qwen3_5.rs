@@ -578,18 +578,11 @@ impl Qwen35Model {
             hidden: Vec::new(),
             logits: Vec::new(),
         };
-        let mut start = 0;
-        while start < tokens.len() {
-            let mut end = start + 1;
-            let mut rows = tokens[start].len();
-            while end < tokens.len() && rows + tokens[end].len() <= simd::MAX_ROWS {
-                rows += tokens[end].len();
-                end += 1;
-            }
-            let part = self.forward(&tokens[start..end], &mut caches[start..end], at)?;
+        let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
+        for g in simd::row_groups(&lens) {
+            let part = self.forward(&tokens[g.clone()], &mut caches[g], at)?;
             out.hidden.extend_from_slice(&part.hidden);
             out.logits.extend_from_slice(&part.logits);
-            start = end;
         }
         Ok(out)
     }

@@ -260,17 +260,10 @@ impl MtpHead {
                 caches.len()
             )));
         }
+        let lens: Vec<usize> = rows.iter().map(|r| r.0.len()).collect();
         let mut out = Vec::with_capacity(rows.len());
-        let mut start = 0;
-        while start < rows.len() {
-            let mut end = start + 1;
-            let mut n = rows[start].0.len();
-            while end < rows.len() && n + rows[end].0.len() <= crate::simd::MAX_ROWS {
-                n += rows[end].0.len();
-                end += 1;
-            }
-            out.extend(self.forward_group(target, &rows[start..end], &mut caches[start..end])?);
-            start = end;
+        for g in crate::simd::row_groups(&lens) {
+            out.extend(self.forward_group(target, &rows[g.clone()], &mut caches[g])?);
         }
         Ok(out)
     }

@@ -920,6 +920,26 @@ pub(crate) fn has_avx512() -> bool {
 /// Most rows [`matmul_rows`] takes.
 pub const MAX_ROWS: usize = 32;
 
+/// Sequences of `lens` rows in consecutive groups of at most [`MAX_ROWS`] rows together (a
+/// longer sequence alone): the index ranges. A product over more rows takes the GEMM, whose
+/// bits differ from the few-row product's, so a forward over several sequences runs group by
+/// group to give each the bits it gets alone.
+pub(crate) fn row_groups(lens: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    while start < lens.len() {
+        let mut end = start + 1;
+        let mut rows = lens[start];
+        while end < lens.len() && rows + lens[end] <= MAX_ROWS {
+            rows += lens[end];
+            end += 1;
+        }
+        groups.push(start..end);
+        start = end;
+    }
+    groups
+}
+
 /// [`matmul_block`] on the path this CPU runs (`avx`, `avx512`: what was detected).
 ///
 /// # Safety
@@ -2017,6 +2037,15 @@ mod tests {
 
     /// A matrix held in parts gives every feature the bits of the whole matrix, at every row
     /// count, for part sizes on and off the block and lane boundaries and odd widths.
+    #[test]
+    fn row_groups_hold_at_most_max_rows_and_a_long_sequence_alone() {
+        assert_eq!(row_groups(&[]), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(row_groups(&[4; 8]), vec![0..8]);
+        assert_eq!(row_groups(&[4; 9]), vec![0..8, 8..9]);
+        assert_eq!(row_groups(&[1, 40, 1, 31, 2]), vec![0..1, 1..2, 2..4, 4..5]);
+        assert_eq!(row_groups(&[32, 1]), vec![0..1, 1..2]);
+    }
+
     #[test]
     fn parts_match_the_whole_matrix() {
         let mut r = rng(11);
