@@ -15,6 +15,20 @@ const KIB: usize = 1024;
 /// minijinja's limit on a repeated string (`MAX_REPEATED_STRING_LEN` in its `value/ops.rs`).
 const MINIJINJA_MAX_REPEAT: usize = 100_000_000;
 
+/// The model whose saved states the `state` target reads: the tiny trained checkpoint with its
+/// MTP head (loaded once, by the seeds, before any input is measured).
+fn state_engine() -> &'static mtp_engine::Engine {
+    static ENGINE: std::sync::OnceLock<mtp_engine::Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
+        mtp_engine::Engine::load(
+            &repo().join("tests/fixtures/tiny-trained"),
+            &candle_core::Device::Cpu,
+            candle_core::DType::F32,
+        )
+        .expect("the tiny-trained fixture loads")
+    })
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -192,6 +206,41 @@ pub(crate) fn all() -> Vec<Target> {
             // a decoded image of at most 2^20 pixels in RGBA (and 16-bit) buffers, the
             // decoders' tables, and the small resized copy
             alloc_cap: |n| 40 * 1024 * KIB + 16 * n,
+            max_len: 256 * KIB,
+        },
+        Target {
+            name: "state",
+            about: "a saved prefix-cache state read back on a loaded model (mtp_engine::Engine::state_from_bytes: lengths, layer kinds, drafter cache, images)",
+            seeds: || {
+                let e = state_engine();
+                let mut seeds = Vec::new();
+                for depth in [0, 2] {
+                    let mut o = mtp_engine::GenerateOptions::greedy(4).ignore_eos(true);
+                    if depth > 0 {
+                        o = o.num_draft_tokens(depth);
+                    }
+                    o.checkpoint_at = Some(3);
+                    let prompt: Vec<u32> = b"the quick brown ".iter().map(|&b| b.into()).collect();
+                    if let Ok(out) = e.generate_resumable(&prompt, None, true, &o, &mut |_| true) {
+                        for st in [out.history_state, out.prompt_state, out.final_state]
+                            .into_iter()
+                            .flatten()
+                        {
+                            seeds.push(st.to_bytes());
+                        }
+                    }
+                }
+                seeds
+            },
+            dictionary: &[b"MTPSTATE", b"\x01\0\0\0", b"\0\0\0\0\0\0\0\0", b"\xff\xff\xff\xff\xff\xff\xff\x7f"],
+            run: |b| {
+                if let Ok(st) = state_engine().state_from_bytes(b) {
+                    // what was read is written back as it came
+                    assert_eq!(st.to_bytes(), b, "a state read back writes other bytes");
+                }
+            },
+            // the state's floats (no more than the input's bytes), the model's fresh caches
+            alloc_cap: |n| 256 * KIB + 2 * n,
             max_len: 256 * KIB,
         },
         Target {
