@@ -113,6 +113,8 @@ enum Job<S> {
     },
     /// Mark a checkpoint as just used (after the writes queued before it).
     Touch(PathBuf),
+    /// Remove every checkpoint (after the writes queued before it).
+    Clear,
 }
 
 /// The disk tier of one model's prefix cache.
@@ -241,6 +243,7 @@ impl<S: CacheState + 'static> DiskCache<S> {
                     match job {
                         Job::Write { key, tokens, state } => w.write(key, tokens, &*state),
                         Job::Touch(path) => w.touch(&path),
+                        Job::Clear => w.clear(),
                     }
                 }
             })
@@ -346,13 +349,14 @@ impl<S: CacheState + 'static> DiskCache<S> {
         self.shared.remove(&path);
     }
 
-    /// Removes every checkpoint (of this model).
+    /// Removes every checkpoint (of this model): those on disk now, and those still queued
+    /// for the writer once it has written them.
     pub fn clear(&self) {
-        let mut ix = self.shared.lock();
-        for e in ix.entries.drain(..) {
-            let _ = std::fs::remove_file(&e.path);
+        self.shared.clear();
+        if let Some(tx) = &self.tx {
+            // (a blocking send: the writer is never held up for long, and a clear must happen)
+            let _ = tx.send(Job::Clear);
         }
-        ix.used = 0;
     }
 
     /// Waits until every queued checkpoint is written.
@@ -374,6 +378,14 @@ impl<S: CacheState + 'static> Drop for DiskCache<S> {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn clear(&self) {
+        let mut ix = self.lock();
+        for e in ix.entries.drain(..) {
+            let _ = std::fs::remove_file(&e.path);
+        }
+        ix.used = 0;
     }
 
     fn touch(&self, path: &Path) {
@@ -691,6 +703,19 @@ mod tests {
         assert_eq!(c.lookup("k", &[9, 9, 9], 0), None);
         assert_eq!(c.lookup("nope", &[1, 2, 3, 4, 5], 0), None);
         c.clear();
+        assert!(c.is_empty());
+        assert!(files(c.dir(), STATE_EXT).is_empty());
+        // a clear also removes what was still queued when it was asked for
+        let mut c = c;
+        for n in 1..=8u32 {
+            c.store(
+                "q",
+                (1..=n).collect(),
+                Arc::new(St(vec![1; 4096], n as usize)),
+            );
+        }
+        c.clear();
+        c.flush();
         assert!(c.is_empty());
         assert!(files(c.dir(), STATE_EXT).is_empty());
     }
