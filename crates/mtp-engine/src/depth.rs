@@ -45,6 +45,8 @@ const COST_DECAY: f64 = 0.995;
 const MAX_ROWS: usize = 256;
 /// Before the slope is measured: one more row costs this fraction of a one-row forward.
 const PRIOR_ROW_SLOPE: f64 = 0.25;
+/// The decayed weight at which a row count's own mean stands in for the fitted line.
+const MEAN_WEIGHT: f64 = 2.0;
 /// Before a drafter forward is measured: its cost as a fraction of a one-row target forward.
 const PRIOR_HEAD_FRACTION: f64 = 0.15;
 
@@ -234,7 +236,11 @@ impl CostModel {
     }
 
     /// Predicted milliseconds of a forward over `rows` rows (relative units before any
-    /// measurement), and of one drafter forward.
+    /// measurement), and of one drafter forward. A row count measured often enough
+    /// ([`MEAN_WEIGHT`]) costs its own mean, others the fitted line: a forward's cost is no
+    /// straight line in its rows (flat while reading the weights dominates, then rising with
+    /// the arithmetic), and a line fitted over the flat part alone would take a compute-bound
+    /// step for cheap until many measurements moved it.
     fn costs(&self) -> (impl Fn(usize) -> f64, f64) {
         let (a, b) = self.line().unwrap_or((1.0, PRIOR_ROW_SLOPE));
         let head = if self.head.0 > 0.3 {
@@ -242,7 +248,21 @@ impl CostModel {
         } else {
             PRIOR_HEAD_FRACTION * (a + b)
         };
-        (move |rows: usize| a + b * rows as f64, head)
+        let means: Vec<Option<f64>> = self
+            .forward
+            .iter()
+            .map(|&(w, s)| (w >= MEAN_WEIGHT).then(|| s / w))
+            .collect();
+        (
+            move |rows: usize| {
+                means
+                    .get(rows)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(a + b * rows as f64)
+            },
+            head,
+        )
     }
 }
 
@@ -530,6 +550,39 @@ mod tests {
         }
         assert!(depths[0] >= 2, "{depths:?}");
         assert!(depths[4] < depths[0], "{depths:?}");
+    }
+
+    /// A step that is flat in its rows up to 8 and compute-bound beyond (4 sequences at 100%
+    /// acceptance): with only the flat part measured, drafting looks cheap; once the steep row
+    /// counts have been measured twice, their own means stop it at once (a line fitted through
+    /// all the measurements would still take 16 rows for cheap).
+    #[test]
+    fn measured_row_counts_cost_their_own_means() {
+        let roof = |r: usize| 30.0f64.max(8.0 * r as f64);
+        let mut c = CostModel::default();
+        for _ in 0..200 {
+            for r in 1..=4 {
+                c.record_forward(r, roof(r));
+            }
+            c.record_heads(1, 2.5);
+        }
+        let acc: Vec<Acceptance> = (0..4).map(|_| seq(0.99)).collect();
+        let seqs: Vec<Choice> = acc
+            .iter()
+            .map(|a| Choice {
+                acceptance: a,
+                max: 3,
+            })
+            .collect();
+        let before: usize = choose(&mut c, Fixed::default(), &seqs).iter().sum();
+        assert!(before >= 8, "flat so far: drafting pays ({before} drafts)");
+        for r in 5..=16 {
+            c.record_forward(r, roof(r));
+            c.record_forward(r, roof(r));
+        }
+        let after: usize = choose(&mut c, Fixed::default(), &seqs).iter().sum();
+        // the best under the true costs: 4 tokens per 32 ms beats 16 per 128 + 30 ms
+        assert_eq!(after, 0, "compute-bound rows: no drafts");
     }
 
     #[test]
