@@ -1002,19 +1002,7 @@ impl DecoderLayer {
         caches: &mut [&mut LayerCache],
         positions: &[Positions<'_>],
     ) -> Result<Vec<f32>> {
-        let d = self.hidden;
-        let b = lens.len();
-        if caches.len() != b || positions.len() != b {
-            return Err(Error::InvalidRequest(format!(
-                "a decoder layer over {b} sequences was given {} caches and {} positions",
-                caches.len(),
-                positions.len()
-            )));
-        }
-        let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
-        let n = self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
-        let mut normed = x.to_vec();
-        kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
+        let (n, normed) = self.ragged_input(x, lens, caches.len(), positions.len())?;
         let r = match &self.mixer {
             Mixer::Attention(a) => a.forward(&normed, lens, caches, positions, false)?,
             Mixer::Linear(m) => m.forward(&normed, lens, caches)?,
@@ -1048,20 +1036,13 @@ impl DecoderLayer {
         caches: &mut [&mut LayerCache],
         positions: &[Positions<'_>],
     ) -> Result<Vec<f32>> {
-        let d = self.hidden;
-        let b = lens.len();
-        if caches.len() != b || positions.len() != b || lens.contains(&0) {
-            return Err(Error::InvalidRequest(format!(
-                "a decoder layer over {b} sequences of at least one row was given {} caches \
-                 and {} positions",
-                caches.len(),
-                positions.len()
-            )));
+        let (d, b) = (self.hidden, lens.len());
+        if lens.contains(&0) {
+            return Err(Error::InvalidRequest(
+                "the last rows of a sequence of no rows".into(),
+            ));
         }
-        let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
-        self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
-        let mut normed = x.to_vec();
-        kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), d, self.eps);
+        let (_, normed) = self.ragged_input(x, lens, caches.len(), positions.len())?;
         // each sequence's last row
         let mut ends = Vec::with_capacity(b);
         let mut end = 0;
@@ -1084,6 +1065,30 @@ impl DecoderLayer {
             .flat_map(|&e| x[e * d..(e + 1) * d].iter().copied())
             .collect();
         self.finish(residual, &r, b)
+    }
+
+    /// Checks a ragged forward's input (a cache and a position for each of the sequences of
+    /// `lens` rows, `x` holding all their rows) and returns its row count and `x` through the
+    /// input norm.
+    fn ragged_input(
+        &self,
+        x: &[f32],
+        lens: &[usize],
+        caches: usize,
+        positions: usize,
+    ) -> Result<(usize, Vec<f32>)> {
+        let b = lens.len();
+        if caches != b || positions != b {
+            return Err(Error::InvalidRequest(format!(
+                "a decoder layer over {b} sequences was given {caches} caches and {positions} \
+                 positions"
+            )));
+        }
+        let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+        let n = self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
+        let mut normed = x.to_vec();
+        kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), self.hidden, self.eps);
+        Ok((n, normed))
     }
 
     /// The row count `x` must hold (`lead` times the hidden size floats), or a
