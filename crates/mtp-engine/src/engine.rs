@@ -175,8 +175,11 @@ pub struct Engine {
     /// What `auto` depths are chosen from: this model's measured round costs and the
     /// acceptance of the sequences run so far.
     depths: std::sync::Mutex<DepthModel>,
-    /// What its states depend on ([`Engine::state_identity`]).
-    pub(crate) identity: String,
+    /// What its states depend on ([`Engine::state_identity`]): computed on first use (it
+    /// reads samples of every weights file, which only a prefix cache on disk needs), from
+    /// the drafter directory, whether a head is loaded and the precision.
+    pub(crate) identity: std::sync::OnceLock<std::result::Result<String, String>>,
+    pub(crate) identity_of: (Option<PathBuf>, bool, WeightDtype),
 }
 
 /// Encoded images kept for reuse.
@@ -208,8 +211,7 @@ impl Engine {
     ) -> Result<Self> {
         let dtype = dtype.into();
         let loaded = qwen3_5::load_dir(dir, device, dtype)?;
-        let identity = crate::persist::engine_identity(dir, None, false, dtype)?;
-        Self::assemble(dir, loaded.model, None, loaded.vision, identity)
+        Self::assemble(dir, loaded.model, None, loaded.vision, (None, false, dtype))
     }
 
     /// Like [`Engine::load`], with a companion drafter directory (`model_type: qwen3_5_mtp`)
@@ -228,8 +230,9 @@ impl Engine {
             None if !mtp.is_empty() => Some(MtpHead::load(mtp, model.config(), dtype, device)?),
             None => None,
         };
-        let identity = crate::persist::engine_identity(dir, drafter_dir, drafter.is_some(), dtype)?;
-        Self::assemble(dir, model, drafter, vision, identity)
+        let head = drafter.is_some();
+        let identity_of = (drafter_dir.map(Path::to_path_buf), head, dtype);
+        Self::assemble(dir, model, drafter, vision, identity_of)
     }
 
     fn assemble(
@@ -237,7 +240,7 @@ impl Engine {
         model: Qwen35Model,
         drafter: Option<MtpHead>,
         tower: Option<std::result::Result<VisionTower, String>>,
-        identity: String,
+        identity_of: (Option<PathBuf>, bool, WeightDtype),
     ) -> Result<Self> {
         let vision = match tower {
             None => Err("the checkpoint has no vision tower: a text-only model".to_string()),
@@ -280,7 +283,8 @@ impl Engine {
             vision,
             encoded: Default::default(),
             depths: Default::default(),
-            identity,
+            identity: std::sync::OnceLock::new(),
+            identity_of,
         })
     }
 

@@ -313,9 +313,19 @@ impl Engine {
     /// A digest (64 hex digits) of what a state of this engine depends on: its weights and
     /// configuration (see [`checkpoint_identity`]), its drafter's, the precision its matrices
     /// are kept in, and [`STATE_FORMAT`]. Two engines with the same identity compute the same
-    /// states.
-    pub fn state_identity(&self) -> &str {
-        &self.identity
+    /// states. Computed on the first call (it reads samples of the weights files).
+    pub fn state_identity(&self) -> Result<&str> {
+        let (drafter, head, dtype) = &self.identity_of;
+        self.identity
+            .get_or_init(|| {
+                engine_identity(self.dir(), drafter.as_deref(), *head, *dtype)
+                    .map_err(|e| e.to_string())
+            })
+            .as_deref()
+            .map_err(|m| Error::Config {
+                path: self.dir().to_path_buf(),
+                message: format!("the weights cannot be read to name this model's states: {m}"),
+            })
     }
 }
 

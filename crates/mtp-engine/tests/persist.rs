@@ -161,7 +161,10 @@ fn bytes_that_do_not_fit_the_model_are_errors() {
     assert!(e.to_string().contains("this model has"), "{e}");
     assert!(demo.state_from_bytes(&good).is_err());
     assert!(moe.state_from_bytes(&take(&engine, 0)).is_ok());
-    assert_ne!(moe.state_identity(), engine.state_identity());
+    assert_ne!(
+        moe.state_identity().unwrap(),
+        engine.state_identity().unwrap()
+    );
     // a drafter cache for an engine without a drafter
     let target_only =
         Engine::load_target_only(&fixture("tiny-mlx4"), &Device::Cpu, WeightDtype::Stored).unwrap();
@@ -184,20 +187,32 @@ fn bytes_that_do_not_fit_the_model_are_errors() {
 fn the_identity_names_weights_drafter_and_precision() {
     let a = load("tiny-trained", None, DType::F32);
     let again = load("tiny-trained", None, DType::F32);
-    assert_eq!(a.state_identity(), again.state_identity());
-    assert_eq!(a.state_identity().len(), 64);
+    assert_eq!(a.state_identity().unwrap(), again.state_identity().unwrap());
+    assert_eq!(a.state_identity().unwrap().len(), 64);
     let bf16 = load("tiny-trained", None, DType::BF16);
-    assert_ne!(a.state_identity(), bf16.state_identity(), "precision");
+    assert_ne!(
+        a.state_identity().unwrap(),
+        bf16.state_identity().unwrap(),
+        "precision"
+    );
     let target_only =
         Engine::load_target_only(&fixture("tiny-trained"), &Device::Cpu, DType::F32).unwrap();
-    assert_ne!(a.state_identity(), target_only.state_identity(), "drafter");
+    assert_ne!(
+        a.state_identity().unwrap(),
+        target_only.state_identity().unwrap(),
+        "drafter"
+    );
     let hf = load("tiny-hf", None, DType::F32);
-    assert_ne!(a.state_identity(), hf.state_identity(), "weights");
+    assert_ne!(
+        a.state_identity().unwrap(),
+        hf.state_identity().unwrap(),
+        "weights"
+    );
     let companion = load("tiny-mlx4", Some("tiny-mlx4-mtp"), WeightDtype::Stored);
     let embedded_or_none = load("tiny-mlx4", None, WeightDtype::Stored);
     assert_ne!(
-        companion.state_identity(),
-        embedded_or_none.state_identity()
+        companion.state_identity().unwrap(),
+        embedded_or_none.state_identity().unwrap()
     );
     // a copy of the same files elsewhere is the same model
     let dir = tempfile::tempdir().unwrap();
@@ -208,7 +223,7 @@ fn the_identity_names_weights_drafter_and_precision() {
         }
     }
     let copy = Engine::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
-    assert_eq!(a.state_identity(), copy.state_identity());
+    assert_eq!(a.state_identity().unwrap(), copy.state_identity().unwrap());
     // one changed weight byte is another model
     let st = std::fs::read_dir(dir.path())
         .unwrap()
@@ -220,7 +235,10 @@ fn the_identity_names_weights_drafter_and_precision() {
     w[last] ^= 1;
     std::fs::write(&st, w).unwrap();
     let changed = Engine::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
-    assert_ne!(a.state_identity(), changed.state_identity());
+    assert_ne!(
+        a.state_identity().unwrap(),
+        changed.state_identity().unwrap()
+    );
 }
 
 /// A batched sequence: its prompt, options, state to resume and whether to keep states.

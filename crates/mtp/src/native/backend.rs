@@ -147,9 +147,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// What this model's states depend on (weights, drafter, precision, state format): a
     /// prefix cache on disk keeps each identity's states apart. `None`: states are not
-    /// persisted.
-    fn state_identity(&self) -> Option<String> {
-        None
+    /// persisted; `Err`: why it cannot be known.
+    fn state_identity(&self) -> Result<Option<String>, String> {
+        Ok(None)
     }
 
     /// Approximate bytes of weights held in memory.

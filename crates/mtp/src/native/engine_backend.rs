@@ -361,8 +361,11 @@ impl Backend for EngineBackend {
             .map_err(|e| e.to_string())
     }
 
-    fn state_identity(&self) -> Option<String> {
-        Some(self.engine.state_identity().to_string())
+    fn state_identity(&self) -> Result<Option<String>, String> {
+        self.engine
+            .state_identity()
+            .map(|id| Some(id.to_string()))
+            .map_err(|e| e.to_string())
     }
 
     fn weight_bytes(&self) -> usize {

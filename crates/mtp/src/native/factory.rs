@@ -376,12 +376,18 @@ pub fn create(
         if let Some(c) = prefill_chunk {
             backend = backend.with_prefill_chunk(c);
         }
-        let disk = match (&cache_dir, backend.state_identity()) {
-            (Some((root, budget)), Some(id)) => Some(
-                DiskCache::open(root, &id, *budget, checkpoints)
-                    .map_err(|e| load_err(model, e.to_string()))?,
-            ),
-            _ => None,
+        // (the identity reads samples of the weights: only a disk cache needs it)
+        let disk = match &cache_dir {
+            Some((root, budget)) => {
+                match backend.state_identity().map_err(|e| load_err(model, e))? {
+                    Some(id) => Some(
+                        DiskCache::open(root, &id, *budget, checkpoints)
+                            .map_err(|e| load_err(model, e.to_string()))?,
+                    ),
+                    None => None,
+                }
+            }
+            None => None,
         };
         let loaded = Loaded::new(backend, cache_bytes, checkpoints);
         Ok::<_, ProviderError>(match disk {
