@@ -105,6 +105,21 @@ impl ResponseFormat {
         }
     }
 
+    /// The same constraint with free whitespace between JSON tokens (what a server's own JSON
+    /// may hold); other kinds are returned as they are.
+    pub fn with_flexible_whitespace(self) -> Self {
+        match self {
+            ResponseFormat::JsonObject { .. } => ResponseFormat::JsonObject {
+                flexible_whitespace: true,
+            },
+            ResponseFormat::JsonSchema { json_schema, .. } => ResponseFormat::JsonSchema {
+                json_schema,
+                flexible_whitespace: true,
+            },
+            other => other,
+        }
+    }
+
     /// Reads OpenAI's `response_format` value; the error names the field at fault.
     pub fn from_json(v: &Value) -> Result<Self, ProviderError> {
         let f: ResponseFormat =

@@ -14,11 +14,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use mtp_contract::ResponseFormat;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 
@@ -202,54 +201,11 @@ impl ConstraintCompiler {
         Ok(ConstraintCompiler { factory, eos })
     }
 
-    /// The grammar for `format` (`None` for free text). JSON is compiled with fixed
-    /// separators (`", "`, `": "`) and no free whitespace unless the format allows it, as
-    /// mlx-vlm does: with free whitespace a small model fills its budget with blanks.
-    pub fn grammar(format: &ResponseFormat) -> Option<TopLevelGrammar> {
-        let json_opts = |flexible: bool| {
-            json!({
-                "item_separator": ", ",
-                "key_separator": ": ",
-                "whitespace_flexible": flexible,
-            })
-        };
-        let with_opts = |schema: &Value, flexible: bool| {
-            let mut s = match schema {
-                Value::Object(m) => Value::Object(m.clone()),
-                _ => json!({}),
-            };
-            if let Some(m) = s.as_object_mut() {
-                m.entry("x-guidance").or_insert_with(|| json_opts(flexible));
-            }
-            s
-        };
-        match format {
-            ResponseFormat::Text => None,
-            ResponseFormat::JsonObject {
-                flexible_whitespace,
-            } => Some(TopLevelGrammar::from_json_schema(with_opts(
-                &json!({"type": "object"}),
-                *flexible_whitespace,
-            ))),
-            ResponseFormat::JsonSchema {
-                json_schema,
-                flexible_whitespace,
-            } => Some(TopLevelGrammar::from_json_schema(with_opts(
-                &json_schema.schema,
-                *flexible_whitespace,
-            ))),
-            ResponseFormat::Regex { regex } => Some(TopLevelGrammar::from_regex(regex)),
-            ResponseFormat::Grammar { grammar } => {
-                Some(TopLevelGrammar::from_lark(grammar.clone()))
-            }
-        }
-    }
-
     /// A fresh constraint state for one reply; a format that does not compile (a schema
     /// keyword llguidance does not know, a bad regex, a grammar error, an unsatisfiable
     /// schema) is an [`Error::Constraint`] here, before any generation.
     pub fn compile(&self, format: &ResponseFormat) -> Result<Option<Constraint>> {
-        let Some(grammar) = Self::grammar(format) else {
+        let Some(grammar) = mtp_grammar::grammar(format) else {
             return Ok(None);
         };
         let kind = format.kind();

@@ -62,15 +62,18 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
         }
     }
     if let Some(f) = req.constraint() {
-        if !matches!(
+        let json = matches!(
             f,
             ResponseFormat::JsonSchema { .. } | ResponseFormat::JsonObject { .. }
-        ) {
+        );
+        // regex and Lark travel only to vLLM (`structured_outputs`); no other server's API
+        // has a field for them
+        if !json && kind != ServerKind::Vllm {
             return Err(ProviderError::Unsupported {
                 provider: kind.name().into(),
                 what: format!(
-                    "response_format `{}` (the servers' APIs have no portable field for it, and \
-                     it is never dropped silently; the native provider enforces it)",
+                    "response_format `{}` (this server's API has no field for it, and it is \
+                     never dropped silently; vLLM and the native provider enforce it)",
                     f.kind()
                 ),
             });
@@ -189,10 +192,19 @@ pub(crate) fn build_body(
             }
         }
     }
-    // JSON constraints travel as each API spells them: llama-server's native `json_schema`,
-    // OpenAI's `response_format` everywhere else (llama-server, vLLM, LM Studio and Ollama
-    // all read it). The servers choose their own whitespace.
+    // Constraints travel as each API spells them: llama-server's native `json_schema`,
+    // OpenAI's `response_format` for JSON everywhere else (llama-server, vLLM, LM Studio and
+    // Ollama all read it), vLLM's `structured_outputs` for a regex or a Lark grammar (the
+    // field since vLLM 0.10.2; 0.12 removed the older `guided_regex`/`guided_grammar`). The
+    // servers choose their own whitespace. A server that takes the field and does not
+    // enforce it is caught afterwards (`constraint_warning`).
     match (req.constraint(), endpoint) {
+        (Some(ResponseFormat::Regex { regex }), _) => {
+            put("structured_outputs", Some(json!({"regex": regex})))
+        }
+        (Some(ResponseFormat::Grammar { grammar }), _) => {
+            put("structured_outputs", Some(json!({"grammar": grammar})))
+        }
         (Some(f), Endpoint::Native) => put("json_schema", Some(json_schema_of(f))),
         (Some(ResponseFormat::JsonObject { .. }), _) => {
             put("response_format", Some(json!({"type": "json_object"})))
@@ -223,21 +235,54 @@ fn json_schema_of(f: &ResponseFormat) -> Value {
     }
 }
 
-/// A warning when a JSON-constrained reply that finished is not JSON: the server took the
-/// request but did not enforce its `response_format`.
+/// A warning when a constrained reply that finished does not follow its constraint: the
+/// server took the request but did not enforce its `response_format` (a field it does not know
+/// is dropped by most servers). The reply is checked with the grammar the native engine
+/// enforces ([`mtp_grammar::check_text`]), JSON with the server's own whitespace allowed; a
+/// schema that grammar cannot compile (a keyword llguidance does not know) is checked as JSON.
 pub(crate) fn constraint_warning(
     format: Option<&ResponseFormat>,
     content: &str,
     finish: FinishReason,
 ) -> Option<String> {
     let f = format?;
-    if finish != FinishReason::Stop || serde_json::from_str::<Value>(content).is_ok() {
+    if finish != FinishReason::Stop || !f.is_constrained() {
         return None;
     }
-    Some(format!(
-        "the server did not enforce response_format `{}`: the finished reply is not JSON",
-        f.kind()
-    ))
+    let kind = f.kind();
+    let broken = |what: String| {
+        Some(format!(
+            "the server did not enforce response_format `{kind}`: the finished reply {what}"
+        ))
+    };
+    match mtp_grammar::check_text(&f.clone().with_flexible_whitespace(), content) {
+        Ok(mtp_grammar::Check::Follows) => None,
+        Ok(mtp_grammar::Check::Leaves { at }) => broken(format!(
+            "leaves it at byte {at} of {} ({:?})",
+            content.len(),
+            excerpt(content, at)
+        )),
+        Ok(mtp_grammar::Check::Unfinished) => broken("stops before it is complete".into()),
+        Err(e) => match f {
+            ResponseFormat::JsonObject { .. } | ResponseFormat::JsonSchema { .. } => {
+                if serde_json::from_str::<Value>(content).is_ok() {
+                    None
+                } else {
+                    broken("is not JSON".into())
+                }
+            }
+            _ => Some(format!("the finished reply was not checked: {e}")),
+        },
+    }
+}
+
+/// Up to 24 characters of `s` from byte `at` on (moved back to a character boundary).
+fn excerpt(s: &str, mut at: usize) -> String {
+    at = at.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    s[at..].chars().take(24).collect()
 }
 
 /// An image reference a server can take as an `image_url`: a `data:` URL, or an `http(s)` one
@@ -601,16 +646,66 @@ mod tests {
         let obj = GenerateRequest::new("x").response_format(ResponseFormat::json_object());
         let b = build_body(ServerKind::Ollama, Endpoint::Chat, "m", &obj, false, None);
         assert_eq!(b["response_format"], json!({"type": "json_object"}));
-        let rx = GenerateRequest::new("x").response_format(ResponseFormat::regex("a+"));
-        assert!(matches!(
-            check_request(ServerKind::Vllm, &rx),
-            Err(ProviderError::Unsupported { .. })
-        ));
         let f = ResponseFormat::json_object();
         assert!(constraint_warning(Some(&f), "{\"a\": 1}", FinishReason::Stop).is_none());
+        // the server's own whitespace is its choice
+        assert!(constraint_warning(Some(&f), "{\n \"a\":1 }", FinishReason::Stop).is_none());
         assert!(constraint_warning(Some(&f), "not json", FinishReason::Length).is_none());
         assert!(constraint_warning(Some(&f), "not json", FinishReason::Stop).is_some());
         assert!(constraint_warning(None, "not json", FinishReason::Stop).is_none());
+        // valid JSON that breaks the schema is caught too, and the warning says where
+        let s = ResponseFormat::json_schema(schema);
+        assert!(constraint_warning(Some(&s), r#"{"a": 7}"#, FinishReason::Stop).is_none());
+        let w = constraint_warning(Some(&s), r#"{"a": "seven"}"#, FinishReason::Stop).unwrap();
+        assert!(w.contains("`json_schema`") && w.contains("byte 6"), "{w}");
+        assert!(w.contains("seven"), "{w}");
+        // a schema llguidance cannot compile is still checked as JSON
+        let odd = ResponseFormat::json_schema(json!({"type": "no-such-type"}));
+        assert!(constraint_warning(Some(&odd), "{}", FinishReason::Stop).is_none());
+        assert!(constraint_warning(Some(&odd), "{", FinishReason::Stop).is_some());
+    }
+
+    #[test]
+    fn regex_and_lark_go_to_vllm_only_and_are_checked() {
+        let rx = ResponseFormat::regex("[0-9]{3}-[0-9]{4}");
+        let lark = ResponseFormat::grammar("start: \"a\"+");
+        for (f, key, text) in [
+            (&rx, "regex", "[0-9]{3}-[0-9]{4}"),
+            (&lark, "grammar", "start: \"a\"+"),
+        ] {
+            let req = GenerateRequest::new("x").response_format(f.clone());
+            assert!(check_request(ServerKind::Vllm, &req).is_ok());
+            for (endpoint, r) in [
+                (Endpoint::Chat, req.clone()),
+                (Endpoint::Completion, req.clone().raw()),
+            ] {
+                let b = build_body(ServerKind::Vllm, endpoint, "m", &r, false, None);
+                assert_eq!(b["structured_outputs"], json!({ key: text }), "{b}");
+                assert!(b.get("response_format").is_none());
+            }
+            for kind in [
+                ServerKind::LlamaServer,
+                ServerKind::LmStudio,
+                ServerKind::Ollama,
+                ServerKind::OpenAiCompatible,
+            ] {
+                match check_request(kind, &req) {
+                    Err(ProviderError::Unsupported { what, .. }) => {
+                        assert!(what.contains(f.kind()), "{what}")
+                    }
+                    other => panic!("{kind:?}: {other:?}"),
+                }
+            }
+        }
+        assert!(constraint_warning(Some(&rx), "555-0199", FinishReason::Stop).is_none());
+        let w = constraint_warning(Some(&rx), "call 555-0199", FinishReason::Stop).unwrap();
+        assert!(w.contains("`regex`") && w.contains("byte 0"), "{w}");
+        let w = constraint_warning(Some(&rx), "555-01", FinishReason::Stop).unwrap();
+        assert!(w.contains("stops before it is complete"), "{w}");
+        assert!(constraint_warning(Some(&lark), "aaaa", FinishReason::Stop).is_none());
+        assert!(constraint_warning(Some(&lark), "aab", FinishReason::Stop).is_some());
+        // a cut reply is reported by its finish reason, not as a broken constraint
+        assert!(constraint_warning(Some(&rx), "555-01", FinishReason::Length).is_none());
     }
 
     #[test]

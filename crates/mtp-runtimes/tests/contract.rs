@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::{collect, fixture, raw_server, refused_base, Fault, Mock, Reply};
 use futures::StreamExt;
 use mtp_contract::{
-    FinishReason, GenerateRequest, Provider, ProviderError, ProviderOptions, Reason, Speculation,
-    StreamEvent,
+    FinishReason, GenerateRequest, Provider, ProviderError, ProviderOptions, Reason,
+    ResponseFormat, Speculation, StreamEvent,
 };
 
 fn opts(base: &str) -> ProviderOptions {
@@ -1023,4 +1023,46 @@ async fn valid_json_of_the_wrong_shape_is_a_typed_error() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Transcribed fixture (see tests/fixtures/README.md): vllm/chat.json. A regex goes to vLLM as
+/// `structured_outputs.regex`, and the finished reply is checked against it: a reply that
+/// follows it carries no warning, one that does not (the server took the field and did not
+/// enforce it, as a vLLM older than 0.10.2 does) says so, naming where it left the pattern.
+#[tokio::test]
+async fn vllm_takes_a_regex_and_a_reply_that_breaks_it_is_flagged() {
+    let m = Mock::start(vec![(
+        "POST /v1/chat/completions",
+        vec![Reply::json("vllm/chat.json")],
+    )])
+    .await;
+    let p = provider("vllm", "m", &opts(&m.base));
+    let follows = r"def fib\(n\):\n    return .+";
+    let r = p
+        .generate(req().response_format(ResponseFormat::regex(follows)))
+        .await
+        .unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let sent = &m.posts()[0].body;
+    assert_eq!(sent["structured_outputs"], serde_json::json!({"regex": follows}));
+    assert!(sent.get("response_format").is_none(), "{sent}");
+
+    let r = p
+        .generate(req().response_format(ResponseFormat::regex("[0-9]+")))
+        .await
+        .unwrap();
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    let w = &r.warnings[0];
+    assert!(
+        w.contains("did not enforce response_format `regex`") && w.contains("byte 0"),
+        "{w}"
+    );
+    // the same reply against a Lark grammar it follows
+    let lark = "start: /def fib\\(n\\):\\n    return .+/";
+    let r = p
+        .generate(req().response_format(ResponseFormat::grammar(lark)))
+        .await
+        .unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(m.posts()[2].body["structured_outputs"]["grammar"], lark);
 }

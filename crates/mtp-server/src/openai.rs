@@ -200,44 +200,132 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
 }
 
 /// The reply's constraint: OpenAI's `response_format` (with our `regex` and `grammar` types),
-/// llama-server's `json_schema`, or vLLM's `guided_json` / `guided_regex`. llama-server's GBNF
-/// `grammar` is refused (a Lark grammar goes in `response_format`), never dropped.
+/// llama-server's `json_schema`, vLLM's `structured_outputs` (`json`, `regex`, `choice`, Lark
+/// `grammar`) or its older `guided_json` / `guided_regex` / `guided_choice`. A request naming
+/// two of them is refused, as are GBNF grammars (llama-server's `grammar`, `guided_grammar`:
+/// a Lark grammar goes in `response_format` or `structured_outputs.grammar`) and the
+/// `structured_outputs` keys that would change the answer and are not taken; nothing is
+/// dropped.
 fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, ApiError> {
-    let from_provider = |e: mtp_contract::ProviderError| ApiError::from_provider(&e);
-    if let Some(v) = opt(o, "response_format") {
-        return ResponseFormat::from_json(v)
-            .map(Some)
-            .map_err(from_provider);
-    }
-    if let Some(v) = opt(o, "json_schema").or_else(|| opt(o, "guided_json")) {
-        let f = ResponseFormat::json_schema(v.clone());
-        f.validate().map_err(from_provider)?;
-        return Ok(Some(f));
-    }
-    if let Some(v) = opt(o, "guided_regex") {
-        let Some(rx) = v.as_str() else {
-            return Err(ApiError::invalid(
-                "guided_regex",
-                format!("`guided_regex` must be a string, got {v}"),
-            ));
-        };
-        let f = ResponseFormat::regex(rx);
-        f.validate().map_err(from_provider)?;
-        return Ok(Some(f));
-    }
-    if opt(o, "grammar").is_some() || opt(o, "guided_grammar").is_some() {
-        let field = if opt(o, "grammar").is_some() {
-            "grammar"
-        } else {
-            "guided_grammar"
-        };
-        return Err(ApiError::unsupported(
-            field,
-            "GBNF/EBNF grammars are not taken; send a Lark grammar as \
-             `response_format: {\"type\": \"grammar\", \"grammar\": ...}`",
+    const FIELDS: [&str; 6] = [
+        "response_format",
+        "json_schema",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+    ];
+    let given: Vec<&str> = FIELDS
+        .into_iter()
+        .filter(|k| {
+            // `response_format: {"type": "text"}` asks for no constraint
+            opt(o, k).is_some_and(|v| *k != "response_format" || v.get("type") != Some(&json!("text")))
+        })
+        .collect();
+    if given.len() > 1 {
+        return Err(ApiError::invalid(
+            given[1],
+            format!(
+                "a request takes one constraint; this one names `{}`",
+                given.join("`, `")
+            ),
         ));
     }
-    Ok(None)
+    for field in ["grammar", "guided_grammar"] {
+        if opt(o, field).is_some() {
+            return Err(ApiError::unsupported(
+                field,
+                "GBNF/EBNF grammars are not taken; send a Lark grammar as \
+                 `response_format: {\"type\": \"grammar\", \"grammar\": ...}` or \
+                 `structured_outputs: {\"grammar\": ...}`",
+            ));
+        }
+    }
+    let checked = |f: ResponseFormat| -> Result<Option<ResponseFormat>, ApiError> {
+        f.validate()
+            .map_err(|e| ApiError::from_provider(&e))
+            .map(|()| Some(f))
+    };
+    let text = |field: &str, v: &Value| -> Result<String, ApiError> {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ApiError::invalid(field, format!("`{field}` must be a string, got {v}")))
+    };
+    let Some(&field) = given.first() else {
+        return Ok(None);
+    };
+    let v = &o[field];
+    match field {
+        "response_format" => ResponseFormat::from_json(v)
+            .map(Some)
+            .map_err(|e| ApiError::from_provider(&e)),
+        "json_schema" | "guided_json" => checked(ResponseFormat::json_schema(v.clone())),
+        "guided_regex" => checked(ResponseFormat::regex(text(field, v)?)),
+        "guided_choice" => checked(choice_regex(field, v)?),
+        _ => {
+            let Some(so) = v.as_object() else {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`structured_outputs` must be an object, got {v}"),
+                ));
+            };
+            let set: Vec<(&String, &Value)> = so.iter().filter(|(_, v)| !v.is_null()).collect();
+            let [(key, v)] = set.as_slice() else {
+                return Err(ApiError::invalid(
+                    field,
+                    format!(
+                        "`structured_outputs` takes exactly one of `json`, `regex`, `choice`, \
+                         `grammar`; got {}",
+                        if set.is_empty() {
+                            "none".to_string()
+                        } else {
+                            set.iter().map(|(k, _)| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                        }
+                    ),
+                ));
+            };
+            let at = format!("structured_outputs.{key}");
+            match key.as_str() {
+                "json" => checked(ResponseFormat::json_schema(match v {
+                    // vLLM also takes the schema as a JSON string
+                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                        ApiError::invalid(&at, format!("`{at}` is not a JSON schema: {e}"))
+                    })?,
+                    other => (*other).clone(),
+                })),
+                "json_object" if **v == json!(true) => checked(ResponseFormat::json_object()),
+                "regex" => checked(ResponseFormat::regex(text(&at, v)?)),
+                "grammar" => checked(ResponseFormat::grammar(text(&at, v)?)),
+                "choice" => checked(choice_regex(&at, v)?),
+                _ => Err(ApiError::unsupported(
+                    &at,
+                    format!(
+                        "`{at}` is not taken (the constraints taken are `json`, `regex`, \
+                         `choice` and Lark `grammar`)"
+                    ),
+                )),
+            }
+        }
+    }
+}
+
+/// vLLM's `choice` (a list of strings) as the regex matching exactly one of them.
+fn choice_regex(field: &str, v: &Value) -> Result<ResponseFormat, ApiError> {
+    let bad = || ApiError::invalid(field, format!("`{field}` must be a non-empty list of strings, got {v}"));
+    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
+    let mut alts = Vec::with_capacity(items.len());
+    for item in items {
+        let s = item.as_str().ok_or_else(bad)?;
+        let mut escaped = String::with_capacity(s.len());
+        for c in s.chars() {
+            if "\\.+*?()|[]{}^$#&-~".contains(c) {
+                escaped.push('\\');
+            }
+            escaped.push(c);
+        }
+        alts.push(escaped);
+    }
+    Ok(ResponseFormat::regex(format!("({})", alts.join("|"))))
 }
 
 /// The per-request speculation: our `speculation` block (the contract's, same validation), or
@@ -655,6 +743,80 @@ mod tests {
         assert_eq!(e.status, 400);
         assert_eq!(e.param.as_deref(), Some("speculation"));
         assert!(e.message.contains(&contract.to_string()), "{}", e.message);
+    }
+
+    #[test]
+    fn constraints_in_every_field_clients_send() {
+        let with = |k: &str, v: Value| {
+            let mut b = json!({"messages": [{"role": "user", "content": "a"}]});
+            b[k] = v;
+            chat(b).map(|p| p.request.response_format)
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let want = Some(ResponseFormat::json_schema(schema.clone()));
+        for (k, v) in [
+            ("json_schema", schema.clone()),
+            ("guided_json", schema.clone()),
+            ("structured_outputs", json!({"json": schema.clone()})),
+            ("structured_outputs", json!({"json": schema.to_string()})),
+        ] {
+            assert_eq!(with(k, v.clone()).unwrap(), want, "{k}: {v}");
+        }
+        assert_eq!(
+            with("structured_outputs", json!({"regex": "[a-z]+", "choice": null})).unwrap(),
+            Some(ResponseFormat::regex("[a-z]+"))
+        );
+        assert_eq!(
+            with("guided_regex", json!("[a-z]+")).unwrap(),
+            Some(ResponseFormat::regex("[a-z]+"))
+        );
+        assert_eq!(
+            with("structured_outputs", json!({"grammar": "start: \"a\"+"})).unwrap(),
+            Some(ResponseFormat::grammar("start: \"a\"+"))
+        );
+        // a choice is the regex of exactly one of its strings, metacharacters escaped
+        let choice = ResponseFormat::regex(r"(yes|no|a\.b\*)");
+        for (k, v) in [
+            ("guided_choice", json!(["yes", "no", "a.b*"])),
+            ("structured_outputs", json!({"choice": ["yes", "no", "a.b*"]})),
+        ] {
+            assert_eq!(with(k, v).unwrap(), Some(choice.clone()));
+        }
+        // `response_format: text` is no constraint, and leaves room for another field
+        assert_eq!(
+            with("response_format", json!({"type": "text"})).unwrap(),
+            None
+        );
+        let mut b = json!({"messages": [{"role": "user", "content": "a"}],
+            "response_format": {"type": "text"}, "guided_regex": "x"});
+        assert_eq!(
+            chat(b.clone()).unwrap().request.response_format,
+            Some(ResponseFormat::regex("x"))
+        );
+        // two constraints at once are refused, naming both
+        b["response_format"] = json!({"type": "json_object"});
+        let e = chat(b).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("guided_regex"));
+        assert!(e.message.contains("`response_format`, `guided_regex`"), "{}", e.message);
+        // what structured_outputs holds that is not taken, or is malformed, is named
+        for (v, param) in [
+            (json!({"structural_tag": "{}"}), "structured_outputs.structural_tag"),
+            (json!({"whitespace_pattern": " "}), "structured_outputs.whitespace_pattern"),
+            (json!({"regex": "a", "json": {}}), "structured_outputs"),
+            (json!({}), "structured_outputs"),
+            (json!("regex"), "structured_outputs"),
+            (json!({"regex": 5}), "structured_outputs.regex"),
+            (json!({"json": "{not json"}), "structured_outputs.json"),
+            (json!({"choice": []}), "structured_outputs.choice"),
+            (json!({"choice": ["a", 1]}), "structured_outputs.choice"),
+        ] {
+            let e = with("structured_outputs", v.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{v}");
+            assert_eq!(e.param.as_deref(), Some(param), "{v}: {}", e.message);
+        }
+        let e = with("guided_grammar", json!("root ::= \"a\"")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("guided_grammar"));
     }
 
     #[test]
