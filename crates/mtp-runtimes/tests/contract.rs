@@ -1044,7 +1044,10 @@ async fn vllm_takes_a_regex_and_a_reply_that_breaks_it_is_flagged() {
         .unwrap();
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     let sent = &m.posts()[0].body;
-    assert_eq!(sent["structured_outputs"], serde_json::json!({"regex": follows}));
+    assert_eq!(
+        sent["structured_outputs"],
+        serde_json::json!({"regex": follows})
+    );
     assert!(sent.get("response_format").is_none(), "{sent}");
 
     let r = p

@@ -219,7 +219,8 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, Api
         .into_iter()
         .filter(|k| {
             // `response_format: {"type": "text"}` asks for no constraint
-            opt(o, k).is_some_and(|v| *k != "response_format" || v.get("type") != Some(&json!("text")))
+            opt(o, k)
+                .is_some_and(|v| *k != "response_format" || v.get("type") != Some(&json!("text")))
         })
         .collect();
     if given.len() > 1 {
@@ -279,7 +280,10 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, Api
                         if set.is_empty() {
                             "none".to_string()
                         } else {
-                            set.iter().map(|(k, _)| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                            set.iter()
+                                .map(|(k, _)| format!("`{k}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         }
                     ),
                 ));
@@ -311,7 +315,12 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, Api
 
 /// vLLM's `choice` (a list of strings) as the regex matching exactly one of them.
 fn choice_regex(field: &str, v: &Value) -> Result<ResponseFormat, ApiError> {
-    let bad = || ApiError::invalid(field, format!("`{field}` must be a non-empty list of strings, got {v}"));
+    let bad = || {
+        ApiError::invalid(
+            field,
+            format!("`{field}` must be a non-empty list of strings, got {v}"),
+        )
+    };
     let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
     let mut alts = Vec::with_capacity(items.len());
     for item in items {
@@ -763,7 +772,11 @@ mod tests {
             assert_eq!(with(k, v.clone()).unwrap(), want, "{k}: {v}");
         }
         assert_eq!(
-            with("structured_outputs", json!({"regex": "[a-z]+", "choice": null})).unwrap(),
+            with(
+                "structured_outputs",
+                json!({"regex": "[a-z]+", "choice": null})
+            )
+            .unwrap(),
             Some(ResponseFormat::regex("[a-z]+"))
         );
         assert_eq!(
@@ -778,7 +791,10 @@ mod tests {
         let choice = ResponseFormat::regex(r"(yes|no|a\.b\*)");
         for (k, v) in [
             ("guided_choice", json!(["yes", "no", "a.b*"])),
-            ("structured_outputs", json!({"choice": ["yes", "no", "a.b*"]})),
+            (
+                "structured_outputs",
+                json!({"choice": ["yes", "no", "a.b*"]}),
+            ),
         ] {
             assert_eq!(with(k, v).unwrap(), Some(choice.clone()));
         }
@@ -798,11 +814,21 @@ mod tests {
         let e = chat(b).unwrap_err();
         assert_eq!(e.status, 400);
         assert_eq!(e.param.as_deref(), Some("guided_regex"));
-        assert!(e.message.contains("`response_format`, `guided_regex`"), "{}", e.message);
+        assert!(
+            e.message.contains("`response_format`, `guided_regex`"),
+            "{}",
+            e.message
+        );
         // what structured_outputs holds that is not taken, or is malformed, is named
         for (v, param) in [
-            (json!({"structural_tag": "{}"}), "structured_outputs.structural_tag"),
-            (json!({"whitespace_pattern": " "}), "structured_outputs.whitespace_pattern"),
+            (
+                json!({"structural_tag": "{}"}),
+                "structured_outputs.structural_tag",
+            ),
+            (
+                json!({"whitespace_pattern": " "}),
+                "structured_outputs.whitespace_pattern",
+            ),
             (json!({"regex": "a", "json": {}}), "structured_outputs"),
             (json!({}), "structured_outputs"),
             (json!("regex"), "structured_outputs"),
