@@ -12,17 +12,13 @@
 //! costs most of a target step, so that no speculation can pay; against eight it costs a fifth.
 //!
 //! ```text
-//! cargo xtask train-tiny [--out models/tiny-code] [--steps 3600] [--seed 0]
+//! cargo xtask train-tiny [--out models/tiny-code] [--steps 3000] [--seed 0]
 //!                        [--layers 8] [--interval 4] [--hidden 128] [--intermediate 384]
 //!                        [--batch 8] [--context 128] [--lr 0.004] [--decay cosine|constant]
-//!                        [--mtp-passes 3]
 //! ```
-//! Loss: next-token cross-entropy of the model plus the mean of the MTP head's cross-entropies
-//! at its `--mtp-passes` draft positions. The first is the token after next, given
-//! `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's drafter consumes:
-//! the final-normed hidden state); each further one is the engine's recursive draft unrolled
-//! (the head fed its own normed output and the next token, attending to its cache as it does
-//! when drafting), so that drafts at depth 2 and 3 are trained, not extrapolated (`losses`).
+//! Loss: next-token cross-entropy of the model plus the MTP head's cross-entropy on the token
+//! after next, given `(embed(t+1), hidden(t))` with the target hidden detached (what mlx-vlm's
+//! drafter consumes: the final-normed hidden state).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -412,16 +408,14 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok(Tensor::cat(&[r1, r2, pass], 3)?)
 }
 
-/// Queries, output gate, keys and values of the gated attention layer `{pre}.*` over
-/// `x: [b, t, hidden]`, rotated at the positions of `cos`/`sin`: `q`, `k`, `v` as
-/// `[b, HEADS, t, HD]` (KV heads repeated), the gate as `[b, t, HEADS * HD]`.
-fn attn_qkv(
+fn attention(
     p: &Params,
     pre: &str,
     x: &Tensor,
+    mask: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let qf = lin(x, p.get(&format!("{pre}.q"))?)?.reshape((b, t, HEADS, 2 * HD))?;
     let q = qf.narrow(3, 0, HD)?;
@@ -439,74 +433,22 @@ fn attn_qkv(
     let q = q.transpose(1, 2)?.contiguous()?; // [b, h, t, hd]
     let k = expand(&k)?.transpose(1, 2)?.contiguous()?;
     let v = expand(&v)?.transpose(1, 2)?.contiguous()?;
-    Ok((q, gate, k, v))
-}
-
-/// Softmax over the last dimension.
-fn softmax_last(s: &Tensor) -> Result<Tensor> {
+    let s = (q.matmul(&k.t()?)? * (1.0 / (HD as f64).sqrt()))?.broadcast_add(mask)?;
     let m = s.max_keepdim(D::Minus1)?.detach();
     let e = s.broadcast_sub(&m)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
-}
-
-/// The gated output projection of attention values `o: [b, HEADS, t, HD]`.
-fn attn_out(p: &Params, pre: &str, o: &Tensor, gate: &Tensor) -> Result<Tensor> {
-    let (b, _, t, _) = o.dims4()?;
-    let o = o.transpose(1, 2)?.reshape((b, t, HEADS * HD))?;
-    lin(&(o * sigmoid(gate)?)?, p.get(&format!("{pre}.o"))?)
-}
-
-/// Causal gated attention; returns the output and the layer's keys and values.
-fn attention(
-    p: &Params,
-    pre: &str,
-    x: &Tensor,
-    mask: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<(Tensor, (Tensor, Tensor))> {
-    let (q, gate, k, v) = attn_qkv(p, pre, x, cos, sin)?;
-    let s = (q.matmul(&k.t()?)? * (1.0 / (HD as f64).sqrt()))?.broadcast_add(mask)?;
-    let o = softmax_last(&s)?.matmul(&v)?;
-    Ok((attn_out(p, pre, &o, &gate)?, (k, v)))
-}
-
-/// The MTP layer's attention in a recursive draft pass, as the engine drafts: row `j` of `x` is
-/// the chain that started at position `j`, now at position `j + chain.len() + 1` (`cos`/`sin`
-/// are that position's). It attends to the first pass's keys at positions `0..=j` (`first`: what
-/// the head's cache holds from the target's hidden states) and to the keys its own chain wrote at
-/// the later positions (`chain`, one `[b, HEADS, t, HD]` pair per earlier recursive pass), then
-/// its own; its keys and values are pushed onto `chain`.
-fn chain_attention(
-    p: &Params,
-    pre: &str,
-    x: &Tensor,
-    first: &(Tensor, Tensor),
-    chain: &mut Vec<(Tensor, Tensor)>,
-    mask: &Tensor,
-    (cos, sin): (&Tensor, &Tensor),
-) -> Result<Tensor> {
-    let (q, gate, k, v) = attn_qkv(p, pre, x, cos, sin)?;
-    let t = q.dim(2)?;
-    chain.push((k, v));
-    let scale = 1.0 / (HD as f64).sqrt();
-    let mut parts = vec![(q.matmul(&first.0.t()?)? * scale)?.broadcast_add(mask)?];
-    for (k, _) in chain.iter() {
-        parts.push(((&q * k)?.sum_keepdim(D::Minus1)? * scale)?);
-    }
-    let pr = softmax_last(&Tensor::cat(&parts, D::Minus1)?)?;
-    let mut o = pr.narrow(3, 0, t)?.matmul(&first.1)?;
-    for (i, (_, v)) in chain.iter().enumerate() {
-        o = (o + pr.narrow(3, t + i, 1)?.broadcast_mul(v)?)?;
-    }
-    attn_out(p, pre, &o, &gate)
+    let pr = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    let o = pr
+        .matmul(&v)?
+        .transpose(1, 2)?
+        .reshape((b, t, HEADS * HD))?;
+    lin(&(o * sigmoid(&gate)?)?, p.get(&format!("{pre}.o"))?)
 }
 
 fn block(
     p: &Params,
     pre: &str,
     x: &Tensor,
-    mixer: impl FnOnce(&Tensor) -> Result<Tensor>,
+    mixer: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let h = (x + mixer(&rms(x, Some(p.get(&format!("{pre}.in_norm"))?), EPS)?)?)?;
     let m = mlp(
@@ -531,90 +473,53 @@ fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
     Ok((lse - picked)?.mean_all()?)
 }
 
-/// The losses of one batch: the model's next-token loss, then the MTP head's loss at each of
-/// `passes` draft positions. Each row of `batch` holds `t + 1 + passes` tokens.
-///
-/// Pass 1 is what the head is for: `(embed(x[j+1]), hidden(j)) -> x[j+2]` with the target's
-/// final-normed hidden state, detached. Pass `k > 1` is the engine's recursive draft, unrolled:
-/// `(embed(x[j+k]), head's normed output of pass k-1) -> x[j+k+1]` at position `j + k - 1`,
-/// attending to pass 1's keys at `0..=j` and its own chain's (`chain_attention`). Only the head's
-/// own parameters learn from passes after the first (the embeddings and LM head it reads are
-/// detached there), so drafting deeper never trades away the model's own quality.
-fn losses(
-    p: &Params,
-    arch: &Arch,
-    batch: &[Vec<u32>],
-    passes: usize,
-) -> Result<(Tensor, Vec<Tensor>)> {
+fn losses(p: &Params, arch: &Arch, batch: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
     let b = batch.len();
-    let t = batch[0].len() - 1 - passes;
+    let t = batch[0].len() - 2;
     let flat = |off: usize| -> Vec<u32> {
         batch
             .iter()
             .flat_map(|r| r[off..off + t].to_vec())
             .collect()
     };
-    let ids = |off: usize| Tensor::from_vec(flat(off), b * t, &Device::Cpu);
+    let (x0, x1, x2) = (flat(0), flat(1), flat(2));
+    let ids = Tensor::from_vec(x0.clone(), b * t, &Device::Cpu)?;
     let emb = p.get("embed")?;
-    let x = emb
-        .index_select(&ids(0)?, 0)?
-        .reshape((b, t, arch.hidden))?;
+    let x = emb.index_select(&ids, 0)?.reshape((b, t, arch.hidden))?;
     let mask: Vec<f32> = (0..t * t)
         .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu)?;
-    // positions 0..t + passes - 1: pass k runs at offset k - 1
-    let (cos_all, sin_all) = rope_tables(t + passes.max(1) - 1)?;
-    let (cos, sin) = (cos_all.narrow(0, 0, t)?, sin_all.narrow(0, 0, t)?);
+    let (cos, sin) = rope_tables(t)?;
     let mut x = x;
     for i in 0..arch.layers {
         let pre = format!("l{i}");
         x = if arch.is_full(i) {
-            block(p, &pre, &x, |h| {
-                Ok(attention(p, &pre, h, &mask, &cos, &sin)?.0)
-            })?
+            block(p, &pre, &x, |h| attention(p, &pre, h, &mask, &cos, &sin))?
         } else {
             block(p, &pre, &x, |h| deltanet(p, &pre, h))?
         };
     }
     let hidden = rms(&x, Some(p.get("norm")?), EPS)?;
-    let lm_head = p.get("lm_head")?;
-    let l1 = cross_entropy(&lin(&hidden, lm_head)?, &flat(1))?;
-    let mut head_losses = Vec::with_capacity(passes);
-    let mut prev = hidden.detach();
-    let mut first: Option<(Tensor, Tensor)> = None;
-    let mut chain: Vec<(Tensor, Tensor)> = Vec::new();
-    for k in 1..=passes {
-        let (emb_k, lm_k) = if k == 1 {
-            (emb.clone(), lm_head.clone())
-        } else {
-            (emb.detach(), lm_head.detach())
-        };
-        let e = emb_k
-            .index_select(&ids(k)?, 0)?
-            .reshape((b, t, arch.hidden))?;
-        let cat = Tensor::cat(
-            &[
-                rms(&e, Some(p.get("mtp.pre_emb")?), EPS)?,
-                rms(&prev, Some(p.get("mtp.pre_hidden")?), EPS)?,
-            ],
-            2,
-        )?;
-        let h = lin(&cat, p.get("mtp.fc")?)?;
-        let (cos_k, sin_k) = (cos_all.narrow(0, k - 1, t)?, sin_all.narrow(0, k - 1, t)?);
-        let h = block(p, "mtp.l0", &h, |h| match &first {
-            None => {
-                let (o, kv) = attention(p, "mtp.l0", h, &mask, &cos_k, &sin_k)?;
-                first = Some(kv);
-                Ok(o)
-            }
-            Some(kv) => chain_attention(p, "mtp.l0", h, kv, &mut chain, &mask, (&cos_k, &sin_k)),
-        })?;
-        let h = rms(&h, Some(p.get("mtp.norm")?), EPS)?;
-        head_losses.push(cross_entropy(&lin(&h, &lm_k)?, &flat(k + 1))?);
-        prev = h;
-    }
-    Ok((l1, head_losses))
+    let l1 = cross_entropy(&lin(&hidden, p.get("lm_head")?)?, &x1)?;
+    // MTP: (embed(t + 1), hidden(t)) -> t + 2, target hidden detached
+    let e1 = emb
+        .index_select(&Tensor::from_vec(x1, b * t, &Device::Cpu)?, 0)?
+        .reshape((b, t, arch.hidden))?;
+    let cat = Tensor::cat(
+        &[
+            rms(&e1, Some(p.get("mtp.pre_emb")?), EPS)?,
+            rms(&hidden.detach(), Some(p.get("mtp.pre_hidden")?), EPS)?,
+        ],
+        2,
+    )?;
+    let h = lin(&cat, p.get("mtp.fc")?)?;
+    let h = block(p, "mtp.l0", &h, |h| {
+        attention(p, "mtp.l0", h, &mask, &cos, &sin)
+    })?;
+    let h = rms(&h, Some(p.get("mtp.norm")?), EPS)?;
+    let l2 = cross_entropy(&lin(&h, p.get("lm_head")?)?, &x2)?;
+    Ok((l1, l2))
 }
 
 fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
@@ -750,20 +655,14 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
 /// `--layers` is `num_hidden_layers` (default 8), `--interval` is `full_attention_interval`
 /// (default 4: layer `i` is full attention iff `(i + 1) % K == 0`, Gated DeltaNet otherwise),
 /// `--hidden` is `hidden_size` (default 128, a multiple of 8) and `--intermediate` the MLP width
-/// (default 384). Head counts and widths are fixed. `--mtp-passes` is how many draft positions
-/// the head is trained at (default 3, the demo's depth). The defaults reproduce
-/// `models/tiny-code`.
+/// (default 384). Head counts and widths are fixed. The defaults reproduce `models/tiny-code`.
 pub fn run(args: &[String]) -> Result<()> {
-    if std::env::var_os(CHILD).is_none() {
-        return rerun_tuned(args);
-    }
     let mut out = PathBuf::from("models/tiny-code");
-    let mut steps = 3600usize;
+    let mut steps = 3000usize;
     let mut seed = 0u64;
     let mut arch = Arch::default();
     let (mut batch, mut len, mut lr) = (8usize, 128usize, 4e-3f64);
     let mut decay = true;
-    let mut passes = 3usize;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().with_context(|| format!("{a} needs a value"))?;
@@ -777,7 +676,6 @@ pub fn run(args: &[String]) -> Result<()> {
             "--intermediate" => arch.inter = parse(a, v)?,
             "--batch" => batch = parse(a, v)?,
             "--context" => len = parse(a, v)?,
-            "--mtp-passes" => passes = parse(a, v)?,
             "--lr" => lr = v.parse().with_context(|| format!("--lr: `{v}`"))?,
             "--decay" => {
                 decay = match v.as_str() {
@@ -790,10 +688,6 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     arch.validate()?;
-    anyhow::ensure!(
-        passes >= 1,
-        "--mtp-passes must be at least 1 (the head's own draft position)"
-    );
     let corpus: Vec<u8> = CORPUS.bytes().filter(|b| *b != 0).collect();
     println!(
         "corpus: {} bytes of this repository's Rust source",
@@ -817,21 +711,17 @@ pub fn run(args: &[String]) -> Result<()> {
         .iter()
         .map(|(_, v)| Ok((v.as_tensor().zeros_like()?, v.as_tensor().zeros_like()?)))
         .collect::<Result<_>>()?;
-    let pools = (0..HALVES)
-        .map(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
-        .collect::<std::result::Result<Vec<_>, _>>()?;
     let t0 = std::time::Instant::now();
     for step in 1..=steps {
         let rows: Vec<Vec<u32>> = (0..batch)
             .map(|_| {
-                let s = rng.gen_range(0..corpus.len() - len - passes - 1);
-                corpus[s..s + len + 1 + passes]
-                    .iter()
-                    .map(|b| *b as u32)
-                    .collect()
+                let s = rng.gen_range(0..corpus.len() - len - 3);
+                corpus[s..s + len + 2].iter().map(|b| *b as u32).collect()
             })
             .collect();
-        let (lm, head, grads) = halves_step(&p, &arch, &rows, passes, &pools)?;
+        let (l1, l2) = losses(&p, &arch, &rows)?;
+        let loss = (&l1 + &l2)?;
+        let grads = loss.backward()?;
         // cosine decay to a tenth of `lr` over the run, when asked
         let lr_s = if decay {
             let f = (step - 1) as f64 / steps.max(1) as f64;
@@ -841,7 +731,7 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         let lr_t = lr_s * (1.0 - b2.powi(step as i32)).sqrt() / (1.0 - b1.powi(step as i32));
         for ((_, var), (m, v)) in p.vars.iter().zip(mom.iter_mut()) {
-            let Some(g) = grads.get(&var.as_tensor().id()) else {
+            let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
             *m = ((&*m * b1)? + (g * (1.0 - b1))?)?;
@@ -850,11 +740,11 @@ pub fn run(args: &[String]) -> Result<()> {
             var.set(&(var.as_tensor() - upd)?)?;
         }
         if step % 50 == 0 || step == 1 {
-            let total = lm + head.iter().sum::<f32>() / head.len() as f32;
-            let head: Vec<String> = head.iter().map(|l| format!("{l:.3}")).collect();
             println!(
-                "step {step:4} loss {total:.3} (lm {lm:.3}, mtp by draft position {})  {:.0}s",
-                head.join(" / "),
+                "step {step:4} loss {:.3} (lm {:.3}, mtp {:.3})  {:.0}s",
+                loss.to_scalar::<f32>()?,
+                l1.to_scalar::<f32>()?,
+                l2.to_scalar::<f32>()?,
                 t0.elapsed().as_secs_f64()
             );
         }
@@ -862,118 +752,6 @@ pub fn run(args: &[String]) -> Result<()> {
     export(&p, &arch, &out)?;
     println!("wrote {}", out.display());
     Ok(())
-}
-
-/// Set in the environment of the process that trains (see `rerun_tuned`).
-const CHILD: &str = "MTP_TRAIN_TINY_TUNED";
-
-/// Runs `train-tiny` again as a child process whose environment makes training twice as fast,
-/// and waits for it. Both settings are read only at start-up, hence the second process:
-/// - `RAYON_NUM_THREADS=1`: candle's ops, each too small to gain from a second thread, run on
-///   one; the batch's halves run side by side instead (`halves_step`), one pool each.
-/// - glibc's allocator keeps freed memory (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`,
-///   `MALLOC_TOP_PAD_`): by default every large tensor is a fresh mapping, and unmapping it from
-///   a process with two busy threads costs page faults and TLB shootdowns, ~15% of a step here.
-///
-/// Neither changes a bit of the result (checked: the same file with and without them).
-fn rerun_tuned(args: &[String]) -> Result<()> {
-    let exe = std::env::current_exe().context("locating the xtask binary to re-run")?;
-    let status = std::process::Command::new(&exe)
-        .arg("train-tiny")
-        .args(args)
-        .env(CHILD, "1")
-        .env("RAYON_NUM_THREADS", "1")
-        .env("MALLOC_MMAP_THRESHOLD_", "2147483647")
-        .env("MALLOC_TRIM_THRESHOLD_", "4294967295")
-        .env("MALLOC_TOP_PAD_", "1073741824")
-        .status()
-        .with_context(|| format!("running {}", exe.display()))?;
-    anyhow::ensure!(status.success(), "train-tiny failed ({status})");
-    Ok(())
-}
-
-/// How many parts a batch is split into, each computed on its own thread.
-///
-/// candle's CPU ops on tensors this small gain nothing from a second thread (a step took as long
-/// with `RAYON_NUM_THREADS=1`), so the batch is split instead: each part's forward and backward
-/// runs on a single-thread pool of its own, and the gradients are averaged in a fixed order.
-/// The count is fixed, not the machine's, so the bits do not depend on how many cores run it.
-const HALVES: usize = 2;
-
-/// One step's losses and gradients: the rows split into `HALVES` parts computed side by side,
-/// each on its own single-thread pool; returns the model's loss, the head's loss per draft
-/// position, and the gradients of the whole batch's mean loss (each part weighted by its rows).
-fn halves_step(
-    p: &Params,
-    arch: &Arch,
-    rows: &[Vec<u32>],
-    passes: usize,
-    pools: &[rayon::ThreadPool],
-) -> Result<(f32, Vec<f32>, HashMap<candle_core::TensorId, Tensor>)> {
-    let part = rows.len().div_ceil(pools.len()).max(1);
-    let parts: Vec<&[Vec<u32>]> = rows.chunks(part).collect();
-    let results: Vec<Result<(f32, Vec<f32>, candle_core::backprop::GradStore)>> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = parts
-                .iter()
-                .zip(pools)
-                .map(|(rows, pool)| {
-                    s.spawn(move || {
-                        pool.install(|| -> Result<_> {
-                            let (l1, head) = losses(p, arch, rows, passes)?;
-                            // The head's losses are averaged over its draft positions (as
-                            // DeepSeek-V3 averages its MTP depths): the trunk weighs the head
-                            // against the next-token loss as it did with one position, and
-                            // with Adam the head's own weights train at any positive weight.
-                            // Trained on their sum (weight 3 at three positions), the model's
-                            // greedy text of the README prompt was a screen of spaces.
-                            let mut mtp = head[0].clone();
-                            for l in &head[1..] {
-                                mtp = (mtp + l)?;
-                            }
-                            let loss = (&l1 + (mtp / head.len() as f64)?)?;
-                            let grads = loss.backward()?;
-                            let head = head
-                                .iter()
-                                .map(|l| Ok(l.to_scalar::<f32>()?))
-                                .collect::<Result<Vec<f32>>>()?;
-                            Ok((l1.to_scalar::<f32>()?, head, grads))
-                        })
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a training thread panicked")))
-                })
-                .collect()
-        });
-    let n = rows.len() as f64;
-    let (mut lm, mut head) = (0f32, vec![0f32; passes]);
-    let mut grads: HashMap<candle_core::TensorId, Tensor> = HashMap::new();
-    for (r, rows) in results.into_iter().zip(&parts) {
-        let (l1, h, g) = r?;
-        let w = rows.len() as f64 / n;
-        lm += l1 * w as f32;
-        for (a, b) in head.iter_mut().zip(h) {
-            *a += b * w as f32;
-        }
-        for (_, var) in &p.vars {
-            let Some(gv) = g.get(var.as_tensor()) else {
-                continue;
-            };
-            let gv = (gv * w)?;
-            let id = var.as_tensor().id();
-            let sum = match grads.remove(&id) {
-                Some(acc) => (acc + gv)?,
-                None => gv,
-            };
-            grads.insert(id, sum);
-        }
-    }
-    Ok((lm, head, grads))
 }
 
 /// Parses the value of flag `flag` as a count.
