@@ -2,9 +2,10 @@
 //!
 //! Two users read it: the engine compiles [`grammar`] against its tokenizer and masks every
 //! token it draws (`mtp_engine::constraint`), and the HTTP runtimes, which hand the constraint
-//! to a server, check the server's finished reply against the same grammar with
+//! to a server, check a server's finished regex or Lark reply against the same grammar with
 //! [`check_text`] (a server may take a field and not enforce it: an older vLLM drops
-//! `structured_outputs`, an OpenAI-compatible proxy drops `response_format`). The check runs
+//! `structured_outputs`). JSON replies are validated with a schema validator there instead:
+//! this grammar fixes the schema's key order, which a server need not keep. The check runs
 //! the grammar over the reply's bytes (a single-byte vocabulary), so it needs no tokenizer and
 //! judges exactly what the engine would have allowed.
 

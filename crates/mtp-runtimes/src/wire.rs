@@ -237,9 +237,10 @@ fn json_schema_of(f: &ResponseFormat) -> Value {
 
 /// A warning when a constrained reply that finished does not follow its constraint: the
 /// server took the request but did not enforce its `response_format` (a field it does not know
-/// is dropped by most servers). The reply is checked with the grammar the native engine
-/// enforces ([`mtp_grammar::check_text`]), JSON with the server's own whitespace allowed; a
-/// schema that grammar cannot compile (a keyword llguidance does not know) is checked as JSON.
+/// is dropped by most servers). JSON is validated against the schema with `jsonschema` (an
+/// object's keys may come in any order and with any whitespace, as servers write them); a
+/// regex or a Lark grammar is checked with the grammar the native engine enforces
+/// ([`mtp_grammar::check_text`]).
 pub(crate) fn constraint_warning(
     format: Option<&ResponseFormat>,
     content: &str,
@@ -255,7 +256,26 @@ pub(crate) fn constraint_warning(
             "the server did not enforce response_format `{kind}`: the finished reply {what}"
         ))
     };
-    match mtp_grammar::check_text(&f.clone().with_flexible_whitespace(), content) {
+    let schema = match f {
+        ResponseFormat::JsonSchema { json_schema, .. } => Some(json_schema.schema.clone()),
+        ResponseFormat::JsonObject { .. } => Some(json!({"type": "object"})),
+        _ => None,
+    };
+    if let Some(schema) = schema {
+        let Ok(reply) = serde_json::from_str::<Value>(content) else {
+            return broken("is not JSON".into());
+        };
+        return match jsonschema::validator_for(&schema) {
+            Ok(v) => match v.validate(&reply) {
+                Ok(()) => None,
+                Err(e) => broken(format!("breaks the schema at `{}`: {e}", e.instance_path())),
+            },
+            Err(e) => Some(format!(
+                "the finished reply is JSON but was not checked against the schema: {e}"
+            )),
+        };
+    }
+    match mtp_grammar::check_text(f, content) {
         Ok(mtp_grammar::Check::Follows) => None,
         Ok(mtp_grammar::Check::Leaves { at }) => broken(format!(
             "leaves it at byte {at} of {} ({:?})",
@@ -263,16 +283,7 @@ pub(crate) fn constraint_warning(
             excerpt(content, at)
         )),
         Ok(mtp_grammar::Check::Unfinished) => broken("stops before it is complete".into()),
-        Err(e) => match f {
-            ResponseFormat::JsonObject { .. } | ResponseFormat::JsonSchema { .. } => {
-                if serde_json::from_str::<Value>(content).is_ok() {
-                    None
-                } else {
-                    broken("is not JSON".into())
-                }
-            }
-            _ => Some(format!("the finished reply was not checked: {e}")),
-        },
+        Err(e) => Some(format!("the finished reply was not checked: {e}")),
     }
 }
 
@@ -657,12 +668,20 @@ mod tests {
         let s = ResponseFormat::json_schema(schema);
         assert!(constraint_warning(Some(&s), r#"{"a": 7}"#, FinishReason::Stop).is_none());
         let w = constraint_warning(Some(&s), r#"{"a": "seven"}"#, FinishReason::Stop).unwrap();
-        assert!(w.contains("`json_schema`") && w.contains("byte 6"), "{w}");
+        assert!(w.contains("`json_schema`") && w.contains("`/a`"), "{w}");
         assert!(w.contains("seven"), "{w}");
-        // a schema llguidance cannot compile is still checked as JSON
+        // keys in another order than the schema's are still the schema's object
+        let two = ResponseFormat::json_schema(json!({"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}));
+        assert!(constraint_warning(Some(&two), r#"{"b": 1,"a":2}"#, FinishReason::Stop).is_none());
+        assert!(constraint_warning(Some(&two), r#"{"b": 1}"#, FinishReason::Stop).is_some());
+        // a schema the validator cannot read: the reply is said to be unchecked
         let odd = ResponseFormat::json_schema(json!({"type": "no-such-type"}));
-        assert!(constraint_warning(Some(&odd), "{}", FinishReason::Stop).is_none());
-        assert!(constraint_warning(Some(&odd), "{", FinishReason::Stop).is_some());
+        let w = constraint_warning(Some(&odd), "{}", FinishReason::Stop).unwrap();
+        assert!(w.contains("not checked"), "{w}");
+        assert!(constraint_warning(Some(&odd), "{", FinishReason::Stop)
+            .unwrap()
+            .contains("is not JSON"));
     }
 
     #[test]
