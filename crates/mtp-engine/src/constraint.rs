@@ -1,22 +1,16 @@
 //! Constrained decoding: a reply that must follow a JSON Schema, a regex or a Lark grammar,
 //! enforced token by token with `llguidance` (the library llama.cpp, vLLM and mlx-vlm use).
 //!
-//! A [`Constraint`] sits in the request's [`crate::sampling::Sampler`]: every pick (the
-//! target's and the drafter's) is drawn from logits whose disallowed tokens are set to `-inf`,
-//! with the grammar state after the tokens before that position. With MTP the state advances
-//! through the drafts and rolls back to the accepted prefix; masks are kept along the path, so
-//! a verify position reuses the mask computed while drafting (each position's mask is computed
-//! once per round). Greedy constrained output is therefore the same with and without MTP.
-//!
-//! End-of-sequence ids are never fed to the grammar: they are allowed exactly when the grammar
-//! accepts, and generation ends when the grammar is complete (nothing but EOS could follow).
+//! A [`Constraint`] (the grammar state, `mtp_grammar`'s, shared with the in-process llama.cpp
+//! lane) sits in the request's [`crate::sampling::Sampler`]: every pick (the target's and the
+//! drafter's) is drawn from logits whose disallowed tokens are set to `-inf`, with the grammar
+//! state after the tokens before that position. With MTP the state advances through the
+//! drafts and rolls back to the accepted prefix (see `mtp_grammar::Constraint`). What lives
+//! here is the engine's side: its `tokenizer.json` as llguidance's vocabulary.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
-use mtp_contract::ResponseFormat;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -175,194 +169,26 @@ impl ByteVocab {
 
 /// Compiles constraints for one tokenizer (built once per engine: the token trie and
 /// llguidance's slicer take a while on a 250k vocabulary).
-pub struct ConstraintCompiler {
-    factory: ParserFactory,
-    eos: Vec<u32>,
+pub type ConstraintCompiler = mtp_grammar::Compiler;
+
+/// The grammar state of one reply ([`mtp_grammar::Constraint`]).
+pub type Constraint = mtp_grammar::Constraint;
+
+/// A compiler over `tok` whose replies end with any of `eos`.
+pub fn compiler(tok: &tokenizers::Tokenizer, eos: &[u32]) -> Result<ConstraintCompiler> {
+    let env: TokEnv = Arc::new(ByteVocab::new(tok, eos)?);
+    Ok(mtp_grammar::Compiler::new(&env)?)
 }
 
-impl std::fmt::Debug for ConstraintCompiler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConstraintCompiler")
-            .field("vocab", &self.factory.tok_env().tok_trie().vocab_size())
-            .finish()
-    }
-}
-
-impl ConstraintCompiler {
-    /// A compiler over `tok` whose replies end with any of `eos`.
-    pub fn new(tok: &tokenizers::Tokenizer, eos: &[u32]) -> Result<Self> {
-        let vocab = ByteVocab::new(tok, eos)?;
-        let env: TokEnv = Arc::new(vocab);
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| Error::Unsupported(format!("constrained decoding: {e}")))?;
-        // library code never prints: llguidance logs to stderr unless told not to
-        factory.quiet();
-        let eos = env.tok_trie().eos_tokens().to_vec();
-        Ok(ConstraintCompiler { factory, eos })
-    }
-
-    /// A fresh constraint state for one reply; a format that does not compile (a schema
-    /// keyword llguidance does not know, a bad regex, a grammar error, an unsatisfiable
-    /// schema) is an [`Error::Constraint`] here, before any generation.
-    pub fn compile(&self, format: &ResponseFormat) -> Result<Option<Constraint>> {
-        let Some(grammar) = mtp_grammar::grammar(format) else {
-            return Ok(None);
-        };
-        let kind = format.kind();
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| Error::Constraint {
-                kind,
-                message: e.to_string(),
-            })?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(Error::Constraint { kind, message: e });
-        }
-        let mut c = Constraint {
-            matcher: Box::new(matcher),
-            kind,
-            eos: self.eos.clone(),
-            path: Vec::new(),
-            len: 0,
-            masks: Vec::new(),
-            mask_ms: 0.0,
-            masks_computed: 0,
-        };
-        // a grammar that allows nothing at all (e.g. an unsatisfiable schema) fails now
-        let allowed = c.mask()?.num_set();
-        if allowed == 0 {
-            return Err(Error::Constraint {
-                kind,
-                message: "the constraint allows no token at the start of the reply".into(),
-            });
-        }
-        Ok(Some(c))
-    }
-}
-
-/// The grammar state of one reply (see the module docs).
-pub struct Constraint {
-    matcher: Box<Matcher>,
-    kind: &'static str,
-    eos: Vec<u32>,
-    /// Tokens along the current path: `path[..len]` are consumed; the rest were consumed and
-    /// rolled back (their masks stay valid while the same tokens are consumed again).
-    path: Vec<u32>,
-    len: usize,
-    /// `(position, mask at that position)`, positions counted in consumed tokens.
-    masks: Vec<(usize, SimpleVob)>,
-    mask_ms: f64,
-    masks_computed: u64,
-}
-
-impl std::fmt::Debug for Constraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint")
-            .field("kind", &self.kind)
-            .field("consumed", &self.len)
-            .finish()
-    }
-}
-
-/// Masks kept behind the current position (a rollback deeper than this recomputes).
-const KEPT_BEHIND: usize = 32;
-
-impl Constraint {
-    fn fail(&self, message: impl std::fmt::Display) -> Error {
-        Error::Constraint {
-            kind: self.kind,
-            message: message.to_string(),
-        }
-    }
-
-    fn mask(&mut self) -> Result<&SimpleVob> {
-        let pos = self.len;
-        if let Some(i) = self.masks.iter().position(|(p, _)| *p == pos) {
-            return Ok(&self.masks[i].1);
-        }
-        let t = Instant::now();
-        let m = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| self.fail(e))?;
-        self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
-        self.masks_computed += 1;
-        self.masks.retain(|(p, _)| p + KEPT_BEHIND >= pos);
-        self.masks.push((pos, m));
-        Ok(&self.masks.last().expect("just pushed").1)
-    }
-
-    /// Sets the logits of tokens the grammar does not allow here to `-inf` (ids past the
-    /// tokenizer's vocabulary, padding rows of the LM head, are never allowed). End ids are
-    /// allowed exactly when the grammar accepts.
-    pub fn apply(&mut self, logits: &mut [f32]) -> Result<()> {
-        let mask = self.mask()?;
-        let n = mask.len();
-        let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if i < n && mask.is_allowed(i as TokenId) {
-                any |= *l > f32::NEG_INFINITY;
-            } else {
-                *l = f32::NEG_INFINITY;
+impl From<mtp_grammar::Error> for Error {
+    fn from(e: mtp_grammar::Error) -> Self {
+        match e {
+            mtp_grammar::Error::Compile { kind, message }
+            | mtp_grammar::Error::Reply { kind, message }
+            | mtp_grammar::Error::Check { kind, message } => Error::Constraint { kind, message },
+            mtp_grammar::Error::Vocabulary(m) => {
+                Error::Unsupported(format!("constrained decoding: {m}"))
             }
         }
-        if !any {
-            return Err(
-                self.fail("no token the grammar allows here is in the model's output (all masked)")
-            );
-        }
-        Ok(())
-    }
-
-    /// True for an end-of-sequence id (never fed to the grammar).
-    pub fn is_end(&self, tok: u32) -> bool {
-        self.eos.contains(&tok)
-    }
-
-    /// Feeds one generated token (end ids are not fed: the reply ends there).
-    pub fn advance(&mut self, tok: u32) -> Result<()> {
-        if self.is_end(tok) {
-            return Ok(());
-        }
-        self.matcher
-            .consume_token(tok)
-            .map_err(|e| self.fail(format!("token {tok} rejected: {e}")))?;
-        if self.path.get(self.len) != Some(&tok) {
-            // a new branch: masks past here belonged to the old one
-            self.path.truncate(self.len);
-            self.path.push(tok);
-            let len = self.len;
-            self.masks.retain(|(p, _)| *p <= len);
-        }
-        self.len += 1;
-        Ok(())
-    }
-
-    /// Takes back the last `n` fed tokens.
-    pub fn rollback(&mut self, n: usize) -> Result<()> {
-        let n = n.min(self.len);
-        if n == 0 {
-            return Ok(());
-        }
-        self.matcher.rollback(n).map_err(|e| self.fail(e))?;
-        self.len -= n;
-        Ok(())
-    }
-
-    /// Tokens fed so far.
-    pub fn consumed(&self) -> usize {
-        self.len
-    }
-
-    /// True when the grammar is complete: nothing but the end could follow.
-    pub fn is_complete(&self) -> bool {
-        self.matcher.is_stopped() && !self.matcher.is_error()
-    }
-
-    /// Milliseconds spent computing masks, and how many were computed.
-    pub fn mask_cost(&self) -> (f64, u64) {
-        (self.mask_ms, self.masks_computed)
     }
 }

@@ -9,7 +9,7 @@ use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 
 use crate::cache::SeqCache;
 use crate::config::GenerationConfig;
-use crate::constraint::{Constraint, ConstraintCompiler};
+use crate::constraint::{compiler, Constraint, ConstraintCompiler};
 use crate::depth::DepthModel;
 use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
@@ -515,10 +515,10 @@ impl Engine {
             let tok = self.tokenizer.as_ref().ok_or_else(|| {
                 "constrained decoding needs the checkpoint's tokenizer.json".to_string()
             })?;
-            ConstraintCompiler::new(tok.hf(), &self.eos).map_err(|e| e.to_string())
+            compiler(tok.hf(), &self.eos).map_err(|e| e.to_string())
         });
         match compiler {
-            Ok(c) => c.compile(format),
+            Ok(c) => Ok(c.compile(format)?),
             Err(m) => Err(Error::Unsupported(m.clone())),
         }
     }

@@ -87,7 +87,7 @@ impl Sampler {
     /// Feeds a chosen token to the constraint (nothing without one).
     pub fn advance(&mut self, tok: u32) -> Result<()> {
         match self.constraint.as_mut() {
-            Some(c) => c.advance(tok),
+            Some(c) => Ok(c.advance(tok)?),
             None => Ok(()),
         }
     }
@@ -95,7 +95,7 @@ impl Sampler {
     /// Takes the last `n` fed tokens back from the constraint.
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         match self.constraint.as_mut() {
-            Some(c) => c.rollback(n),
+            Some(c) => Ok(c.rollback(n)?),
             None => Ok(()),
         }
     }

@@ -1,7 +1,8 @@
 //! The reply's constraint ([`ResponseFormat`]) as an llguidance grammar, written once.
 //!
-//! Two users read it: the engine compiles [`grammar`] against its tokenizer and masks every
-//! token it draws (`mtp_engine::constraint`), and the HTTP runtimes, which hand the constraint
+//! Three users read it: the engine and the in-process llama.cpp lane compile [`grammar`]
+//! against their vocabulary ([`Compiler`]) and mask every token they draw ([`Constraint`]),
+//! and the HTTP runtimes, which hand the constraint
 //! to a server, check a server's finished regex or Lark reply against the same grammar with
 //! [`check_text`] (a server may take a field and not enforce it: an older vLLM drops
 //! `structured_outputs`). JSON replies are validated with a schema validator there instead:
@@ -11,8 +12,15 @@
 
 use std::sync::{Arc, OnceLock};
 
+mod constraint;
+
+pub use constraint::{Compiler, Constraint};
+/// The vocabulary as llguidance sees it (each token's bytes, end ids), what [`Compiler::new`]
+/// takes.
+pub use llguidance::toktrie::TokEnv;
+
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokenId};
+use llguidance::toktrie::{ApproximateTokEnv, TokenId};
 use llguidance::{Matcher, ParserFactory};
 use mtp_contract::ResponseFormat;
 use serde_json::{json, Value};
@@ -29,6 +37,18 @@ pub enum Error {
         /// llguidance's message.
         message: String,
     },
+    /// The grammar state failed while a reply was generated (a token it refused was fed, a
+    /// mask could not be computed, no allowed token was left in the model's output).
+    #[error("response_format `{kind}`: {message}")]
+    Reply {
+        /// [`ResponseFormat::kind`] of the constraint.
+        kind: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// llguidance cannot use the vocabulary (its trie or slicer failed, no end id).
+    #[error("constrained decoding cannot use this vocabulary: {0}")]
+    Vocabulary(String),
     /// llguidance could not build or run the byte-level checker (its own limits).
     #[error("the reply could not be checked against response_format `{kind}`: {message}")]
     Check {

@@ -1,0 +1,333 @@
+//! The grammar state of one constrained reply, token by token, for any vocabulary.
+//!
+//! A [`Compiler`] is built once per vocabulary (llguidance's token trie and slicer take a while
+//! on a 250k vocabulary): the native engine builds it from its `tokenizer.json`, the in-process
+//! llama.cpp lane from the GGUF's vocabulary. [`Compiler::compile`] turns a [`ResponseFormat`]
+//! into a [`Constraint`], whose mask at each position sets what the next token may be.
+//!
+//! With MTP the state advances through the drafts and rolls back to the accepted prefix; masks
+//! are kept along the path, so a verify position reuses the mask computed while drafting (each
+//! position's mask is computed once per round). Greedy constrained output is therefore the same
+//! with and without MTP.
+//!
+//! End-of-sequence ids are never fed to the grammar: they are allowed exactly when the grammar
+//! accepts, and a reply ends when the grammar is complete (nothing but an end could follow).
+
+use std::time::Instant;
+
+use llguidance::toktrie::{SimpleVob, TokEnv, TokenId};
+use llguidance::{Matcher, ParserFactory};
+use mtp_contract::ResponseFormat;
+
+use crate::{grammar, Error};
+
+/// Compiles constraints for one vocabulary.
+pub struct Compiler {
+    factory: ParserFactory,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiler")
+            .field("vocab", &self.factory.tok_env().tok_trie().vocab_size())
+            .finish()
+    }
+}
+
+impl Compiler {
+    /// A compiler over the vocabulary `env` (its trie's end ids end a reply). A vocabulary
+    /// llguidance cannot use is an [`Error::Vocabulary`].
+    pub fn new(env: &TokEnv) -> Result<Self, Error> {
+        let mut factory =
+            ParserFactory::new_simple(env).map_err(|e| Error::Vocabulary(e.to_string()))?;
+        // library code never prints: llguidance logs to stderr unless told not to
+        factory.quiet();
+        let eos = env.tok_trie().eos_tokens().to_vec();
+        if eos.is_empty() {
+            return Err(Error::Vocabulary(
+                "the vocabulary names no end-of-sequence token, so a constrained reply could \
+                 never end"
+                    .into(),
+            ));
+        }
+        Ok(Compiler { factory, eos })
+    }
+
+    /// A fresh constraint state for one reply (`None` for free text). A format that does not
+    /// compile (a schema keyword llguidance does not know, a bad regex, a grammar error, an
+    /// unsatisfiable schema) is an [`Error::Compile`] here, before any generation.
+    pub fn compile(&self, format: &ResponseFormat) -> Result<Option<Constraint>, Error> {
+        let Some(g) = grammar(format) else {
+            return Ok(None);
+        };
+        let kind = format.kind();
+        let compile = |message: String| Error::Compile { kind, message };
+        let parser = self
+            .factory
+            .create_parser(g)
+            .map_err(|e| compile(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(compile(e));
+        }
+        let mut c = Constraint {
+            matcher: Box::new(matcher),
+            kind,
+            eos: self.eos.clone(),
+            path: Vec::new(),
+            len: 0,
+            masks: Vec::new(),
+            mask_ms: 0.0,
+            masks_computed: 0,
+        };
+        // a grammar that allows nothing at all (e.g. an unsatisfiable schema) fails now
+        let allowed = c.mask().map_err(|e| compile(e.to_string()))?.num_set();
+        if allowed == 0 {
+            return Err(compile(
+                "the constraint allows no token at the start of the reply".into(),
+            ));
+        }
+        Ok(Some(c))
+    }
+}
+
+/// The grammar state of one reply (see the module docs).
+pub struct Constraint {
+    matcher: Box<Matcher>,
+    kind: &'static str,
+    eos: Vec<u32>,
+    /// Tokens along the current path: `path[..len]` are consumed; the rest were consumed and
+    /// rolled back (their masks stay valid while the same tokens are consumed again).
+    path: Vec<u32>,
+    len: usize,
+    /// `(position, mask at that position)`, positions counted in consumed tokens.
+    masks: Vec<(usize, SimpleVob)>,
+    mask_ms: f64,
+    masks_computed: u64,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("kind", &self.kind)
+            .field("consumed", &self.len)
+            .finish()
+    }
+}
+
+/// Masks kept behind the current position (a rollback deeper than this recomputes).
+const KEPT_BEHIND: usize = 32;
+
+impl Constraint {
+    fn fail(&self, message: impl std::fmt::Display) -> Error {
+        Error::Reply {
+            kind: self.kind,
+            message: message.to_string(),
+        }
+    }
+
+    /// The mask at the current position (computed once per position along the path).
+    fn mask(&mut self) -> Result<&SimpleVob, Error> {
+        let pos = self.len;
+        if let Some(i) = self.masks.iter().position(|(p, _)| *p == pos) {
+            return Ok(&self.masks[i].1);
+        }
+        let t = Instant::now();
+        let m = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| self.fail(e))?;
+        self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
+        self.masks_computed += 1;
+        self.masks.retain(|(p, _)| p + KEPT_BEHIND >= pos);
+        self.masks.push((pos, m));
+        Ok(&self.masks.last().expect("just pushed").1)
+    }
+
+    /// Sets the logits of tokens the grammar does not allow here to `-inf` (ids past the
+    /// vocabulary, padding rows of an LM head, are never allowed). End ids are allowed exactly
+    /// when the grammar accepts. Every allowed token already at `-inf` is an error: nothing
+    /// could be drawn.
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), Error> {
+        let mask = self.mask()?;
+        let n = mask.len();
+        let mut any = false;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i < n && mask.is_allowed(i as TokenId) {
+                any |= *l > f32::NEG_INFINITY;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if !any {
+            return Err(
+                self.fail("no token the grammar allows here is in the model's output (all masked)")
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the grammar allows `tok` at the current position (an end id: whether the
+    /// grammar accepts here).
+    pub fn allows(&mut self, tok: u32) -> Result<bool, Error> {
+        let mask = self.mask()?;
+        Ok((tok as usize) < mask.len() && mask.is_allowed(tok as TokenId))
+    }
+
+    /// True for an end-of-sequence id (never fed to the grammar).
+    pub fn is_end(&self, tok: u32) -> bool {
+        self.eos.contains(&tok)
+    }
+
+    /// Feeds one generated token (end ids are not fed: the reply ends there). A token the
+    /// grammar does not allow is an [`Error::Reply`].
+    pub fn advance(&mut self, tok: u32) -> Result<(), Error> {
+        if self.is_end(tok) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(tok)
+            .map_err(|e| self.fail(format!("token {tok} rejected: {e}")))?;
+        if self.path.get(self.len) != Some(&tok) {
+            // a new branch: masks past here belonged to the old one
+            self.path.truncate(self.len);
+            self.path.push(tok);
+            let len = self.len;
+            self.masks.retain(|(p, _)| *p <= len);
+        }
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Takes back the last `n` fed tokens.
+    pub fn rollback(&mut self, n: usize) -> Result<(), Error> {
+        let n = n.min(self.len);
+        if n == 0 {
+            return Ok(());
+        }
+        self.matcher.rollback(n).map_err(|e| self.fail(e))?;
+        self.len -= n;
+        Ok(())
+    }
+
+    /// How many of `drafts` the grammar allows in a row from the current position (an end id
+    /// counts, and ends the walk). The state is left where it was; the masks computed on the
+    /// way are kept, so verifying those positions does not compute them again.
+    pub fn allowed_prefix(&mut self, drafts: &[u32]) -> Result<usize, Error> {
+        let mut fed = 0;
+        let mut n = 0;
+        for &d in drafts {
+            if !self.allows(d)? {
+                break;
+            }
+            n += 1;
+            if self.is_end(d) {
+                break;
+            }
+            self.advance(d)?;
+            fed += 1;
+        }
+        self.rollback(fed)?;
+        Ok(n)
+    }
+
+    /// Tokens fed so far.
+    pub fn consumed(&self) -> usize {
+        self.len
+    }
+
+    /// True when the grammar is complete: nothing but the end could follow.
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+
+    /// Milliseconds spent computing masks, and how many were computed.
+    pub fn mask_cost(&self) -> (f64, u64) {
+        (self.mask_ms, self.masks_computed)
+    }
+
+    /// [`ResponseFormat::kind`] of the constraint.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use llguidance::toktrie::{ApproximateTokEnv, TokEnv};
+
+    use super::*;
+
+    fn compiler() -> Compiler {
+        // one token per byte, and the trie's own end id
+        let env: TokEnv = Arc::new(ApproximateTokEnv::single_byte());
+        Compiler::new(&env).expect("compiler")
+    }
+
+    fn ids(s: &str) -> Vec<u32> {
+        s.bytes().map(u32::from).collect()
+    }
+
+    #[test]
+    fn drafts_are_cut_at_the_first_refused_token_and_the_state_stays() {
+        let c = compiler();
+        let mut k = c
+            .compile(&ResponseFormat::regex("ab(c|d)e"))
+            .unwrap()
+            .expect("a constraint");
+        assert_eq!(k.allowed_prefix(&ids("abxe")).unwrap(), 2);
+        assert_eq!(k.consumed(), 0, "the walk leaves the state where it was");
+        assert_eq!(k.allowed_prefix(&ids("abde")).unwrap(), 4);
+        for t in ids("abd") {
+            assert!(k.allows(t).unwrap());
+            k.advance(t).unwrap();
+        }
+        assert!(!k.allows(u32::from(b'x')).unwrap());
+        assert!(k.advance(u32::from(b'x')).is_err(), "a refused token is an error");
+    }
+
+    #[test]
+    fn masks_follow_the_path_through_rollback() {
+        let c = compiler();
+        let mut k = c
+            .compile(&ResponseFormat::regex("(yes|no)"))
+            .unwrap()
+            .unwrap();
+        let (_, before) = k.mask_cost();
+        k.advance(u32::from(b'y')).unwrap();
+        let mut logits = vec![0.0f32; 256];
+        k.apply(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..256).filter(|&i| logits[i] == 0.0).collect();
+        assert_eq!(allowed, vec![usize::from(b'e')]);
+        k.rollback(1).unwrap();
+        let mut logits = vec![0.0f32; 256];
+        k.apply(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..256).filter(|&i| logits[i] == 0.0).collect();
+        assert_eq!(allowed, vec![usize::from(b'n'), usize::from(b'y')]);
+        // the start mask was kept: going back did not compute it again
+        assert_eq!(k.mask_cost().1, before + 1);
+        for t in ids("no") {
+            k.advance(t).unwrap();
+        }
+        assert!(k.is_complete());
+        // nothing the model could draw is allowed: a typed error, not a silent pick
+        let mut logits = vec![f32::NEG_INFINITY; 256];
+        assert!(matches!(
+            k.apply(&mut logits),
+            Err(Error::Reply { kind: "regex", .. })
+        ));
+    }
+
+    #[test]
+    fn formats_that_do_not_compile_are_compile_errors() {
+        let c = compiler();
+        assert!(c.compile(&ResponseFormat::Text).unwrap().is_none());
+        assert!(matches!(
+            c.compile(&ResponseFormat::regex("(open")),
+            Err(Error::Compile { kind: "regex", .. })
+        ));
+    }
+}
