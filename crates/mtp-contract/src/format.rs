@@ -150,6 +150,34 @@ impl ResponseFormat {
         }
     }
 
+    /// The instruction that asks a model for this shape in the prompt, for a runtime that
+    /// cannot enforce it and a request that allows asking instead
+    /// (`GenerateRequest::prompted_fallback`); `None` for free text.
+    ///
+    /// ```
+    /// use mtp_contract::ResponseFormat;
+    /// let f = ResponseFormat::regex("[0-9]{3}");
+    /// assert!(f.instruction().unwrap().contains("[0-9]{3}"));
+    /// assert!(ResponseFormat::Text.instruction().is_none());
+    /// ```
+    pub fn instruction(&self) -> Option<String> {
+        let only = "Reply with that and nothing else: no explanation, no code fence.";
+        Some(match self {
+            ResponseFormat::Text => return None,
+            ResponseFormat::JsonObject { .. } => format!("Your reply must be one JSON object. {only}"),
+            ResponseFormat::JsonSchema { json_schema, .. } => format!(
+                "Your reply must be one JSON value that is valid against this JSON Schema:\n{}\n{only}",
+                json_schema.schema
+            ),
+            ResponseFormat::Regex { regex } => format!(
+                "Your reply must match this regular expression as a whole:\n{regex}\n{only}"
+            ),
+            ResponseFormat::Grammar { grammar } => format!(
+                "Your reply must be a sentence of this Lark grammar (start rule `start`):\n{grammar}\n{only}"
+            ),
+        })
+    }
+
     /// Checks the shape (not whether a constraint compiles: that is the runtime's, before any
     /// generation).
     pub fn validate(&self) -> Result<(), ProviderError> {

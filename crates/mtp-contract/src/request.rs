@@ -274,6 +274,14 @@ pub struct GenerateRequest {
     /// while decoding. A runtime that cannot enforce it refuses the request; none ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// For a runtime that cannot enforce `response_format` (a server whose API has no field
+    /// for a regex or a grammar): `true` lets it ask for the shape in the prompt instead
+    /// ([`ResponseFormat::instruction`], in the system message) and check the finished reply;
+    /// the response's warnings then say the shape was asked for, not enforced, and whether the
+    /// reply follows it. `false` (the default) refuses such a request. Runtimes that enforce
+    /// the constraint never fall back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompted_fallback: bool,
 }
 
 impl GenerateRequest {
@@ -348,6 +356,13 @@ impl GenerateRequest {
     /// Sets the shape the reply must take.
     pub fn response_format(mut self, f: ResponseFormat) -> Self {
         self.response_format = Some(f);
+        self
+    }
+
+    /// Lets a runtime that cannot enforce the constraint ask for it in the prompt and check
+    /// the reply (see [`GenerateRequest::prompted_fallback`]).
+    pub fn prompted_fallback(mut self, allow: bool) -> Self {
+        self.prompted_fallback = allow;
         self
     }
 

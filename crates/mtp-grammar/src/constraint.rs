@@ -286,7 +286,10 @@ mod tests {
             k.advance(t).unwrap();
         }
         assert!(!k.allows(u32::from(b'x')).unwrap());
-        assert!(k.advance(u32::from(b'x')).is_err(), "a refused token is an error");
+        assert!(
+            k.advance(u32::from(b'x')).is_err(),
+            "a refused token is an error"
+        );
     }
 
     #[test]

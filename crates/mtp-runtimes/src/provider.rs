@@ -69,6 +69,8 @@ struct Prepared {
     started: Instant,
     /// The request's constraint, checked against the finished reply.
     format: Option<mtp_contract::ResponseFormat>,
+    /// The constraint was asked for in the prompt, not sent (`wire::prompted`).
+    prompted: bool,
 }
 
 impl HttpProvider {
@@ -256,6 +258,7 @@ impl Inner {
             body,
             started: Instant::now(),
             format: req.constraint().cloned(),
+            prompted: wire::prompted(kind, req).is_some(),
         })
     }
 
@@ -309,7 +312,7 @@ impl Inner {
             acc.finish.unwrap_or(FinishReason::Stop)
         };
         let warnings: Vec<String> =
-            wire::constraint_warning(p.format.as_ref(), &acc.content, finish_reason)
+            wire::constraint_warning(p.format.as_ref(), p.prompted, &acc.content, finish_reason)
                 .into_iter()
                 .collect();
         GenerateResponse {

@@ -62,21 +62,28 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
         }
     }
     if let Some(f) = req.constraint() {
-        let json = matches!(
-            f,
-            ResponseFormat::JsonSchema { .. } | ResponseFormat::JsonObject { .. }
-        );
-        // regex and Lark travel only to vLLM (`structured_outputs`); no other server's API
-        // has a field for them
-        if !json && kind != ServerKind::Vllm {
-            return Err(ProviderError::Unsupported {
-                provider: kind.name().into(),
-                what: format!(
-                    "response_format `{}` (this server's API has no field for it, and it is \
-                     never dropped silently; vLLM and the native provider enforce it)",
-                    f.kind()
-                ),
-            });
+        if !can_enforce(kind, f) {
+            if !req.prompted_fallback {
+                return Err(ProviderError::Unsupported {
+                    provider: kind.name().into(),
+                    what: format!(
+                        "response_format `{}` (this server's API has no field for it, and it is \
+                         never dropped silently; vLLM and the native provider enforce it; \
+                         prompted_fallback asks for it in the prompt and checks the reply)",
+                        f.kind()
+                    ),
+                });
+            }
+            if req.raw_prompt {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompted_fallback",
+                    message: format!(
+                        "response_format `{}` would be asked for in the system message, and a \
+                         raw prompt is sent verbatim; send a chat request",
+                        f.kind()
+                    ),
+                });
+            }
         }
     }
     if req.raw_prompt
@@ -94,6 +101,23 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
         });
     }
     Ok(())
+}
+
+/// Whether the server's API takes `f` (JSON everywhere; a regex and a Lark grammar only in
+/// vLLM's `structured_outputs`, no other server's API has a field for them).
+fn can_enforce(kind: ServerKind, f: &ResponseFormat) -> bool {
+    matches!(
+        f,
+        ResponseFormat::JsonSchema { .. } | ResponseFormat::JsonObject { .. }
+    ) || kind == ServerKind::Vllm
+}
+
+/// The constraint a request asks for in its prompt instead of sending it: set when the server
+/// cannot take it and the request allows that (`prompted_fallback`; `check_request` refuses
+/// the other cases).
+pub(crate) fn prompted(kind: ServerKind, req: &GenerateRequest) -> Option<&ResponseFormat> {
+    req.constraint()
+        .filter(|f| req.prompted_fallback && !can_enforce(kind, f))
 }
 
 /// Builds the JSON body. `depth` is the per-request depth to ask llama-server for (0 pins
@@ -117,6 +141,20 @@ pub(crate) fn build_body(
             }
             for m in req.messages.iter().flatten() {
                 msgs.push(openai_message(m));
+            }
+            // a constraint the server cannot take, asked for in the system message (added to
+            // the one there is: many templates refuse a second or a late system message)
+            if let Some(ask) = prompted(kind, req).and_then(ResponseFormat::instruction) {
+                match msgs.first_mut() {
+                    Some(Value::Object(m)) if m.get("role") == Some(&json!("system")) => {
+                        let text = match m.get("content") {
+                            Some(Value::String(t)) if !t.is_empty() => format!("{t}\n\n{ask}"),
+                            _ => ask,
+                        };
+                        m.insert("content".into(), text.into());
+                    }
+                    _ => msgs.insert(0, json!({"role": "system", "content": ask})),
+                }
             }
             if !req.prompt.is_empty() || !req.images.is_empty() {
                 msgs.push(json!({"role": "user", "content": content(&req.prompt, &req.images)}));
@@ -198,7 +236,8 @@ pub(crate) fn build_body(
     // field since vLLM 0.10.2; 0.12 removed the older `guided_regex`/`guided_grammar`). The
     // servers choose their own whitespace. A server that takes the field and does not
     // enforce it is caught afterwards (`constraint_warning`).
-    match (req.constraint(), endpoint) {
+    let sent = req.constraint().filter(|_| prompted(kind, req).is_none());
+    match (sent, endpoint) {
         (Some(ResponseFormat::Regex { regex }), _) => {
             put("structured_outputs", Some(json!({"regex": regex})))
         }
@@ -241,21 +280,44 @@ fn json_schema_of(f: &ResponseFormat) -> Value {
 /// object's keys may come in any order and with any whitespace, as servers write them); a
 /// regex or a Lark grammar is checked with the grammar the native engine enforces
 /// ([`mtp_grammar::check_text`]).
+///
+/// A constraint that was asked for in the prompt (`prompted`) always gets a warning: it was
+/// not enforced, and the warning says whether the reply follows it.
 pub(crate) fn constraint_warning(
     format: Option<&ResponseFormat>,
+    prompted: bool,
     content: &str,
     finish: FinishReason,
 ) -> Option<String> {
     let f = format?;
-    if finish != FinishReason::Stop || !f.is_constrained() {
+    if !f.is_constrained() {
         return None;
     }
     let kind = f.kind();
-    let broken = |what: String| {
-        Some(format!(
-            "the server did not enforce response_format `{kind}`: the finished reply {what}"
-        ))
+    let asked = || {
+        format!(
+            "response_format `{kind}` was asked for in the prompt, not enforced (this server's \
+             API has no field for it; prompted_fallback)"
+        )
     };
+    if finish != FinishReason::Stop {
+        return prompted.then(|| {
+            format!(
+                "{}: the reply did not finish, so it was not checked",
+                asked()
+            )
+        });
+    }
+    let broken = |what: String| {
+        Some(if prompted {
+            format!("{}: the finished reply {what}", asked())
+        } else {
+            format!(
+                "the server did not enforce response_format `{kind}`: the finished reply {what}"
+            )
+        })
+    };
+    let follows = || prompted.then(|| format!("{}: the finished reply follows it", asked()));
     let schema = match f {
         ResponseFormat::JsonSchema { json_schema, .. } => Some(json_schema.schema.clone()),
         ResponseFormat::JsonObject { .. } => Some(json!({"type": "object"})),
@@ -267,7 +329,7 @@ pub(crate) fn constraint_warning(
         };
         return match jsonschema::validator_for(&schema) {
             Ok(v) => match v.validate(&reply) {
-                Ok(()) => None,
+                Ok(()) => follows(),
                 Err(e) => broken(format!("breaks the schema at `{}`: {e}", e.instance_path())),
             },
             Err(e) => Some(format!(
@@ -276,7 +338,7 @@ pub(crate) fn constraint_warning(
         };
     }
     match mtp_grammar::check_text(f, content) {
-        Ok(mtp_grammar::Check::Follows) => None,
+        Ok(mtp_grammar::Check::Follows) => follows(),
         Ok(mtp_grammar::Check::Leaves { at }) => broken(format!(
             "leaves it at byte {at} of {} ({:?})",
             content.len(),
@@ -658,30 +720,40 @@ mod tests {
         let b = build_body(ServerKind::Ollama, Endpoint::Chat, "m", &obj, false, None);
         assert_eq!(b["response_format"], json!({"type": "json_object"}));
         let f = ResponseFormat::json_object();
-        assert!(constraint_warning(Some(&f), "{\"a\": 1}", FinishReason::Stop).is_none());
+        assert!(constraint_warning_enforced(Some(&f), "{\"a\": 1}", FinishReason::Stop).is_none());
         // the server's own whitespace is its choice
-        assert!(constraint_warning(Some(&f), "{\n \"a\":1 }", FinishReason::Stop).is_none());
-        assert!(constraint_warning(Some(&f), "not json", FinishReason::Length).is_none());
-        assert!(constraint_warning(Some(&f), "not json", FinishReason::Stop).is_some());
-        assert!(constraint_warning(None, "not json", FinishReason::Stop).is_none());
+        assert!(
+            constraint_warning_enforced(Some(&f), "{\n \"a\":1 }", FinishReason::Stop).is_none()
+        );
+        assert!(constraint_warning_enforced(Some(&f), "not json", FinishReason::Length).is_none());
+        assert!(constraint_warning_enforced(Some(&f), "not json", FinishReason::Stop).is_some());
+        assert!(constraint_warning_enforced(None, "not json", FinishReason::Stop).is_none());
         // valid JSON that breaks the schema is caught too, and the warning says where
         let s = ResponseFormat::json_schema(schema);
-        assert!(constraint_warning(Some(&s), r#"{"a": 7}"#, FinishReason::Stop).is_none());
-        let w = constraint_warning(Some(&s), r#"{"a": "seven"}"#, FinishReason::Stop).unwrap();
+        assert!(constraint_warning_enforced(Some(&s), r#"{"a": 7}"#, FinishReason::Stop).is_none());
+        let w =
+            constraint_warning_enforced(Some(&s), r#"{"a": "seven"}"#, FinishReason::Stop).unwrap();
         assert!(w.contains("`json_schema`") && w.contains("`/a`"), "{w}");
         assert!(w.contains("seven"), "{w}");
         // keys in another order than the schema's are still the schema's object
         let two = ResponseFormat::json_schema(json!({"type": "object", "properties": {
             "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}));
-        assert!(constraint_warning(Some(&two), r#"{"b": 1,"a":2}"#, FinishReason::Stop).is_none());
-        assert!(constraint_warning(Some(&two), r#"{"b": 1}"#, FinishReason::Stop).is_some());
+        assert!(
+            constraint_warning_enforced(Some(&two), r#"{"b": 1,"a":2}"#, FinishReason::Stop)
+                .is_none()
+        );
+        assert!(
+            constraint_warning_enforced(Some(&two), r#"{"b": 1}"#, FinishReason::Stop).is_some()
+        );
         // a schema the validator cannot read: the reply is said to be unchecked
         let odd = ResponseFormat::json_schema(json!({"type": "no-such-type"}));
-        let w = constraint_warning(Some(&odd), "{}", FinishReason::Stop).unwrap();
+        let w = constraint_warning_enforced(Some(&odd), "{}", FinishReason::Stop).unwrap();
         assert!(w.contains("not checked"), "{w}");
-        assert!(constraint_warning(Some(&odd), "{", FinishReason::Stop)
-            .unwrap()
-            .contains("is not JSON"));
+        assert!(
+            constraint_warning_enforced(Some(&odd), "{", FinishReason::Stop)
+                .unwrap()
+                .contains("is not JSON")
+        );
     }
 
     #[test]
@@ -716,15 +788,102 @@ mod tests {
                 }
             }
         }
-        assert!(constraint_warning(Some(&rx), "555-0199", FinishReason::Stop).is_none());
-        let w = constraint_warning(Some(&rx), "call 555-0199", FinishReason::Stop).unwrap();
+        assert!(constraint_warning_enforced(Some(&rx), "555-0199", FinishReason::Stop).is_none());
+        let w =
+            constraint_warning_enforced(Some(&rx), "call 555-0199", FinishReason::Stop).unwrap();
         assert!(w.contains("`regex`") && w.contains("byte 0"), "{w}");
-        let w = constraint_warning(Some(&rx), "555-01", FinishReason::Stop).unwrap();
+        let w = constraint_warning_enforced(Some(&rx), "555-01", FinishReason::Stop).unwrap();
         assert!(w.contains("stops before it is complete"), "{w}");
-        assert!(constraint_warning(Some(&lark), "aaaa", FinishReason::Stop).is_none());
-        assert!(constraint_warning(Some(&lark), "aab", FinishReason::Stop).is_some());
+        assert!(constraint_warning_enforced(Some(&lark), "aaaa", FinishReason::Stop).is_none());
+        assert!(constraint_warning_enforced(Some(&lark), "aab", FinishReason::Stop).is_some());
         // a cut reply is reported by its finish reason, not as a broken constraint
-        assert!(constraint_warning(Some(&rx), "555-01", FinishReason::Length).is_none());
+        assert!(constraint_warning_enforced(Some(&rx), "555-01", FinishReason::Length).is_none());
+    }
+
+    /// What an enforcing server's reply gets (no prompted fallback).
+    fn constraint_warning_enforced(
+        f: Option<&ResponseFormat>,
+        content: &str,
+        finish: FinishReason,
+    ) -> Option<String> {
+        constraint_warning(f, false, content, finish)
+    }
+
+    #[test]
+    fn prompted_fallback_asks_in_the_system_message_and_always_says_so() {
+        let rx = ResponseFormat::regex("[0-9]{3}-[0-9]{4}");
+        let req = GenerateRequest::new("a phone number")
+            .response_format(rx.clone())
+            .prompted_fallback(true);
+        for kind in [
+            ServerKind::LlamaServer,
+            ServerKind::LmStudio,
+            ServerKind::Ollama,
+            ServerKind::OpenAiCompatible,
+        ] {
+            check_request(kind, &req).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            assert!(prompted(kind, &req).is_some());
+            let b = build_body(kind, Endpoint::Chat, "m", &req, false, None);
+            // the first message is the system one, asking for the pattern; nothing is sent
+            // that the server would drop
+            assert_eq!(b["messages"][0]["role"], "system", "{b}");
+            let sys = b["messages"][0]["content"].as_str().unwrap();
+            assert!(sys.contains("[0-9]{3}-[0-9]{4}"), "{sys}");
+            assert_eq!(b["messages"][1]["content"], "a phone number");
+            assert!(b.get("structured_outputs").is_none() && b.get("response_format").is_none());
+        }
+        // vLLM enforces it: no fallback there
+        assert!(prompted(ServerKind::Vllm, &req).is_none());
+        let v = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, None);
+        assert_eq!(v["structured_outputs"]["regex"], "[0-9]{3}-[0-9]{4}");
+        assert_eq!(v["messages"][0]["role"], "user");
+        // an existing system message (the request's, or the history's first) gets the
+        // instruction appended: one system message, first
+        for r in [
+            req.clone().system_prompt("Be brief."),
+            req.clone()
+                .messages(vec![Message::system("Be brief."), Message::user("hi")]),
+        ] {
+            let b = build_body(
+                ServerKind::LlamaServer,
+                Endpoint::Chat,
+                "m",
+                &r,
+                false,
+                None,
+            );
+            let msgs = b["messages"].as_array().unwrap();
+            assert_eq!(
+                msgs.iter().filter(|m| m["role"] == "system").count(),
+                1,
+                "{b}"
+            );
+            let sys = msgs[0]["content"].as_str().unwrap();
+            assert!(
+                sys.starts_with("Be brief.\n\n") && sys.contains("[0-9]{3}"),
+                "{sys}"
+            );
+        }
+        // a raw prompt has no system message to ask in
+        match check_request(ServerKind::LlamaServer, &req.clone().raw()) {
+            Err(ProviderError::InvalidRequest { field, .. }) => {
+                assert_eq!(field, "prompted_fallback")
+            }
+            other => panic!("{other:?}"),
+        }
+        // the warning is always there: asked for, not enforced, and how the reply stands
+        let ok = constraint_warning(Some(&rx), true, "555-0199", FinishReason::Stop).unwrap();
+        assert!(
+            ok.contains("not enforced") && ok.contains("follows"),
+            "{ok}"
+        );
+        let bad = constraint_warning(Some(&rx), true, "call 555", FinishReason::Stop).unwrap();
+        assert!(
+            bad.contains("not enforced") && bad.contains("byte 0"),
+            "{bad}"
+        );
+        let cut = constraint_warning(Some(&rx), true, "555", FinishReason::Length).unwrap();
+        assert!(cut.contains("not checked"), "{cut}");
     }
 
     #[test]

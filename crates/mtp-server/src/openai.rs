@@ -171,6 +171,17 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         ));
     }
     request.response_format = response_format(o)?;
+    // the contract's extension: a runtime behind the server that cannot enforce the
+    // constraint asks for it in the prompt instead of refusing (its warnings say so)
+    request.prompted_fallback = match opt(o, "prompted_fallback") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            ApiError::invalid(
+                "prompted_fallback",
+                format!("`prompted_fallback` must be true or false, got {v}"),
+            )
+        })?,
+    };
     let stream = bool_field(o, "stream")?.unwrap_or(false);
     let include_usage = match opt(o, "stream_options") {
         None => false,
@@ -819,6 +830,16 @@ mod tests {
             "{}",
             e.message
         );
+        // the contract's prompted_fallback travels as an extension field
+        let asked = json!({"messages": [{"role": "user", "content": "a"}],
+            "guided_regex": "x", "prompted_fallback": true});
+        assert!(chat(asked).unwrap().request.prompted_fallback);
+        let plain = json!({"messages": [{"role": "user", "content": "a"}], "guided_regex": "x"});
+        assert!(!chat(plain).unwrap().request.prompted_fallback);
+        let e = chat(json!({"messages": [{"role": "user", "content": "a"}],
+            "prompted_fallback": "yes"}))
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompted_fallback"));
         // what structured_outputs holds that is not taken, or is malformed, is named
         for (v, param) in [
             (

@@ -127,7 +127,7 @@ async fn http_adapters_refuse_a_constraint_they_cannot_pass_on() {
         // only in vLLM's API (`structured_outputs`, mtp-runtimes' tests/contract.rs): vLLM
         // tries the server, every other adapter refuses before sending anything
         let req = GenerateRequest::new("x").response_format(ResponseFormat::regex("[a-z]+"));
-        match (provider.as_str(), llm.generate(req).await) {
+        match (provider.as_str(), llm.generate(req.clone()).await) {
             ("vllm", Err(e)) => assert!(
                 !matches!(e, ProviderError::Unsupported { .. }),
                 "vllm: {e:?}"
@@ -136,6 +136,22 @@ async fn http_adapters_refuse_a_constraint_they_cannot_pass_on() {
                 assert!(what.contains("response_format"), "{provider}: {what}")
             }
             (_, other) => panic!("{provider}: expected Unsupported, got {other:?}"),
+        }
+        // allowed to ask for it in the prompt instead, every adapter goes to the server (and
+        // finds nothing there); with a raw prompt there is no system message to ask in
+        let asked = req.clone().prompted_fallback(true);
+        match llm.generate(asked).await {
+            Err(ProviderError::Unsupported { what, .. }) => panic!("{provider}: {what}"),
+            Err(_) => {}
+            Ok(r) => panic!("{provider}: nothing listens, got {r:?}"),
+        }
+        if provider != "vllm" {
+            match llm.generate(req.raw().prompted_fallback(true)).await {
+                Err(ProviderError::InvalidRequest { field, .. }) => {
+                    assert_eq!(field, "prompted_fallback", "{provider}")
+                }
+                other => panic!("{provider}: expected InvalidRequest, got {other:?}"),
+            }
         }
     }
     assert!(checked >= 4, "{checked} HTTP adapters checked");

@@ -307,6 +307,12 @@ pub struct ConstraintArgs {
     /// (default: compact `", "` and `": "`, as mlx-vlm compiles it).
     #[arg(long)]
     pub flexible_whitespace: bool,
+    /// When the runtime cannot enforce the constraint (an HTTP server whose API has no field
+    /// for a regex or a grammar): ask for it in the system message and check the reply instead
+    /// of refusing. The summary's warnings say it was not enforced and whether the reply
+    /// follows it.
+    #[arg(long)]
+    pub prompted_fallback: bool,
 }
 
 /// `mtp probe`.

@@ -94,6 +94,8 @@ struct Session {
     thinking: Option<ThinkingMode>,
     /// Every answer's constraint (`--json-schema` etc.).
     format: Option<crate::ResponseFormat>,
+    /// `--prompted-fallback`: a runtime that cannot enforce `format` asks for it instead.
+    prompted_fallback: bool,
     history: Vec<Message>,
     /// Images attached to the next message (`/image`): as typed, and as sent.
     images: Vec<(String, String)>,
@@ -152,6 +154,7 @@ pub(crate) fn run(
         system: args.system.clone(),
         thinking: args.thinking,
         format,
+        prompted_fallback: args.constraint.prompted_fallback,
         args,
         history: Vec::new(),
         images: Vec::new(),
@@ -423,7 +426,9 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
         req = req.thinking(t.request_value());
     }
     if let Some(f) = &s.format {
-        req = req.response_format(f.clone());
+        req = req
+            .response_format(f.clone())
+            .prompted_fallback(s.prompted_fallback);
     }
     req.images = images.clone();
     let user_turn = |prompt: String| {

@@ -75,6 +75,12 @@ pub(crate) fn response_format(
     if let Some(path) = &a.grammar {
         return Ok(Some(ResponseFormat::grammar(read(path, "--grammar")?)));
     }
+    if a.prompted_fallback {
+        return Err(CliError::InvalidFlag {
+            flag: "--prompted-fallback",
+            message: "goes with --json-schema, --json-object, --regex or --grammar".into(),
+        });
+    }
     Ok(None)
 }
 
@@ -108,7 +114,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         req = req.image(image_for(llm.as_ref(), i, k)?);
     }
     if let Some(f) = response_format(&a.constraint)? {
-        req = req.response_format(f);
+        req = req
+            .response_format(f)
+            .prompted_fallback(a.constraint.prompted_fallback);
     }
     let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
     let ctx = || format!("generation with {} on {} failed", model, llm.name());
