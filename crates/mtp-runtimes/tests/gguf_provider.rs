@@ -295,3 +295,138 @@ fn bad_inputs_are_typed_errors() {
     );
     assert!(e.to_string().contains("n_ctx"), "{e}");
 }
+
+/// A constrained reply on the in-process lane: JSON valid against its schema (checked with
+/// `jsonschema`), a regex and a Lark grammar whole matches (checked with the `regex` crate,
+/// the grammar's language written as a regex), greedy output the same at every MTP depth as
+/// target-only, the reply ending when the grammar is complete, the mask cost reported. A
+/// format that does not compile is the request's fault, before anything is generated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_replies_follow_the_constraint_with_and_without_mtp() {
+    use mtp_contract::ResponseFormat;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let gguf = to_gguf(
+        &workspace().join("tests/fixtures/tiny-trained"),
+        tmp.path(),
+        false,
+    );
+    let p = provider(&gguf, Speculation::native_mtp());
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "word": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "tags": {"type": "array", "items": {"enum": ["fox", "dog", "cat"]},
+                     "minItems": 1, "maxItems": 3}
+        },
+        "required": ["word", "n", "tags"],
+        "additionalProperties": false
+    });
+    let lark = "start: \"(\" num (\",\" num)* \")\"\nnum: /[0-9]{1,3}/";
+    // (format, what checks a reply independently)
+    type Check = Box<dyn Fn(&str) -> Result<(), String>>;
+    let cases: Vec<(ResponseFormat, Check)> = vec![
+        (ResponseFormat::json_schema(schema.clone()), {
+            let v = jsonschema::validator_for(&schema).expect("schema");
+            Box::new(move |s: &str| {
+                let j: Value = serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))?;
+                v.validate(&j).map_err(|e| e.to_string())
+            })
+        }),
+        (
+            ResponseFormat::regex("the (quick|lazy) [a-z]{2,5} (fox|dog)"),
+            {
+                let r = regex::Regex::new("^the (quick|lazy) [a-z]{2,5} (fox|dog)$").unwrap();
+                Box::new(move |s: &str| r.is_match(s).then_some(()).ok_or("no match".into()))
+            },
+        ),
+        (ResponseFormat::grammar(lark), {
+            let r = regex::Regex::new(r"^\([0-9]{1,3}(,[0-9]{1,3})*\)$").unwrap();
+            Box::new(move |s: &str| r.is_match(s).then_some(()).ok_or("no match".into()))
+        }),
+    ];
+    for (format, check) in &cases {
+        let base = GenerateRequest::new("the quick brown fox ")
+            .raw()
+            .max_output_tokens(160)
+            .sampling(greedy())
+            .response_format(format.clone());
+        let off = p
+            .generate(base.clone().speculation(false))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", format.kind()));
+        check(&off.content).unwrap_or_else(|e| panic!("{}: {:?}: {e}", format.kind(), off.content));
+        assert_eq!(off.finish_reason, FinishReason::Stop, "{:?}", off.content);
+        assert!(off.metadata.timings.constraint_ms.is_some());
+        for depth in [1u32, 3] {
+            let on = p
+                .generate(
+                    base.clone()
+                        .speculation(Speculation::depth(depth).expect("depth")),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{} depth {depth}: {e}", format.kind()));
+            let s = &on.metadata.speculation;
+            assert!(s.used, "{s:?}");
+            assert_eq!(
+                (on.content.as_str(), on.token_ids.as_ref()),
+                (off.content.as_str(), off.token_ids.as_ref()),
+                "{} depth {depth}: MTP changed constrained greedy output",
+                format.kind()
+            );
+            assert_eq!(on.finish_reason, FinishReason::Stop);
+            assert!(s.accepted.unwrap() <= s.drafted.unwrap(), "{s:?}");
+        }
+    }
+    // seeded sampling under a constraint stays inside it, MTP on
+    let seeded = Sampling {
+        temperature: Some(0.9),
+        seed: Some(7),
+        ..Default::default()
+    };
+    let prefix = regex::Regex::new(r"^\(([0-9]{1,3},)*[0-9]{0,3}$").unwrap();
+    for (format, check) in &cases {
+        let r = p
+            .generate(
+                GenerateRequest::new("dyl aaza utpto ")
+                    .raw()
+                    .max_output_tokens(160)
+                    .sampling(seeded.clone())
+                    .response_format(format.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{} seeded: {e}", format.kind()));
+        // the JSON and the regex are bounded, so they end inside the budget; the Lark list
+        // is not, and may run to it
+        if format.kind() != "grammar" || r.finish_reason == FinishReason::Stop {
+            assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.content);
+            check(&r.content)
+                .unwrap_or_else(|e| panic!("{} seeded: {:?}: {e}", format.kind(), r.content));
+        } else {
+            // cut by the budget: still a prefix of the grammar's language
+            assert!(
+                prefix.is_match(&r.content),
+                "seeded grammar: {:?}",
+                r.content
+            );
+        }
+    }
+    let e = p
+        .generate(
+            GenerateRequest::new("x")
+                .raw()
+                .response_format(ResponseFormat::regex("(unclosed")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProviderError::InvalidRequest {
+                field: "response_format",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -3,6 +3,14 @@
 //! uses (prefill all but the last prompt token → `process` → `begin`; per round `draft` → clear
 //! the draft cache from `n_past` → decode `[last, drafts…]` with logits on every row →
 //! `process` → sample/compare → `accept` → clear both caches from the new `n_past`).
+//!
+//! A constrained reply (`response_format`) is drawn under the workspace's one grammar
+//! ([`mtp_grammar::Constraint`], over the GGUF's vocabulary): each sampled row is masked with
+//! the grammar state after the tokens before it, so the verify rows see exactly what single
+//! steps would, and greedy output is the same with and without MTP. llama.cpp's drafts are
+//! not drawn under the grammar, so they are cut at the first token it refuses (those rows
+//! could never be accepted; the masks computed on the way are kept for the verify rows). The
+//! reply ends when the grammar is complete, as on the native lane.
 
 use std::num::NonZeroU32;
 use std::time::Instant;
@@ -14,10 +22,13 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::speculative::{MtpSpeculative, MtpSpeculativeParams};
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use mtp_chat::{ReasoningStart, ReplyText, Split};
 use mtp_contract::{DraftStats, FinishReason, Sampling};
+use mtp_grammar::Constraint;
 
 /// What one call asks of the loop.
 #[derive(Debug, Clone)]
@@ -54,6 +65,8 @@ pub(crate) struct Outcome {
     pub draft_ms: f64,
     pub verify_ms: f64,
     pub rollback_ms: f64,
+    /// Milliseconds spent computing grammar masks (constrained replies).
+    pub constraint_ms: Option<f64>,
 }
 
 /// Receives text as it is accepted; returns false to cancel.
@@ -217,6 +230,47 @@ fn sampler(model: &LlamaModel, s: &Sampling) -> LlamaSampler {
     LlamaSampler::chain_simple(chain)
 }
 
+/// Samples row `idx` of the context's last decode and feeds the token to the sampler chain
+/// (and to the grammar, under a constraint). Without one it is llama.cpp's own
+/// `llama_sampler_sample`; with one, only the tokens the grammar allows are candidates (the
+/// same draw as with the others at `-inf`, on a shorter array).
+fn pick(
+    smpl: &mut LlamaSampler,
+    ctx: &LlamaContext<'_>,
+    idx: i32,
+    constraint: Option<&mut Constraint>,
+) -> Result<LlamaToken, String> {
+    let Some(c) = constraint else {
+        return Ok(smpl.sample(ctx, idx));
+    };
+    let mut row = ctx.get_logits_ith(idx).to_vec();
+    c.apply(&mut row).map_err(|e| e.to_string())?;
+    let allowed = row
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l > f32::NEG_INFINITY)
+        .filter_map(|(i, l)| {
+            Some(LlamaTokenData::new(
+                LlamaToken(i32::try_from(i).ok()?),
+                *l,
+                0.0,
+            ))
+        });
+    let mut cands = LlamaTokenDataArray::from_iter(allowed, false);
+    smpl.apply(&mut cands);
+    let tok = cands
+        .selected_token()
+        .ok_or_else(|| "the sampler chain selected no token".to_string())?;
+    smpl.accept(tok);
+    c.advance(token_id(tok)).map_err(|e| e.to_string())?;
+    Ok(tok)
+}
+
+/// A llama.cpp token as the grammar's id (llama.cpp's ids are never negative).
+fn token_id(t: LlamaToken) -> u32 {
+    u32::try_from(t.0).unwrap_or(u32::MAX)
+}
+
 fn rand_seed() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -245,26 +299,31 @@ fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
-/// Runs one call. Errors are sentences for `ProviderError::Api`.
+/// Runs one call, under `constraint` when the reply's shape is constrained. Errors are
+/// sentences for `ProviderError::Api`.
 pub(crate) fn run(
     backend: &LlamaBackend,
     model: &LlamaModel,
     job: &Job,
+    mut constraint: Option<Constraint>,
     sink: &mut dyn Sink,
 ) -> Result<Outcome, String> {
     if job.tokens.is_empty() {
         return Err("the prompt tokenized to nothing".into());
     }
-    match job.depth {
-        Some(depth) => run_mtp(backend, model, job, depth, sink),
-        None => run_plain(backend, model, job, sink),
-    }
+    let mut out = match job.depth {
+        Some(depth) => run_mtp(backend, model, job, depth, constraint.as_mut(), sink),
+        None => run_plain(backend, model, job, constraint.as_mut(), sink),
+    }?;
+    out.constraint_ms = constraint.map(|c| c.mask_cost().0);
+    Ok(out)
 }
 
 fn run_plain(
     backend: &LlamaBackend,
     model: &LlamaModel,
     job: &Job,
+    mut constraint: Option<&mut Constraint>,
     sink: &mut dyn Sink,
 ) -> Result<Outcome, String> {
     let started = Instant::now();
@@ -289,13 +348,17 @@ fn run_plain(
     let mut idx = batch.n_tokens() - 1;
     let decode_start = Instant::now();
     loop {
-        let tok = smpl.sample(&ctx, idx);
+        let tok = pick(&mut smpl, &ctx, idx, constraint.as_deref_mut())?;
         if out.first_token_ms == 0.0 {
             out.first_token_ms = ms(started);
         }
         let step = text.push(tok);
         if let Step::Stop(f) = step {
             out.finish = Some(f);
+            break;
+        }
+        if constraint.as_ref().is_some_and(|c| c.is_complete()) {
+            out.finish = Some(FinishReason::Stop);
             break;
         }
         if !text.flush(sink, false) {
@@ -319,6 +382,7 @@ fn run_mtp(
     model: &LlamaModel,
     job: &Job,
     depth: u32,
+    mut constraint: Option<&mut Constraint>,
     sink: &mut dyn Sink,
 ) -> Result<Outcome, String> {
     let started = Instant::now();
@@ -380,6 +444,11 @@ fn run_mtp(
         // Never verify more than the budget can take (the rest would be thrown away).
         let room = job.max_new.saturating_sub(text.ids.len()).saturating_sub(1);
         drafts.truncate(room);
+        if let Some(c) = constraint.as_deref_mut() {
+            let ids: Vec<u32> = drafts.iter().map(|d| token_id(*d)).collect();
+            let allowed = c.allowed_prefix(&ids).map_err(|e| e.to_string())?;
+            drafts.truncate(allowed);
+        }
         spec.draft_context_mut()
             .clear_kv_cache_seq(Some(0), Some(n_past as u32), None)
             .map_err(|e| err("clearing the draft cache", e))?;
@@ -400,16 +469,24 @@ fn run_mtp(
             .map_err(|e| err("verify decode", e))?;
         spec.process(&batch).map_err(|e| err("MTP process", e))?;
 
-        // Sample each row; accept drafts while the target samples the same token.
+        // Sample each row; accept drafts while the target samples the same token. A complete
+        // grammar ends the reply at once (no row after it is sampled).
         let mut ids = Vec::with_capacity(drafts.len() + 1);
+        let mut complete = false;
         for i in 0..=drafts.len() {
-            let tok = smpl.sample(spec.target_context(), i as i32);
+            let tok = pick(
+                &mut smpl,
+                spec.target_context(),
+                i as i32,
+                constraint.as_deref_mut(),
+            )?;
             ids.push(tok);
-            if i < drafts.len() && tok != drafts[i] {
+            complete = constraint.as_ref().is_some_and(|c| c.is_complete());
+            if complete || (i < drafts.len() && tok != drafts[i]) {
                 break;
             }
         }
-        let accepted = ids.len() - 1;
+        let accepted = ids.iter().zip(&drafts).take_while(|(a, b)| a == b).count();
         out.verify_ms += ms(t);
         if n_drafted > 0 {
             spec.accept(u16::try_from(accepted).unwrap_or(u16::MAX))
@@ -420,6 +497,16 @@ fn run_mtp(
         }
         if out.first_token_ms == 0.0 {
             out.first_token_ms = ms(started);
+        }
+        if complete {
+            for tok in ids {
+                if let Step::Stop(f) = text.push(tok) {
+                    out.finish = Some(f);
+                    break 'gen;
+                }
+            }
+            out.finish = Some(FinishReason::Stop);
+            break;
         }
 
         let t = Instant::now();

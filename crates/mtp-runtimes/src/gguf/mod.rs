@@ -43,6 +43,7 @@ use futures::StreamExt;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
 use mtp_chat::{ChatError, ChatTemplate, ChatTemplates, Prompt, Split};
 use mtp_contract::{
     plan, resolve, Capabilities, EventStream, FinishReason, GenerateRequest, GenerateResponse,
@@ -134,6 +135,33 @@ fn locate(model: &str) -> Result<PathBuf, ProviderError> {
 
 struct Loaded {
     model: LlamaModel,
+    /// The grammar compiler over this GGUF's vocabulary, built on the first constrained call
+    /// (it walks the whole vocabulary), or why it cannot be.
+    constraints: OnceLock<Result<mtp_grammar::Compiler, String>>,
+}
+
+impl Loaded {
+    /// The grammar state for `format` over this model's vocabulary; a format that does not
+    /// compile is the request's fault (`InvalidRequest` naming `response_format`).
+    fn constraint(
+        &self,
+        format: &mtp_contract::ResponseFormat,
+    ) -> Result<Option<mtp_grammar::Constraint>, ProviderError> {
+        let compiler = self.constraints.get_or_init(|| {
+            let env = LlamaSampler::llguidance_tok_env(&self.model);
+            mtp_grammar::Compiler::new(&env).map_err(|e| e.to_string())
+        });
+        let compiler = compiler.as_ref().map_err(|m| ProviderError::Unsupported {
+            provider: PROVIDER.into(),
+            what: format!("response_format `{}` on this GGUF ({m})", format.kind()),
+        })?;
+        compiler
+            .compile(format)
+            .map_err(|e| ProviderError::InvalidRequest {
+                field: "response_format",
+                message: e.to_string(),
+            })
+    }
 }
 
 /// The GGUF's `tokenizer.chat_template` and the special tokens it sees (the vocabulary's BOS
@@ -296,7 +324,10 @@ impl GgufProvider {
                 n_ctx,
                 threads,
                 templates,
-                loaded: Mutex::new(Some(Arc::new(Loaded { model: llama }))),
+                loaded: Mutex::new(Some(Arc::new(Loaded {
+                    model: llama,
+                    constraints: OnceLock::new(),
+                }))),
                 busy: Arc::new(AtomicBool::new(false)),
             }),
         })
@@ -356,16 +387,11 @@ impl GgufProvider {
                     .into(),
             });
         }
-        if let Some(f) = req.constraint() {
-            return Err(ProviderError::Unsupported {
-                provider: PROVIDER.into(),
-                what: format!(
-                    "response_format `{}` (the in-process llama.cpp lane does not constrain yet; the native provider does)",
-                    f.kind()
-                ),
-            });
-        }
         let loaded = self.loaded()?;
+        let constraint = match req.constraint() {
+            Some(f) => loaded.constraint(f)?,
+            None => None,
+        };
         let decision = plan(
             self.inner.default.as_ref(),
             req.speculation.as_ref(),
@@ -430,7 +456,7 @@ impl GgufProvider {
                 let release = Release(busy);
                 let mut sink = ChannelSink { tx: tx.clone() };
                 let result = match backend() {
-                    Ok(b) => engine::run(b, &loaded.model, &job, &mut sink),
+                    Ok(b) => engine::run(b, &loaded.model, &job, constraint, &mut sink),
                     Err(e) => Err(e),
                 };
                 // Free the provider (and this job's hold on the weights) before the caller
@@ -479,7 +505,7 @@ impl GgufProvider {
             draft_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.draft_ms),
             verify_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.verify_ms),
             rollback_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.rollback_ms),
-            constraint_ms: None,
+            constraint_ms: out.constraint_ms,
         };
         let finish_reason = out.finish.unwrap_or(FinishReason::Length);
         let mut warnings = Vec::new();
