@@ -272,8 +272,10 @@ pub struct Timings {
     pub verify_ms: Option<f64>,
     /// Time spent rolling caches back, milliseconds.
     pub rollback_ms: Option<f64>,
-    /// Time spent computing a constrained reply's token masks (`response_format`),
-    /// milliseconds; part of the draft and verify figures, not added to them.
+    /// Time a constrained reply (`response_format`) waited for its token masks,
+    /// milliseconds; part of the draft and verify figures, not added to them. Masks computed
+    /// ahead, on a thread beside a forward that was running anyway, are not counted: they
+    /// cost no wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint_ms: Option<f64>,
 }

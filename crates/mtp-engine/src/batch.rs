@@ -596,7 +596,21 @@ impl<'e> Batch<'e> {
                     Lane::Filling(_) => SeqCache::new(Vec::new()),
                 })
                 .collect();
-            let out = model.forward(&rows, &mut caches, LogitsAt::All);
+            // while it runs, each constrained sequence computes the mask of its next pick: a
+            // target-only one's at its new position, a speculating one's after its drafts
+            let ahead_of: BTreeMap<usize, &[u32]> = members
+                .iter()
+                .map(|(i, d)| (*i, d.as_ref().map_or(&[][..], Drafts::tokens)))
+                .collect();
+            let ahead: Vec<(&mut Sampler, &[u32])> = self
+                .slots
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, s)| Some((&mut s.sampler, *ahead_of.get(&i)?)))
+                .collect();
+            let out = crate::sampling::masks_beside(ahead, || {
+                model.forward(&rows, &mut caches, LogitsAt::All)
+            });
             {
                 let forward_ms = t1.elapsed().as_secs_f64() * 1e3;
                 let mut m = speculative::lock(engine.depths());

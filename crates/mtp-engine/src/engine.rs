@@ -694,9 +694,10 @@ impl Engine {
                 if !emitter.emit(&[tok]) || emitter.constraint_done(&sampler) {
                     break;
                 }
-                let step = self
-                    .model
-                    .forward(&[vec![tok]], &mut cache, LogitsAt::Last)?;
+                let model = &self.model;
+                let step = crate::sampling::masks_beside(vec![(&mut sampler, &[])], || {
+                    model.forward(&[vec![tok]], &mut cache, LogitsAt::Last)
+                })?;
                 logits = step.logits;
                 if checkpoint {
                     last_hidden = step.hidden;

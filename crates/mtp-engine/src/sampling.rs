@@ -41,6 +41,18 @@ pub fn position_uniform(seed: u64, stream: u64, position: u64) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// [`mtp_grammar::beside`] for samplers: `work` (a forward on the engine's worker team) runs
+/// while each constrained sampler of `ahead` computes, beside it, the mask its next pick will
+/// need (the one after its tokens), where a core is left over from the team. Samplers without
+/// a constraint are left alone.
+pub(crate) fn masks_beside<R>(ahead: Vec<(&mut Sampler, &[u32])>, work: impl FnOnce() -> R) -> R {
+    let ahead = ahead
+        .into_iter()
+        .filter_map(|(s, toks)| Some((s.constraint.as_mut()?, toks)))
+        .collect();
+    mtp_grammar::beside(ahead, crate::team::threads(), work)
+}
+
 /// The sampling state of one request.
 #[derive(Debug)]
 pub struct Sampler {

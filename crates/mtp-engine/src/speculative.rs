@@ -83,6 +83,11 @@ pub(crate) struct Drafts {
 }
 
 impl Drafts {
+    /// The proposals.
+    pub(crate) fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
     /// Proposals made.
     pub(crate) fn len(&self) -> usize {
         self.tokens.len()
@@ -333,6 +338,8 @@ fn heads_and_logits(
     rows: &[(&[u32], &[f32])],
 ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
     let mut caches: Vec<&mut MtpCache> = Vec::with_capacity(which.len());
+    // each sequence's grammar computes the mask of its next draft pick while the head runs
+    let mut ahead: Vec<(&mut Sampler, &[u32])> = Vec::with_capacity(which.len());
     {
         // the caches of `which`, in order (indices are increasing)
         let mut rest: &mut [Drafting<'_>] = items;
@@ -341,21 +348,24 @@ fn heads_and_logits(
             let (_, tail) = rest.split_at_mut(i - base);
             let (it, tail) = tail.split_first_mut().expect("an index in range");
             caches.push(&mut it.r.mcache);
+            ahead.push((&mut *it.s, &[]));
             rest = tail;
             base = i + 1;
         }
     }
-    let lasts = head.forward_ragged(model, rows, &mut caches)?;
-    let mut out = Vec::with_capacity(lasts.len());
-    for group in lasts.chunks(crate::simd::MAX_ROWS) {
-        let flat: Vec<f32> = group.iter().flatten().copied().collect();
-        let logits = model.logits(&flat, group.len())?;
-        let v = model.vocab_size();
-        for (j, h) in group.iter().enumerate() {
-            out.push((h.clone(), logits[j * v..(j + 1) * v].to_vec()));
+    crate::sampling::masks_beside(ahead, || {
+        let lasts = head.forward_ragged(model, rows, &mut caches)?;
+        let mut out = Vec::with_capacity(lasts.len());
+        for group in lasts.chunks(crate::simd::MAX_ROWS) {
+            let flat: Vec<f32> = group.iter().flatten().copied().collect();
+            let logits = model.logits(&flat, group.len())?;
+            let v = model.vocab_size();
+            for (j, h) in group.iter().enumerate() {
+                out.push((h.clone(), logits[j * v..(j + 1) * v].to_vec()));
+            }
         }
-    }
-    Ok(out)
+        Ok(out)
+    })
 }
 
 /// Step 2: one target forward over `[bonus, d_1 .. d_k]`, recording per-position linear states.
@@ -548,7 +558,10 @@ pub(crate) fn run(
         let t1 = Instant::now();
         let d = draft(model, head, &mut r, k, s, pos)?;
         let t2 = Instant::now();
-        let (logits, hidden) = verify(model, &mut r, &d)?;
+        // the mask of the row after the last draft is computed while the verify runs
+        let (logits, hidden) = crate::sampling::masks_beside(vec![(&mut *s, &d.tokens)], || {
+            verify(model, &mut r, &d)
+        })?;
         let verify_ms = t2.elapsed().as_secs_f64() * 1e3;
         let draft_ms = (t2 - t1).as_secs_f64() * 1e3;
         t.verify_ms += verify_ms;

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 mod constraint;
 
-pub use constraint::{Compiler, Constraint};
+pub use constraint::{beside, Compiler, Constraint, AHEAD_MIN_MS};
 /// The vocabulary as llguidance sees it (each token's bytes, end ids), what [`Compiler::new`]
 /// takes.
 pub use llguidance::toktrie::TokEnv;

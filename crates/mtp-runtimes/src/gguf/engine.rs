@@ -266,6 +266,15 @@ fn pick(
     Ok(tok)
 }
 
+/// The constraint, if any, with the tokens after which its next mask is wanted, for
+/// [`mtp_grammar::beside`].
+fn ahead<'a>(
+    c: Option<&'a mut Constraint>,
+    toks: &'a [u32],
+) -> Vec<(&'a mut Constraint, &'a [u32])> {
+    c.map(|c| (c, toks)).into_iter().collect()
+}
+
 /// A llama.cpp token as the grammar's id (llama.cpp's ids are never negative).
 fn token_id(t: LlamaToken) -> u32 {
     u32::try_from(t.0).unwrap_or(u32::MAX)
@@ -369,7 +378,13 @@ fn run_plain(
         batch
             .add(tok, n_past, &[0], true)
             .map_err(|e| err("filling the batch", e))?;
-        ctx.decode(&mut batch).map_err(|e| err("decode", e))?;
+        // the grammar computes the next pick's mask while llama.cpp decodes
+        mtp_grammar::beside(
+            ahead(constraint.as_deref_mut(), &[]),
+            job.threads.max(1) as usize,
+            || ctx.decode(&mut batch),
+        )
+        .map_err(|e| err("decode", e))?;
         n_past += 1;
         idx = 0;
     }
@@ -437,9 +452,13 @@ fn run_mtp(
 
     'gen: loop {
         let t = Instant::now();
-        let mut drafts = spec
-            .draft(n_past, id_last, &prompt_tgt)
-            .map_err(|e| err("MTP draft", e))?;
+        // the mask at this position (the first draft's and row 0's) is computed meanwhile
+        let mut drafts = mtp_grammar::beside(
+            ahead(constraint.as_deref_mut(), &[]),
+            job.threads.max(1) as usize,
+            || spec.draft(n_past, id_last, &prompt_tgt),
+        )
+        .map_err(|e| err("MTP draft", e))?;
         let n_drafted = drafts.len();
         // Never verify more than the budget can take (the rest would be thrown away).
         let room = job.max_new.saturating_sub(text.ids.len()).saturating_sub(1);
@@ -464,10 +483,18 @@ fn run_mtp(
                 .add(*d, n_past + 1 + i as i32, &[0], true)
                 .map_err(|e| err("filling the verify batch", e))?;
         }
-        spec.target_context_mut()
-            .decode(&mut batch)
-            .map_err(|e| err("verify decode", e))?;
-        spec.process(&batch).map_err(|e| err("MTP process", e))?;
+        // and the mask of the row after the last draft while the verify runs
+        let draft_ids: Vec<u32> = drafts.iter().map(|d| token_id(*d)).collect();
+        mtp_grammar::beside(
+            ahead(constraint.as_deref_mut(), &draft_ids),
+            job.threads.max(1) as usize,
+            || {
+                spec.target_context_mut()
+                    .decode(&mut batch)
+                    .map_err(|e| err("verify decode", e))?;
+                spec.process(&batch).map_err(|e| err("MTP process", e))
+            },
+        )?;
 
         // Sample each row; accept drafts while the target samples the same token. A complete
         // grammar ends the reply at once (no row after it is sampled).
