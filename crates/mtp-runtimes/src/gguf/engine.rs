@@ -463,10 +463,12 @@ fn run_mtp(
         // Never verify more than the budget can take (the rest would be thrown away).
         let room = job.max_new.saturating_sub(text.ids.len()).saturating_sub(1);
         drafts.truncate(room);
+        // the drafts as the grammar's ids, once (the walk below and the mask computed ahead)
+        let mut draft_ids: Vec<u32> = drafts.iter().map(|d| token_id(*d)).collect();
         if let Some(c) = constraint.as_deref_mut() {
-            let ids: Vec<u32> = drafts.iter().map(|d| token_id(*d)).collect();
-            let allowed = c.allowed_prefix(&ids).map_err(|e| e.to_string())?;
+            let allowed = c.allowed_prefix(&draft_ids).map_err(|e| e.to_string())?;
             drafts.truncate(allowed);
+            draft_ids.truncate(allowed);
         }
         spec.draft_context_mut()
             .clear_kv_cache_seq(Some(0), Some(n_past as u32), None)
@@ -484,7 +486,6 @@ fn run_mtp(
                 .map_err(|e| err("filling the verify batch", e))?;
         }
         // and the mask of the row after the last draft while the verify runs
-        let draft_ids: Vec<u32> = drafts.iter().map(|d| token_id(*d)).collect();
         mtp_grammar::beside(
             ahead(constraint.as_deref_mut(), &draft_ids),
             job.threads.max(1) as usize,
