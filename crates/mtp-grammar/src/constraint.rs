@@ -234,6 +234,29 @@ impl Constraint {
         Ok(())
     }
 
+    /// The tokens the grammar allows here with their logits from `logits` (ids in the row and
+    /// not at `-inf`), in id order: what [`Constraint::apply`] leaves, without copying the row.
+    /// The set bits of the mask are walked a word at a time, so a narrow mask (a JSON key, a
+    /// number) costs a few hundred candidates rather than a pass over the whole vocabulary.
+    /// None allowed is an error, as in [`Constraint::apply`].
+    pub fn candidates(&mut self, logits: &[f32]) -> Result<Vec<(u32, f32)>, Error> {
+        let mask = self.mask()?;
+        let mut out = Vec::new();
+        mask.iter_set_entries(|i| {
+            if let Some(&l) = logits.get(i) {
+                if l > f32::NEG_INFINITY {
+                    out.push((i as u32, l));
+                }
+            }
+        });
+        if out.is_empty() {
+            return Err(
+                self.fail("no token the grammar allows here is in the model's output (all masked)")
+            );
+        }
+        Ok(out)
+    }
+
     /// Whether the grammar allows `tok` at the current position (an end id: whether the
     /// grammar accepts here).
     pub fn allows(&mut self, tok: u32) -> Result<bool, Error> {
@@ -414,6 +437,43 @@ mod tests {
             k.advance(u32::from(b'x')).is_err(),
             "a refused token is an error"
         );
+    }
+
+    #[test]
+    fn candidates_are_what_apply_leaves() {
+        let c = compiler();
+        let mut k = c
+            .compile(&ResponseFormat::regex("a[0-9]+(x|y)"))
+            .unwrap()
+            .expect("a constraint");
+        k.advance(u32::from(b'a')).unwrap();
+        k.advance(u32::from(b'7')).unwrap();
+        // a row shorter than the vocabulary, one allowed token already at -inf
+        let mut row: Vec<f32> = (0..200).map(|i| (i as f32 * 0.37).sin()).collect();
+        row[usize::from(b'5')] = f32::NEG_INFINITY;
+        let got = k.candidates(&row).unwrap();
+        let mut masked = row.clone();
+        k.apply(&mut masked).unwrap();
+        let want: Vec<(u32, f32)> = masked
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l > f32::NEG_INFINITY)
+            .map(|(i, l)| (i as u32, *l))
+            .collect();
+        assert_eq!(got, want);
+        let ids: Vec<u32> = got.iter().map(|c| c.0).collect();
+        let mut expected: Vec<u32> = (b'0'..=b'9')
+            .filter(|b| *b != b'5')
+            .map(u32::from)
+            .collect();
+        expected.extend([u32::from(b'x'), u32::from(b'y')]);
+        assert_eq!(ids, expected);
+        // nothing allowed in the row is an error naming the constraint
+        let mut dead = row.clone();
+        for b in ids {
+            dead[b as usize] = f32::NEG_INFINITY;
+        }
+        assert!(matches!(k.candidates(&dead), Err(Error::Reply { .. })));
     }
 
     #[test]

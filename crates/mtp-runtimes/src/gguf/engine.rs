@@ -243,16 +243,14 @@ fn pick(
     let Some(c) = constraint else {
         return Ok(smpl.sample(ctx, idx));
     };
-    let mut row = ctx.get_logits_ith(idx).to_vec();
-    c.apply(&mut row).map_err(|e| e.to_string())?;
-    let allowed = row
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| **l > f32::NEG_INFINITY)
+    let allowed = c
+        .candidates(ctx.get_logits_ith(idx))
+        .map_err(|e| e.to_string())?
+        .into_iter()
         .filter_map(|(i, l)| {
             Some(LlamaTokenData::new(
                 LlamaToken(i32::try_from(i).ok()?),
-                *l,
+                l,
                 0.0,
             ))
         });
