@@ -592,7 +592,6 @@ fn longest_run(text: &[u8], which: impl Fn(u8) -> bool) -> usize {
 /// non-space bytes, no more than 24 spaces in a row. And on code it has not seen verbatim
 /// (prompts absent from its training text), MTP at depth 3 is accepted at least 60% of the time.
 #[tokio::test]
-#[ignore = "issue 23's goal; the bundled model retrained in session 13 gives 19 distinct bytes (goal 20) and acceptance 0.58 (goal 0.6): run with --ignored after retraining"]
 async fn the_demo_models_first_screen_reads_as_code() {
     empty_hub_cache();
     let llm = create_llm("native", &demo_model(), on(3)).unwrap();
