@@ -493,7 +493,7 @@ fn block(
     p: &Params,
     pre: &str,
     x: &Tensor,
-    mixer: impl Fn(&Tensor) -> Result<Tensor>,
+    mixer: impl FnOnce(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let h = (x + mixer(&rms(x, Some(p.get(&format!("{pre}.in_norm"))?), EPS)?)?)?;
     let m = mlp(
@@ -596,26 +596,22 @@ fn logits(p: &Params, arch: &Arch, batch: &[Vec<u32>]) -> Result<(Tensor, Vec<Te
         )?;
         let h = lin(&cat, p.get("mtp.fc")?)?;
         let (cos_k, sin_k) = (cos_all.narrow(0, k - 1, t)?, sin_all.narrow(0, k - 1, t)?);
-        let normed = rms(&h, Some(p.get(&format!("{pre}.in_norm"))?), EPS)?;
-        let (q, kk, vv, gate) = qkv(p, pre, &normed, &cos_k, &sin_k)?;
-        let o = match &base {
-            None => {
-                let o = attend(&q, (&kk, &vv), &mask, &[])?;
-                base = Some((kk, vv));
-                o
-            }
-            Some((k1, v1)) => {
-                diagonal.push((kk, vv));
-                attend(&q, (k1, v1), &mask, &diagonal)?
-            }
-        };
-        let h = (h + lin(&(o * sigmoid(&gate)?)?, p.get(&format!("{pre}.o"))?)?)?;
-        let m = mlp(
-            p,
-            pre,
-            &rms(&h, Some(p.get(&format!("{pre}.post_norm"))?), EPS)?,
-        )?;
-        let h = rms(&(h + m)?, Some(p.get("mtp.norm")?), EPS)?;
+        let h = block(p, pre, &h, |normed| {
+            let (q, kk, vv, gate) = qkv(p, pre, normed, &cos_k, &sin_k)?;
+            let o = match &base {
+                None => {
+                    let o = attend(&q, (&kk, &vv), &mask, &[])?;
+                    base = Some((kk, vv));
+                    o
+                }
+                Some((k1, v1)) => {
+                    diagonal.push((kk, vv));
+                    attend(&q, (k1, v1), &mask, &diagonal)?
+                }
+            };
+            lin(&(o * sigmoid(&gate)?)?, p.get(&format!("{pre}.o"))?)
+        })?;
+        let h = rms(&h, Some(p.get("mtp.norm")?), EPS)?;
         heads.push(lin(&h, p.get("lm_head")?)?);
         prev = h;
     }

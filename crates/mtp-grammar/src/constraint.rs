@@ -94,6 +94,9 @@ impl Compiler {
     }
 }
 
+/// Why a pick failed when every token the grammar allows is already at `-inf`.
+const ALL_MASKED: &str = "no token the grammar allows here is in the model's output (all masked)";
+
 /// The grammar state of one reply (see the module docs).
 pub struct Constraint {
     matcher: Box<Matcher>,
@@ -227,9 +230,7 @@ impl Constraint {
             }
         }
         if !any {
-            return Err(
-                self.fail("no token the grammar allows here is in the model's output (all masked)")
-            );
+            return Err(self.fail(ALL_MASKED));
         }
         Ok(())
     }
@@ -250,9 +251,7 @@ impl Constraint {
             }
         });
         if out.is_empty() {
-            return Err(
-                self.fail("no token the grammar allows here is in the model's output (all masked)")
-            );
+            return Err(self.fail(ALL_MASKED));
         }
         Ok(out)
     }
