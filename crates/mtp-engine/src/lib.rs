@@ -20,6 +20,8 @@ pub mod constraint;
 pub(crate) mod depth;
 pub mod engine;
 pub mod error;
+#[allow(unsafe_code)] // AVX2 f32 products over packed panels for prefill
+pub(crate) mod fgemm;
 #[allow(unsafe_code)] // `exp`'s exact float-to-int conversion; AVX2 builds of slice loops
 pub(crate) mod kernels;
 #[allow(unsafe_code)] // checkpoint files are memory-mapped

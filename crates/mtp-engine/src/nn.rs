@@ -549,9 +549,19 @@ impl Linear {
                 (&*storage, layout.contiguous_offsets())
             {
                 match w.dtype() {
-                    DType::F32 if n <= simd::MAX_ROWS => {
+                    DType::F32 => {
                         let w = &cpu.as_slice::<f32>()?[start..end];
-                        return Ok(simd::matmul_rows(x, n, w, inp));
+                        if n <= simd::MAX_ROWS {
+                            return Ok(simd::matmul_rows(x, n, w, inp));
+                        }
+                        return Ok(crate::fgemm::matmul(
+                            x,
+                            n,
+                            w.len() / inp.max(1),
+                            inp,
+                            WIDEN_BLOCK,
+                            |o0, rows| rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]),
+                        ));
                     }
                     DType::BF16 => {
                         return half_product(x, n, &cpu.as_slice::<half::bf16>()?[start..end], inp)
@@ -593,9 +603,9 @@ pub(crate) fn tally(
 }
 
 /// `x [n, inp] · w^T` for half-precision weights `w [out, inp]`, in f32: up to
-/// [`simd::MAX_ROWS`] rows through [`simd::matmul_rows`]; more (prefill) through the GEMM that
-/// candle uses for f32, over blocks of at most [`WIDEN_BLOCK`] weights widened to f32 in a
-/// buffer kept per thread, each block's results written in place.
+/// [`simd::MAX_ROWS`] rows through [`simd::matmul_rows`]; more (prefill) through
+/// [`crate::fgemm`], over panels of at most [`WIDEN_BLOCK`] weights widened to f32 as they are
+/// packed.
 fn half_product<E: simd::Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Result<Vec<f32>> {
     half_product_in(x, n, w, inp, WIDEN_BLOCK)
 }
@@ -611,7 +621,7 @@ fn half_product_in<E: simd::Weight>(
     if n <= simd::MAX_ROWS {
         return Ok(simd::matmul_rows(x, n, w, inp));
     }
-    Ok(gemm_over_blocks(
+    Ok(crate::fgemm::matmul(
         x,
         n,
         w.len() / inp.max(1),
@@ -634,28 +644,35 @@ fn parts_product<E: simd::Weight>(
         return Ok(simd::matmul_rows_parts(x, n, parts, inp));
     }
     let out: usize = parts.iter().map(|p| p.len() / inp.max(1)).sum();
-    Ok(gemm_over_blocks(x, n, out, inp, WIDEN_BLOCK, |o0, rows| {
-        // the elements `o0 * inp ..` of the fused matrix, widened from the parts they lie in
-        let mut skip = o0 * inp;
-        let mut done = 0;
-        for p in parts {
-            if done == rows.len() {
-                break;
+    Ok(crate::fgemm::matmul(
+        x,
+        n,
+        out,
+        inp,
+        WIDEN_BLOCK,
+        |o0, rows| {
+            // the elements `o0 * inp ..` of the fused matrix, widened from the parts they lie in
+            let mut skip = o0 * inp;
+            let mut done = 0;
+            for p in parts {
+                if done == rows.len() {
+                    break;
+                }
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
+                }
+                let take = (p.len() - skip).min(rows.len() - done);
+                simd::widen_to(&p[skip..skip + take], &mut rows[done..done + take]);
+                done += take;
+                skip = 0;
             }
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            let take = (p.len() - skip).min(rows.len() - done);
-            simd::widen_to(&p[skip..skip + take], &mut rows[done..done + take]);
-            done += take;
-            skip = 0;
-        }
-    }))
+        },
+    ))
 }
 
 /// [`half_product`] for a quantized matrix kept packed: [`simd::matmul_quant`] up to
-/// [`simd::MAX_ROWS`] rows, blocks of dequantized rows through the GEMM beyond.
+/// [`simd::MAX_ROWS`] rows; beyond, [`crate::fgemm`] over panels dequantized as they are packed.
 fn quant_product(x: &[f32], n: usize, q: &QuantMatrix) -> Result<Vec<f32>> {
     quant_product_in(x, n, q, WIDEN_BLOCK)
 }
@@ -666,7 +683,7 @@ fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Resul
         return Ok(simd::matmul_quant(x, n, q));
     }
     let inp = q.in_features();
-    Ok(gemm_over_blocks(
+    Ok(crate::fgemm::matmul(
         x,
         n,
         q.out_features(),
@@ -676,41 +693,7 @@ fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Resul
     ))
 }
 
-/// `x [n, inp] · w^T` (`w [out, inp]`) through the GEMM candle uses for f32, over blocks of at
-/// most `block` weights that `fill(o0, rows)` writes as f32 (rows `o0..`, `rows.len() / inp` of
-/// them) into a buffer kept per thread; each block's results are written in place.
-fn gemm_over_blocks(
-    x: &[f32],
-    n: usize,
-    out: usize,
-    inp: usize,
-    block: usize,
-    fill: impl Fn(usize, &mut [f32]),
-) -> Vec<f32> {
-    thread_local! {
-        static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let rows = (block / inp.max(1)).clamp(1, out.max(1));
-    let mut y = vec![0f32; n * out];
-    // the engine's one thread setting (`team`), not candle's own
-    let threads = crate::team::threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    WIDENED.with_borrow_mut(|wb| {
-        for o0 in (0..out).step_by(rows) {
-            let m = rows.min(out - o0);
-            wb.resize(m * inp, 0.0);
-            fill(o0, wb);
-            simd::gemm_block(x, n, inp, wb, m, &mut y, out, o0, parallelism);
-        }
-    });
-    y
-}
-
-/// Most weights [`half_product`] widens to f32 at once (16 MiB).
+/// Most weights a many-row product ([`crate::fgemm`]) packs as f32 at once (16 MiB).
 const WIDEN_BLOCK: usize = 1 << 22;
 
 /// Full attention with an output gate, q/k RMSNorm, GQA and partial rotary embedding.

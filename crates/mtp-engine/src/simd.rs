@@ -1187,76 +1187,6 @@ pub fn widen_to<E: Weight>(src: &[E], out: &mut [f32]) {
     });
 }
 
-/// `y[:, o0..o0 + m] = x [n, inp] · wb^T` with `wb` `m` weight rows of `inp` floats and `y`
-/// `[n, out]` (its other columns left as they are), through the GEMM candle uses for f32
-/// (`gemm`), on `parallelism`: the products of prefill, a block of weight rows at a time.
-///
-/// # Panics
-/// When `x` is not `n` rows of `inp`, `wb` not `m` rows of `inp`, `y` not `n` rows of `out`, or
-/// the block's columns not inside `y`'s rows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_block(
-    x: &[f32],
-    n: usize,
-    inp: usize,
-    wb: &[f32],
-    m: usize,
-    y: &mut [f32],
-    out: usize,
-    o0: usize,
-    parallelism: gemm::Parallelism,
-) {
-    assert!(
-        elements(&[n, inp]) == Some(x.len()),
-        "gemm_block: the input holds {} floats, expected {n} rows of {inp}",
-        x.len()
-    );
-    assert!(
-        elements(&[m, inp]) == Some(wb.len()),
-        "gemm_block: the weights hold {} floats, expected {m} rows of {inp}",
-        wb.len()
-    );
-    assert!(
-        elements(&[n, out]) == Some(y.len()),
-        "gemm_block: the result holds {} floats, expected {n} rows of {out}",
-        y.len()
-    );
-    assert!(
-        o0.checked_add(m).is_some_and(|end| end <= out),
-        "gemm_block: columns {o0}..{o0}+{m} are outside rows of {out}"
-    );
-    if n == 0 || m == 0 {
-        return;
-    }
-    // SAFETY: checked above: `y` is `[n, out]` and the block writes its columns `o0..o0 + m`
-    // of every row (row stride `out`, `o0 + m <= out`); `x` is `[n, inp]` row-major; `wb`
-    // holds the block's `m` weight rows of `inp` floats, read as the `[inp, m]` right-hand side
-    // (column stride `inp`). The three do not overlap (`y` is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            n,
-            m,
-            inp,
-            y.as_mut_ptr().add(o0),
-            1,
-            out as isize,
-            false,
-            x.as_ptr(),
-            1,
-            inp as isize,
-            wb.as_ptr(),
-            inp as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    };
-}
-
 /// Values per parallel task of [`widen_to`].
 const WIDEN_CHUNK: usize = 1 << 16;
 
@@ -2554,34 +2484,6 @@ mod tests {
         });
     }
 
-    /// `gemm_block` checks input, weights, result and the block's columns.
-    #[test]
-    fn gemm_block_checks_every_length() {
-        let none = gemm::Parallelism::None;
-        let (x, wb, mut y) = (vec![0f32; 40 * 8], vec![0f32; 3 * 8], vec![0f32; 40 * 5]);
-        expect_panic(
-            "gemm_block: the input holds 319 floats, expected 40 rows of 8",
-            || gemm_block(&x[..319], 40, 8, &wb, 3, &mut y, 5, 0, none),
-        );
-        expect_panic(
-            "gemm_block: the weights hold 23 floats, expected 3 rows of 8",
-            || gemm_block(&x, 40, 8, &wb[..23], 3, &mut y, 5, 0, none),
-        );
-        expect_panic(
-            "gemm_block: the result holds 199 floats, expected 40 rows of 5",
-            || gemm_block(&x, 40, 8, &wb, 3, &mut y[..199], 5, 0, none),
-        );
-        expect_panic("gemm_block: columns 3..3+3 are outside rows of 5", || {
-            gemm_block(&x, 40, 8, &wb, 3, &mut y, 5, 3, none)
-        });
-        expect_panic("gemm_block: columns", || {
-            gemm_block(&x, 40, 8, &wb, 3, &mut y, 5, usize::MAX, none)
-        });
-        expect_panic("gemm_block: the input holds 0 floats", || {
-            gemm_block(&[], 2, usize::MAX / 2 + 1, &[], 0, &mut [], 0, 0, none)
-        });
-    }
-
     /// `attention` checks the shapes and every slice against them.
     #[test]
     fn attention_checks_every_length() {
@@ -2843,36 +2745,6 @@ mod tests {
                 }
             };
             check((0..len).map(|_| next() * 1e3).collect());
-        }
-
-        /// A GEMM block writes the product into its columns and nothing else.
-        #[test]
-        fn gemm_blocks_write_their_columns(
-            n in 1usize..=40,
-            inp in 1usize..=50,
-            m in 1usize..=20,
-            before in 0usize..=5,
-            after in 0usize..=5,
-            seed in any::<u64>(),
-        ) {
-            let mut next = testing::rng(seed);
-            let out = before + m + after;
-            let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();
-            let wb: Vec<f32> = (0..m * inp).map(|_| next()).collect();
-            let mut y = vec![7f32; n * out];
-            gemm_block(&x, n, inp, &wb, m, &mut y, out, before, gemm::Parallelism::None);
-            for r in 0..n {
-                for o in 0..out {
-                    let got = y[r * out + o];
-                    if (before..before + m).contains(&o) {
-                        let wo = &wb[(o - before) * inp..(o - before + 1) * inp];
-                        let (want, scale) = dot64(&x[r * inp..(r + 1) * inp], wo);
-                        prop_assert!(close(got, want, scale, 1e-5), "{} vs {}", got, want);
-                    } else {
-                        prop_assert_eq!(got, 7.0);
-                    }
-                }
-            }
         }
 
         /// Attention follows the definition (softmax over the visible keys, in f64) for any

@@ -1,7 +1,10 @@
 //! Parity with mlx-vlm 0.7.10 goldens (`tests/fixtures/*/golden.json`): first-step logits within
 //! 1e-3 (f32) and 64 greedy tokens identical for every prompt, for the HF layout, MLX layout,
 //! MLX 3-, 4- and 6-bit, MoE and MLX 4-bit MoE fixtures, each loaded both as stored (quantized
-//! matrices packed) and converted to f32.
+//! matrices packed) and converted to f32. Each fixture has two sets: `golden.json` (prompts of
+//! 19-31 tokens, prefilled by the few-row products decode uses) and `golden_long.json` (188-587
+//! tokens, prefilled by the many-row products of `fgemm`, over panels widened or dequantized as
+//! they are packed).
 
 use std::path::PathBuf;
 
@@ -19,8 +22,8 @@ struct Golden {
     off: Vec<Vec<u32>>,
 }
 
-fn golden(name: &str) -> Golden {
-    let text = std::fs::read_to_string(fixture(name).join("golden.json")).expect("golden.json");
+fn golden(name: &str, file: &str) -> Golden {
+    let text = std::fs::read_to_string(fixture(name).join(file)).expect(file);
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     let ids = |k: &str| -> Vec<Vec<u32>> {
         v[k].as_array()
@@ -61,8 +64,14 @@ fn check(name: &str) {
 }
 
 fn check_as(name: &str, dtype: mtp_engine::WeightDtype) {
-    let g = golden(name);
     let engine = Engine::load(&fixture(name), &candle_core::Device::Cpu, dtype).expect("load");
+    for file in ["golden.json", "golden_long.json"] {
+        check_with(&engine, name, dtype, file);
+    }
+}
+
+fn check_with(engine: &Engine, name: &str, dtype: mtp_engine::WeightDtype, file: &str) {
+    let g = golden(name, file);
     let mut worst = 0f32;
     for (i, ids) in g.prompt_ids.iter().enumerate() {
         let logits = engine.prompt_logits(ids).expect("logits");
@@ -75,17 +84,17 @@ fn check_as(name: &str, dtype: mtp_engine::WeightDtype) {
         worst = worst.max(delta);
         assert!(
             delta < 1e-3,
-            "{name} {dtype:?} prompt {i}: max |logit delta| {delta}"
+            "{name} {dtype:?} {file} prompt {i}: max |logit delta| {delta}"
         );
         let opts = GenerateOptions::greedy(g.off[i].len()).ignore_eos(true);
         let out = engine.generate(ids, &opts, |_| true).expect("generate");
         assert_eq!(
             out.tokens, g.off[i],
-            "{name} {dtype:?} prompt {i}: greedy tokens differ"
+            "{name} {dtype:?} {file} prompt {i}: greedy tokens differ"
         );
     }
     eprintln!(
-        "{name} ({dtype:?}): max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical",
+        "{name} ({dtype:?}, {file}): max |logit delta| {worst:.2e}, {} prompts x 64 tokens identical",
         g.prompt_ids.len()
     );
 }

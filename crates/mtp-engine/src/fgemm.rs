@@ -1,0 +1,339 @@
+//! Many-row products (prefill) in f32 over weight panels that are widened or dequantized as they
+//! are packed, on the engine's worker team.
+//!
+//! Written here instead of calling the `gemm` crate (which candle uses) for two reasons measured
+//! on this project's 2-core machine (`examples/prefill_product`, 3072 x 1024 by 1024 rows):
+//! - `gemm` did not scale: two threads (its own rayon split, or two threads each multiplying
+//!   half the rows) ran at 27-28 GMAC/s against 33 for one thread; its blocking takes the whole
+//!   shared L3 for each thread.
+//! - it needs the whole block of weights as f32 rows first, so bf16, f16 and MLX-quantized
+//!   matrices were widened into a 16 MiB buffer and read again.
+//!
+//! Here a group of output features is packed into panels of 16 features, input-major (for each
+//! input `k`, the 16 weights `w[o0 + c, k]` side by side), each panel filled by one task from
+//! the matrix's own rows (`fill`: a widening, a dequantization, or a copy). Then the row bands
+//! of the input are multiplied against every panel on the team: a tile of up to [`TILE`] input
+//! rows times 16 features is 2 · `TILE` vector accumulators, and each input `k` costs two panel
+//! loads, `TILE` broadcasts and 2 · `TILE` fused multiply-adds.
+//!
+//! Every output is one chain `y = fma(x[k], w[k], y)` over `k = 0..inp` in order, whatever the
+//! tile, band, thread count or instruction set, so the vector kernel and the portable one give
+//! the same bits (`tests` below), and so does any split of the rows. The arithmetic is mlx's:
+//! weights are dequantized to f32 (by the same `fill` a load-time dequantization uses), then
+//! multiplied in f32.
+
+// The kernels index several per-row arrays by the same row number, which `R` fixes at compile
+// time, so the loops unroll to registers.
+#![allow(clippy::needless_range_loop)]
+
+/// Output features per panel (two 8-lane vectors).
+const PAIR: usize = 16;
+
+/// Input rows per kernel call (twelve accumulators, two panel vectors and a broadcast fill
+/// the sixteen AVX2 registers).
+const TILE: usize = 6;
+
+/// The tests' panel group (the engine passes its own, `nn::WIDEN_BLOCK`).
+#[cfg(test)]
+const PANEL_VALUES: usize = 1 << 22;
+
+/// Most input rows a task multiplies (a band of rows stays in L2 across the panels).
+const BAND: usize = 16 * TILE;
+
+/// `x [n, inp] · w^T` for a matrix of `out` rows of `inp` weights, `[n, out]`, where
+/// `fill(o0, rows)` writes the matrix's rows `o0..o0 + rows.len() / inp` as f32 (it may run on
+/// any thread, several at once, and is called with up to 16 rows), packing at most
+/// `panel_values` weights at a time (at least one panel).
+///
+/// # Panics
+/// When `x` is not `n` rows of `inp`.
+pub(crate) fn matmul(
+    x: &[f32],
+    n: usize,
+    out: usize,
+    inp: usize,
+    panel_values: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    matmul_with(x, n, out, inp, fill, crate::simd::has_avx(), panel_values)
+}
+
+fn matmul_with(
+    x: &[f32],
+    n: usize,
+    out: usize,
+    inp: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+    vector: bool,
+    panel_values: usize,
+) -> Vec<f32> {
+    assert!(
+        crate::simd::elements(&[n, inp]) == Some(x.len()),
+        "fgemm: the input holds {} floats, expected {n} rows of {inp}",
+        x.len()
+    );
+    let mut y = vec![0f32; n * out];
+    if n == 0 || out == 0 {
+        return y;
+    }
+    if inp == 0 {
+        return y;
+    }
+    thread_local! {
+        static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let cols = (panel_values / inp / PAIR * PAIR).clamp(PAIR, out.next_multiple_of(PAIR));
+    let threads = crate::team::threads().max(1);
+    let band = n
+        .div_ceil(threads * 4)
+        .clamp(TILE, BAND)
+        .next_multiple_of(TILE);
+    PANELS.with_borrow_mut(|panels| {
+        for o0 in (0..out).step_by(cols) {
+            let m = cols.min(out - o0);
+            let pairs = m.div_ceil(PAIR);
+            panels.resize(pairs * PAIR * inp, 0.0);
+            pack(&fill, o0, m, inp, &mut panels[..pairs * PAIR * inp]);
+            let panels = &panels[..pairs * PAIR * inp];
+            crate::team::chunks_mut(&mut y, band * out, |ti, ys| {
+                let r0 = ti * band;
+                let rows = ys.len() / out;
+                let xs = &x[r0 * inp..(r0 + rows) * inp];
+                for pi in 0..pairs {
+                    let panel = &panels[pi * PAIR * inp..(pi + 1) * PAIR * inp];
+                    let width = PAIR.min(m - pi * PAIR);
+                    let mut t = 0;
+                    while t < rows {
+                        let take = TILE.min(rows - t);
+                        let tx = &xs[t * inp..(t + take) * inp];
+                        let mut res = [[0f32; PAIR]; TILE];
+                        match take {
+                            6 => tile::<6>(tx, panel, inp, vector, &mut res),
+                            5 => tile::<5>(tx, panel, inp, vector, &mut res),
+                            4 => tile::<4>(tx, panel, inp, vector, &mut res),
+                            3 => tile::<3>(tx, panel, inp, vector, &mut res),
+                            2 => tile::<2>(tx, panel, inp, vector, &mut res),
+                            _ => tile::<1>(tx, panel, inp, vector, &mut res),
+                        }
+                        for (i, vals) in res.iter().enumerate().take(take) {
+                            let at = (t + i) * out + o0 + pi * PAIR;
+                            ys[at..at + width].copy_from_slice(&vals[..width]);
+                        }
+                        t += take;
+                    }
+                }
+            });
+        }
+    });
+    y
+}
+
+/// Packs rows `o0..o0 + m` into `panels` (`m.div_ceil(16)` panels of `16 · inp` floats; the
+/// features past `m` are zero), a panel per task.
+fn pack(
+    fill: &(impl Fn(usize, &mut [f32]) + Sync),
+    o0: usize,
+    m: usize,
+    inp: usize,
+    panels: &mut [f32],
+) {
+    thread_local! {
+        static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    crate::team::chunks_mut(panels, PAIR * inp, |pi, panel| {
+        let width = PAIR.min(m - pi * PAIR);
+        ROWS.with_borrow_mut(|rows| {
+            rows.resize(width * inp, 0.0);
+            fill(o0 + pi * PAIR, rows);
+            if width < PAIR {
+                panel.fill(0.0);
+            }
+            for (c, row) in rows.chunks_exact(inp).enumerate() {
+                for (k, v) in row.iter().enumerate() {
+                    panel[k * PAIR + c] = *v;
+                }
+            }
+        });
+    });
+}
+
+/// `R` rows of `x` (`inp` each) against one panel, into `res[..R]`.
+fn tile<const R: usize>(
+    x: &[f32],
+    panel: &[f32],
+    inp: usize,
+    vector: bool,
+    res: &mut [[f32; PAIR]; TILE],
+) {
+    assert!(R <= TILE && x.len() == R * inp && panel.len() == PAIR * inp);
+    #[cfg(target_arch = "x86_64")]
+    if vector && crate::simd::has_avx() {
+        // SAFETY: AVX2 and FMA are present (checked just above); `x` holds `R` rows of `inp`
+        // floats and `panel` `inp` groups of 16 (asserted above).
+        unsafe { x86::tile::<R>(x, panel, inp, res) };
+        return;
+    }
+    let _ = vector;
+    for i in 0..R {
+        let xr = &x[i * inp..(i + 1) * inp];
+        for c in 0..PAIR {
+            let mut f = 0f32;
+            for (k, xv) in xr.iter().enumerate() {
+                f = xv.mul_add(panel[k * PAIR + c], f);
+            }
+            res[i][c] = f;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{PAIR, TILE};
+
+    /// [`super::tile`]'s arithmetic in AVX2 registers: per input `k`, the panel's two vectors
+    /// times each row's `x[k]` broadcast, one fused multiply-add per lane.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present; `x` must hold `R` rows of `inp` floats and `panel` `inp`
+    /// groups of 16 (checked by [`super::tile`]).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const R: usize>(
+        x: &[f32],
+        panel: &[f32],
+        inp: usize,
+        res: &mut [[f32; PAIR]; TILE],
+    ) {
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let mut f = [[_mm256_setzero_ps(); 2]; R];
+        for k in 0..inp {
+            // SAFETY: `k < inp`: the panel's floats `16 k .. 16 k + 16` and each row's float
+            // `k` are inside the slices.
+            unsafe {
+                let w0 = _mm256_loadu_ps(wp.add(k * PAIR));
+                let w1 = _mm256_loadu_ps(wp.add(k * PAIR + 8));
+                for i in 0..R {
+                    let xv = _mm256_broadcast_ss(&*xp.add(i * inp + k));
+                    f[i][0] = _mm256_fmadd_ps(xv, w0, f[i][0]);
+                    f[i][1] = _mm256_fmadd_ps(xv, w1, f[i][1]);
+                }
+            }
+        }
+        for i in 0..R {
+            // SAFETY: `res[i]` holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(res[i].as_mut_ptr(), f[i][0]);
+                _mm256_storeu_ps(res[i].as_mut_ptr().add(8), f[i][1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 20001) as f32 / 10000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The product in f64, as the reference the f32 chains are held to.
+    fn reference(x: &[f32], n: usize, w: &[f32], out: usize, inp: usize) -> Vec<f64> {
+        let mut y = vec![0f64; n * out];
+        for r in 0..n {
+            for o in 0..out {
+                y[r * out + o] = (0..inp)
+                    .map(|k| f64::from(x[r * inp + k]) * f64::from(w[o * inp + k]))
+                    .sum();
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn products_match_f64_and_every_split_has_the_same_bits() {
+        for (n, out, inp) in [
+            (1, 1, 1),
+            (7, 17, 5),
+            (40, 33, 64),
+            (97, 50, 130),
+            (13, 16, 3),
+        ] {
+            let x = values(n * inp, 3 + n as u64);
+            let w = values(out * inp, 11 + out as u64);
+            let fill = |o0: usize, rows: &mut [f32]| {
+                rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]);
+            };
+            let want = reference(&x, n, &w, out, inp);
+            let got = matmul_with(&x, n, out, inp, fill, false, PANEL_VALUES);
+            for (a, b) in want.iter().zip(&got) {
+                assert!(
+                    (a - f64::from(*b)).abs() <= 1e-5 * (inp as f64),
+                    "{n}x{out}x{inp}: {a} {b}"
+                );
+            }
+            // the vector kernel, small panel groups, and each row alone: the same bits
+            let small = matmul_with(&x, n, out, inp, fill, true, 16 * inp);
+            let vector = matmul_with(&x, n, out, inp, fill, true, PANEL_VALUES);
+            for (i, ys) in [small, vector].iter().enumerate() {
+                assert!(
+                    ys.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{n}x{out}x{inp}: variant {i} differs"
+                );
+            }
+            for r in 0..n {
+                let one = matmul_with(
+                    &x[r * inp..(r + 1) * inp],
+                    1,
+                    out,
+                    inp,
+                    fill,
+                    true,
+                    PANEL_VALUES,
+                );
+                assert!(
+                    one.iter()
+                        .zip(&got[r * out..(r + 1) * out])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{n}x{out}x{inp}: row {r} alone differs"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn empty_shapes() {
+        assert!(matmul(&[], 0, 5, 3, PANEL_VALUES, |_, _| unreachable!()).is_empty());
+        assert_eq!(
+            matmul(&[1.0; 6], 2, 0, 3, PANEL_VALUES, |_, _| unreachable!()),
+            Vec::<f32>::new()
+        );
+        assert_eq!(
+            matmul(&[], 2, 3, 0, PANEL_VALUES, |_, _| unreachable!()),
+            vec![0.0; 6]
+        );
+    }
+
+    #[test]
+    fn non_finite_inputs_give_non_finite_outputs() {
+        let (n, out, inp) = (3, 20, 8);
+        let mut x = values(n * inp, 5);
+        x[inp + 2] = f32::INFINITY;
+        x[2 * inp + 4] = f32::NAN;
+        let w = values(out * inp, 9);
+        let y = matmul(&x, n, out, inp, PANEL_VALUES, |o0, rows| {
+            rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()])
+        });
+        assert!(y[..out].iter().all(|v| v.is_finite()));
+        assert!(y[out..].iter().all(|v| !v.is_finite()));
+    }
+}
