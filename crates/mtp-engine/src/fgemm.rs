@@ -83,11 +83,11 @@ fn matmul_with(
         static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let cols = (panel_values / inp / PAIR * PAIR).clamp(PAIR, out.next_multiple_of(PAIR));
-    let threads = crate::team::threads().max(1);
-    let band = n
-        .div_ceil(threads * 4)
-        .clamp(TILE, BAND)
-        .next_multiple_of(TILE);
+    // bands of at most `BAND` rows, four per thread or a multiple of that, all of one size
+    // (up to a row): the team's threads take them in turn and finish together
+    let tasks = (crate::team::threads().max(1) * 4).min(n);
+    let tasks = tasks * n.div_ceil(tasks * BAND);
+    let band = n.div_ceil(tasks);
     PANELS.with_borrow_mut(|panels| {
         for o0 in (0..out).step_by(cols) {
             let m = cols.min(out - o0);
@@ -148,9 +148,10 @@ fn pack(
             if width < PAIR {
                 panel.fill(0.0);
             }
-            for (c, row) in rows.chunks_exact(inp).enumerate() {
-                for (k, v) in row.iter().enumerate() {
-                    panel[k * PAIR + c] = *v;
+            // written in order, 16 features of one input at a time
+            for (k, dst) in panel.chunks_exact_mut(PAIR).enumerate() {
+                for (c, v) in dst[..width].iter_mut().enumerate() {
+                    *v = rows[c * inp + k];
                 }
             }
         });
@@ -207,18 +208,35 @@ mod x86 {
     ) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut f = [[_mm256_setzero_ps(); 2]; R];
-        for k in 0..inp {
-            // SAFETY: `k < inp`: the panel's floats `16 k .. 16 k + 16` and each row's float
-            // `k` are inside the slices.
-            unsafe {
-                let w0 = _mm256_loadu_ps(wp.add(k * PAIR));
-                let w1 = _mm256_loadu_ps(wp.add(k * PAIR + 8));
-                for i in 0..R {
-                    let xv = _mm256_broadcast_ss(&*xp.add(i * inp + k));
-                    f[i][0] = _mm256_fmadd_ps(xv, w0, f[i][0]);
-                    f[i][1] = _mm256_fmadd_ps(xv, w1, f[i][1]);
+        // input `k` of the tile: each row's `x[k]` broadcast times the panel's two vectors
+        macro_rules! step {
+            ($k:expr) => {{
+                let k = $k;
+                // SAFETY: `k < inp`: the panel's floats `16 k .. 16 k + 16` and each row's
+                // float `k` are inside the slices.
+                unsafe {
+                    let w0 = _mm256_loadu_ps(wp.add(k * PAIR));
+                    let w1 = _mm256_loadu_ps(wp.add(k * PAIR + 8));
+                    for i in 0..R {
+                        let xv = _mm256_broadcast_ss(&*xp.add(i * inp + k));
+                        f[i][0] = _mm256_fmadd_ps(xv, w0, f[i][0]);
+                        f[i][1] = _mm256_fmadd_ps(xv, w1, f[i][1]);
+                    }
                 }
-            }
+            }};
+        }
+        // four inputs per turn of the loop, then the rest (each chain stays in input order)
+        let mut k = 0;
+        while k + 4 <= inp {
+            step!(k);
+            step!(k + 1);
+            step!(k + 2);
+            step!(k + 3);
+            k += 4;
+        }
+        while k < inp {
+            step!(k);
+            k += 1;
         }
         for i in 0..R {
             // SAFETY: `res[i]` holds 16 floats.
