@@ -148,10 +148,15 @@ fn pack(
             if width < PAIR {
                 panel.fill(0.0);
             }
-            // written in order, 16 features of one input at a time
-            for (k, dst) in panel.chunks_exact_mut(PAIR).enumerate() {
-                for (c, v) in dst[..width].iter_mut().enumerate() {
-                    *v = rows[c * inp + k];
+            // 16 inputs at a time: each row's 16 values are one cache line, and the panel's
+            // 16 x 16 block stays in L1 (reading all 16 rows at one input at a time hit the
+            // same L1 set 16 times when rows are a multiple of 4 KiB apart)
+            for (kb, block) in panel.chunks_mut(PAIR * PAIR).enumerate() {
+                let k0 = kb * PAIR;
+                for (c, row) in rows.chunks_exact(inp).enumerate() {
+                    for (kk, v) in row[k0..(k0 + PAIR).min(inp)].iter().enumerate() {
+                        block[kk * PAIR + c] = *v;
+                    }
                 }
             }
         });
