@@ -11,12 +11,13 @@
 //! for a cache-resident 384 × 128 f32 matrix), repetitions, weight dtype, and for f32 / bf16 /
 //! f16 the input width (default 1024).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+#[path = "support/packed.rs"]
+mod packed;
+
 use candle_core::{Device, Tensor, WithDType};
-use mtp_engine::loader::Param;
-use mtp_engine::nn::{Linear, Store};
+use mtp_engine::nn::Linear;
 use mtp_engine::WeightDtype;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -58,37 +59,11 @@ fn run<E: WithDType>(
 }
 
 fn run_quant(mib: f64, reps: usize, bits: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let (inp, group) = (1024, 64);
+    let inp = 1024;
     // `bits` / 8 bytes per weight (plus two f32 per group of 64)
     let out = (mib * (1 << 20) as f64) as usize * 8 / bits / inp;
-    let words: Vec<u32> = (0..out * inp * bits / 32)
-        .map(|i| (i as u32).wrapping_mul(2654435761))
-        .collect();
-    let groups = out * inp / group;
-    let scales: Vec<f32> = (0..groups).map(|i| 0.01 + (i % 7) as f32 * 1e-3).collect();
-    let biases: Vec<f32> = (0..groups).map(|i| -0.05 + (i % 5) as f32 * 1e-3).collect();
     // packed weights as a checkpoint stores them, kept packed (`WeightDtype::Stored`)
-    let cpu = &Device::Cpu;
-    let params: HashMap<String, Param> = [
-        (
-            "bench.weight",
-            Tensor::from_vec(words, (out, inp * bits / 32), cpu)?,
-        ),
-        (
-            "bench.scales",
-            Tensor::from_vec(scales, (out, inp / group), cpu)?,
-        ),
-        (
-            "bench.biases",
-            Tensor::from_vec(biases, (out, inp / group), cpu)?,
-        ),
-        ("bench.bits", Tensor::new(bits as u32, cpu)?),
-    ]
-    .into_iter()
-    .map(|(k, t)| (k.to_string(), Param::from(t)))
-    .collect();
-    let mut store = Store::new(params, "bench", WeightDtype::Stored, cpu);
-    let linear = store.linear("bench", out, inp)?;
+    let linear = packed::linear(out, inp, bits, WeightDtype::Stored)?;
     let (held, bytes) = linear.held();
     assert_eq!(held, format!("q{bits}"), "kept packed");
     table(reps, inp, bytes, |x, n| {

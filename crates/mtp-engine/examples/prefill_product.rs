@@ -11,12 +11,12 @@
 //! counts. The last column is the largest difference between the packed product and candle's,
 //! over the largest output.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+#[path = "support/packed.rs"]
+mod packed;
+
 use candle_core::{DType, Device, Tensor};
-use mtp_engine::loader::Param;
-use mtp_engine::nn::{Linear, Store};
 use mtp_engine::WeightDtype;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,8 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
-    let packed = matrix(out, inp, bits, WeightDtype::Stored)?;
-    let widened = matrix(out, inp, bits, WeightDtype::Convert(DType::F32))?;
+    let packed = packed::linear(out, inp, bits, WeightDtype::Stored)?;
+    let widened = packed::linear(out, inp, bits, WeightDtype::Convert(DType::F32))?;
     assert_eq!(packed.held().0, format!("q{bits}"), "kept packed");
     // `w^T` as f32, `[inp, out]`: the identity's rows through the f32 matrix (exact: each output
     // is one weight times one)
@@ -102,43 +102,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
-}
-
-/// A random `bits`-bit matrix (group 64) as a checkpoint stores it, loaded as `dtype`.
-fn matrix(
-    out: usize,
-    inp: usize,
-    bits: usize,
-    dtype: WeightDtype,
-) -> Result<Linear, Box<dyn std::error::Error>> {
-    let group = 64;
-    let words: Vec<u32> = (0..out * inp * bits / 32)
-        .map(|i| (i as u32).wrapping_mul(2654435761))
-        .collect();
-    let groups = out * inp / group;
-    let scales: Vec<f32> = (0..groups).map(|i| 0.01 + (i % 7) as f32 * 1e-3).collect();
-    let biases: Vec<f32> = (0..groups).map(|i| -0.05 + (i % 5) as f32 * 1e-3).collect();
-    let cpu = &Device::Cpu;
-    let params: HashMap<String, Param> = [
-        (
-            "bench.weight",
-            Tensor::from_vec(words, (out, inp * bits / 32), cpu)?,
-        ),
-        (
-            "bench.scales",
-            Tensor::from_vec(scales, (out, inp / group), cpu)?,
-        ),
-        (
-            "bench.biases",
-            Tensor::from_vec(biases, (out, inp / group), cpu)?,
-        ),
-        ("bench.bits", Tensor::new(bits as u32, cpu)?),
-    ]
-    .into_iter()
-    .map(|(k, t)| (k.to_string(), Param::from(t)))
-    .collect();
-    let mut store = Store::new(params, "bench", dtype, cpu);
-    Ok(store.linear("bench", out, inp)?)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
