@@ -486,8 +486,8 @@ impl Linear {
     /// whose result for a row does not depend on how many rows are computed together (so a
     /// verify forward of k + 1 tokens produces bit-identical logits to k + 1 single-token
     /// forwards), with half-precision weights widened exactly as they are read. Inputs of more
-    /// than [`simd::MAX_ROWS`] rows (prefill) use candle's GEMM in f32, on half-precision
-    /// weights a block of widened rows at a time (never a half-precision product). Other
+    /// than [`simd::MAX_ROWS`] rows (prefill) use the engine's f32 GEMM (`fgemm`), over panels of
+    /// rows widened or dequantized as they are packed (never a half-precision product). Other
     /// devices use candle in the weights' dtype.
     ///
     /// An `x` that is not `n` rows of the layer's input features is a

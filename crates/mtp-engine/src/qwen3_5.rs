@@ -505,7 +505,7 @@ impl Qwen35Model {
                 crate::cache::SECOND_VERIFY_FORWARD.into(),
             ));
         }
-        // Products over more than `MAX_ROWS` rows take the GEMM, whose bits differ from the
+        // Products over more than `MAX_ROWS` rows take `fgemm`, whose bits differ from the
         // few-row product's: sequences are computed in groups of at most that many rows (a
         // longer sequence alone, as it would be anyway), so each gets the bits it gets alone.
         let total: usize = tokens.iter().map(Vec::len).sum();

@@ -921,7 +921,7 @@ pub(crate) fn has_avx512() -> bool {
 pub const MAX_ROWS: usize = 32;
 
 /// Sequences of `lens` rows in consecutive groups of at most [`MAX_ROWS`] rows together (a
-/// longer sequence alone): the index ranges. A product over more rows takes the GEMM, whose
+/// longer sequence alone): the index ranges. A product over more rows takes `fgemm`, whose
 /// bits differ from the few-row product's, so a forward over several sequences runs group by
 /// group to give each the bits it gets alone.
 pub(crate) fn row_groups(lens: &[usize]) -> Vec<std::ops::Range<usize>> {

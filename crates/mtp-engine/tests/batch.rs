@@ -143,7 +143,7 @@ fn batched_equals_solo_on_a_trained_dense_model_with_its_head() {
 }
 
 /// One forward over many sequences (80 rows: more than one few-row product takes, which
-/// would switch to the GEMM and other bits) gives every sequence the bits it gets alone, for
+/// would switch to `fgemm` and other bits) gives every sequence the bits it gets alone, for
 /// f32, bf16 and MLX 4-bit matrices.
 #[test]
 fn a_forward_over_many_sequences_gives_each_its_solo_bits() {

@@ -1,7 +1,7 @@
 //! Weights kept as the checkpoint stores them (`WeightDtype::Stored`). Checkpoints stored in
 //! bf16 or f16 keep their matrices in half precision and compute exactly what the same
-//! checkpoint converted to f32 at load computes: the same logits bit for bit (up to 32 positions
-//! per forward, the few-row kernel's limit; longer prefills agree to rounding), the same greedy
+//! checkpoint converted to f32 at load computes: the same logits bit for bit (prompts up to 32
+//! positions through the few-row kernels, longer ones through `fgemm`), the same greedy
 //! tokens with and without MTP, on a dense, a tied-embedding and an MoE fixture. MLX-quantized
 //! matrices kept packed compute what their dequantized load computes: bit for bit at 3 and 6
 //! bits, within 1e-3 of the largest logit at 4 and 8 bits (dequantized in registers, rounded
@@ -118,7 +118,9 @@ fn same_as_f32(name: &str, dtype: DType, tied: bool) {
         "{name}: {held:?}"
     );
     assert_eq!(2 * held.values().sum::<usize>(), wide["f32"], "{name}");
-    for len in [1, 5, 20, 32] {
+    // up to 32 positions the few-row products, past them `fgemm` over panels widened as they
+    // are packed: the same bits as the f32 load's either way
+    for len in [1, 5, 20, 32, 45] {
         let (a, b) = (
             logits(&stored, &prompt(len)),
             logits(&widened, &prompt(len)),
@@ -129,17 +131,6 @@ fn same_as_f32(name: &str, dtype: DType, tied: bool) {
             "{name} {dtype:?}: logits after {len} prompt tokens differ from the f32 load"
         );
     }
-    // past 32 positions the f32 load's prefill is candle's GEMM (another summation order)
-    let (a, b) = (logits(&stored, &prompt(45)), logits(&widened, &prompt(45)));
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-        .fold(0f32, f32::max);
-    assert!(
-        worst < 1e-4,
-        "{name} {dtype:?}: long prefill off by {worst}"
-    );
     for len in [3, 17] {
         let p = prompt(len);
         let base = greedy(&widened, &p, None);
@@ -207,7 +198,7 @@ enum Agree {
 }
 
 /// Fixture `dir` (with companion drafter `drafter`) loaded as stored, MLX-quantized matrices
-/// kept packed, computes what its load dequantized to f32 computes: logits up to 32 positions
+/// kept packed, computes what its load dequantized to f32 computes: logits up to 45 positions
 /// as `agree` says, greedy tokens with and without MTP. Returns what each load holds.
 fn packed_same_as_dequantized(
     dir: &Path,
@@ -222,7 +213,10 @@ fn packed_same_as_dequantized(
     };
     let (packed, dequantized) = (load(WeightDtype::Stored), load(DType::F32.into()));
     let name = dir.display();
-    for len in [1, 5, 20, 32] {
+    // up to 32 positions the few-row products; past them the prompt goes through `fgemm` over
+    // panels dequantized as they are packed (the dequantized load's arithmetic), and the last
+    // position's LM head through the few-row products again: 45 positions agree as `agree` says
+    for len in [1, 5, 20, 32, 45] {
         let (a, b) = (
             logits(&packed, &prompt(len)),
             logits(&dequantized, &prompt(len)),
@@ -245,16 +239,6 @@ fn packed_same_as_dequantized(
             );
         }
     }
-    let (a, b) = (
-        logits(&packed, &prompt(45)),
-        logits(&dequantized, &prompt(45)),
-    );
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-        .fold(0f32, f32::max);
-    assert!(worst < 1e-4, "{name}: long prefill off by {worst}");
     for len in [3, 17] {
         let p = prompt(len);
         let base = greedy(&dequantized, &p, None);
