@@ -73,10 +73,7 @@ fn matmul_with(
         x.len()
     );
     let mut y = vec![0f32; n * out];
-    if n == 0 || out == 0 {
-        return y;
-    }
-    if inp == 0 {
+    if n == 0 || out == 0 || inp == 0 {
         return y;
     }
     thread_local! {
