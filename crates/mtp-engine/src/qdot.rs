@@ -298,7 +298,13 @@ mod x86 {
         }
     }
 
-    /// The 256-bit path: each set of 16 lanes as two 8-lane halves.
+    /// The 256-bit path: each set of 16 lanes as two 8-lane halves, registers `k = 0..4` per
+    /// input row: lanes 0-7 and 8-15 of `acc_a`, then of `acc_b`. One input row takes two
+    /// weight rows at a time (eight chains instead of four to hide the multiply-add's
+    /// latency); two keep all four registers; three and four (sixteen accumulators would not
+    /// fit the sixteen registers with the weights: they spilled, and cost 2x and 3x one row)
+    /// take each block's lanes 0-7 (`k = 0, 2`), then, re-reading the row from L1, lanes 8-15
+    /// (`k = 1, 3`). Each lane's chain is the same every way.
     ///
     /// # Safety
     /// AVX2 and FMA; the job fits its buffers (see [`super::Path::run`]).
@@ -307,6 +313,44 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
+        let mut i = 0;
+        while i < job.rows {
+            // SAFETY (all): forwarded from the caller; `i + P <= job.rows`.
+            let (acc, p): ([[[__m256; 4]; R]; 2], usize) = unsafe {
+                if R == 1 && i + 2 <= job.rows {
+                    (lanes_avx2::<BITS, R, 4, 2>(job, i, [0, 1, 2, 3]), 2)
+                } else if R <= 2 {
+                    let [one] = lanes_avx2::<BITS, R, 4, 1>(job, i, [0, 1, 2, 3]);
+                    ([one, one], 1)
+                } else {
+                    let [lo] = lanes_avx2::<BITS, R, 2, 1>(job, i, [0, 2]);
+                    let [hi] = lanes_avx2::<BITS, R, 2, 1>(job, i, [1, 3]);
+                    let one = std::array::from_fn(|t| [lo[t][0], hi[t][0], lo[t][1], hi[t][1]]);
+                    ([one, one], 1)
+                }
+            };
+            for (e, acc) in acc.iter().take(p).enumerate() {
+                for t in 0..R {
+                    let [a0, a1, b0, b1] = acc[t];
+                    // SAFETY: AVX (the caller's).
+                    res[i + e][t] = unsafe { fold(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1)) };
+                }
+            }
+            i += p;
+        }
+    }
+
+    /// Registers `ks` (of the four of [`rows_avx2`]) of weight rows `i..i + P` against the
+    /// job's `R` input rows.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`]; `i + P <= job.rows`, every `k < 4`.
+    #[inline(always)]
+    unsafe fn lanes_avx2<const BITS: usize, const R: usize, const NK: usize, const P: usize>(
+        job: &Job<'_>,
+        i: usize,
+        ks: [usize; NK],
+    ) -> [[[__m256; NK]; R]; P] {
         let (inp, group) = (job.inp, job.group);
         let groups = inp / group;
         let words = inp * BITS / 32;
@@ -314,52 +358,46 @@ mod x86 {
         unsafe {
             let m15 = _mm256_set1_epi32(15);
             let (xp, sp, bp) = (job.x.as_ptr(), job.s.as_ptr(), job.b.as_ptr());
-            for i in 0..job.rows {
-                let w = job.w.as_ptr().add(i * words).cast::<u8>();
-                // [t][0..4]: lanes 0-7 and 8-15 of `acc_a`, then of `acc_b`
-                let mut acc = [[_mm256_setzero_ps(); 4]; R];
-                for g in 0..groups {
-                    let s = _mm256_set1_ps(*sp.add(i * groups + g));
-                    let b = _mm256_set1_ps(*bp.add(i * groups + g));
+            let mut acc = [[[_mm256_setzero_ps(); NK]; R]; P];
+            for g in 0..groups {
+                for e in 0..P {
+                    let w = job.w.as_ptr().add((i + e) * words).cast::<u8>();
+                    let s = _mm256_set1_ps(*sp.add((i + e) * groups + g));
+                    let b = _mm256_set1_ps(*bp.add((i + e) * groups + g));
                     for blk in (0..group).step_by(BLOCK) {
                         let v0 = g * group + blk;
                         let p = w.add(v0 * BITS / 8);
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
-                        let q = if BITS == 4 {
-                            let v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
-                            let v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast()));
-                            [
-                                _mm256_and_si256(v0, m15),
-                                _mm256_and_si256(v1, m15),
-                                _mm256_srli_epi32::<4>(v0),
-                                _mm256_srli_epi32::<4>(v1),
-                            ]
-                        } else {
-                            [
-                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())),
-                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast())),
-                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(16).cast())),
-                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(24).cast())),
-                            ]
-                        };
-                        let mut wv = [_mm256_setzero_ps(); 4];
-                        for k in 0..4 {
-                            wv[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), s, b);
+                        if ks[0] == 0 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
+                        }
+                        let mut wv = [_mm256_setzero_ps(); NK];
+                        for (n, &k) in ks.iter().enumerate() {
+                            let q = if BITS == 4 {
+                                // k = 0, 2: bytes 0-7 (low, high nibbles); k = 1, 3: bytes 8-15
+                                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                    p.add(8 * (k % 2)).cast(),
+                                ));
+                                if k < 2 {
+                                    _mm256_and_si256(v, m15)
+                                } else {
+                                    _mm256_srli_epi32::<4>(v)
+                                }
+                            } else {
+                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * k).cast()))
+                            };
+                            wv[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s, b);
                         }
                         for t in 0..R {
                             let x = xp.add((job.r0 + t) * inp + v0);
-                            for k in 0..4 {
+                            for (n, &k) in ks.iter().enumerate() {
                                 let xk = _mm256_loadu_ps(x.add(8 * k));
-                                acc[t][k] = _mm256_fmadd_ps(wv[k], xk, acc[t][k]);
+                                acc[e][t][n] = _mm256_fmadd_ps(wv[n], xk, acc[e][t][n]);
                             }
                         }
                     }
                 }
-                for t in 0..R {
-                    let [a0, a1, b0, b1] = acc[t];
-                    res[i][t] = fold(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
-                }
             }
+            acc
         }
     }
 
