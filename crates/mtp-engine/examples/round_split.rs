@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p mtp-engine --example round_split -- models/tiny-code 512 7 1,2,3
 //! ```
-//! Arguments: checkpoint, tokens per call, repetitions, depths.
+//! Arguments: checkpoint, tokens per call, repetitions, depths, and optionally a companion
+//! drafter's directory (an `mlx_vlm.convert --mtp-output` one).
 
 use std::path::PathBuf;
 
@@ -29,11 +30,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<_, _>>()?,
         None => (1..=5).collect(),
     };
-    let engine = Engine::load(&dir, &Device::Cpu, WeightDtype::Stored)?;
-    let prompt: Vec<u32> = match engine.tokenizer() {
+    let drafter = args.next().map(PathBuf::from);
+    let engine =
+        Engine::load_with_drafter(&dir, drafter.as_deref(), &Device::Cpu, WeightDtype::Stored)?;
+    let mut prompt: Vec<u32> = match engine.tokenizer() {
         Some(t) => t.encode("fn main() {\n    let mut total = 0;\n")?,
-        None => (1..16).collect(),
+        None => Vec::new(),
     };
+    if prompt.is_empty() {
+        // no tokenizer, or one that has no tokens for this text (a benchmark vocabulary)
+        prompt = (1..16).collect();
+    }
     let off = GenerateOptions::greedy(tokens).ignore_eos(true);
     println!("| depth | tok/s off | tok/s on | speedup | tokens/round | step µs | round µs | draft µs | verify µs | rollback µs | round / step |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
