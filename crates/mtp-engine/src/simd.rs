@@ -1690,8 +1690,9 @@ pub fn gated_delta_steps(
 /// everywhere in this module.
 ///
 /// Each state row (one value feature of one head, `dk` floats) evolves on its own, so the
-/// steps run innermost over a row held in L1: a call reads and writes the state once, however
-/// many steps it runs, and settling costs no pass of its own. A step's arithmetic does not
+/// steps run innermost over rows held in L1, in blocks of `DELTA_STEPS` steps (a block's `q`
+/// and `k` stay in L1 across the head's rows): a call reads and writes the state once per
+/// block (once for a decode step or a verify), and settling costs no pass of its own. A step's arithmetic does not
 /// depend on how many steps run together, so outputs and state are bit-identical to one call
 /// per step. Unless the call is tiny, the heads are split over the worker team.
 ///
@@ -1819,6 +1820,14 @@ unsafe fn delta_head_avx(
 /// rule ~3x faster). Every row keeps its own arithmetic, so the bits do not change.
 const DELTA_ROWS: usize = 4;
 
+/// Steps run together over each group of state rows before the next group takes them (a block
+/// of steps). The steps' `q` and `k` (`2 · dk` floats per step, 4 KiB apart from one step to the
+/// next in `[s, hk, dk]`) stay in L1 while every group of the head runs them; one group running
+/// all of a long prompt's steps in turn read 1 MB of `q` and `k` per group from L3 (the delta
+/// rule was ~9% of a 1006-token prefill, most of it waiting on those loads). A row's steps are
+/// the same in any blocking, so are its bits.
+const DELTA_STEPS: usize = 16;
+
 /// Runs the steps of value head `h` over its state rows `st` (`[dv, dk]`), writing its
 /// outputs `y` (`[s - settle, dv]`); steps after `settle` run on a copy of each row unless
 /// `advance`. A non-empty `backup` (`[dv, dk]`) receives each row as it is before them.
@@ -1833,33 +1842,62 @@ unsafe fn delta_head<L: Lanes>(
     y: &mut [f32],
     backup: &mut [f32],
 ) {
+    let s = inp.g.len() / inp.d.hv;
+    // the rows' copies for the steps after `settle` when they must not advance the state: one
+    // group's, reused, when the steps are one block (decode, verify), else every row's
+    let one_block = s <= DELTA_STEPS;
     let dk = inp.d.dk;
-    let mut scratch = vec![0f32; if inp.advance { 0 } else { DELTA_ROWS * dk }];
+    let mut scratch = vec![
+        0f32;
+        match (inp.advance, one_block) {
+            (true, _) => 0,
+            (false, true) => DELTA_ROWS * dk,
+            (false, false) => st.len(),
+        }
+    ];
     // row `i`'s place in the backup, when there is one
     let backup = (!backup.is_empty()).then_some(backup.as_mut_ptr());
-    let mut groups = st.chunks_exact_mut(DELTA_ROWS * dk);
-    let mut i = 0;
-    for rows in &mut groups {
-        let b = backup.map(|b| b.wrapping_add(i * dk));
-        // SAFETY: forwarded from the caller; `b` has room for these rows.
-        unsafe { delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, &mut scratch, b) };
-        i += DELTA_ROWS;
-    }
-    for row in groups.into_remainder().chunks_exact_mut(dk) {
-        let b = backup.map(|b| b.wrapping_add(i * dk));
-        // SAFETY: as above.
-        unsafe { delta_rows::<L, 1>(inp, h, row, i, y, &mut scratch, b) };
-        i += 1;
+    let whole = st.len() / (DELTA_ROWS * dk) * DELTA_ROWS;
+    let mut t0 = 0;
+    loop {
+        let t1 = (t0 + DELTA_STEPS).min(s);
+        let mut i = 0;
+        while i < st.len() / dk {
+            let r = if i < whole { DELTA_ROWS } else { 1 };
+            let rows = &mut st[i * dk..(i + r) * dk];
+            let copy = match (inp.advance, one_block) {
+                (true, _) => &mut [],
+                (false, true) => &mut scratch[..r * dk],
+                (false, false) => &mut scratch[i * dk..(i + r) * dk],
+            };
+            let b = backup.map(|b| b.wrapping_add(i * dk));
+            // SAFETY: forwarded from the caller; `b` has room for these rows.
+            unsafe {
+                if r == DELTA_ROWS {
+                    delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, copy, b, t0..t1);
+                } else {
+                    delta_rows::<L, 1>(inp, h, rows, i, y, copy, b, t0..t1);
+                }
+            }
+            i += r;
+        }
+        if t1 == s {
+            break;
+        }
+        t0 = t1;
     }
 }
 
-/// The steps of head `h` over its `R` state rows `rows` (`[R, dk]`, rows `i0..i0 + R` of the
-/// head), interleaved row by row within each pass; `scratch` holds at least `R * dk` floats
-/// when the steps after `settle` must not advance the state; `backup`, when given, receives
-/// the rows as they are before those steps.
+/// Steps `steps` of head `h` over its `R` state rows `rows` (`[R, dk]`, rows `i0..i0 + R` of
+/// the head), interleaved row by row within each pass. `scratch` (`R * dk` floats, or empty
+/// when `advance`) holds the rows' copies on which the steps from `settle` on run when they
+/// must not advance the state: they are taken at step `settle`, and later blocks of steps
+/// continue on them. `backup`, when given, receives the rows as they are before step `settle`
+/// (or after the last step, when `settle` is the number of steps).
 ///
 /// # Safety
 /// The CPU supports `L`; `backup` points at `R * dk` writable floats apart from `rows`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn delta_rows<L: Lanes, const R: usize>(
     inp: DeltaIn<'_>,
@@ -1869,6 +1907,7 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
     y: &mut [f32],
     scratch: &mut [f32],
     backup: Option<*mut f32>,
+    steps: std::ops::Range<usize>,
 ) {
     let DeltaIn {
         d,
@@ -1886,9 +1925,13 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
     let chunks = dk / 8;
     debug_assert!(rows.len() == R * dk);
     let base = rows.as_mut_ptr();
-    // SAFETY: row `r < R` starts `r * dk` floats into `rows`.
-    let mut rp: [*mut f32; R] = std::array::from_fn(|r| unsafe { base.add(r * dk) });
-    for t in 0..s {
+    // the rows the steps run on: the state's, or from `settle` on their copies
+    let on_copy = !advance && steps.start > settle;
+    debug_assert!(advance || scratch.len() == R * dk);
+    let at = if on_copy { scratch.as_mut_ptr() } else { base };
+    // SAFETY: row `r < R` starts `r * dk` floats into `rows` (and into `scratch`).
+    let mut rp: [*mut f32; R] = std::array::from_fn(|r| unsafe { at.add(r * dk) });
+    for t in steps.clone() {
         if let (true, Some(b)) = (t == settle, backup) {
             // SAFETY: the caller gives room for `R * dk` floats apart from `rows`.
             unsafe { std::ptr::copy_nonoverlapping(base, b, R * dk) };
@@ -1953,7 +1996,7 @@ unsafe fn delta_rows<L: Lanes, const R: usize>(
             }
         }
     }
-    if let (true, Some(b)) = (settle == s, backup) {
+    if let (true, true, Some(b)) = (settle == s, steps.end == s, backup) {
         // SAFETY: as above (no step came after the settled ones).
         unsafe { std::ptr::copy_nonoverlapping(base, b, R * dk) };
     }
@@ -2247,6 +2290,71 @@ mod tests {
                                 .sum();
                             let got = row[head * hd + c] as f64;
                             assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls longer than a block of steps (`DELTA_STEPS`): outputs, state and backup have the
+    /// bits of one step at a time, wherever `settle` falls (first block, a block boundary, a
+    /// later block, the end), advancing or not, on groups of rows and on single rows.
+    #[test]
+    fn delta_blocks_of_steps_match_single_steps() {
+        use crate::kernels::DeltaDims;
+        let mut next = rng(23);
+        let s = 2 * DELTA_STEPS + 5;
+        for (hk, hv, dk, dv) in [(1usize, 2usize, 12usize, 5usize), (2, 4, 128, 128)] {
+            let d = DeltaDims { hk, hv, dk, dv };
+            let q: Vec<f32> = (0..s * hk * dk).map(|_| 0.2 * next()).collect();
+            let k: Vec<f32> = (0..s * hk * dk).map(|_| 0.2 * next()).collect();
+            let v: Vec<f32> = (0..s * hv * dv).map(|_| next()).collect();
+            let g: Vec<f32> = (0..s * hv).map(|_| 0.9 + 0.05 * next()).collect();
+            let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + 0.2 * next()).collect();
+            let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
+            // one step at a time: the outputs of every step and the state after each
+            let mut states = vec![init.clone()];
+            let mut ys = Vec::new();
+            for t in 0..s {
+                let mut st = states[t].clone();
+                ys.push(gated_delta_steps(
+                    d,
+                    &q[t * hk * dk..(t + 1) * hk * dk],
+                    &k[t * hk * dk..(t + 1) * hk * dk],
+                    &v[t * hv * dv..(t + 1) * hv * dv],
+                    &g[t * hv..(t + 1) * hv],
+                    &beta[t * hv..(t + 1) * hv],
+                    &mut st,
+                ));
+                states.push(st);
+            }
+            let bits = |a: &[f32], b: &[f32]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            for settle in [0, 3, DELTA_STEPS, DELTA_STEPS + 3, s] {
+                for advance in [true, false] {
+                    for with_backup in [false, true] {
+                        let mut state = init.clone();
+                        let mut backup = vec![0f32; if with_backup { init.len() } else { 0 }];
+                        let y = gated_delta(
+                            d,
+                            &q,
+                            &k,
+                            &v,
+                            &g,
+                            &beta,
+                            &mut state,
+                            settle,
+                            advance,
+                            &mut backup,
+                        );
+                        let case = format!("dims {dk}x{dv}, settle {settle}, advance {advance}");
+                        assert!(bits(&y, &ys[settle..].concat()), "outputs, {case}");
+                        let want = if advance { &states[s] } else { &states[settle] };
+                        assert!(bits(&state, want), "state, {case}");
+                        if with_backup {
+                            assert!(bits(&backup, &states[settle]), "backup, {case}");
                         }
                     }
                 }
