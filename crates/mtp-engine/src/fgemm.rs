@@ -287,6 +287,7 @@ mod tests {
             (40, 33, 64),
             (97, 50, 130),
             (13, 16, 3),
+            (20, 40, 549),
         ] {
             let x = values(n * inp, 3 + n as u64);
             let w = values(out * inp, 11 + out as u64);
@@ -300,6 +301,18 @@ mod tests {
                     (a - f64::from(*b)).abs() <= 1e-5 * (inp as f64),
                     "{n}x{out}x{inp}: {a} {b}"
                 );
+            }
+            // each output is one chain of fused multiply-adds in input order
+            for r in 0..n {
+                for o in 0..out {
+                    let chain =
+                        (0..inp).fold(0f32, |f, k| x[r * inp + k].mul_add(w[o * inp + k], f));
+                    assert_eq!(
+                        chain.to_bits(),
+                        got[r * out + o].to_bits(),
+                        "{n}x{out}x{inp}: output ({r}, {o})"
+                    );
+                }
             }
             // the vector kernel, small panel groups, and each row alone: the same bits
             let small = matmul_with(&x, n, out, inp, fill, true, 16 * inp);
