@@ -1253,11 +1253,12 @@ pub fn attention(
         scale,
         has_avx(),
         SCORE_BUDGET,
+        VALUE_BLOCK,
     )
 }
 
 /// [`attention`] on AVX when `avx` (and detected) or the portable lanes, with tasks holding at
-/// most `budget` scores.
+/// most `budget` scores and the value rows taken in blocks of `value_block` keys (even).
 #[allow(clippy::too_many_arguments)]
 fn attention_impl(
     q: &[f32],
@@ -1270,9 +1271,10 @@ fn attention_impl(
     scale: f32,
     avx: bool,
     budget: usize,
+    value_block: usize,
 ) -> Vec<f32> {
     assert!(
-        h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv),
+        h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv) && value_block >= 2,
         "attention: {h} heads over {hkv} KV heads of width {hd}"
     );
     let stride = elements(&[hkv, hd]).expect("attention: KV heads × width overflow");
@@ -1309,6 +1311,7 @@ fn attention_impl(
         hd,
         scale,
         tile,
+        value_block: value_block & !1,
         out: out.as_mut_ptr(),
     };
     let avx = avx && has_avx();
@@ -1350,6 +1353,8 @@ struct AttentionJob<'a> {
     scale: f32,
     /// Positions per task.
     tile: usize,
+    /// Keys per block of value rows (even; see [`VALUE_BLOCK`]).
+    value_block: usize,
     /// The `[l, h, hd]` result, written in place by the tasks.
     out: *mut f32,
 }
@@ -1445,7 +1450,7 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
 /// rows (`v[t]` at `values + t * stride`, `hd` wide). Even and odd `t` accumulate apart and are
 /// added at the end: a fixed order per query and channel, whatever `N` and however the
 /// channels are grouped into passes (eight accumulators each: four 8-channel chunks for one
-/// query, two for two, one for four).
+/// query, two for two, one for four) or the keys into blocks of `block` (see [`VALUE_BLOCK`]).
 ///
 /// # Safety
 /// `ws[q]` reads `visible` floats, `outs[q]` writes `hd`, `values` reads `visible` rows; the CPU
@@ -1459,30 +1464,81 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     stride: usize,
     visible: usize,
     hd: usize,
+    block: usize,
     outs: [*mut f32; N],
 ) {
-    // SAFETY (all accesses): within the bounds the caller guarantees.
+    // SAFETY (all accesses): within the bounds the caller guarantees; `part` holds `2 N hd`
+    // floats when the keys are split into blocks.
     unsafe {
-        let mut c = 0;
-        match N {
-            1 => {
-                while c + 32 <= hd {
-                    values_pass::<L, N, 4>(ws, inv, values, stride, visible, c, outs);
-                    c += 32;
+        let blocked = visible > block;
+        let mut part = vec![0f32; if blocked { 2 * N * hd } else { 0 }];
+        let pp = part.as_mut_ptr();
+        let mut t0 = 0;
+        let c = loop {
+            let t1 = if blocked {
+                (t0 + block).min(visible)
+            } else {
+                visible
+            };
+            let span = t0..t1;
+            let mut c = 0;
+            match N {
+                1 => {
+                    while c + 32 <= hd {
+                        values_pass::<L, N, 4>(
+                            ws,
+                            inv,
+                            values,
+                            stride,
+                            span.clone(),
+                            visible,
+                            c,
+                            hd,
+                            pp,
+                            outs,
+                        );
+                        c += 32;
+                    }
                 }
-            }
-            2 => {
-                while c + 16 <= hd {
-                    values_pass::<L, N, 2>(ws, inv, values, stride, visible, c, outs);
-                    c += 16;
+                2 => {
+                    while c + 16 <= hd {
+                        values_pass::<L, N, 2>(
+                            ws,
+                            inv,
+                            values,
+                            stride,
+                            span.clone(),
+                            visible,
+                            c,
+                            hd,
+                            pp,
+                            outs,
+                        );
+                        c += 16;
+                    }
                 }
+                _ => {}
             }
-            _ => {}
-        }
-        while c + 8 <= hd {
-            values_pass::<L, N, 1>(ws, inv, values, stride, visible, c, outs);
-            c += 8;
-        }
+            while c + 8 <= hd {
+                values_pass::<L, N, 1>(
+                    ws,
+                    inv,
+                    values,
+                    stride,
+                    span.clone(),
+                    visible,
+                    c,
+                    hd,
+                    pp,
+                    outs,
+                );
+                c += 8;
+            }
+            if t1 == visible {
+                break c;
+            }
+            t0 = t1;
+        };
         for q in 0..N {
             for cc in c..hd {
                 let (mut even, mut odd) = (0f32, 0f32);
@@ -1501,10 +1557,20 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     }
 }
 
-/// Channels `c..c + 8 * G` of [`weighted_values`].
+/// Value rows per block of [`weighted_values`] (even, so that each block starts on an even key
+/// and the even and odd chains stay the same): a block's rows are read once from L2 and then
+/// from L1 by every pass over the channels, where each pass over all the keys of a long
+/// prompt read them from L2 again (positions 1 KiB apart, one cache line each per pass).
+const VALUE_BLOCK: usize = 32;
+
+/// Channels `c..c + 8 * G` of [`weighted_values`] over keys `span`: from zero when the span
+/// starts at 0, else going on from the partial sums in `part` (even chains at `q · hd`, odd ones
+/// at `(N + q) · hd`); the results go to `outs` when the span ends at `visible`, else the
+/// partial sums back to `part`.
 ///
 /// # Safety
-/// As [`weighted_values`], with `c + 8 * G <= hd`.
+/// As [`weighted_values`], with `c + 8 * G <= hd`, `span` inside `0..visible`, and `part`
+/// holding `2 N hd` floats unless the span is all the keys.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
@@ -1512,16 +1578,27 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
     inv: [f32; N],
     values: *const f32,
     stride: usize,
+    span: std::ops::Range<usize>,
     visible: usize,
     c: usize,
+    hd: usize,
+    part: *mut f32,
     outs: [*mut f32; N],
 ) {
     // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
         let mut even = [[L::zero(); G]; N];
         let mut odd = [[L::zero(); G]; N];
-        let mut t = 0;
-        while t + 2 <= visible {
+        if span.start > 0 {
+            for q in 0..N {
+                for g in 0..G {
+                    even[q][g] = L::load(part.add(q * hd + c + g * 8));
+                    odd[q][g] = L::load(part.add((N + q) * hd + c + g * 8));
+                }
+            }
+        }
+        let mut t = span.start;
+        while t + 2 <= span.end {
             let (r0, r1) = (values.add(t * stride + c), values.add((t + 1) * stride + c));
             for q in 0..N {
                 let (w0, w1) = (L::splat(*ws[q].add(t)), L::splat(*ws[q].add(t + 1)));
@@ -1532,7 +1609,7 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
             }
             t += 2;
         }
-        if t < visible {
+        if t < span.end {
             let r0 = values.add(t * stride + c);
             for q in 0..N {
                 let w0 = L::splat(*ws[q].add(t));
@@ -1543,10 +1620,15 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
         }
         for q in 0..N {
             for g in 0..G {
-                L::store(
-                    outs[q].add(c + g * 8),
-                    L::mul(L::add(even[q][g], odd[q][g]), L::splat(inv[q])),
-                );
+                if span.end == visible {
+                    L::store(
+                        outs[q].add(c + g * 8),
+                        L::mul(L::add(even[q][g], odd[q][g]), L::splat(inv[q])),
+                    );
+                } else {
+                    L::store(part.add(q * hd + c + g * 8), even[q][g]);
+                    L::store(part.add((N + q) * hd + c + g * 8), odd[q][g]);
+                }
             }
         }
     }
@@ -1635,6 +1717,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                         stride,
                         visible,
                         hd,
+                        job.value_block,
                         [o(r), o(r + 1), o(r + 2), o(r + 3)],
                     );
                     r += 4;
@@ -1647,12 +1730,22 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                         stride,
                         visible,
                         hd,
+                        job.value_block,
                         [o(r), o(r + 1)],
                     );
                     r += 2;
                 }
                 if r < rep {
-                    weighted_values::<L, 1>([w(r)], [inv[r]], vals, stride, visible, hd, [o(r)]);
+                    weighted_values::<L, 1>(
+                        [w(r)],
+                        [inv[r]],
+                        vals,
+                        stride,
+                        visible,
+                        hd,
+                        job.value_block,
+                        [o(r)],
+                    );
                 }
             }
         }
@@ -2193,6 +2286,73 @@ mod tests {
         check(half::f16::from_f32);
     }
 
+    /// Value rows in blocks of keys give the bits of one pass over all the keys, on both paths,
+    /// for 1-4 heads per KV head, widths with and without a tail, caches of one block, one and
+    /// a key, and several blocks and some; a verify's rows still equal single queries there.
+    #[test]
+    fn value_blocks_keep_the_bits() {
+        let mut next = rng(41);
+        for (rep, hkv, hd) in [
+            (1usize, 2usize, 16usize),
+            (2, 1, 40),
+            (3, 2, 24),
+            (4, 2, 128),
+        ] {
+            let h = rep * hkv;
+            for t_total in [VALUE_BLOCK, VALUE_BLOCK + 1, 3 * VALUE_BLOCK + 7] {
+                let l = 3;
+                let keys: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
+                let values: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
+                let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                for avx in [false, true] {
+                    let run = |block: usize| {
+                        attention_impl(
+                            &q,
+                            &keys,
+                            &values,
+                            l,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                            avx,
+                            SCORE_BUDGET,
+                            block,
+                        )
+                    };
+                    let blocked = run(VALUE_BLOCK);
+                    assert_eq!(
+                        testing::bits(&blocked),
+                        testing::bits(&run(usize::MAX)),
+                        "{rep} x {hkv} heads of {hd}, {t_total} keys, avx {avx}"
+                    );
+                    assert_eq!(testing::bits(&blocked), testing::bits(&run(2)));
+                    for i in 0..l {
+                        let seen = (t_total - l + i + 1) * hkv * hd;
+                        let one = attention_impl(
+                            &q[i * h * hd..(i + 1) * h * hd],
+                            &keys[..seen],
+                            &values[..seen],
+                            1,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                            avx,
+                            SCORE_BUDGET,
+                            VALUE_BLOCK,
+                        );
+                        assert_eq!(
+                            testing::bits(&blocked[i * h * hd..(i + 1) * h * hd]),
+                            testing::bits(&one)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A verify forward's attention rows equal the single-query results bit for bit, and agree
     /// with a plain softmax-attention written out.
     #[test]
@@ -2223,11 +2383,23 @@ mod tests {
                     scale,
                     false,
                     SCORE_BUDGET,
+                    VALUE_BLOCK,
                 );
                 // one position per task: the same bits
                 for budget in [1, 2 * (h / hkv) * t_total] {
-                    let tiled =
-                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, budget);
+                    let tiled = attention_impl(
+                        &q,
+                        &keys,
+                        &values,
+                        l,
+                        h,
+                        hkv,
+                        hd,
+                        scale,
+                        true,
+                        budget,
+                        VALUE_BLOCK,
+                    );
                     assert!(all
                         .iter()
                         .zip(&tiled)
@@ -2261,6 +2433,7 @@ mod tests {
                         scale,
                         false,
                         SCORE_BUDGET,
+                        VALUE_BLOCK,
                     );
                     let same = |a: &[f32], b: &[f32]| {
                         a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -2877,7 +3050,7 @@ mod tests {
                 let (all, tiled) = with_isa(isa, || {
                     let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
                     let tiled =
-                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, 1);
+                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, 1, VALUE_BLOCK);
                     (all, tiled)
                 });
                 prop_assert_eq!(testing::bits(&all), testing::bits(&tiled));
