@@ -1470,70 +1470,38 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     // SAFETY (all accesses): within the bounds the caller guarantees; `part` holds `2 N hd`
     // floats when the keys are split into blocks.
     unsafe {
-        let blocked = visible > block;
-        let mut part = vec![0f32; if blocked { 2 * N * hd } else { 0 }];
+        let mut part = vec![0f32; if visible > block { 2 * N * hd } else { 0 }];
         let pp = part.as_mut_ptr();
-        let mut t0 = 0;
+        let mut t0 = 0usize;
         let c = loop {
-            let t1 = if blocked {
-                (t0 + block).min(visible)
-            } else {
-                visible
-            };
-            let span = t0..t1;
+            let t1 = t0.saturating_add(block).min(visible);
             let mut c = 0;
+            // passes of `G` 8-channel chunks while `G` of them are left
+            macro_rules! passes {
+                ($g:literal) => {
+                    while c + 8 * $g <= hd {
+                        values_pass::<L, N, $g>(
+                            ws,
+                            inv,
+                            values,
+                            stride,
+                            t0..t1,
+                            visible,
+                            c,
+                            hd,
+                            pp,
+                            outs,
+                        );
+                        c += 8 * $g;
+                    }
+                };
+            }
             match N {
-                1 => {
-                    while c + 32 <= hd {
-                        values_pass::<L, N, 4>(
-                            ws,
-                            inv,
-                            values,
-                            stride,
-                            span.clone(),
-                            visible,
-                            c,
-                            hd,
-                            pp,
-                            outs,
-                        );
-                        c += 32;
-                    }
-                }
-                2 => {
-                    while c + 16 <= hd {
-                        values_pass::<L, N, 2>(
-                            ws,
-                            inv,
-                            values,
-                            stride,
-                            span.clone(),
-                            visible,
-                            c,
-                            hd,
-                            pp,
-                            outs,
-                        );
-                        c += 16;
-                    }
-                }
+                1 => passes!(4),
+                2 => passes!(2),
                 _ => {}
             }
-            while c + 8 <= hd {
-                values_pass::<L, N, 1>(
-                    ws,
-                    inv,
-                    values,
-                    stride,
-                    span.clone(),
-                    visible,
-                    c,
-                    hd,
-                    pp,
-                    outs,
-                );
-                c += 8;
-            }
+            passes!(1);
             if t1 == visible {
                 break c;
             }
@@ -1940,14 +1908,8 @@ unsafe fn delta_head<L: Lanes>(
     // group's, reused, when the steps are one block (decode, verify), else every row's
     let one_block = s <= DELTA_STEPS;
     let dk = inp.d.dk;
-    let mut scratch = vec![
-        0f32;
-        match (inp.advance, one_block) {
-            (true, _) => 0,
-            (false, true) => DELTA_ROWS * dk,
-            (false, false) => st.len(),
-        }
-    ];
+    let copies = if one_block { DELTA_ROWS * dk } else { st.len() };
+    let mut scratch = vec![0f32; if inp.advance { 0 } else { copies }];
     // row `i`'s place in the backup, when there is one
     let backup = (!backup.is_empty()).then_some(backup.as_mut_ptr());
     let whole = st.len() / (DELTA_ROWS * dk) * DELTA_ROWS;
@@ -1958,10 +1920,11 @@ unsafe fn delta_head<L: Lanes>(
         while i < st.len() / dk {
             let r = if i < whole { DELTA_ROWS } else { 1 };
             let rows = &mut st[i * dk..(i + r) * dk];
-            let copy = match (inp.advance, one_block) {
-                (true, _) => &mut [],
-                (false, true) => &mut scratch[..r * dk],
-                (false, false) => &mut scratch[i * dk..(i + r) * dk],
+            let copy: &mut [f32] = if inp.advance {
+                &mut []
+            } else {
+                let at = if one_block { 0 } else { i * dk };
+                &mut scratch[at..at + r * dk]
             };
             let b = backup.map(|b| b.wrapping_add(i * dk));
             // SAFETY: forwarded from the caller; `b` has room for these rows.
