@@ -12,9 +12,12 @@
 //! Here a group of output features is packed into panels of 16 features, input-major (for each
 //! input `k`, the 16 weights `w[o0 + c, k]` side by side), each panel filled by one task from
 //! the matrix's own rows (`fill`: a widening, a dequantization, or a copy). Then the row bands
-//! of the input are multiplied against every panel on the team: a tile of up to [`TILE`] input
-//! rows times 16 features is 2 · `TILE` vector accumulators, and each input `k` costs two panel
-//! loads, `TILE` broadcasts and 2 · `TILE` fused multiply-adds.
+//! of the input are multiplied against every panel on the team: with AVX2 a tile of up to
+//! [`TILE`] input rows times one panel is 2 · `TILE` vector accumulators, and each input `k`
+//! costs two panel loads, `TILE` broadcasts and 2 · `TILE` fused multiply-adds; with AVX-512
+//! (32 registers of 16 lanes) a tile is up to [`WIDE_TILE`] rows times two panels, so each
+//! input `k` costs two panel loads and `WIDE_TILE` broadcasts for 2 · `WIDE_TILE` multiply-adds
+//! of twice the width.
 //!
 //! Every output is one chain `y = fma(x[k], w[k], y)` over `k = 0..inp` in order, whatever the
 //! tile, band, thread count or instruction set, so the vector kernel and the portable one give
@@ -33,12 +36,48 @@ const PAIR: usize = 16;
 /// the sixteen AVX2 registers).
 const TILE: usize = 6;
 
+/// Input rows per AVX-512 kernel call, over two panels (24 accumulators and two panel vectors
+/// of the 32 registers; the broadcasts are folded into the multiply-adds).
+const WIDE_TILE: usize = 12;
+
 /// The tests' panel group (the engine passes its own, `nn::WIDEN_BLOCK`).
 #[cfg(test)]
 const PANEL_VALUES: usize = 1 << 22;
 
-/// Most input rows a task multiplies (a band of rows stays in L2 across the panels).
-const BAND: usize = 16 * TILE;
+/// Most input rows a task multiplies (a band of rows stays in L2 across the panels; a multiple
+/// of both tiles).
+const BAND: usize = 8 * WIDE_TILE;
+
+/// The kernel a product runs on, decided once by the calling thread (the team's threads do
+/// not see a test's instruction-set cap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Portable,
+    /// AVX2 + FMA: one panel per tile.
+    Avx2,
+    /// AVX-512F: two panels per tile.
+    Avx512,
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        if crate::simd::has_avx512() {
+            Kernel::Avx512
+        } else if crate::simd::has_avx() {
+            Kernel::Avx2
+        } else {
+            Kernel::Portable
+        }
+    }
+
+    /// Input rows and panels per tile.
+    fn tile(self) -> (usize, usize) {
+        match self {
+            Kernel::Avx512 => (WIDE_TILE, 2),
+            _ => (TILE, 1),
+        }
+    }
+}
 
 /// `x [n, inp] · w^T` for a matrix of `out` rows of `inp` weights, `[n, out]`, where
 /// `fill(o0, rows)` writes the matrix's rows `o0..o0 + rows.len() / inp` as f32 (it may run on
@@ -55,7 +94,7 @@ pub(crate) fn matmul(
     panel_values: usize,
     fill: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    matmul_with(x, n, out, inp, fill, crate::simd::has_avx(), panel_values)
+    matmul_with(x, n, out, inp, fill, Kernel::detect(), panel_values)
 }
 
 fn matmul_with(
@@ -64,7 +103,7 @@ fn matmul_with(
     out: usize,
     inp: usize,
     fill: impl Fn(usize, &mut [f32]) + Sync,
-    vector: bool,
+    kernel: Kernel,
     panel_values: usize,
 ) -> Vec<f32> {
     assert!(
@@ -96,34 +135,41 @@ fn matmul_with(
                 let r0 = ti * band;
                 let rows = ys.len() / out;
                 let xs = &x[r0 * inp..(r0 + rows) * inp];
-                let mut res = [[0f32; PAIR]; TILE];
-                for pi in 0..pairs {
-                    let panel = &panels[pi * PAIR * inp..(pi + 1) * PAIR * inp];
-                    let width = PAIR.min(m - pi * PAIR);
+                let mut res = [[0f32; 2 * PAIR]; WIDE_TILE];
+                let (tile_rows, tile_panels) = kernel.tile();
+                let mut pi = 0;
+                while pi < pairs {
+                    let np = tile_panels.min(pairs - pi);
+                    let panel = &panels[pi * PAIR * inp..(pi + np) * PAIR * inp];
+                    let width = (np * PAIR).min(m - pi * PAIR);
                     let mut t = 0;
                     while t < rows {
-                        let take = TILE.min(rows - t);
+                        let take = tile_rows.min(rows - t);
                         let tx = &xs[t * inp..(t + take) * inp];
-                        match take {
-                            6 => tile::<6>(tx, panel, inp, vector, &mut res),
-                            5 => tile::<5>(tx, panel, inp, vector, &mut res),
-                            4 => tile::<4>(tx, panel, inp, vector, &mut res),
-                            3 => tile::<3>(tx, panel, inp, vector, &mut res),
-                            2 => tile::<2>(tx, panel, inp, vector, &mut res),
-                            _ => tile::<1>(tx, panel, inp, vector, &mut res),
+                        macro_rules! tiles {
+                            ($($r:literal)*) => {
+                                match take {
+                                    $($r => tile::<$r>(tx, panel, inp, kernel, &mut res),)*
+                                    _ => tile::<1>(tx, panel, inp, kernel, &mut res),
+                                }
+                            };
                         }
+                        tiles!(12 11 10 9 8 7 6 5 4 3 2);
                         for (i, vals) in res.iter().enumerate().take(take) {
                             let at = (t + i) * out + o0 + pi * PAIR;
-                            if width == PAIR {
-                                // a whole panel: a copy of known length, inlined (a call to
-                                // `memcpy` per row of a tile was ~0.7% of a 4-bit prefill)
-                                ys[at..at + PAIR].copy_from_slice(vals);
+                            // whole panels: a copy of known length, inlined (a call to
+                            // `memcpy` per row of a tile was ~0.7% of a 4-bit prefill)
+                            if width == 2 * PAIR {
+                                ys[at..at + 2 * PAIR].copy_from_slice(vals);
+                            } else if width == PAIR {
+                                ys[at..at + PAIR].copy_from_slice(&vals[..PAIR]);
                             } else {
                                 ys[at..at + width].copy_from_slice(&vals[..width]);
                             }
                         }
                         t += take;
                     }
+                    pi += np;
                 }
             });
         }
@@ -166,31 +212,44 @@ fn pack(
     });
 }
 
-/// `R` rows of `x` (`inp` each) against one panel, into `res[..R]`.
+/// `R` rows of `x` (`inp` each) against one or two consecutive panels (`panel`: `16 · inp`
+/// floats each), into `res[..R]` (16 features per panel).
 fn tile<const R: usize>(
     x: &[f32],
     panel: &[f32],
     inp: usize,
-    vector: bool,
-    res: &mut [[f32; PAIR]; TILE],
+    kernel: Kernel,
+    res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
 ) {
-    assert!(R <= TILE && x.len() == R * inp && panel.len() == PAIR * inp);
+    let np = panel.len() / (PAIR * inp).max(1);
+    assert!(
+        R <= WIDE_TILE
+            && x.len() == R * inp
+            && (np == 1 || np == 2)
+            && panel.len() == np * PAIR * inp
+    );
     #[cfg(target_arch = "x86_64")]
-    if vector && crate::simd::has_avx() {
-        // SAFETY: AVX2 and FMA are present (checked just above); `x` holds `R` rows of `inp`
-        // floats and `panel` `inp` groups of 16 (asserted above).
-        unsafe { x86::tile::<R>(x, panel, inp, res) };
-        return;
+    match kernel {
+        // SAFETY (both): the CPU has the instruction sets (`Kernel::detect`); `x` holds `R`
+        // rows of `inp` floats and `panel` `np` panels of `inp` groups of 16 (asserted above).
+        Kernel::Avx512 if np == 2 => return unsafe { x86::tile512::<R, 2>(x, panel, inp, res) },
+        Kernel::Avx512 => return unsafe { x86::tile512::<R, 1>(x, panel, inp, res) },
+        Kernel::Avx2 if np == 1 && R <= TILE => {
+            return unsafe { x86::tile::<R>(x, panel, inp, res) }
+        }
+        _ => {}
     }
-    let _ = vector;
-    for i in 0..R {
-        let xr = &x[i * inp..(i + 1) * inp];
-        for c in 0..PAIR {
-            let mut f = 0f32;
-            for (k, xv) in xr.iter().enumerate() {
-                f = xv.mul_add(panel[k * PAIR + c], f);
+    let _ = kernel;
+    for (p, panel) in panel.chunks_exact(PAIR * inp).enumerate() {
+        for i in 0..R {
+            let xr = &x[i * inp..(i + 1) * inp];
+            for c in 0..PAIR {
+                let mut f = 0f32;
+                for (k, xv) in xr.iter().enumerate() {
+                    f = xv.mul_add(panel[k * PAIR + c], f);
+                }
+                res[i][p * PAIR + c] = f;
             }
-            res[i][c] = f;
         }
     }
 }
@@ -199,7 +258,7 @@ fn tile<const R: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{PAIR, TILE};
+    use super::{PAIR, WIDE_TILE};
 
     /// [`super::tile`]'s arithmetic in AVX2 registers: per input `k`, the panel's two vectors
     /// times each row's `x[k]` broadcast, one fused multiply-add per lane.
@@ -212,7 +271,7 @@ mod x86 {
         x: &[f32],
         panel: &[f32],
         inp: usize,
-        res: &mut [[f32; PAIR]; TILE],
+        res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
     ) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut f = [[_mm256_setzero_ps(); 2]; R];
@@ -251,6 +310,62 @@ mod x86 {
             unsafe {
                 _mm256_storeu_ps(res[i].as_mut_ptr(), f[i][0]);
                 _mm256_storeu_ps(res[i].as_mut_ptr().add(8), f[i][1]);
+            }
+        }
+    }
+
+    /// [`super::tile`]'s arithmetic in AVX-512 registers over `P` panels (1 or 2): per input
+    /// `k`, each panel's 16 weights times each row's `x[k]` broadcast, one fused multiply-add
+    /// per lane (the same chains as [`tile`]).
+    ///
+    /// # Safety
+    /// AVX-512F must be present; `x` must hold `R` rows of `inp` floats and `panel` `P` panels
+    /// of `inp` groups of 16 (checked by [`super::tile`]).
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn tile512<const R: usize, const P: usize>(
+        x: &[f32],
+        panel: &[f32],
+        inp: usize,
+        res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
+    ) {
+        const { assert!(R <= WIDE_TILE && P >= 1 && P <= 2) };
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let mut f = [[_mm512_setzero_ps(); P]; R];
+        macro_rules! step {
+            ($k:expr) => {{
+                let k = $k;
+                // SAFETY: `k < inp`: each panel's floats `16 k .. 16 k + 16` and each row's
+                // float `k` are inside the slices.
+                unsafe {
+                    let mut w = [_mm512_setzero_ps(); P];
+                    for p in 0..P {
+                        w[p] = _mm512_loadu_ps(wp.add(p * PAIR * inp + k * PAIR));
+                    }
+                    for i in 0..R {
+                        let xv = _mm512_set1_ps(*xp.add(i * inp + k));
+                        for p in 0..P {
+                            f[i][p] = _mm512_fmadd_ps(xv, w[p], f[i][p]);
+                        }
+                    }
+                }
+            }};
+        }
+        let mut k = 0;
+        while k + 4 <= inp {
+            step!(k);
+            step!(k + 1);
+            step!(k + 2);
+            step!(k + 3);
+            k += 4;
+        }
+        while k < inp {
+            step!(k);
+            k += 1;
+        }
+        for i in 0..R {
+            for p in 0..P {
+                // SAFETY: `res[i]` holds 32 floats.
+                unsafe { _mm512_storeu_ps(res[i].as_mut_ptr().add(p * PAIR), f[i][p]) };
             }
         }
     }
@@ -294,6 +409,7 @@ mod tests {
             (97, 50, 130),
             (13, 16, 3),
             (20, 40, 549),
+            (25, 80, 37),
         ] {
             let x = values(n * inp, 3 + n as u64);
             let w = values(out * inp, 11 + out as u64);
@@ -301,7 +417,7 @@ mod tests {
                 rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]);
             };
             let want = reference(&x, n, &w, out, inp);
-            let got = matmul_with(&x, n, out, inp, fill, false, PANEL_VALUES);
+            let got = matmul_with(&x, n, out, inp, fill, Kernel::Portable, PANEL_VALUES);
             for (a, b) in want.iter().zip(&got) {
                 assert!(
                     (a - f64::from(*b)).abs() <= 1e-5 * (inp as f64),
@@ -320,33 +436,47 @@ mod tests {
                     );
                 }
             }
-            // the vector kernel, small panel groups, and each row alone: the same bits
-            let small = matmul_with(&x, n, out, inp, fill, true, 16 * inp);
-            let vector = matmul_with(&x, n, out, inp, fill, true, PANEL_VALUES);
-            for (i, ys) in [small, vector].iter().enumerate() {
-                assert!(
-                    ys.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{n}x{out}x{inp}: variant {i} differs"
-                );
-            }
-            for r in 0..n {
-                let one = matmul_with(
-                    &x[r * inp..(r + 1) * inp],
-                    1,
-                    out,
-                    inp,
-                    fill,
-                    true,
-                    PANEL_VALUES,
-                );
-                assert!(
-                    one.iter()
-                        .zip(&got[r * out..(r + 1) * out])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{n}x{out}x{inp}: row {r} alone differs"
-                );
+            // every kernel this CPU runs, small panel groups (one or three panels), and each
+            // row alone: the same bits
+            for kernel in kernels() {
+                for panel_values in [16 * inp, 48 * inp, PANEL_VALUES] {
+                    let ys = matmul_with(&x, n, out, inp, fill, kernel, panel_values);
+                    assert!(
+                        ys.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{n}x{out}x{inp}: {kernel:?} with panel groups of {panel_values} differs"
+                    );
+                }
+                for r in 0..n {
+                    let one = matmul_with(
+                        &x[r * inp..(r + 1) * inp],
+                        1,
+                        out,
+                        inp,
+                        fill,
+                        kernel,
+                        PANEL_VALUES,
+                    );
+                    assert!(
+                        one.iter()
+                            .zip(&got[r * out..(r + 1) * out])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{n}x{out}x{inp}: {kernel:?} row {r} alone differs"
+                    );
+                }
             }
         }
+    }
+
+    /// The kernels this CPU runs.
+    fn kernels() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Portable];
+        if crate::simd::has_avx() {
+            all.push(Kernel::Avx2);
+        }
+        if crate::simd::has_avx512() {
+            all.push(Kernel::Avx512);
+        }
+        all
     }
 
     #[test]
