@@ -401,7 +401,9 @@ mod x86 {
         }
     }
 
-    /// The 512-bit path: one register per set of 16 lanes.
+    /// The 512-bit path: one register per set of 16 lanes. One or two input rows take two
+    /// weight rows at a time (four or eight chains instead of two or four, to hide the
+    /// multiply-add's latency); three and four take one.
     ///
     /// # Safety
     /// AVX2, FMA and AVX-512F; the job fits its buffers (see [`super::Path::run`]).
@@ -410,48 +412,90 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
+        let mut i = 0;
+        while i < job.rows {
+            // SAFETY (both): forwarded from the caller; `i + P <= job.rows`.
+            let (acc, p): ([[[__m512; 2]; R]; 2], usize) = unsafe {
+                if R <= 2 && i + 2 <= job.rows {
+                    (lanes_avx512::<BITS, R, 2>(job, i), 2)
+                } else {
+                    let [one] = lanes_avx512::<BITS, R, 1>(job, i);
+                    ([one, one], 1)
+                }
+            };
+            for (e, acc) in acc.iter().take(p).enumerate() {
+                for t in 0..R {
+                    // SAFETY: AVX-512F and AVX (the caller's).
+                    res[i + e][t] = unsafe {
+                        let v = _mm512_add_ps(acc[t][0], acc[t][1]);
+                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                        fold(_mm512_castps512_ps256(v), hi)
+                    };
+                }
+            }
+            i += p;
+        }
+    }
+
+    /// `acc_a` and `acc_b` of weight rows `i..i + P` against the job's `R` input rows.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`]; `i + P <= job.rows`.
+    #[inline(always)]
+    unsafe fn lanes_avx512<const BITS: usize, const R: usize, const P: usize>(
+        job: &Job<'_>,
+        i: usize,
+    ) -> [[[__m512; 2]; R]; P] {
         let (inp, group) = (job.inp, job.group);
         let groups = inp / group;
         let words = inp * BITS / 32;
         // SAFETY: every offset below stays inside the buffers `Path::run` checked.
         unsafe {
-            let m15 = _mm512_set1_epi32(15);
+            let iota = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
+            );
             let (xp, sp, bp) = (job.x.as_ptr(), job.s.as_ptr(), job.b.as_ptr());
-            for i in 0..job.rows {
-                let w = job.w.as_ptr().add(i * words).cast::<u8>();
-                let mut acc_a = [_mm512_setzero_ps(); R];
-                let mut acc_b = [_mm512_setzero_ps(); R];
-                for g in 0..groups {
-                    let s = _mm512_set1_ps(*sp.add(i * groups + g));
-                    let b = _mm512_set1_ps(*bp.add(i * groups + g));
+            let mut acc = [[[_mm512_setzero_ps(); 2]; R]; P];
+            for g in 0..groups {
+                for e in 0..P {
+                    let w = job.w.as_ptr().add((i + e) * words).cast::<u8>();
+                    let s = _mm512_set1_ps(*sp.add((i + e) * groups + g));
+                    let b = _mm512_set1_ps(*bp.add((i + e) * groups + g));
+                    // at 4 bits, the group's 16 possible weights `fma(q, s, b)`, computed once:
+                    // each lane's weight is then one lookup by its nibble (`vpermps` reads the
+                    // low 4 bits of each index lane), where the int-to-float conversion and the
+                    // scaling cost two instructions per 16 values and bound the loop on the
+                    // conversion port (`examples/matmul_rows`)
+                    let table = _mm512_fmadd_ps(iota, s, b);
                     for blk in (0..group).step_by(BLOCK) {
                         let v0 = g * group + blk;
                         let p = w.add(v0 * BITS / 8);
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
-                        let (qa, qb) = if BITS == 4 {
+                        let (wa, wb) = if BITS == 4 {
                             let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
-                            (_mm512_and_si512(v, m15), _mm512_srli_epi32::<4>(v))
-                        } else {
                             (
-                                _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())),
-                                _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16).cast())),
+                                _mm512_permutexvar_ps(v, table),
+                                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table),
+                            )
+                        } else {
+                            let qa = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
+                            let qb = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16).cast()));
+                            (
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(qa), s, b),
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(qb), s, b),
                             )
                         };
-                        let wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qa), s, b);
-                        let wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qb), s, b);
                         for t in 0..R {
                             let x = xp.add((job.r0 + t) * inp + v0);
-                            acc_a[t] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x), acc_a[t]);
-                            acc_b[t] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x.add(16)), acc_b[t]);
+                            let [ca, cb] = &mut acc[e][t];
+                            *ca = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x), *ca);
+                            *cb = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x.add(16)), *cb);
                         }
                     }
                 }
-                for t in 0..R {
-                    let v = _mm512_add_ps(acc_a[t], acc_b[t]);
-                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-                    res[i][t] = fold(_mm512_castps512_ps256(v), hi);
-                }
             }
+            acc
         }
     }
 }
