@@ -317,16 +317,20 @@ fn run_logged(cmd: &mut Command, log_path: &Path, what: &str) -> Result<()> {
         .status()
         .with_context(|| format!("{what}: could not start {cmd:?} (is cmake installed?)"))?;
     if !status.success() {
-        let text = fs::read_to_string(log_path).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(30).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         bail!(
             "{what} failed ({status}); last lines of {}:\n{}",
             log_path.display(),
-            tail.join("\n")
+            log_tail(log_path, 30)
         );
     }
     Ok(())
+}
+
+/// The last `lines` lines of the log at `path` (empty when it cannot be read).
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
 /// A server process, stopped when dropped.
@@ -367,9 +371,12 @@ pub(crate) fn start_llama(
         .arg(gguf)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["-np", &slots.to_string(), "-c", &(slots * ctx).to_string()])
-        .args(["-t", &threads, "-tb", &threads])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .args(["-t", &threads, "-tb", &threads]);
+    // the server's own log, next to the GGUF: quoted when it dies before it answers
+    let log_path = gguf.with_extension(format!("server-{port}.log"));
+    let log =
+        fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    cmd.stdout(Stdio::null()).stderr(log);
     if let Some(d) = depth {
         cmd.args([
             "--spec-type",
@@ -381,11 +388,11 @@ pub(crate) fn start_llama(
     let child = cmd
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    let server = Server {
+    let mut server = Server {
         child,
         base: format!("http://127.0.0.1:{port}"),
     };
-    // ready when /health answers 200
+    // ready when /health answers 200; a server that exits first is an error with its log
     let deadline = Instant::now() + Duration::from_secs(120);
     let rt = tokio::runtime::Runtime::new()?;
     loop {
@@ -396,10 +403,25 @@ pub(crate) fn start_llama(
                 .unwrap_or(false)
         });
         if ok {
+            let _ = fs::remove_file(&log_path);
             return Ok(server);
         }
+        if let Some(status) = server.child.try_wait()? {
+            bail!(
+                "{} exited before it answered ({status}) on {}; last lines of {}:\n{}",
+                bin.display(),
+                gguf.display(),
+                log_path.display(),
+                log_tail(&log_path, 12)
+            );
+        }
         if Instant::now() > deadline {
-            bail!("llama-server did not become ready in 120 s");
+            bail!(
+                "{} did not answer /health in 120 s; last lines of {}:\n{}",
+                bin.display(),
+                log_path.display(),
+                log_tail(&log_path, 12)
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
