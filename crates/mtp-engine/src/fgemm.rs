@@ -15,9 +15,10 @@
 //! of the input are multiplied against every panel on the team: with AVX2 a tile of up to
 //! [`TILE`] input rows times one panel is 2 · `TILE` vector accumulators, and each input `k`
 //! costs two panel loads, `TILE` broadcasts and 2 · `TILE` fused multiply-adds; with AVX-512
-//! (32 registers of 16 lanes) a tile is up to [`WIDE_TILE`] rows times two panels, so each
-//! input `k` costs two panel loads and `WIDE_TILE` broadcasts for 2 · `WIDE_TILE` multiply-adds
-//! of twice the width.
+//! (32 registers of 16 lanes) a tile is up to [`WIDE_TILE`] rows times [`WIDE_PANELS`] panels,
+//! so each input `k` costs three panel loads and eight broadcasts for 24 multiply-adds of twice
+//! the width (12 rows x 2 panels and 6 x 4 ran within 5% of it, 14 x 2 ~10% slower, in
+//! `examples/prefill_product`).
 //!
 //! Every output is one chain `y = fma(x[k], w[k], y)` over `k = 0..inp` in order, whatever the
 //! tile, band, thread count or instruction set, so the vector kernel and the portable one give
@@ -36,17 +37,29 @@ const PAIR: usize = 16;
 /// the sixteen AVX2 registers).
 const TILE: usize = 6;
 
-/// Input rows per AVX-512 kernel call, over two panels (24 accumulators and two panel vectors
-/// of the 32 registers; the broadcasts are folded into the multiply-adds).
-const WIDE_TILE: usize = 12;
+/// Input rows per AVX-512 kernel call, over [`WIDE_PANELS`] panels (24 accumulators, three
+/// panel vectors and a broadcast of the 32 registers).
+const WIDE_TILE: usize = 8;
+
+/// `n` panels, or [`WIDE_PANELS`] if fewer (the kernels' instances).
+const fn panels(n: usize) -> usize {
+    if n < WIDE_PANELS {
+        n
+    } else {
+        WIDE_PANELS
+    }
+}
+
+/// Panels per AVX-512 kernel call.
+const WIDE_PANELS: usize = 3;
 
 /// The tests' panel group (the engine passes its own, `nn::WIDEN_BLOCK`).
 #[cfg(test)]
 const PANEL_VALUES: usize = 1 << 22;
 
 /// Most input rows a task multiplies (a band of rows stays in L2 across the panels; a multiple
-/// of both tiles).
-const BAND: usize = 8 * WIDE_TILE;
+/// of both tiles' rows).
+const BAND: usize = 12 * WIDE_TILE;
 
 /// The kernel a product runs on, decided once by the calling thread (the team's threads do
 /// not see a test's instruction-set cap).
@@ -55,7 +68,7 @@ enum Kernel {
     Portable,
     /// AVX2 + FMA: one panel per tile.
     Avx2,
-    /// AVX-512F: two panels per tile.
+    /// AVX-512F: up to [`WIDE_PANELS`] panels per tile.
     Avx512,
 }
 
@@ -73,7 +86,7 @@ impl Kernel {
     /// Input rows and panels per tile.
     fn tile(self) -> (usize, usize) {
         match self {
-            Kernel::Avx512 => (WIDE_TILE, 2),
+            Kernel::Avx512 => (WIDE_TILE, WIDE_PANELS),
             _ => (TILE, 1),
         }
     }
@@ -135,7 +148,7 @@ fn matmul_with(
                 let r0 = ti * band;
                 let rows = ys.len() / out;
                 let xs = &x[r0 * inp..(r0 + rows) * inp];
-                let mut res = [[0f32; 2 * PAIR]; WIDE_TILE];
+                let mut res = [[0f32; WIDE_PANELS * PAIR]; WIDE_TILE];
                 let (tile_rows, tile_panels) = kernel.tile();
                 let mut pi = 0;
                 while pi < pairs {
@@ -154,13 +167,14 @@ fn matmul_with(
                                 }
                             };
                         }
-                        tiles!(12 11 10 9 8 7 6 5 4 3 2);
+                        const { assert!(TILE <= WIDE_TILE && WIDE_TILE <= 8) };
+                        tiles!(8 7 6 5 4 3 2);
                         for (i, vals) in res.iter().enumerate().take(take) {
                             let at = (t + i) * out + o0 + pi * PAIR;
                             // whole panels: a copy of known length, inlined (a call to
                             // `memcpy` per row of a tile was ~0.7% of a 4-bit prefill)
-                            if width == 2 * PAIR {
-                                ys[at..at + 2 * PAIR].copy_from_slice(vals);
+                            if width == WIDE_PANELS * PAIR {
+                                ys[at..at + WIDE_PANELS * PAIR].copy_from_slice(vals);
                             } else if width == PAIR {
                                 ys[at..at + PAIR].copy_from_slice(&vals[..PAIR]);
                             } else {
@@ -212,28 +226,36 @@ fn pack(
     });
 }
 
-/// `R` rows of `x` (`inp` each) against one or two consecutive panels (`panel`: `16 · inp`
-/// floats each), into `res[..R]` (16 features per panel).
+/// `R` rows of `x` (`inp` each) against 1 to [`WIDE_PANELS`] consecutive panels (`panel`:
+/// `16 · inp` floats each), into `res[..R]` (16 features per panel).
 fn tile<const R: usize>(
     x: &[f32],
     panel: &[f32],
     inp: usize,
     kernel: Kernel,
-    res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
+    res: &mut [[f32; WIDE_PANELS * PAIR]; WIDE_TILE],
 ) {
     let np = panel.len() / (PAIR * inp).max(1);
     assert!(
         R <= WIDE_TILE
             && x.len() == R * inp
-            && (np == 1 || np == 2)
+            && (1..=WIDE_PANELS).contains(&np)
             && panel.len() == np * PAIR * inp
     );
     #[cfg(target_arch = "x86_64")]
     match kernel {
-        // SAFETY (both): the CPU has the instruction sets (`Kernel::detect`); `x` holds `R`
+        // SAFETY (all): the CPU has the instruction sets (`Kernel::detect`); `x` holds `R`
         // rows of `inp` floats and `panel` `np` panels of `inp` groups of 16 (asserted above).
-        Kernel::Avx512 if np == 2 => return unsafe { x86::tile512::<R, 2>(x, panel, inp, res) },
-        Kernel::Avx512 => return unsafe { x86::tile512::<R, 1>(x, panel, inp, res) },
+        Kernel::Avx512 => {
+            return unsafe {
+                match np {
+                    4 => x86::tile512::<R, { panels(4) }>(x, panel, inp, res),
+                    3 => x86::tile512::<R, { panels(3) }>(x, panel, inp, res),
+                    2 => x86::tile512::<R, { panels(2) }>(x, panel, inp, res),
+                    _ => x86::tile512::<R, 1>(x, panel, inp, res),
+                }
+            }
+        }
         Kernel::Avx2 if np == 1 && R <= TILE => {
             return unsafe { x86::tile::<R>(x, panel, inp, res) }
         }
@@ -258,7 +280,7 @@ fn tile<const R: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{PAIR, WIDE_TILE};
+    use super::{PAIR, WIDE_PANELS, WIDE_TILE};
 
     /// [`super::tile`]'s arithmetic in AVX2 registers: per input `k`, the panel's two vectors
     /// times each row's `x[k]` broadcast, one fused multiply-add per lane.
@@ -271,7 +293,7 @@ mod x86 {
         x: &[f32],
         panel: &[f32],
         inp: usize,
-        res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
+        res: &mut [[f32; WIDE_PANELS * PAIR]; WIDE_TILE],
     ) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut f = [[_mm256_setzero_ps(); 2]; R];
@@ -314,7 +336,7 @@ mod x86 {
         }
     }
 
-    /// [`super::tile`]'s arithmetic in AVX-512 registers over `P` panels (1 or 2): per input
+    /// [`super::tile`]'s arithmetic in AVX-512 registers over `P` panels (up to [`WIDE_PANELS`]): per input
     /// `k`, each panel's 16 weights times each row's `x[k]` broadcast, one fused multiply-add
     /// per lane (the same chains as [`tile`]).
     ///
@@ -326,9 +348,9 @@ mod x86 {
         x: &[f32],
         panel: &[f32],
         inp: usize,
-        res: &mut [[f32; 2 * PAIR]; WIDE_TILE],
+        res: &mut [[f32; WIDE_PANELS * PAIR]; WIDE_TILE],
     ) {
-        const { assert!(R <= WIDE_TILE && P >= 1 && P <= 2) };
+        const { assert!(P >= 1 && P <= WIDE_PANELS) };
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut f = [[_mm512_setzero_ps(); P]; R];
         macro_rules! step {
@@ -364,7 +386,7 @@ mod x86 {
         }
         for i in 0..R {
             for p in 0..P {
-                // SAFETY: `res[i]` holds 32 floats.
+                // SAFETY: `res[i]` holds `16 · WIDE_PANELS` floats.
                 unsafe { _mm512_storeu_ps(res[i].as_mut_ptr().add(p * PAIR), f[i][p]) };
             }
         }
