@@ -16,7 +16,8 @@
 //! the path or on the other rows computed with it (a verify forward yields the bits of single
 //! steps). Per 32-value block of group `g`, 16 lanes `j` hold two values: at 4 bits the low and
 //! high nibbles of packed byte `j` (values `2j` and `2j + 1`), at 8 bits bytes `j` and `16 + j`.
-//! Each is dequantized as `w = fma(float(q), s[g], b[g])` (rounded once) and accumulated as
+//! Each is dequantized as `w = fma(float(q), s[g], b[g])` (rounded once; at 4 bits the AVX-512
+//! path looks it up among the group's 16 such values, the same numbers) and accumulated as
 //! `acc_a[j] = fma(w_a, x_a, acc_a[j])`, `acc_b[j] = fma(w_b, x_b, acc_b[j])`. After the last
 //! block, `v[j] = acc_a[j] + acc_b[j]`, `u[l] = v[l] + v[l + 8]`, and the result is
 //! `((u0 + u4) + (u1 + u5)) + ((u2 + u6) + (u3 + u7))`. The multiply-adds are fused wherever the
