@@ -41,15 +41,6 @@ const TILE: usize = 6;
 /// panel vectors and a broadcast of the 32 registers).
 const WIDE_TILE: usize = 8;
 
-/// `n` panels, or [`WIDE_PANELS`] if fewer (the kernels' instances).
-const fn panels(n: usize) -> usize {
-    if n < WIDE_PANELS {
-        n
-    } else {
-        WIDE_PANELS
-    }
-}
-
 /// Panels per AVX-512 kernel call.
 const WIDE_PANELS: usize = 3;
 
@@ -255,14 +246,14 @@ fn tile<const R: usize>(
         // SAFETY (all): the CPU has the instruction sets (`Kernel::detect`); `x` holds `R`
         // rows of `inp` floats and `panel` `np` panels of `inp` groups of 16 (asserted above).
         Kernel::Avx512 => {
+            const { assert!(WIDE_PANELS == 3) };
             return unsafe {
                 match np {
-                    4 => x86::tile512::<R, { panels(4) }>(x, panel, inp, res),
-                    3 => x86::tile512::<R, { panels(3) }>(x, panel, inp, res),
-                    2 => x86::tile512::<R, { panels(2) }>(x, panel, inp, res),
+                    3 => x86::tile512::<R, 3>(x, panel, inp, res),
+                    2 => x86::tile512::<R, 2>(x, panel, inp, res),
                     _ => x86::tile512::<R, 1>(x, panel, inp, res),
                 }
-            }
+            };
         }
         Kernel::Avx2 if np == 1 && R <= TILE => {
             return unsafe { x86::tile::<R>(x, panel, inp, res) }
@@ -344,9 +335,9 @@ mod x86 {
         }
     }
 
-    /// [`super::tile`]'s arithmetic in AVX-512 registers over `P` panels (up to [`WIDE_PANELS`]): per input
-    /// `k`, each panel's 16 weights times each row's `x[k]` broadcast, one fused multiply-add
-    /// per lane (the same chains as [`tile`]).
+    /// [`super::tile`]'s arithmetic in AVX-512 registers over `P` panels (up to
+    /// [`WIDE_PANELS`]): per input `k`, each panel's 16 weights times each row's `x[k]`
+    /// broadcast, one fused multiply-add per lane (the same chains as [`tile`]).
     ///
     /// # Safety
     /// AVX-512F must be present; `x` must hold `R` rows of `inp` floats and `panel` `P` panels
