@@ -768,7 +768,11 @@ mod tests {
             let run = |chunk: Option<usize>, at: LogitsAt| {
                 let mut cache = model.new_cache();
                 let out = match chunk {
-                    None => model.forward(&[prompt.clone()], std::slice::from_mut(&mut cache), at),
+                    None => model.forward(
+                        std::slice::from_ref(&prompt),
+                        std::slice::from_mut(&mut cache),
+                        at,
+                    ),
                     Some(c) => model.forward_chunks(&prompt, &mut cache, at, c),
                 }
                 .expect("prefill");
