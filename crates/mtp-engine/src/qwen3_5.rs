@@ -584,9 +584,10 @@ impl Qwen35Model {
     /// forward through every layer on the cache the previous part left: every row's products,
     /// its attention over the cache and its delta-rule step are computed as they would be in
     /// one forward (a row's bits do not depend on the rows computed with it, as long as
-    /// products keep to `fgemm`: `chunk` is at least `2 · MAX_ROWS`), so the output has the
-    /// same bits. In MoE layers an expert's rows take the few-row or the panel product by how
-    /// many the forward routes to it, so there a part's rows can differ in the last place.
+    /// products keep to `fgemm`: `chunk` is at least `2 · (MAX_ROWS + 1)`, so every part is
+    /// over `MAX_ROWS`), so the output has the same bits. In MoE layers an expert's rows take
+    /// the few-row or the panel product by how many the forward routes to it, so there a
+    /// part's rows can differ in the last place.
     fn forward_chunks(
         &self,
         tokens: &[u32],
@@ -595,7 +596,7 @@ impl Qwen35Model {
         chunk: usize,
     ) -> Result<ForwardOutput> {
         assert!(
-            chunk >= 2 * simd::MAX_ROWS,
+            chunk >= 2 * (simd::MAX_ROWS + 1),
             "forward_chunks: parts of {chunk} tokens"
         );
         let n = tokens.len();
@@ -784,8 +785,9 @@ mod tests {
             for at in [LogitsAt::All, LogitsAt::Last, LogitsAt::None] {
                 let (whole, after) = run(None, at);
                 assert_eq!(whole.hidden.len(), prompt.len() * model.hidden_size());
-                // 301 tokens in parts of 64 (five of 60-61), 100 (four of 75-76), 151 (two)
-                for chunk in [64, 100, 151] {
+                // 301 tokens in parts of up to 66 (five of 60-61), 100 (four of 75-76), 151
+                // (two of 150-151)
+                for chunk in [66, 100, 151] {
                     let (parts, step) = run(Some(chunk), at);
                     let case = format!("{name}, {at:?}, parts of up to {chunk}");
                     assert!(bits(&parts.hidden, &whole.hidden), "hidden rows, {case}");
