@@ -25,7 +25,7 @@ use crate::simd;
 /// same speed (`/usr/bin/time` of `cargo xtask bench --target-only --prompt-len 4000`, old and
 /// new binaries alternated twice); one part had the kernel zero fresh 49 MB mappings for every
 /// product's `[4000, 3072]` result (18% of the samples in `perf record`).
-pub(crate) const PREFILL_CHUNK: usize = 1024;
+pub(crate) const FORWARD_PART: usize = 1024;
 
 /// Which positions of a forward get LM-head logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -522,8 +522,8 @@ impl Qwen35Model {
         if b > 1 && total > simd::MAX_ROWS {
             return self.forward_grouped(tokens, caches, at);
         }
-        if b == 1 && total > PREFILL_CHUNK {
-            return self.forward_chunks(&tokens[0], &mut caches[0], at, PREFILL_CHUNK);
+        if b == 1 && total > FORWARD_PART {
+            return self.forward_chunks(&tokens[0], &mut caches[0], at, FORWARD_PART);
         }
         let d = self.hidden_size();
         let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
@@ -744,7 +744,7 @@ mod tests {
             .join(name)
     }
 
-    /// A long prompt's forward in parts (as `forward` splits one past `PREFILL_CHUNK`) gives
+    /// A long prompt's forward in parts (as `forward` splits one past `FORWARD_PART`) gives
     /// the hidden rows, logits and cache of one forward, bit for bit, and so does any other
     /// split into parts of more than `MAX_ROWS` rows: dense f32 and packed 4-bit weights,
     /// logits at every position and at the last one, and the decode step after. In MoE layers
