@@ -1315,8 +1315,15 @@ fn attention_impl(
         out: out.as_mut_ptr(),
     };
     let avx = avx && has_avx();
+    let wide = avx && has_avx512();
     let work = |task: usize| {
         let (kvh, ti) = (task / tiles, task % tiles);
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: AVX2, FMA and AVX-512F were detected on this CPU; as below.
+            unsafe { attention_task_avx512(&job, kvh, ti) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx {
             // SAFETY: AVX was detected on this CPU; task `(kvh, ti)` writes only its own
@@ -1324,7 +1331,7 @@ fn attention_impl(
             unsafe { attention_task_avx(&job, kvh, ti) };
             return;
         }
-        let _ = avx;
+        let _ = (avx, wide);
         // SAFETY: the portable lanes need no particular instruction set; as above.
         unsafe { attention_task::<Portable>(&job, kvh, ti) };
     };
@@ -1369,6 +1376,14 @@ unsafe fn attention_task_avx(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
     unsafe { attention_task::<Avx>(job, kvh, tile) }
 }
 
+/// [`attention_task_avx`] with the score products' chunk pairs in 16-lane vectors (same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,avx512f")]
+unsafe fn attention_task_avx512(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
+    // SAFETY: this function is only called when AVX-512F was detected; the rest is forwarded.
+    unsafe { attention_task::<Avx512>(job, kvh, tile) }
+}
+
 /// The dot products of `x` with the eight rows `ks` (`len` floats each), each summed exactly as
 /// [`dots`] sums one (even and odd 8-float chunks apart, [`Lanes::reduce`], then the tail),
 /// returned as one vector.
@@ -1383,25 +1398,23 @@ unsafe fn dots8<L: Lanes>(x: *const f32, ks: [*const f32; 8], len: usize) -> L::
         let mut v = [L::zero(); 8];
         for half in 0..2 {
             let k: [*const f32; 4] = std::array::from_fn(|m| ks[half * 4 + m]);
-            let mut even = [L::zero(); 4];
-            let mut odd = [L::zero(); 4];
+            // `[even | odd]` chunk pairs: one 16-lane multiply-add for both where the CPU has
+            // them (`Lanes::W`), each lane's chain as with two 8-lane ones
+            let mut pair = [L::zero2(); 4];
             let mut c = 0;
             while c + 2 <= chunks {
-                let (x0, x1) = (L::load(x.add(c * 8)), L::load(x.add(c * 8 + 8)));
+                let xs = L::load2(x.add(c * 8));
                 for m in 0..4 {
-                    even[m] = L::mul_add(even[m], x0, L::load(k[m].add(c * 8)));
-                    odd[m] = L::mul_add(odd[m], x1, L::load(k[m].add(c * 8 + 8)));
+                    pair[m] = L::mul_add2(pair[m], xs, L::load2(k[m].add(c * 8)));
                 }
                 c += 2;
             }
-            if c < chunks {
-                let x0 = L::load(x.add(c * 8));
-                for m in 0..4 {
-                    even[m] = L::mul_add(even[m], x0, L::load(k[m].add(c * 8)));
-                }
-            }
             for m in 0..4 {
-                v[half * 4 + m] = L::add(even[m], odd[m]);
+                let (mut even, odd) = L::halves(pair[m]);
+                if c < chunks {
+                    even = L::mul_add(even, L::load(x.add(c * 8)), L::load(k[m].add(c * 8)));
+                }
+                v[half * 4 + m] = L::add(even, odd);
             }
         }
         let mut tails = [0f32; 8];
@@ -2291,6 +2304,14 @@ mod tests {
                         "{rep} x {hkv} heads of {hd}, {t_total} keys, avx {avx}"
                     );
                     assert_eq!(testing::bits(&blocked), testing::bits(&run(2)));
+                    // every vector instruction set this CPU runs: the same bits (AVX-512 takes
+                    // the score products' chunk pairs in 16-lane vectors)
+                    if avx {
+                        for isa in isas().into_iter().filter(|&isa| isa != Isa::Portable) {
+                            let got = with_isa(isa, || run(VALUE_BLOCK));
+                            assert_eq!(testing::bits(&blocked), testing::bits(&got), "{isa:?}");
+                        }
+                    }
                     for i in 0..l {
                         let seen = (t_total - l + i + 1) * hkv * hd;
                         let one = attention_impl(
