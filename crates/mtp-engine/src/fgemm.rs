@@ -281,6 +281,26 @@ mod x86 {
 
     use super::{PAIR, WIDE_PANELS, WIDE_TILE};
 
+    /// `$step!(k)` for every input `k = 0..$inp` in order: four per turn of the loop, then the
+    /// rest (each chain stays in input order).
+    macro_rules! each_input {
+        ($inp:expr, $step:ident) => {{
+            let inp = $inp;
+            let mut k = 0;
+            while k + 4 <= inp {
+                $step!(k);
+                $step!(k + 1);
+                $step!(k + 2);
+                $step!(k + 3);
+                k += 4;
+            }
+            while k < inp {
+                $step!(k);
+                k += 1;
+            }
+        }};
+    }
+
     /// [`super::tile`]'s arithmetic in AVX2 registers: per input `k`, the panel's two vectors
     /// times each row's `x[k]` broadcast, one fused multiply-add per lane.
     ///
@@ -313,19 +333,7 @@ mod x86 {
                 }
             }};
         }
-        // four inputs per turn of the loop, then the rest (each chain stays in input order)
-        let mut k = 0;
-        while k + 4 <= inp {
-            step!(k);
-            step!(k + 1);
-            step!(k + 2);
-            step!(k + 3);
-            k += 4;
-        }
-        while k < inp {
-            step!(k);
-            k += 1;
-        }
+        each_input!(inp, step);
         for i in 0..R {
             // SAFETY: `res[i]` holds 16 floats.
             unsafe {
@@ -371,18 +379,7 @@ mod x86 {
                 }
             }};
         }
-        let mut k = 0;
-        while k + 4 <= inp {
-            step!(k);
-            step!(k + 1);
-            step!(k + 2);
-            step!(k + 3);
-            k += 4;
-        }
-        while k < inp {
-            step!(k);
-            k += 1;
-        }
+        each_input!(inp, step);
         for i in 0..R {
             for p in 0..P {
                 // SAFETY: `res[i]` holds `16 · WIDE_PANELS` floats.
