@@ -41,6 +41,11 @@ commands:
   test                            the project's full test command (what CI runs)
 ";
 
+/// The `mtp` command's allocator (see the workspace `Cargo.toml`), so that `bench` measures
+/// the engine as users run it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
