@@ -115,10 +115,11 @@ fn matmul_with(
         "fgemm: the input holds {} floats, expected {n} rows of {inp}",
         x.len()
     );
-    let mut y = vec![0f32; n * out];
     if n == 0 || out == 0 || inp == 0 {
-        return y;
+        return vec![0f32; n * out];
     }
+    // every element is written below (each band, panel and row of a tile)
+    let mut y = crate::scratch::overwritten(n * out);
     thread_local! {
         static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -416,6 +417,38 @@ mod tests {
             }
         }
         y
+    }
+
+    /// A large product's result comes from the scratch pool with its last user's values in it;
+    /// every one of them is overwritten.
+    #[test]
+    fn a_recycled_result_buffer_is_wholly_overwritten() {
+        let (n, out, inp) = (301, 250, 19);
+        assert!(n * out >= crate::scratch::MIN_FLOATS);
+        let x = values(n * inp, 5);
+        let w = values(out * inp, 6);
+        let fill = |o0: usize, rows: &mut [f32]| {
+            rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]);
+        };
+        for kernel in kernels() {
+            // (other tests share the pool: offer several)
+            for _ in 0..4 {
+                crate::scratch::recycle(vec![f32::NAN; n * out]);
+            }
+            let got = matmul_with(&x, n, out, inp, fill, kernel, PANEL_VALUES);
+            assert_eq!(got.len(), n * out);
+            for r in 0..n {
+                for o in 0..out {
+                    let chain =
+                        (0..inp).fold(0f32, |f, k| x[r * inp + k].mul_add(w[o * inp + k], f));
+                    assert_eq!(
+                        chain.to_bits(),
+                        got[r * out + o].to_bits(),
+                        "{kernel:?} ({r}, {o})"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

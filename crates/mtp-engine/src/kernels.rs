@@ -271,7 +271,7 @@ multiversion! {
 /// # Panics
 /// As [`conv_silu_into`].
 pub fn causal_conv_silu(state: &mut [f32], x: &[f32], w: &[f32], c: usize) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
+    let mut out = crate::scratch::zeroed(x.len());
     conv_silu_into(&mut out, state, x, w, c);
     conv_window_push(state, x, c);
     out

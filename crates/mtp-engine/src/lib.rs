@@ -36,6 +36,7 @@ pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
+pub(crate) mod scratch;
 #[allow(unsafe_code)] // the vector kernels and their CPU dispatch
 pub(crate) mod simd;
 pub mod speculative;

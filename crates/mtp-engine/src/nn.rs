@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{self, DeltaDims, Rope};
 use crate::loader::{MappedTensor, Param, WeightDtype};
 use crate::quant::QuantMatrix;
+use crate::scratch;
 use crate::simd;
 
 /// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
@@ -990,7 +991,10 @@ impl DecoderLayer {
             Mixer::Attention(a) => a.forward(&normed, lens, caches, positions, false)?,
             Mixer::Linear(m) => m.forward(&normed, lens, caches)?,
         };
-        self.finish(x.to_vec(), &r, n)
+        scratch::recycle(normed);
+        let h = self.finish(scratch::copy(x), &r, n);
+        scratch::recycle(r);
+        h
     }
 
     /// Caches all `l` positions of one sequence but returns only the last one's output
@@ -1069,7 +1073,7 @@ impl DecoderLayer {
         }
         let total = lens.iter().try_fold(0usize, |a, &l| a.checked_add(l));
         let n = self.check_rows(x, &[total.unwrap_or(usize::MAX)])?;
-        let mut normed = x.to_vec();
+        let mut normed = scratch::copy(x);
         kernels::rms_norm_rows(&mut normed, Some(&self.in_norm), self.hidden, self.eps);
         Ok((n, normed))
     }
@@ -1092,10 +1096,12 @@ impl DecoderLayer {
     /// Residual, post-norm and MLP over `n` rows of mixer output `r`.
     fn finish(&self, mut h: Vec<f32>, r: &[f32], n: usize) -> Result<Vec<f32>> {
         h.iter_mut().zip(r).for_each(|(a, b)| *a += b);
-        let mut normed = h.clone();
+        let mut normed = scratch::copy(&h);
         kernels::rms_norm_rows(&mut normed, Some(&self.post_norm), self.hidden, self.eps);
         let m = self.mlp.forward(&normed, n)?;
+        scratch::recycle(normed);
         h.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+        scratch::recycle(m);
         Ok(h)
     }
 }
@@ -1132,13 +1138,13 @@ impl Attention {
             .map(|&l| if last_only { l.min(1) } else { l })
             .collect();
         let out_rows: usize = lqs.iter().sum();
-        let mut out = vec![0f32; out_rows * h * hd];
+        let mut out = scratch::zeroed(out_rows * h * hd);
         let (mut in_off, mut out_off) = (0usize, 0usize);
         for (bi, (&l, &lq)) in lens.iter().zip(&lqs).enumerate() {
-            let mut q = vec![0f32; l * h * hd];
-            let mut gate = vec![0f32; l * h * hd];
-            let mut k = vec![0f32; l * kvh * hd];
-            let mut v = vec![0f32; l * kvh * hd];
+            let mut q = scratch::zeroed(l * h * hd);
+            let mut gate = scratch::zeroed(l * h * hd);
+            let mut k = scratch::zeroed(l * kvh * hd);
+            let mut v = scratch::zeroed(l * kvh * hd);
             for t in 0..l {
                 let row = &qkv[(in_off + t) * width..(in_off + t + 1) * width];
                 // q_proj rows are [q_h, gate_h] per head
@@ -1175,10 +1181,14 @@ impl Attention {
             let o = simd::attention(&q[first..], &kv.k, &kv.v, lq, h, kvh, hd, scale);
             let dst = &mut out[out_off * h * hd..(out_off + lq) * h * hd];
             kernels::sigmoid_mul(dst, &gate[first..], &o);
+            [q, gate, k, v, o].into_iter().for_each(scratch::recycle);
             in_off += l;
             out_off += lq;
         }
-        self.o.forward(&out, out_rows)
+        scratch::recycle(qkv);
+        let y = self.o.forward(&out, out_rows);
+        scratch::recycle(out);
+        y
     }
 }
 
@@ -1196,7 +1206,7 @@ impl DeltaNet {
         let conv_dim = 2 * key_dim + value_dim;
         let width = conv_dim + value_dim + 2 * dm.hv;
         let proj = self.proj.forward(x, rows_total)?; // [rows, width]
-        let mut out = vec![0f32; rows_total * value_dim];
+        let mut out = scratch::zeroed(rows_total * value_dim);
         let mut off = 0usize;
         for (bi, &l) in lens.iter().enumerate() {
             let LayerCache::Linear(st) = &mut *caches[bi] else {
@@ -1212,8 +1222,8 @@ impl DeltaNet {
                 ));
             }
             let rows = &proj[off * width..(off + l) * width];
-            let mut mixed = Vec::with_capacity(l * conv_dim);
-            let mut z = Vec::with_capacity(l * value_dim);
+            let mut mixed = scratch::with_capacity(l * conv_dim);
+            let mut z = scratch::with_capacity(l * value_dim);
             // the steps a verify kept come first, settled in this forward's pass
             let mut g = Vec::with_capacity((settle + l) * dm.hv);
             let mut beta = Vec::with_capacity((settle + l) * dm.hv);
@@ -1243,9 +1253,9 @@ impl DeltaNet {
             };
             let conv_out = kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim);
             // split [q | k | v] per step and normalise q, k per head
-            let mut q = Vec::with_capacity(l * key_dim);
-            let mut k = Vec::with_capacity(l * key_dim);
-            let mut v = Vec::with_capacity((settle + l) * value_dim);
+            let mut q = scratch::with_capacity((settle + l) * key_dim);
+            let mut k = scratch::with_capacity((settle + l) * key_dim);
+            let mut v = scratch::with_capacity((settle + l) * value_dim);
             v.extend_from_slice(&st.pending.v[..settle * value_dim]);
             for t in 0..l {
                 let r = &conv_out[t * conv_dim..(t + 1) * conv_dim];
@@ -1297,9 +1307,15 @@ impl DeltaNet {
             kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
             let dst = &mut out[off * value_dim..(off + l) * value_dim];
             kernels::silu_mul(dst, &z, &y);
+            [mixed, z, conv_out, q, k, v, y]
+                .into_iter()
+                .for_each(scratch::recycle);
             off += l;
         }
-        self.out.forward(&out, rows_total)
+        scratch::recycle(proj);
+        let y = self.out.forward(&out, rows_total);
+        scratch::recycle(out);
+        y
     }
 }
 
@@ -1310,7 +1326,10 @@ impl Mlp {
                 let i = gate_up.out_features() / 2;
                 let gu = gate_up.forward(x, n)?;
                 let act = swiglu_rows(&gu, n, i);
-                down.forward(&act, n)
+                scratch::recycle(gu);
+                let y = down.forward(&act, n);
+                scratch::recycle(act);
+                y
             }
             Mlp::Moe(m) => m.forward(x, n),
         }
@@ -1319,7 +1338,7 @@ impl Mlp {
 
 /// `silu(gate) * up` for rows laid out `[gate (i) | up (i)]`.
 fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
-    let mut act = vec![0f32; n * i];
+    let mut act = scratch::zeroed(n * i);
     if i == 0 {
         return act;
     }

@@ -552,7 +552,8 @@ impl Qwen35Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let mut lc: Vec<&mut crate::cache::LayerCache> =
                 caches.iter_mut().map(|c| &mut c.layers[i]).collect();
-            x = layer.forward_ragged(&x, &lens, &mut lc, &positions)?;
+            let next = layer.forward_ragged(&x, &lens, &mut lc, &positions)?;
+            crate::scratch::recycle(std::mem::replace(&mut x, next));
         }
         for (c, &l) in caches.iter_mut().zip(&lens) {
             c.advance(l);

@@ -1294,7 +1294,7 @@ fn attention_impl(
         t_total >= l,
         "attention: {t_total} cached positions for {l} queries"
     );
-    let mut out = vec![0f32; q.len()];
+    let mut out = crate::scratch::zeroed(q.len());
     if l == 0 {
         return out;
     }
@@ -1839,7 +1839,7 @@ pub fn gated_delta(
     };
     let out = s - settle;
     // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
-    let mut yh = vec![0f32; d.hv * out * d.dv];
+    let mut yh = crate::scratch::zeroed(d.hv * out * d.dv);
     let per_y = out * d.dv;
     // split by head unless the whole call is a few microseconds of work (even the bundled
     // demo model's 64 KiB state gains from it, measured)
@@ -1852,13 +1852,15 @@ pub fn gated_delta(
             run(h, st, &mut yh[h * per_y..(h + 1) * per_y], b);
         }
     }
-    let mut y = vec![0f32; out * d.hv * d.dv];
+    // every element is copied in below
+    let mut y = crate::scratch::overwritten(out * d.hv * d.dv);
     for h in 0..d.hv {
         for t in 0..out {
             y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv]
                 .copy_from_slice(&yh[(h * out + t) * d.dv..(h * out + t + 1) * d.dv]);
         }
     }
+    crate::scratch::recycle(yh);
     y
 }
 
