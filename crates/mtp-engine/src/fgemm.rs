@@ -419,6 +419,28 @@ mod tests {
         y
     }
 
+    /// Each output of `got` is one chain of fused multiply-adds in input order.
+    fn assert_chains(
+        x: &[f32],
+        w: &[f32],
+        got: &[f32],
+        n: usize,
+        out: usize,
+        inp: usize,
+        what: &str,
+    ) {
+        for r in 0..n {
+            for o in 0..out {
+                let chain = (0..inp).fold(0f32, |f, k| x[r * inp + k].mul_add(w[o * inp + k], f));
+                assert_eq!(
+                    chain.to_bits(),
+                    got[r * out + o].to_bits(),
+                    "{what} {n}x{out}x{inp}: output ({r}, {o})"
+                );
+            }
+        }
+    }
+
     /// A large product's result comes from the scratch pool with its last user's values in it;
     /// every one of them is overwritten.
     #[test]
@@ -437,17 +459,7 @@ mod tests {
             }
             let got = matmul_with(&x, n, out, inp, fill, kernel, PANEL_VALUES);
             assert_eq!(got.len(), n * out);
-            for r in 0..n {
-                for o in 0..out {
-                    let chain =
-                        (0..inp).fold(0f32, |f, k| x[r * inp + k].mul_add(w[o * inp + k], f));
-                    assert_eq!(
-                        chain.to_bits(),
-                        got[r * out + o].to_bits(),
-                        "{kernel:?} ({r}, {o})"
-                    );
-                }
-            }
+            assert_chains(&x, &w, &got, n, out, inp, &format!("{kernel:?}"));
         }
     }
 
@@ -476,17 +488,7 @@ mod tests {
                 );
             }
             // each output is one chain of fused multiply-adds in input order
-            for r in 0..n {
-                for o in 0..out {
-                    let chain =
-                        (0..inp).fold(0f32, |f, k| x[r * inp + k].mul_add(w[o * inp + k], f));
-                    assert_eq!(
-                        chain.to_bits(),
-                        got[r * out + o].to_bits(),
-                        "{n}x{out}x{inp}: output ({r}, {o})"
-                    );
-                }
-            }
+            assert_chains(&x, &w, &got, n, out, inp, "");
             // every kernel this CPU runs, small panel groups (one or three panels), and each
             // row alone: the same bits
             for kernel in kernels() {
