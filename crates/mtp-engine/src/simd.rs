@@ -106,6 +106,11 @@ trait Lanes {
     /// # Safety
     /// The CPU supports the instruction set.
     unsafe fn halves(w: Self::W) -> (Self::V, Self::V);
+    /// All 16 lanes `x`.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction set.
+    unsafe fn splat2(x: f32) -> Self::W;
 }
 
 /// The pair implementation of [`Lanes::W`] and its operations, for 8-lane-only instruction sets.
@@ -145,6 +150,11 @@ macro_rules! paired_w {
         #[inline(always)]
         unsafe fn halves(w: Self::W) -> (Self::V, Self::V) {
             w
+        }
+        #[inline(always)]
+        unsafe fn splat2(x: f32) -> Self::W {
+            // SAFETY: forwarded from the caller.
+            unsafe { (Self::splat(x), Self::splat(x)) }
         }
     };
 }
@@ -373,6 +383,11 @@ impl Lanes for Avx512 {
             let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w));
             (_mm512_castps512_ps256(w), _mm256_castpd_ps(hi))
         }
+    }
+    #[inline(always)]
+    unsafe fn splat2(x: f32) -> Self::W {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { std::arch::x86_64::_mm512_set1_ps(x) }
     }
 }
 
@@ -1222,8 +1237,10 @@ unsafe fn widen_avx<E: Weight>(src: &[E], dst: &mut [f32]) {
 /// head and tile of positions, run in parallel on the worker team when there is enough of it
 /// (a decode step's KV heads run side by side). Within a task the queries that read the KV head
 /// are scored against eight keys at a time, each key block brought into L1 once for all of them,
-/// and the eight sums reduced together; each query's arithmetic is that of a lone query,
-/// whatever the tiling, so a verify row has the bits of a single-token step. A task's scores
+/// and the eight sums reduced together; the weighted values are summed a block of keys at a
+/// time, every position of the task through each block while it is in L1 (see
+/// [`VALUE_BLOCK`]). Each query's arithmetic is that of a lone query, whatever the tiling, so a
+/// verify row has the bits of a single-token step. A task's scores
 /// (its positions × queries per KV head × keys) stay within a budget (4 MiB), so a long prompt
 /// does not hold a full score matrix.
 ///
@@ -1460,14 +1477,19 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
 }
 
 /// `out[q][c] = inv[q] * Σ_t w_q[t] v[t][c]` for `N` queries reading the same `visible` value
-/// rows (`v[t]` at `values + t * stride`, `hd` wide). Even and odd `t` accumulate apart and are
-/// added at the end: a fixed order per query and channel, whatever `N` and however the
-/// channels are grouped into passes (eight accumulators each: four 8-channel chunks for one
-/// query, two for two, one for four) or the keys into blocks of `block` (see [`VALUE_BLOCK`]).
+/// rows (`v[t]` at `values + t * stride`, `hd` wide), the keys `span` of it: from zero when the
+/// span starts at 0, else going on from the partial sums in `part`; written to `outs` when the
+/// span ends at `visible`, else back to `part`. Even and odd `t` accumulate apart and are added
+/// at the end: a fixed order per query and channel, whatever `N`, however the channels are
+/// grouped into passes (eight accumulators each: four 8-channel chunks for one query, two for
+/// two, one for four; sixteen with [`Lanes::WIDE`]: eight 16-channel chunks for one query, four
+/// for two, two for four) and however the keys are split into spans (each starting on an even
+/// key; see [`VALUE_BLOCK`]).
 ///
 /// # Safety
-/// `ws[q]` reads `visible` floats, `outs[q]` writes `hd`, `values` reads `visible` rows; the CPU
-/// supports `L`.
+/// `ws[q]` reads `visible` floats, `outs[q]` writes `hd`, `values` reads `visible` rows, `part`
+/// holds `2 N hd` floats unless the span is all the keys; `span.start` is even and `span`
+/// inside `0..visible`; the CPU supports `L`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn weighted_values<L: Lanes, const N: usize>(
@@ -1475,86 +1497,207 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
     inv: [f32; N],
     values: *const f32,
     stride: usize,
+    span: std::ops::Range<usize>,
     visible: usize,
     hd: usize,
-    block: usize,
+    part: *mut f32,
     outs: [*mut f32; N],
 ) {
-    // SAFETY (all accesses): within the bounds the caller guarantees; `part` holds `2 N hd`
-    // floats when the keys are split into blocks.
+    // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
-        let mut part = vec![0f32; if visible > block { 2 * N * hd } else { 0 }];
-        let pp = part.as_mut_ptr();
-        let mut t0 = 0usize;
-        let c = loop {
-            let t1 = t0.saturating_add(block).min(visible);
-            let mut c = 0;
-            // passes of `G` 8-channel chunks while `G` of them are left
-            macro_rules! passes {
-                ($g:literal) => {
-                    while c + 8 * $g <= hd {
-                        values_pass::<L, N, $g>(
-                            ws,
-                            inv,
-                            values,
-                            stride,
-                            t0..t1,
-                            visible,
-                            c,
-                            hd,
-                            pp,
-                            outs,
-                        );
-                        c += 8 * $g;
-                    }
-                };
-            }
+        let mut c = 0;
+        // passes of `G` chunks of `$chunk` while `G` of them are left
+        macro_rules! passes {
+            ($chunk:ty, $g:literal) => {
+                while c + <$chunk as Chunk<L>>::WIDTH * $g <= hd {
+                    values_pass::<L, $chunk, N, $g>(
+                        ws,
+                        inv,
+                        values,
+                        stride,
+                        span.clone(),
+                        visible,
+                        c,
+                        hd,
+                        part,
+                        outs,
+                    );
+                    c += <$chunk as Chunk<L>>::WIDTH * $g;
+                }
+            };
+        }
+        // sixteen accumulators: in 16-channel registers where the CPU has 32 of them, else
+        // in 8-channel ones
+        if L::WIDE {
             match N {
-                1 => passes!(4),
-                2 => passes!(2),
+                1 => passes!(Wide, 8),
+                2 => passes!(Wide, 4),
+                _ => passes!(Wide, 2),
+            }
+            passes!(Wide, 1);
+        } else {
+            match N {
+                1 => passes!(Narrow, 4),
+                2 => passes!(Narrow, 2),
                 _ => {}
             }
-            passes!(1);
-            if t1 == visible {
-                break c;
-            }
-            t0 = t1;
-        };
+        }
+        passes!(Narrow, 1);
         for q in 0..N {
             for cc in c..hd {
-                let (mut even, mut odd) = (0f32, 0f32);
-                let mut t = 0;
-                while t + 2 <= visible {
+                let (pe, po) = (part.add(q * hd + cc), part.add((N + q) * hd + cc));
+                let (mut even, mut odd) = if span.start > 0 {
+                    (*pe, *po)
+                } else {
+                    (0f32, 0f32)
+                };
+                let mut t = span.start;
+                while t + 2 <= span.end {
                     even += *ws[q].add(t) * *values.add(t * stride + cc);
                     odd += *ws[q].add(t + 1) * *values.add((t + 1) * stride + cc);
                     t += 2;
                 }
-                if t < visible {
+                if t < span.end {
                     even += *ws[q].add(t) * *values.add(t * stride + cc);
                 }
-                *outs[q].add(cc) = (even + odd) * inv[q];
+                if span.end == visible {
+                    *outs[q].add(cc) = (even + odd) * inv[q];
+                } else {
+                    (*pe, *po) = (even, odd);
+                }
             }
         }
     }
 }
 
-/// Value rows per block of [`weighted_values`] (even, so that each block starts on an even key
-/// and the even and odd chains stay the same): a block's rows are read once from L2 and then
-/// from L1 by every pass over the channels, where each pass over all the keys of a long
-/// prompt read them from L2 again (positions 1 KiB apart, one cache line each per pass).
+/// Value rows per block of [`attention`]'s weighted sums (even, so that each block starts on an
+/// even key and the even and odd chains stay the same): a task takes the keys a block at a
+/// time, and every position of its tile sums its weights of the block's rows while they are in
+/// L1 (16 KiB at 128 channels), carrying its partial sums from block to block; position by
+/// position, a long prompt's value rows came from L3 again for every position (each byte
+/// used by four multiply-adds per head group).
 const VALUE_BLOCK: usize = 32;
 
-/// Channels `c..c + 8 * G` of [`weighted_values`] over keys `span`: from zero when the span
-/// starts at 0, else going on from the partial sums in `part` (even chains at `q · hd`, odd ones
-/// at `(N + q) · hd`); the results go to `outs` when the span ends at `visible`, else the
-/// partial sums back to `part`.
+/// The vectors a [`values_pass`] accumulates in: 8 channels ([`Narrow`], `L::V`) or 16
+/// ([`Wide`], `L::W`: one register where [`Lanes::WIDE`], twice the channels per multiply-add
+/// and per broadcast weight). Each lane is one channel's chain either way, so the bits do not
+/// depend on which.
+trait Chunk<L: Lanes> {
+    type T: Copy;
+    /// Channels per vector.
+    const WIDTH: usize;
+    /// # Safety
+    /// The CPU supports `L`.
+    unsafe fn zero() -> Self::T;
+    /// # Safety
+    /// `p` reads [`Chunk::WIDTH`] floats; the CPU supports `L`.
+    unsafe fn load(p: *const f32) -> Self::T;
+    /// # Safety
+    /// The CPU supports `L`.
+    unsafe fn splat(x: f32) -> Self::T;
+    /// `acc + a * b` per lane, as [`Lanes::mul_add`].
+    ///
+    /// # Safety
+    /// The CPU supports `L`.
+    unsafe fn mul_add(acc: Self::T, a: Self::T, b: Self::T) -> Self::T;
+    /// # Safety
+    /// `p` writes [`Chunk::WIDTH`] floats; the CPU supports `L`.
+    unsafe fn store(p: *mut f32, v: Self::T);
+    /// `p[j] = (even[j] + odd[j]) * s`.
+    ///
+    /// # Safety
+    /// As [`Chunk::store`].
+    unsafe fn store_sum_scaled(p: *mut f32, even: Self::T, odd: Self::T, s: f32);
+}
+
+/// 8-channel [`Chunk`]s.
+struct Narrow;
+
+impl<L: Lanes> Chunk<L> for Narrow {
+    type T = L::V;
+    const WIDTH: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> L::V {
+        // SAFETY (all five): forwarded from the caller.
+        unsafe { L::zero() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> L::V {
+        unsafe { L::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> L::V {
+        unsafe { L::splat(x) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: L::V, a: L::V, b: L::V) -> L::V {
+        unsafe { L::mul_add(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: L::V) {
+        unsafe { L::store(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_sum_scaled(p: *mut f32, even: L::V, odd: L::V, s: f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { L::store(p, L::mul(L::add(even, odd), L::splat(s))) }
+    }
+}
+
+/// 16-channel [`Chunk`]s (two 8-channel ones, `[low | high]`).
+struct Wide;
+
+impl<L: Lanes> Chunk<L> for Wide {
+    type T = L::W;
+    const WIDTH: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> L::W {
+        // SAFETY (all four): forwarded from the caller.
+        unsafe { L::zero2() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> L::W {
+        unsafe { L::load2(p) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> L::W {
+        unsafe { L::splat2(x) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: L::W, a: L::W, b: L::W) -> L::W {
+        unsafe { L::mul_add2(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: L::W) {
+        // SAFETY: forwarded from the caller (16 floats).
+        unsafe {
+            let (lo, hi) = L::halves(v);
+            L::store(p, lo);
+            L::store(p.add(8), hi);
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_sum_scaled(p: *mut f32, even: L::W, odd: L::W, s: f32) {
+        // SAFETY: forwarded from the caller (16 floats).
+        unsafe {
+            let ((e0, e1), (o0, o1)) = (L::halves(even), L::halves(odd));
+            <Narrow as Chunk<L>>::store_sum_scaled(p, e0, o0, s);
+            <Narrow as Chunk<L>>::store_sum_scaled(p.add(8), e1, o1, s);
+        }
+    }
+}
+
+/// Channels `c..c + C::WIDTH * G` of [`weighted_values`] over keys `span`: from zero when the
+/// span starts at 0, else going on from the partial sums in `part` (even chains at `q · hd`,
+/// odd ones at `(N + q) · hd`); the results go to `outs` when the span ends at `visible`, else
+/// the partial sums back to `part`.
 ///
 /// # Safety
-/// As [`weighted_values`], with `c + 8 * G <= hd`, `span` inside `0..visible`, and `part`
-/// holding `2 N hd` floats unless the span is all the keys.
+/// As [`weighted_values`], with `c + C::WIDTH * G <= hd`, `span` inside `0..visible`, and
+/// `part` holding `2 N hd` floats unless the span is all the keys.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
+unsafe fn values_pass<L: Lanes, C: Chunk<L>, const N: usize, const G: usize>(
     ws: [*const f32; N],
     inv: [f32; N],
     values: *const f32,
@@ -1566,15 +1709,16 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
     part: *mut f32,
     outs: [*mut f32; N],
 ) {
+    let width = C::WIDTH;
     // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
-        let mut even = [[L::zero(); G]; N];
-        let mut odd = [[L::zero(); G]; N];
+        let mut even = [[C::zero(); G]; N];
+        let mut odd = [[C::zero(); G]; N];
         if span.start > 0 {
             for q in 0..N {
                 for g in 0..G {
-                    even[q][g] = L::load(part.add(q * hd + c + g * 8));
-                    odd[q][g] = L::load(part.add((N + q) * hd + c + g * 8));
+                    even[q][g] = C::load(part.add(q * hd + c + g * width));
+                    odd[q][g] = C::load(part.add((N + q) * hd + c + g * width));
                 }
             }
         }
@@ -1582,10 +1726,10 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
         while t + 2 <= span.end {
             let (r0, r1) = (values.add(t * stride + c), values.add((t + 1) * stride + c));
             for q in 0..N {
-                let (w0, w1) = (L::splat(*ws[q].add(t)), L::splat(*ws[q].add(t + 1)));
+                let (w0, w1) = (C::splat(*ws[q].add(t)), C::splat(*ws[q].add(t + 1)));
                 for g in 0..G {
-                    even[q][g] = L::mul_add(even[q][g], w0, L::load(r0.add(g * 8)));
-                    odd[q][g] = L::mul_add(odd[q][g], w1, L::load(r1.add(g * 8)));
+                    even[q][g] = C::mul_add(even[q][g], w0, C::load(r0.add(g * width)));
+                    odd[q][g] = C::mul_add(odd[q][g], w1, C::load(r1.add(g * width)));
                 }
             }
             t += 2;
@@ -1593,22 +1737,20 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
         if t < span.end {
             let r0 = values.add(t * stride + c);
             for q in 0..N {
-                let w0 = L::splat(*ws[q].add(t));
+                let w0 = C::splat(*ws[q].add(t));
                 for (g, e) in even[q].iter_mut().enumerate() {
-                    *e = L::mul_add(*e, w0, L::load(r0.add(g * 8)));
+                    *e = C::mul_add(*e, w0, C::load(r0.add(g * width)));
                 }
             }
         }
         for q in 0..N {
             for g in 0..G {
+                let at = c + g * width;
                 if span.end == visible {
-                    L::store(
-                        outs[q].add(c + g * 8),
-                        L::mul(L::add(even[q][g], odd[q][g]), L::splat(inv[q])),
-                    );
+                    C::store_sum_scaled(outs[q].add(at), even[q][g], odd[q][g], inv[q]);
                 } else {
-                    L::store(part.add(q * hd + c + g * 8), even[q][g]);
-                    L::store(part.add((N + q) * hd + c + g * 8), odd[q][g]);
+                    C::store(part.add(q * hd + at), even[q][g]);
+                    C::store(part.add((N + q) * hd + at), odd[q][g]);
                 }
             }
         }
@@ -1623,6 +1765,7 @@ unsafe fn values_pass<L: Lanes, const N: usize, const G: usize>(
 unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
     thread_local! {
         static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let (l, h, hkv, hd) = (job.l, job.h, job.hkv, job.hd);
     let t_total = job.keys.len() / (hkv * hd);
@@ -1641,7 +1784,6 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
         job.q[((i0 + j / rep) * h + head) * hd..].as_ptr()
     };
     let key = |t: usize| job.keys[(t * hkv + kvh) * hd..].as_ptr();
-    let mut inv = vec![0f32; rep];
     // (taken out of the thread's buffer and put back: code in a closure would not be compiled
     // for `L`'s instruction set)
     let mut scores = SCORES.with_borrow_mut(std::mem::take);
@@ -1673,63 +1815,97 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                 t += 1;
             }
         }
+        let mut inv = vec![0f32; nq];
         for i in i0..i1 {
             let visible = shared + i;
-            let row = (i - i0) * rep;
-            for (r, inv) in inv.iter_mut().enumerate() {
-                let j = row + r;
-                *inv = softmax_weights(&mut scores[j * seen..j * seen + visible]);
-            }
-            // the heads of this position, four, two or one at a time
-            let w = |r: usize| scores[(row + r) * seen..].as_ptr();
-            // SAFETY: `(i * h + head) * hd + hd <= l * h * hd`, the result's length.
-            let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
-            let vals = job.values[kvh * hd..].as_ptr();
-            let mut r = 0;
-            // SAFETY: each weight row holds `visible` floats, each output `hd`, and `values`
-            // `visible` rows of `stride`; the caller guarantees `L` and that no other task
-            // writes these outputs.
-            unsafe {
-                while r + 4 <= rep {
-                    weighted_values::<L, 4>(
-                        [w(r), w(r + 1), w(r + 2), w(r + 3)],
-                        [inv[r], inv[r + 1], inv[r + 2], inv[r + 3]],
-                        vals,
-                        stride,
-                        visible,
-                        hd,
-                        job.value_block,
-                        [o(r), o(r + 1), o(r + 2), o(r + 3)],
-                    );
-                    r += 4;
-                }
-                if r + 2 <= rep {
-                    weighted_values::<L, 2>(
-                        [w(r), w(r + 1)],
-                        [inv[r], inv[r + 1]],
-                        vals,
-                        stride,
-                        visible,
-                        hd,
-                        job.value_block,
-                        [o(r), o(r + 1)],
-                    );
-                    r += 2;
-                }
-                if r < rep {
-                    weighted_values::<L, 1>(
-                        [w(r)],
-                        [inv[r]],
-                        vals,
-                        stride,
-                        visible,
-                        hd,
-                        job.value_block,
-                        [o(r)],
-                    );
-                }
+            for r in 0..rep {
+                let j = (i - i0) * rep + r;
+                inv[j] = softmax_weights(&mut scores[j * seen..j * seen + visible]);
             }
         }
+        // each query's partial sums between blocks: even chains, then odd ones, per head group
+        let mut part = PARTS.with_borrow_mut(std::mem::take);
+        let block = job.value_block;
+        if seen > block {
+            part.resize(nq * 2 * hd, 0.0);
+        }
+        let vals = job.values[kvh * hd..].as_ptr();
+        let (sp, pp) = (scores.as_ptr(), part.as_mut_ptr());
+        let mut t0 = 0;
+        while t0 < seen {
+            let t1 = (t0 + block).min(seen);
+            for i in i0..i1 {
+                let visible = shared + i;
+                if visible <= t0 {
+                    continue;
+                }
+                let span = t0..t1.min(visible);
+                let row = (i - i0) * rep;
+                // SAFETY (both): `(row + r) * seen + seen <= nq * seen`, the scores' length;
+                // `(i * h + head) * hd + hd <= l * h * hd`, the result's.
+                let w = |r: usize| unsafe { sp.add((row + r) * seen) };
+                // inside the partial sums (`nq * 2 * hd`) when a span is not all the keys, and
+                // not read otherwise
+                let p = |r: usize| pp.wrapping_add((row + r) * 2 * hd);
+                let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
+                // the heads of this position, four, two or one at a time
+                let mut r = 0;
+                // SAFETY: each weight row holds `visible` floats, each output `hd`, each group's
+                // partial sums `2 N hd` where used, and `values` `visible` rows of `stride`;
+                // spans start on even keys (`block` is even); the caller guarantees `L` and
+                // that no other task writes these outputs.
+                unsafe {
+                    while r + 4 <= rep {
+                        weighted_values::<L, 4>(
+                            [w(r), w(r + 1), w(r + 2), w(r + 3)],
+                            [
+                                inv[row + r],
+                                inv[row + r + 1],
+                                inv[row + r + 2],
+                                inv[row + r + 3],
+                            ],
+                            vals,
+                            stride,
+                            span.clone(),
+                            visible,
+                            hd,
+                            p(r),
+                            [o(r), o(r + 1), o(r + 2), o(r + 3)],
+                        );
+                        r += 4;
+                    }
+                    if r + 2 <= rep {
+                        weighted_values::<L, 2>(
+                            [w(r), w(r + 1)],
+                            [inv[row + r], inv[row + r + 1]],
+                            vals,
+                            stride,
+                            span.clone(),
+                            visible,
+                            hd,
+                            p(r),
+                            [o(r), o(r + 1)],
+                        );
+                        r += 2;
+                    }
+                    if r < rep {
+                        weighted_values::<L, 1>(
+                            [w(r)],
+                            [inv[row + r]],
+                            vals,
+                            stride,
+                            span,
+                            visible,
+                            hd,
+                            p(r),
+                            [o(r)],
+                        );
+                    }
+                }
+            }
+            t0 = t1;
+        }
+        PARTS.with_borrow_mut(|p| *p = part);
     }
     SCORES.with_borrow_mut(|s| *s = scores);
 }
@@ -2265,8 +2441,10 @@ mod tests {
     }
 
     /// Value rows in blocks of keys give the bits of one pass over all the keys, on both paths,
-    /// for 1-4 heads per KV head, widths with and without a tail, caches of one block, one and
-    /// a key, and several blocks and some; a verify's rows still equal single queries there.
+    /// for 1-4 heads per KV head, widths with and without a tail of 8-channel chunks or of
+    /// channels, caches of one block, one and a key, and several blocks and some (every
+    /// position of a task going through each block); a verify's rows still equal single
+    /// queries there.
     #[test]
     fn value_blocks_keep_the_bits() {
         let mut next = rng(41);
@@ -2275,6 +2453,7 @@ mod tests {
             (2, 1, 40),
             (3, 2, 24),
             (4, 2, 128),
+            (3, 1, 13),
         ] {
             let h = rep * hkv;
             for t_total in [VALUE_BLOCK, VALUE_BLOCK + 1, 3 * VALUE_BLOCK + 7] {
