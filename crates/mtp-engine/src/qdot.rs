@@ -402,9 +402,10 @@ mod x86 {
         }
     }
 
-    /// The 512-bit path: one register per set of 16 lanes. One or two input rows take two
-    /// weight rows at a time (four or eight chains instead of two or four, to hide the
-    /// multiply-add's latency); three and four take one.
+    /// The 512-bit path: one register per set of 16 lanes. Every input row count takes two
+    /// weight rows at a time (twice the chains, to hide the multiply-add's latency, and each
+    /// input block read once for both; four rows by two weight rows are 16 accumulators of the
+    /// 32 registers).
     ///
     /// # Safety
     /// AVX2, FMA and AVX-512F; the job fits its buffers (see [`super::Path::run`]).
@@ -417,7 +418,7 @@ mod x86 {
         while i < job.rows {
             // SAFETY (both): forwarded from the caller; `i + P <= job.rows`.
             let (acc, p): ([[[__m512; 2]; R]; 2], usize) = unsafe {
-                if R <= 2 && i + 2 <= job.rows {
+                if i + 2 <= job.rows {
                     (lanes_avx512::<BITS, R, 2>(job, i), 2)
                 } else {
                     let [one] = lanes_avx512::<BITS, R, 1>(job, i);
