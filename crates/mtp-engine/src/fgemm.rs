@@ -363,7 +363,7 @@ mod x86 {
 
     /// `block[kk · 16 + c] = rows[c · inp + k0 + kk]` for `c, kk < 16`: a 16 x 16 transpose in
     /// registers (four rounds of in-lane and cross-lane shuffles, 64 in all, where the scalar
-    /// loop moved the 256 values one at a time: ~5% of a 512-token 4-bit prefill).
+    /// loop moved the 256 values one at a time: ~6% of a 512-token 4-bit prefill).
     ///
     /// # Safety
     /// AVX-512F must be present.

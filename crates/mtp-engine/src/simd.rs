@@ -1545,7 +1545,12 @@ unsafe fn weighted_values<L: Lanes, const N: usize>(
         passes!(Narrow, 1);
         for q in 0..N {
             for cc in c..hd {
-                let (pe, po) = (part.add(q * hd + cc), part.add((N + q) * hd + cc));
+                // (only read and written when the span is not all the keys, and so `part` is
+                // allocated)
+                let (pe, po) = (
+                    part.wrapping_add(q * hd + cc),
+                    part.wrapping_add((N + q) * hd + cc),
+                );
                 let (mut even, mut odd) = if span.start > 0 {
                     (*pe, *po)
                 } else {
@@ -1833,7 +1838,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
         let (sp, pp) = (scores.as_ptr(), part.as_mut_ptr());
         let mut t0 = 0;
         while t0 < seen {
-            let t1 = (t0 + block).min(seen);
+            let t1 = t0.saturating_add(block).min(seen);
             for i in i0..i1 {
                 let visible = shared + i;
                 if visible <= t0 {
@@ -1844,10 +1849,10 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                 // SAFETY (both): `(row + r) * seen + seen <= nq * seen`, the scores' length;
                 // `(i * h + head) * hd + hd <= l * h * hd`, the result's.
                 let w = |r: usize| unsafe { sp.add((row + r) * seen) };
+                let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
                 // inside the partial sums (`nq * 2 * hd`) when a span is not all the keys, and
                 // not read otherwise
                 let p = |r: usize| pp.wrapping_add((row + r) * 2 * hd);
-                let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
                 // the heads of this position, four, two or one at a time
                 let mut r = 0;
                 // SAFETY: each weight row holds `visible` floats, each output `hd`, each group's
