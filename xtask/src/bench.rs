@@ -50,6 +50,25 @@ pub(crate) struct Args {
     pub(crate) gguf_type: Option<String>,
 }
 
+const HELP: &str = "\
+cargo xtask bench [options]     MTP off vs on, interleaved reps, medians
+
+  --model DIR          checkpoint (default: the generated benchmark shape)
+  --drafter DIR        a companion drafter (mlx_vlm.convert --mtp-output) for the model
+  --target-only        prefill / decode tok/s and peak memory only
+  --tokens N           tokens generated per call (128)
+  --prompt-len N       prompt tokens (128)
+  --reps N             interleaved repetitions (3)
+  --depths LIST        drafted tokens per round, e.g. 1,2,3 or 1,3,auto (1,2,3,4,5)
+  --mlx-vlm PYTHON     also run mlx-vlm 0.7.10 with this interpreter
+  --provider NAME      through the provider API (gguf: against in-process llama.cpp)
+  --json-schema FILE   constrained against free decoding
+  --llama-server PATH  against llama-server on the same weights
+  --gguf-from DIR      the checkpoint the GGUF is converted from (default: the model)
+  --gguf-type TYPE     llama-quantize's tensor type (default: from the model)
+  --out DIR            where the JSON and the plot go (target/bench)
+";
+
 fn parse(args: &[String]) -> Result<Args> {
     let mut a = Args {
         model: None,
@@ -94,7 +113,7 @@ fn parse(args: &[String]) -> Result<Args> {
             "--llama-server" => a.llama = Some(PathBuf::from(val()?)),
             "--gguf-from" => a.gguf_from = Some(PathBuf::from(val()?)),
             "--gguf-type" => a.gguf_type = Some(val()?.clone()),
-            other => bail!("unknown bench flag `{other}`"),
+            other => bail!("unknown bench flag `{other}`\n\n{HELP}"),
         }
     }
     Ok(a)
@@ -228,6 +247,10 @@ const PROMPTS: [(&str, &str); 3] = [
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{HELP}");
+        return Ok(());
+    }
     let a = parse(args)?;
     if let Some(p) = a.provider.clone() {
         return run_provider(&p, &a);

@@ -49,6 +49,18 @@ struct Args {
     out_dir: PathBuf,
 }
 
+const HELP: &str = "\
+cargo xtask bench serve [options]   mtp serve under load, at each concurrency
+
+  --model DIR           checkpoint to serve (models/tiny-code)
+  --concurrency LIST    clients at once, e.g. 1,2,4,8,16 (1,2,4,8,16)
+  --requests N          requests per client at each level (2)
+  --max-tokens N        tokens per reply (64)
+  --depth N             drafted tokens per round, 1-16 (3)
+  --llama-server PATH   the same load against llama-server on the same weights
+  --out DIR             where the results go (target/bench)
+";
+
 fn parse(args: &[String]) -> Result<Args> {
     let mut a = Args {
         model: PathBuf::from("models/tiny-code"),
@@ -76,7 +88,7 @@ fn parse(args: &[String]) -> Result<Args> {
             "--depth" => a.depth = num(v)? as u32,
             "--llama-server" => a.llama = Some(PathBuf::from(v)),
             "--out" => a.out_dir = PathBuf::from(v),
-            other => bail!("unknown bench serve flag `{other}`"),
+            other => bail!("unknown bench serve flag `{other}`\n\n{HELP}"),
         }
     }
     if a.concurrency.is_empty() || a.concurrency.contains(&0) {
@@ -271,6 +283,10 @@ fn summarize(lane: &str, c: usize, samples: &[Sample], wall: f64) -> Value {
 
 /// `cargo xtask bench serve`.
 pub fn run(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{HELP}");
+        return Ok(());
+    }
     let a = parse(args)?;
     std::fs::create_dir_all(&a.out_dir)?;
     let max_c = *a.concurrency.iter().max().unwrap_or(&1);
