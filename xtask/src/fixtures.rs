@@ -339,8 +339,36 @@ fn write_shards(out: &Path, tensors: HashMap<String, Tensor>, limit: usize) -> R
     Ok(())
 }
 
+const HELP: &str = "\
+cargo xtask fixtures [options]   a random-weight Qwen3.5 checkpoint (Hugging Face layout)
+
+  --out DIR              where it goes (target/fixtures/bench-qwen3_5)
+  --hidden N             hidden size (1024)
+  --layers N             decoder layers (8)
+  --interval N           every N-th layer is full attention, the others linear (4)
+  --heads N              query heads (8)
+  --kv-heads N           KV heads (2)
+  --head-dim N           width of an attention head (128)
+  --intermediate N       MLP width (3072)
+  --vocab N              vocabulary size (32000)
+  --linear-heads K,V     linear-attention key and value heads (8,16)
+  --linear-dim N         width of a linear-attention head (128)
+  --seed N               weights' seed (0)
+  --dtype f32|bf16|f16   stored precision (f32)
+  --shard-mib N          shards of about N MiB, with model.safetensors.index.json
+  --tied                 the LM head is the embedding
+  --no-mtp               no MTP head
+  --oracle-head          zero layer outputs and an MTP head that drafts the target's own choice
+                         (acceptance ~100%: the draft/verify machinery's cost alone)
+  --real-vocab           instead: the tiny checkpoint at a real Qwen vocabulary (only --out)
+";
+
 /// `cargo xtask fixtures [--out DIR] [shape flags]`.
 pub fn run(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{HELP}");
+        return Ok(());
+    }
     let mut s = Shape::default();
     let mut out = PathBuf::from("target/fixtures/bench-qwen3_5");
     if args.iter().any(|a| a == "--real-vocab") {
@@ -398,7 +426,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     other => bail!("--dtype {other}: use f32, bf16 or f16"),
                 }
             }
-            other => bail!("unknown fixtures flag `{other}`"),
+            other => bail!("unknown fixtures flag `{other}`\n\n{HELP}"),
         }
     }
     let n = write_checkpoint(&out, &s)?;

@@ -742,6 +742,23 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+const HELP: &str = "\
+cargo xtask train-tiny [options]   train the bundled demo model (defaults: models/tiny-code)
+
+  --out DIR                where it goes (models/tiny-code)
+  --steps N                training steps (3000)
+  --seed S                 seed (0)
+  --layers N               decoder layers (8)
+  --interval K             every K-th layer is full attention, the others linear (4)
+  --hidden H               hidden size, a multiple of 8 (128)
+  --intermediate I         MLP width (384)
+  --mtp-depth N            chained MTP passes trained (3)
+  --batch N                rows per step (8)
+  --context N              bytes per row (128)
+  --lr X                   Adam's learning rate (0.004)
+  --decay cosine|constant  cosine decay to a tenth over the run, or none (cosine)
+";
+
 /// `cargo xtask train-tiny [--out DIR] [--steps N] [--seed S] [--layers N] [--interval K]
 /// [--hidden H] [--intermediate I]`.
 ///
@@ -753,6 +770,10 @@ fn export(p: &Params, arch: &Arch, out: &std::path::Path) -> Result<()> {
 /// `--hidden` is `hidden_size` (default 128, a multiple of 8) and `--intermediate` the MLP width
 /// (default 384). Head counts and widths are fixed. The defaults reproduce `models/tiny-code`.
 pub fn run(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{HELP}");
+        return Ok(());
+    }
     if std::env::var_os(CHILD).is_none() {
         return rerun_tuned(args);
     }
@@ -784,7 +805,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     other => anyhow::bail!("--decay is cosine or constant, got `{other}`"),
                 }
             }
-            other => anyhow::bail!("unknown train-tiny flag `{other}`"),
+            other => anyhow::bail!("unknown train-tiny flag `{other}`\n\n{HELP}"),
         }
     }
     arch.validate()?;
