@@ -1401,46 +1401,69 @@ unsafe fn attention_task_avx512(job: &AttentionJob<'_>, kvh: usize, tile: usize)
     unsafe { attention_task::<Avx512>(job, kvh, tile) }
 }
 
-/// The dot products of `x` with the eight rows `ks` (`len` floats each), each summed exactly as
-/// [`dots`] sums one (even and odd 8-float chunks apart, [`Lanes::reduce`], then the tail),
-/// returned as one vector.
+/// The dot products of each of the `Q` rows `xs` with the eight rows `ks` (`len` floats each),
+/// each summed exactly as [`dots`] sums one (even and odd 8-float chunks apart,
+/// [`Lanes::reduce`], then the tail), one vector per row of `xs`. Two rows of `xs` share each
+/// load of the keys (with [`Lanes::WIDE`]: eight pair accumulators of the 32 registers); every
+/// product keeps its own chain, so the bits do not depend on `Q`. (Loops, not closures: a
+/// closure is not compiled for the caller's instruction set.)
 ///
 /// # Safety
-/// `x` and every row read `len` floats; the CPU supports `L`.
+/// Every row of `xs` and `ks` reads `len` floats; the CPU supports `L`.
 #[inline(always)]
-unsafe fn dots8<L: Lanes>(x: *const f32, ks: [*const f32; 8], len: usize) -> L::V {
+unsafe fn dots8<L: Lanes, const Q: usize>(
+    xs: [*const f32; Q],
+    ks: [*const f32; 8],
+    len: usize,
+) -> [L::V; Q] {
     let chunks = len / 8;
     // SAFETY (all reads): `c * 8 + 8 <= len` and `i < len`.
     unsafe {
-        let mut v = [L::zero(); 8];
+        let mut v = [[L::zero(); 8]; Q];
         for half in 0..2 {
-            let k: [*const f32; 4] = std::array::from_fn(|m| ks[half * 4 + m]);
+            let mut k = [ks[0]; 4];
+            for m in 0..4 {
+                k[m] = ks[half * 4 + m];
+            }
             // `[even | odd]` chunk pairs: one 16-lane multiply-add for both where the CPU has
             // them (`Lanes::W`), each lane's chain as with two 8-lane ones
-            let mut pair = [L::zero2(); 4];
+            let mut pair = [[L::zero2(); 4]; Q];
             let mut c = 0;
             while c + 2 <= chunks {
-                let xs = L::load2(x.add(c * 8));
+                let mut x = [L::zero2(); Q];
+                for i in 0..Q {
+                    x[i] = L::load2(xs[i].add(c * 8));
+                }
                 for m in 0..4 {
-                    pair[m] = L::mul_add2(pair[m], xs, L::load2(k[m].add(c * 8)));
+                    let km = L::load2(k[m].add(c * 8));
+                    for i in 0..Q {
+                        pair[i][m] = L::mul_add2(pair[i][m], x[i], km);
+                    }
                 }
                 c += 2;
             }
-            for m in 0..4 {
-                let (mut even, odd) = L::halves(pair[m]);
-                if c < chunks {
-                    even = L::mul_add(even, L::load(x.add(c * 8)), L::load(k[m].add(c * 8)));
+            for i in 0..Q {
+                for m in 0..4 {
+                    let (mut even, odd) = L::halves(pair[i][m]);
+                    if c < chunks {
+                        even =
+                            L::mul_add(even, L::load(xs[i].add(c * 8)), L::load(k[m].add(c * 8)));
+                    }
+                    v[i][half * 4 + m] = L::add(even, odd);
                 }
-                v[half * 4 + m] = L::add(even, odd);
             }
         }
-        let mut tails = [0f32; 8];
-        for (m, tail) in tails.iter_mut().enumerate() {
-            for i in chunks * 8..len {
-                *tail += *x.add(i) * *ks[m].add(i);
+        let mut out = [L::zero(); Q];
+        for i in 0..Q {
+            let mut tails = [0f32; 8];
+            for (m, tail) in tails.iter_mut().enumerate() {
+                for j in chunks * 8..len {
+                    *tail += *xs[i].add(j) * *ks[m].add(j);
+                }
             }
+            out[i] = L::add(L::reduce8(v[i]), L::load(tails.as_ptr()));
         }
-        L::add(L::reduce8(v), L::load(tails.as_ptr()))
+        out
     }
 }
 
@@ -1806,9 +1829,18 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
             let mut t = 0;
             while t + 8 <= seen {
                 let ks = std::array::from_fn(|m| key(t + m));
-                for j in 0..nq {
-                    let s = dots8::<L>(qp(j), ks, hd);
+                let mut j = 0;
+                // two queries share each key load where the registers allow it
+                while L::WIDE && j + 2 <= nq {
+                    let [s0, s1] = dots8::<L, 2>([qp(j), qp(j + 1)], ks, hd);
+                    L::store(sp.add(j * seen + t), L::mul(s0, L::splat(job.scale)));
+                    L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(job.scale)));
+                    j += 2;
+                }
+                while j < nq {
+                    let [s] = dots8::<L, 1>([qp(j)], ks, hd);
                     L::store(sp.add(j * seen + t), L::mul(s, L::splat(job.scale)));
+                    j += 1;
                 }
                 t += 8;
             }
