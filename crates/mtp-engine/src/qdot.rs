@@ -29,9 +29,8 @@
 // which `R` fixes at compile time, so the loops unroll to registers.
 #![allow(clippy::needless_range_loop)]
 
-use std::borrow::Cow;
-
 use crate::quant::QuantMatrix;
+use crate::simd::Aligned;
 
 /// Values per block: 16 packed bytes at 4 bits, 32 at 8.
 const BLOCK: usize = 32;
@@ -48,20 +47,21 @@ pub(crate) fn supports(bits: usize, group: usize) -> bool {
     matches!(bits, 4 | 8) && group > 0 && group.is_multiple_of(BLOCK)
 }
 
-/// The inputs as the lanes read them: at 4 bits each 32-value block reordered as its values
-/// are unpacked (the 16 even-indexed, then the 16 odd-indexed); at 8 bits as they are.
-fn arrange(x: &[f32], bits: usize) -> Cow<'_, [f32]> {
+/// The inputs as the lanes read them, on a 64-byte boundary ([`Aligned`]): at 4 bits each
+/// 32-value block reordered as its values are unpacked (the 16 even-indexed, then the 16
+/// odd-indexed); at 8 bits as they are.
+fn arrange(x: &[f32], bits: usize) -> Aligned {
     if bits != 4 {
-        return Cow::Borrowed(x);
+        return Aligned::copy(x);
     }
-    let mut out = vec![0f32; x.len()];
-    for (o, v) in out.chunks_exact_mut(BLOCK).zip(x.chunks_exact(BLOCK)) {
-        for j in 0..BLOCK / 2 {
-            o[j] = v[2 * j];
-            o[BLOCK / 2 + j] = v[2 * j + 1];
+    Aligned::filled(x.len(), |out| {
+        for (o, v) in out.chunks_exact_mut(BLOCK).zip(x.chunks_exact(BLOCK)) {
+            for j in 0..BLOCK / 2 {
+                o[j] = v[2 * j];
+                o[BLOCK / 2 + j] = v[2 * j + 1];
+            }
         }
-    }
-    Cow::Owned(out)
+    })
 }
 
 /// One task's work: weight rows `o0..o0 + rows` against input rows `r0..r0 + R`.
@@ -120,7 +120,7 @@ pub(crate) fn matmul(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
                     rows,
                     inp,
                     group,
-                    x: &xs,
+                    x: xs.values(),
                     r0,
                 };
                 let mut res = [[0f32; TILE]; TASK_ROWS];
@@ -314,18 +314,38 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
+        // SAFETY (all four): forwarded from the caller.
+        unsafe {
+            match job.group {
+                32 => rows_avx2_in::<BITS, R, 32>(job, res),
+                64 => rows_avx2_in::<BITS, R, 64>(job, res),
+                128 => rows_avx2_in::<BITS, R, 128>(job, res),
+                _ => rows_avx2_in::<BITS, R, 0>(job, res),
+            }
+        }
+    }
+
+    /// [`rows_avx2`] for groups of `G` values (`0`: the job's), inlined into it.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`]; `G` is `0` or the job's group.
+    #[inline(always)]
+    unsafe fn rows_avx2_in<const BITS: usize, const R: usize, const G: usize>(
+        job: &Job<'_>,
+        res: &mut [[f32; TILE]; TASK_ROWS],
+    ) {
         let mut i = 0;
         while i < job.rows {
             // SAFETY (all): forwarded from the caller; `i + P <= job.rows`.
             let (acc, p): ([[[__m256; 4]; R]; 2], usize) = unsafe {
                 if R == 1 && i + 2 <= job.rows {
-                    (lanes_avx2::<BITS, R, 4, 2>(job, i, [0, 1, 2, 3]), 2)
+                    (lanes_avx2::<BITS, R, 4, 2, G>(job, i, [0, 1, 2, 3]), 2)
                 } else if R <= 2 {
-                    let [one] = lanes_avx2::<BITS, R, 4, 1>(job, i, [0, 1, 2, 3]);
+                    let [one] = lanes_avx2::<BITS, R, 4, 1, G>(job, i, [0, 1, 2, 3]);
                     ([one, one], 1)
                 } else {
-                    let [lo] = lanes_avx2::<BITS, R, 2, 1>(job, i, [0, 2]);
-                    let [hi] = lanes_avx2::<BITS, R, 2, 1>(job, i, [1, 3]);
+                    let [lo] = lanes_avx2::<BITS, R, 2, 1, G>(job, i, [0, 2]);
+                    let [hi] = lanes_avx2::<BITS, R, 2, 1, G>(job, i, [1, 3]);
                     let one = std::array::from_fn(|t| [lo[t][0], hi[t][0], lo[t][1], hi[t][1]]);
                     ([one, one], 1)
                 }
@@ -345,14 +365,20 @@ mod x86 {
     /// job's `R` input rows.
     ///
     /// # Safety
-    /// As [`rows_avx2`]; `i + P <= job.rows`, every `k < 4`.
+    /// As [`rows_avx2_in`]; `i + P <= job.rows`, every `k < 4`.
     #[inline(always)]
-    unsafe fn lanes_avx2<const BITS: usize, const R: usize, const NK: usize, const P: usize>(
+    unsafe fn lanes_avx2<
+        const BITS: usize,
+        const R: usize,
+        const NK: usize,
+        const P: usize,
+        const G: usize,
+    >(
         job: &Job<'_>,
         i: usize,
         ks: [usize; NK],
     ) -> [[[__m256; NK]; R]; P] {
-        let (inp, group) = (job.inp, job.group);
+        let (inp, group) = (job.inp, if G == 0 { job.group } else { G });
         let groups = inp / group;
         let words = inp * BITS / 32;
         // SAFETY: every offset below stays inside the buffers `Path::run` checked.
@@ -414,14 +440,34 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
+        // SAFETY (all four): forwarded from the caller.
+        unsafe {
+            match job.group {
+                32 => rows_avx512_in::<BITS, R, 32>(job, res),
+                64 => rows_avx512_in::<BITS, R, 64>(job, res),
+                128 => rows_avx512_in::<BITS, R, 128>(job, res),
+                _ => rows_avx512_in::<BITS, R, 0>(job, res),
+            }
+        }
+    }
+
+    /// [`rows_avx512`] for groups of `G` values (`0`: the job's), inlined into it.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`]; `G` is `0` or the job's group.
+    #[inline(always)]
+    unsafe fn rows_avx512_in<const BITS: usize, const R: usize, const G: usize>(
+        job: &Job<'_>,
+        res: &mut [[f32; TILE]; TASK_ROWS],
+    ) {
         let mut i = 0;
         while i < job.rows {
             // SAFETY (both): forwarded from the caller; `i + P <= job.rows`.
             let (acc, p): ([[[__m512; 2]; R]; 2], usize) = unsafe {
                 if i + 2 <= job.rows {
-                    (lanes_avx512::<BITS, R, 2>(job, i), 2)
+                    (lanes_avx512::<BITS, R, 2, G>(job, i), 2)
                 } else {
-                    let [one] = lanes_avx512::<BITS, R, 1>(job, i);
+                    let [one] = lanes_avx512::<BITS, R, 1, G>(job, i);
                     ([one, one], 1)
                 }
             };
@@ -442,13 +488,13 @@ mod x86 {
     /// `acc_a` and `acc_b` of weight rows `i..i + P` against the job's `R` input rows.
     ///
     /// # Safety
-    /// As [`rows_avx512`]; `i + P <= job.rows`.
+    /// As [`rows_avx512_in`]; `i + P <= job.rows`.
     #[inline(always)]
-    unsafe fn lanes_avx512<const BITS: usize, const R: usize, const P: usize>(
+    unsafe fn lanes_avx512<const BITS: usize, const R: usize, const P: usize, const G: usize>(
         job: &Job<'_>,
         i: usize,
     ) -> [[[__m512; 2]; R]; P] {
-        let (inp, group) = (job.inp, job.group);
+        let (inp, group) = (job.inp, if G == 0 { job.group } else { G });
         let groups = inp / group;
         let words = inp * BITS / 32;
         // SAFETY: every offset below stays inside the buffers `Path::run` checked.
@@ -539,7 +585,8 @@ mod tests {
         fn products_are_close_exact_per_row_and_the_same_on_every_path(
             n in 1usize..=9,
             bits in prop::sample::select(vec![4usize, 8]),
-            group in prop::sample::select(vec![32usize, 64, 128]),
+            // mlx's group sizes, which the vector paths unroll, and two they take as they come
+            group in prop::sample::select(vec![32usize, 64, 128, 96, 256]),
             groups in 1usize..=5,
             out in 1usize..=70,
             params_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
