@@ -31,8 +31,9 @@ pub(crate) const SECOND_VERIFY_FORWARD: &str =
 /// KV cache of one full-attention layer for one sequence; layout `[len, n_kv_heads, head_dim]`.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
+    /// On a cache line ([`crate::simd::Aligned`]), as attention reads them many times.
+    pub(crate) k: crate::simd::Aligned,
+    pub(crate) v: crate::simd::Aligned,
     row: usize,
 }
 
@@ -40,8 +41,8 @@ impl KvCache {
     /// An empty cache for `n_kv_heads * head_dim` features per position.
     pub fn new(n_kv_heads: usize, head_dim: usize) -> Self {
         KvCache {
-            k: Vec::new(),
-            v: Vec::new(),
+            k: Default::default(),
+            v: Default::default(),
             row: n_kv_heads * head_dim,
         }
     }

@@ -1178,7 +1178,16 @@ impl Attention {
             };
             kv.append(&k, &v);
             let first = (l - lq) * h * hd;
-            let o = simd::attention(&q[first..], &kv.k, &kv.v, lq, h, kvh, hd, scale);
+            let o = simd::attention(
+                &q[first..],
+                kv.k.values(),
+                kv.v.values(),
+                lq,
+                h,
+                kvh,
+                hd,
+                scale,
+            );
             let dst = &mut out[out_off * h * hd..(out_off + lq) * h * hd];
             kernels::sigmoid_mul(dst, &gate[first..], &o);
             [q, gate, k, v, o].into_iter().for_each(scratch::recycle);

@@ -25,6 +25,7 @@ use crate::cache::{LayerCache, LinearState};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::resume::PromptState;
+use crate::simd::Aligned;
 use crate::vision::prompt::{ImageSpan, MultimodalPrompt};
 
 /// The version of the byte layout (part of the identity: a new layout never reads an old
@@ -123,8 +124,8 @@ fn write_layers(w: &mut Writer, layers: &[LayerCache]) {
         match l {
             LayerCache::Attention(kv) => {
                 w.u8(0);
-                w.floats(&kv.k);
-                w.floats(&kv.v);
+                w.floats(kv.k.values());
+                w.floats(kv.v.values());
             }
             LayerCache::Linear(s) => {
                 w.u8(1);
@@ -162,8 +163,12 @@ fn read_layers(
             (0, LayerCache::Attention(kv)) => {
                 let mut c = kv.clone();
                 let want = pos.checked_mul(kv.row()).ok_or_else(|| bad("overflow"))?;
-                c.k = r.floats(Some(want), &format!("{what} layer {i} keys"))?;
-                c.v = r.floats(Some(want), &format!("{what} layer {i} values"))?;
+                let (k, v) = (
+                    r.floats(Some(want), &format!("{what} layer {i} keys"))?,
+                    r.floats(Some(want), &format!("{what} layer {i} values"))?,
+                );
+                c.k = Aligned::copy(&k);
+                c.v = Aligned::copy(&v);
                 LayerCache::Attention(c)
             }
             (1, LayerCache::Linear(s)) => {

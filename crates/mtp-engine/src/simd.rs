@@ -996,14 +996,23 @@ unsafe fn block<E: Weight>(
     unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
 }
 
-/// Values copied to start on a 64-byte boundary, for input rows that a kernel reads many times
-/// (the packed products of [`crate::qdot`]): with rows of a multiple of 16 values, every
-/// 64-byte vector load of them then sits in one cache line. From a caller's buffer 16 bytes
-/// off a line each such load was split in two, and on AVX-512, where vector loads share two
-/// ports, a 4-bit product with 4 input rows ran 40% longer (`examples/matmul_rows 0.5 201 q4`
-/// on one thread: 144 -> 103 µs; a C copy of the loop alike). The f32 and bf16 few-row
-/// products, bound by the weights' stream, did not change with it (`matmul_rows 256 7 f32`,
-/// `128 9 bf16`), and take their inputs where they lie.
+/// Values held from a 64-byte boundary on, for buffers that kernels read many times: the input
+/// rows of the packed products ([`crate::qdot`]), the keys and values of the attention cache
+/// ([`crate::cache::KvCache`]) and attention's queries. With rows of a multiple of 16 values,
+/// every 64-byte vector load of them then sits in one cache line. From a buffer 16 bytes off a
+/// line (where the allocator puts large ones) each such load was split in two, and on AVX-512,
+/// where vector loads share two ports: a 4-bit product with 4 input rows ran 40% longer
+/// (`examples/matmul_rows 0.5 201 q4` on one thread: 144 -> 103 µs; a C copy of the loop
+/// alike); attention over 4096 cached positions for 512 queries 25-30% longer (`--example
+/// attention -- 512 16 2 256 4096 3`: 202-206 ms aligned, 241-247 with the keys and values
+/// off, 265-276 with the queries off too), one decode query 10-15% (`1 8 2 128 1500 400`:
+/// 71-79 µs against 82-85). The f32 and bf16 few-row products, bound by the weights' stream,
+/// did not change with it (`matmul_rows 256 7 f32`, `128 9 bf16`), and take their inputs where
+/// they lie.
+///
+/// It grows like a `Vec` (to twice its length at least), moving its values to a new aligned
+/// buffer; a clone is aligned too.
+#[derive(Default)]
 pub(crate) struct Aligned {
     buf: Vec<f32>,
     at: usize,
@@ -1028,6 +1037,45 @@ impl Aligned {
 
     pub(crate) fn values(&self) -> &[f32] {
         &self.buf[self.at..self.at + self.len]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `x`.
+    pub(crate) fn extend_from_slice(&mut self, x: &[f32]) {
+        let need = self.len + x.len();
+        if self.at + need > self.buf.len() {
+            let old = std::mem::take(self);
+            *self = Aligned::filled(need.max(2 * old.len), |out| {
+                out[..old.len].copy_from_slice(old.values())
+            });
+            self.len = old.len;
+        }
+        self.buf[self.at + self.len..self.at + need].copy_from_slice(x);
+        self.len = need;
+    }
+
+    /// Keeps the first `len` values (all when there are fewer).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl Clone for Aligned {
+    fn clone(&self) -> Aligned {
+        Aligned::copy(self.values())
+    }
+}
+
+impl std::fmt::Debug for Aligned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.values()).finish()
     }
 }
 
@@ -1294,8 +1342,10 @@ pub fn attention(
     hd: usize,
     scale: f32,
 ) -> Vec<f32> {
+    // the queries on a cache line, like the cache's keys and values ([`Aligned`])
+    let q = Aligned::copy(q);
     attention_impl(
-        q,
+        q.values(),
         keys,
         values,
         l,
@@ -2343,6 +2393,37 @@ mod tests {
                 assert!(r.values().iter().all(|&v| v == 2.0), "{at} {len}");
             }
         }
+    }
+
+    /// A growing buffer stays aligned and holds what was appended, through truncations and
+    /// clones (the attention cache's life: a prompt, steps, rolled-back verifies, snapshots).
+    #[test]
+    fn aligned_buffers_grow_like_vecs() {
+        let mut a = Aligned::default();
+        let mut want: Vec<f32> = Vec::new();
+        assert!(a.is_empty() && a.values().is_empty());
+        let mut next = rng(5);
+        for round in 0..200usize {
+            let add: Vec<f32> = (0..(round * 7) % 37).map(|_| next()).collect();
+            a.extend_from_slice(&add);
+            want.extend_from_slice(&add);
+            if round % 5 == 4 {
+                let keep = want.len() * 2 / 3;
+                a.truncate(keep);
+                want.truncate(keep);
+            }
+            assert_eq!(a.len(), want.len());
+            assert_eq!(a.values(), &want[..], "round {round}");
+            let c = a.clone();
+            assert_eq!(c.values(), &want[..]);
+            // (an empty buffer's address is never read)
+            if !want.is_empty() {
+                assert_eq!(a.values().as_ptr() as usize % 64, 0, "round {round}");
+                assert_eq!(c.values().as_ptr() as usize % 64, 0);
+            }
+        }
+        a.truncate(usize::MAX);
+        assert_eq!(a.len(), want.len());
     }
 
     /// A matrix held in parts gives every feature the bits of the whole matrix, at every row
