@@ -361,6 +361,17 @@ mod x86 {
         }
     }
 
+    /// Panics unless a 16 x 16 transpose of `rows` from input `k0` into `block` stays inside
+    /// both (what [`transpose16`] and [`transpose16_avx`] read and write).
+    fn check_transpose(rows: &[f32], inp: usize, k0: usize, block: &[f32]) {
+        assert!(
+            k0 + PAIR <= inp
+                && rows.len() >= (PAIR - 1) * inp + k0 + PAIR
+                && block.len() == PAIR * PAIR,
+            "fgemm: a transpose outside its buffers"
+        );
+    }
+
     /// `block[kk · 16 + c] = rows[c · inp + k0 + kk]` for `c, kk < 16`: a 16 x 16 transpose in
     /// registers (four rounds of in-lane and cross-lane shuffles, 64 in all, where the scalar
     /// loop moved the 256 values one at a time: ~6% of a 512-token 4-bit prefill).
@@ -373,12 +384,7 @@ mod x86 {
     /// is not 256 floats.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn transpose16(rows: &[f32], inp: usize, k0: usize, block: &mut [f32]) {
-        assert!(
-            k0 + PAIR <= inp
-                && rows.len() >= (PAIR - 1) * inp + k0 + PAIR
-                && block.len() == PAIR * PAIR,
-            "fgemm: a transpose outside its buffers"
-        );
+        check_transpose(rows, inp, k0, block);
         // SAFETY: the 16 loads read `rows[c · inp + k0 ..][..16]`, the stores write
         // `block[kk · 16 ..][..16]`, all inside the slices (asserted above).
         unsafe {
@@ -444,12 +450,7 @@ mod x86 {
     /// As [`transpose16`].
     #[target_feature(enable = "avx")]
     pub(super) unsafe fn transpose16_avx(rows: &[f32], inp: usize, k0: usize, block: &mut [f32]) {
-        assert!(
-            k0 + PAIR <= inp
-                && rows.len() >= (PAIR - 1) * inp + k0 + PAIR
-                && block.len() == PAIR * PAIR,
-            "fgemm: a transpose outside its buffers"
-        );
+        check_transpose(rows, inp, k0, block);
         for (c0, kk0) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
             // SAFETY: the loads read `rows[(c0 + c) · inp + k0 + kk0 ..][..8]`, the stores write
             // `block[(kk0 + kk) · 16 + c0 ..][..8]`, all inside the slices (asserted above).
@@ -585,8 +586,6 @@ mod tests {
         }
     }
 
-    /// A large product's result comes from the scratch pool with its last user's values in it;
-    /// every one of them is overwritten.
     /// Packed panels hold every weight at `[panel][input][feature]`, zeros past the last
     /// feature, on every kernel this CPU runs (AVX-512 transposes whole 16 x 16 blocks in
     /// registers): partial panels, inputs not a multiple of 16, an offset first row.
@@ -623,6 +622,8 @@ mod tests {
         }
     }
 
+    /// A large product's result comes from the scratch pool with its last user's values in it;
+    /// every one of them is overwritten.
     #[test]
     fn a_recycled_result_buffer_is_wholly_overwritten() {
         let (n, out, inp) = (301, 250, 19);

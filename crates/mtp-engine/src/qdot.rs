@@ -283,6 +283,19 @@ mod x86 {
 
     use super::{Job, BLOCK, TASK_ROWS, TILE};
 
+    /// `$f::<.., G>(..)` with the group size `$group` as the constant `G` for mlx's sizes (32,
+    /// 64 and 128: each group's loop then unrolls), else `G = 0` (the loops take the job's).
+    macro_rules! by_group {
+        ($group:expr, $f:ident::<$($p:ident),*>($($a:expr),*)) => {
+            match $group {
+                32 => $f::<$($p,)* 32>($($a),*),
+                64 => $f::<$($p,)* 64>($($a),*),
+                128 => $f::<$($p,)* 128>($($a),*),
+                _ => $f::<$($p,)* 0>($($a),*),
+            }
+        };
+    }
+
     /// `((u0 + u4) + (u1 + u5)) + ((u2 + u6) + (u3 + u7))` of the lanes `u = lo + hi`.
     ///
     /// # Safety
@@ -314,15 +327,8 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
-        // SAFETY (all four): forwarded from the caller.
-        unsafe {
-            match job.group {
-                32 => rows_avx2_in::<BITS, R, 32>(job, res),
-                64 => rows_avx2_in::<BITS, R, 64>(job, res),
-                128 => rows_avx2_in::<BITS, R, 128>(job, res),
-                _ => rows_avx2_in::<BITS, R, 0>(job, res),
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { by_group!(job.group, rows_avx2_in::<BITS, R>(job, res)) }
     }
 
     /// [`rows_avx2`] for groups of `G` values (`0`: the job's), inlined into it.
@@ -440,15 +446,8 @@ mod x86 {
         job: &Job<'_>,
         res: &mut [[f32; TILE]; TASK_ROWS],
     ) {
-        // SAFETY (all four): forwarded from the caller.
-        unsafe {
-            match job.group {
-                32 => rows_avx512_in::<BITS, R, 32>(job, res),
-                64 => rows_avx512_in::<BITS, R, 64>(job, res),
-                128 => rows_avx512_in::<BITS, R, 128>(job, res),
-                _ => rows_avx512_in::<BITS, R, 0>(job, res),
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { by_group!(job.group, rows_avx512_in::<BITS, R>(job, res)) }
     }
 
     /// [`rows_avx512`] for groups of `G` values (`0`: the job's), inlined into it.
