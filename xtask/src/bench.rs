@@ -247,8 +247,7 @@ const PROMPTS: [(&str, &str); 3] = [
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{HELP}");
+    if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
     let a = parse(args)?;

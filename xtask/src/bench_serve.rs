@@ -283,8 +283,7 @@ fn summarize(lane: &str, c: usize, samples: &[Sample], wall: f64) -> Value {
 
 /// `cargo xtask bench serve`.
 pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{HELP}");
+    if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
     let a = parse(args)?;

@@ -365,8 +365,7 @@ cargo xtask fixtures [options]   a random-weight Qwen3.5 checkpoint (Hugging Fac
 
 /// `cargo xtask fixtures [--out DIR] [shape flags]`.
 pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{HELP}");
+    if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
     let mut s = Shape::default();

@@ -7,14 +7,15 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
+const HELP: &str =
+    "cargo xtask fuzz [--seconds N per target (default 10)] [--inputs N per target] \
+[--target NAME] [--seed S] [--out DIR (default target/fuzz-findings)]
+targets: gguf, safetensors-header, safetensors-index, speculation, chat-template, \
+chat-messages, reasoning-stream, sse, prometheus
+";
+
 pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!(
-            "cargo xtask fuzz [--seconds N per target (default 10)] [--inputs N per target] \
-             [--target NAME] [--seed S] [--out DIR (default target/fuzz-findings)]\n\
-             targets: gguf, safetensors-header, safetensors-index, speculation, chat-template, \
-             chat-messages, reasoning-stream, sse, prometheus"
-        );
+    if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

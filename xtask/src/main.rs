@@ -46,6 +46,15 @@ commands:
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Whether `args` ask for a subcommand's help (`-h` or `--help` anywhere); prints `help` if so.
+pub(crate) fn print_help_if_asked(args: &[String], help: &str) -> bool {
+    let asked = args.iter().any(|a| a == "-h" || a == "--help");
+    if asked {
+        print!("{help}");
+    }
+    asked
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {

@@ -770,8 +770,7 @@ cargo xtask train-tiny [options]   train the bundled demo model (defaults: model
 /// `--hidden` is `hidden_size` (default 128, a multiple of 8) and `--intermediate` the MLP width
 /// (default 384). Head counts and widths are fixed. The defaults reproduce `models/tiny-code`.
 pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{HELP}");
+    if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
     if std::env::var_os(CHILD).is_none() {
