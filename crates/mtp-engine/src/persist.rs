@@ -97,6 +97,26 @@ impl<'a> Reader<'a> {
     /// A float array whose length must be `want` (when given); its bytes are checked to be
     /// there before anything is allocated.
     pub(crate) fn floats(&mut self, want: Option<usize>, what: &str) -> Result<Vec<f32>> {
+        Ok(self
+            .float_bytes(want, what)?
+            .map(f32::from_le_bytes)
+            .collect())
+    }
+    /// [`Reader::floats`] read straight into a buffer on a cache line (the attention cache's).
+    pub(crate) fn floats_aligned(&mut self, want: Option<usize>, what: &str) -> Result<Aligned> {
+        let bytes = self.float_bytes(want, what)?;
+        Ok(Aligned::filled(bytes.len(), |out| {
+            for (o, b) in out.iter_mut().zip(bytes) {
+                *o = f32::from_le_bytes(b);
+            }
+        }))
+    }
+    /// The little-endian bytes of a float array, checked as [`Reader::floats`] says.
+    fn float_bytes(
+        &mut self,
+        want: Option<usize>,
+        what: &str,
+    ) -> Result<impl ExactSizeIterator<Item = [u8; 4]> + 'a> {
         let n = self.u64(what)?;
         if let Some(w) = want.filter(|&w| w != n) {
             return Err(bad(format!("{what}: {n} values, this model has {w}")));
@@ -105,10 +125,7 @@ impl<'a> Reader<'a> {
             .checked_mul(4)
             .ok_or_else(|| bad(format!("{what}: length {n} overflows")))?;
         let raw = self.take(bytes, what)?;
-        Ok(raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(raw.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]))
     }
     fn end(&self) -> Result<()> {
         match self.buf.len() - self.at {
@@ -163,12 +180,8 @@ fn read_layers(
             (0, LayerCache::Attention(kv)) => {
                 let mut c = kv.clone();
                 let want = pos.checked_mul(kv.row()).ok_or_else(|| bad("overflow"))?;
-                let (k, v) = (
-                    r.floats(Some(want), &format!("{what} layer {i} keys"))?,
-                    r.floats(Some(want), &format!("{what} layer {i} values"))?,
-                );
-                c.k = Aligned::copy(&k);
-                c.v = Aligned::copy(&v);
+                c.k = r.floats_aligned(Some(want), &format!("{what} layer {i} keys"))?;
+                c.v = r.floats_aligned(Some(want), &format!("{what} layer {i} values"))?;
                 LayerCache::Attention(c)
             }
             (1, LayerCache::Linear(s)) => {
