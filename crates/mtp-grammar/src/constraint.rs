@@ -15,6 +15,7 @@
 
 use std::time::Instant;
 
+use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv, TokenId};
 use llguidance::{Matcher, ParserFactory};
 use mtp_contract::ResponseFormat;
@@ -62,6 +63,12 @@ impl Compiler {
             return Ok(None);
         };
         let kind = format.kind();
+        // client data: bounded, then compiled on a stack of its own (see `guard`)
+        crate::guard::check(format)?;
+        crate::guard::run(kind, || self.start(g, kind))
+    }
+
+    fn start(&self, g: TopLevelGrammar, kind: &'static str) -> Result<Option<Constraint>, Error> {
         let compile = |message: String| Error::Compile { kind, message };
         let parser = self
             .factory
@@ -115,6 +122,25 @@ pub struct Constraint {
     masks_computed: u64,
     /// True while [`Constraint::prepare`] runs (its time goes to `ahead_ms`).
     preparing: bool,
+}
+
+impl Clone for Constraint {
+    /// An independent copy of the state (llguidance's deep clone): a constraint compiled once
+    /// ahead of a request, off the thread that decodes it, is handed over as a copy.
+    fn clone(&self) -> Self {
+        Constraint {
+            matcher: Box::new(self.matcher.deep_clone()),
+            kind: self.kind,
+            eos: self.eos.clone(),
+            path: self.path.clone(),
+            len: self.len,
+            masks: self.masks.clone(),
+            mask_ms: self.mask_ms,
+            ahead_ms: self.ahead_ms,
+            masks_computed: self.masks_computed,
+            preparing: false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Constraint {

@@ -13,6 +13,7 @@
 use std::sync::{Arc, OnceLock};
 
 mod constraint;
+pub mod guard;
 
 pub use constraint::{beside, Compiler, Constraint, AHEAD_MIN_MS};
 /// The vocabulary as llguidance sees it (each token's bytes, end ids), what [`Compiler::new`]
@@ -152,14 +153,18 @@ pub fn check_text(format: &ResponseFormat, text: &str) -> Result<Check, Error> {
     let kind = format.kind();
     let compile = |message: String| Error::Compile { kind, message };
     let check = |message: String| Error::Check { kind, message };
-    let parser = byte_factory()
-        .map_err(check)?
-        .create_parser(g)
-        .map_err(|e| compile(e.to_string()))?;
-    let mut m = Matcher::new(Ok(parser));
-    if let Some(e) = m.get_error() {
-        return Err(compile(e));
-    }
+    guard::check(format)?;
+    let factory = byte_factory().map_err(check)?;
+    let mut m = guard::run(kind, || {
+        let parser = factory
+            .create_parser(g)
+            .map_err(|e| compile(e.to_string()))?;
+        let m = Matcher::new(Ok(parser));
+        match m.get_error() {
+            Some(e) => Err(compile(e)),
+            None => Ok(m),
+        }
+    })?;
     let bytes: Vec<TokenId> = text.bytes().map(TokenId::from).collect();
     let taken = m
         .try_consume_tokens(&bytes)
