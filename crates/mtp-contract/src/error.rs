@@ -86,3 +86,18 @@ pub enum ProviderError {
         model: String,
     },
 }
+
+impl ProviderError {
+    /// Whether the request itself is at fault (a bad field or block, a feature or lane it asks
+    /// for that is not there), as opposed to the provider or the runtime behind it: a server
+    /// answers the first with a 4xx and counts it as refused, not failed.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            ProviderError::InvalidRequest { .. }
+                | ProviderError::InvalidSpeculation(_)
+                | ProviderError::SpeculationUnavailable { .. }
+                | ProviderError::Unsupported { .. }
+        )
+    }
+}

@@ -211,6 +211,13 @@ impl ToolCall {
 pub const RESERVED_TEMPLATE_VARIABLES: [&str; 4] =
     ["messages", "tools", "documents", "add_generation_prompt"];
 
+/// The most bytes of request text a provider reads per token of its context before refusing
+/// a prompt unread: a prompt whose text is longer than the context times this cannot fit
+/// (text averages about 4 bytes a token; only runs of whitespace or of one repeated
+/// character reach tens of bytes a token, never a whole prompt), so it is refused before it
+/// costs a tokenizer's time and memory.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 64;
+
 /// One generation request.
 ///
 /// `messages: None` and `Some(vec![])` differ: with a `prompt_cache_key`, an omitted history
@@ -423,6 +430,41 @@ impl GenerateRequest {
             });
         }
         self.sampling.validate()
+    }
+
+    /// Bytes of text the request brings to its prompt: the prompt, the system prompt, each
+    /// message's content, reasoning, tool calls and names, the tools and the template's
+    /// arguments (images are not text and are not counted). A provider compares it with its
+    /// context before tokenizing anything (see [`MAX_PROMPT_BYTES_PER_TOKEN`]).
+    pub fn text_bytes(&self) -> usize {
+        let json = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.len(),
+            v => v.to_string().len(),
+        };
+        let messages: usize = self
+            .messages
+            .iter()
+            .flatten()
+            .map(|m| {
+                m.content.len()
+                    + m.reasoning_content.as_ref().map_or(0, String::len)
+                    + m.name.as_ref().map_or(0, String::len)
+                    + m.tool_call_id.as_ref().map_or(0, String::len)
+                    + m.tool_calls
+                        .iter()
+                        .map(|c| c.function.name.len() + json(&c.function.arguments))
+                        .sum::<usize>()
+            })
+            .sum();
+        self.prompt.len()
+            + self.system_prompt.as_ref().map_or(0, String::len)
+            + messages
+            + self.tools.iter().map(json).sum::<usize>()
+            + self
+                .chat_template_kwargs
+                .iter()
+                .map(|(k, v)| k.len() + json(v))
+                .sum::<usize>()
     }
 
     /// True when the prompt or any message carries images.

@@ -55,6 +55,10 @@ pub struct GenerateOptions {
     /// The shape the reply must take (JSON Schema, regex, Lark grammar), enforced on every
     /// pick, drafts included; compiled before any model work.
     pub response_format: Option<ResponseFormat>,
+    /// `response_format` compiled already ([`Engine::constraint`], on the thread that
+    /// prepared the request, before it was queued): the reply starts from a copy of it, so
+    /// compilation never runs on the scheduler's thread.
+    pub constraint: Option<Constraint>,
     /// The images of the prompt, placed on its expanded `<|image_pad|>` runs (see
     /// [`Engine::multimodal_prompt`]).
     pub images: Option<Arc<MultimodalPrompt>>,
@@ -71,6 +75,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             checkpoint_at: None,
             response_format: None,
+            constraint: None,
             images: None,
         }
     }
@@ -511,6 +516,9 @@ impl Engine {
         let Some(format) = opts.response_format.as_ref().filter(|f| f.is_constrained()) else {
             return Ok(None);
         };
+        if let Some(c) = &opts.constraint {
+            return Ok(Some(c.clone()));
+        }
         let compiler = self.constraints.get_or_init(|| {
             let tok = self.tokenizer.as_ref().ok_or_else(|| {
                 "constrained decoding needs the checkpoint's tokenizer.json".to_string()

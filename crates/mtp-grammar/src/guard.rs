@@ -44,8 +44,8 @@ pub fn check(format: &ResponseFormat) -> Result<(), Error> {
     let over = |what: &str, n: usize, max: usize| Error::Compile {
         kind,
         message: format!(
-            "the constraint holds {n} {what}, over this server's limit of {max}; a schema or \
-             grammar that large is refused before it is compiled"
+            "the constraint holds {n} {what}, over the limit of {max}: a schema or grammar \
+             that large is refused before it is compiled (its compilation recurses that deep)"
         ),
     };
     match format {

@@ -69,6 +69,9 @@ pub struct Job<'a, S> {
     pub max_tokens: usize,
     /// The shape the reply must take (none for free text), enforced on every token.
     pub response_format: Option<&'a mtp_contract::ResponseFormat>,
+    /// `response_format` compiled ahead ([`Backend::compile_constraint`]), when the backend
+    /// compiles its constraints itself.
+    pub constraint: Option<mtp_engine::constraint::Constraint>,
     /// Keep the state at the end of the prompt and at the end of generation.
     pub checkpoint: bool,
     /// Also keep the state after this many prompt tokens (see
@@ -114,6 +117,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Renders the request (chat template, system prompt, history, tools, `thinking`) into
     /// token ids.
     fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError>;
+
+    /// Compiles a request's `response_format` before its job is queued (on the blocking pool,
+    /// so a constraint that does not compile or is past the grammar's limits is refused
+    /// before any generation, and never compiles on the thread that batches sequences).
+    /// `None`: the backend compiles nothing ahead.
+    fn compile_constraint(
+        &self,
+        format: &mtp_contract::ResponseFormat,
+    ) -> Result<Option<mtp_engine::constraint::Constraint>, ProviderError> {
+        let _ = format;
+        Ok(None)
+    }
 
     /// Whether requests may carry images (`Err` says why not).
     fn accepts_images(&self) -> Result<(), String> {

@@ -135,6 +135,7 @@ fn engine_options(
 ) -> Result<GenerateOptions, ProviderError> {
     let mut opts = GenerateOptions::greedy(job.max_tokens).sampling(job.sampling.clone());
     opts.response_format = job.response_format.cloned();
+    opts.constraint = job.constraint.clone();
     if !job.images.is_empty() {
         let encoded = job
             .images
@@ -284,6 +285,14 @@ impl Backend for EngineBackend {
             images,
             cache_ids,
         })
+    }
+
+    fn compile_constraint(
+        &self,
+        format: &mtp_contract::ResponseFormat,
+    ) -> Result<Option<mtp_engine::constraint::Constraint>, ProviderError> {
+        let opts = GenerateOptions::default().response_format(format.clone());
+        self.engine.constraint(&opts).map_err(api)
     }
 
     fn accepts_images(&self) -> Result<(), String> {

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use mtp_contract::{
     plan, Capabilities, DraftDepth, EventStream, FinishReason, GenerateRequest, GenerateResponse,
     Lane, Metadata, Plan, Provider, ProviderError, Speculation, SpeculationStatus, StreamEvent,
-    Usage,
+    Usage, MAX_PROMPT_BYTES_PER_TOKEN,
 };
 use tokio::sync::mpsc;
 
@@ -289,12 +289,57 @@ impl<B: Backend> Provider for NativeProvider<B> {
         };
         let max_batch = self.max_batch;
         let started = Instant::now();
-        let prompt = loaded.backend.render(&request)?;
         // the context: the model's length (`max_position_embeddings`), or `ctx_size` if shorter
         let ctx = match (loaded.backend.context_length(), self.ctx_size) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let raise = move |c: usize| match self.ctx_size {
+            Some(s) if s == c => " or raise ctx_size (--ctx-size)",
+            _ => "",
+        };
+        // Bounded work before any: text that could not fit the context at a generous
+        // number of bytes per token is refused before it is rendered or tokenized.
+        if let Some(c) = ctx {
+            let (bytes, most) = (
+                request.text_bytes(),
+                c.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN),
+            );
+            if bytes > most {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompt",
+                    message: format!(
+                        "the request holds {bytes} bytes of text, more than a {c}-token context \
+                         can take at {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); \
+                         shorten it{}",
+                        raise(c)
+                    ),
+                });
+            }
+        }
+        // Rendering, tokenizing and compiling the constraint take time in proportion to the
+        // request: on the blocking pool, never on an async worker; their errors come back
+        // here, before the stream is opened.
+        let prepare = {
+            let loaded = Arc::clone(&loaded);
+            move || -> Result<_, ProviderError> {
+                let prompt = loaded.backend.render(&request)?;
+                let constraint = match request.constraint() {
+                    Some(f) => loaded.backend.compile_constraint(f)?,
+                    None => None,
+                };
+                Ok((request, prompt, constraint))
+            }
+        };
+        let (request, prompt, constraint) =
+            tokio::task::spawn_blocking(prepare)
+                .await
+                .map_err(|e| ProviderError::Api {
+                    provider: self.name.clone(),
+                    model: self.model.clone(),
+                    status: None,
+                    message: format!("preparing the prompt failed: {e}"),
+                })??;
         if let Some(ctx) = ctx.filter(|&c| prompt.ids.len() >= c) {
             return Err(ProviderError::InvalidRequest {
                 field: "prompt",
@@ -302,10 +347,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
                     "the prompt is {} tokens and the context holds {ctx} (prompt and reply); \
                      shorten it{}",
                     prompt.ids.len(),
-                    match self.ctx_size {
-                        Some(c) if c == ctx => " or raise ctx_size (--ctx-size)",
-                        _ => "",
-                    }
+                    raise(ctx)
                 ),
             });
         }
@@ -315,7 +357,8 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
             let result = run_job(
-                &loaded, &request, &prompt, ctx, &plan, &runtime, started, &tx, max_batch,
+                &loaded, &request, &prompt, constraint, ctx, &plan, &runtime, started, &tx,
+                max_batch,
             );
             // Release the provider and this job's hold on the weights before the caller sees
             // the final event, so that its next call is never refused as busy and an
@@ -377,6 +420,7 @@ fn run_job<B: Backend>(
     loaded: &Loaded<B>,
     request: &GenerateRequest,
     prompt: &RenderedPrompt,
+    constraint: Option<mtp_engine::constraint::Constraint>,
     ctx: Option<usize>,
     plan: &Plan,
     runtime: &str,
@@ -438,6 +482,7 @@ fn run_job<B: Backend>(
         sampling: &request.sampling,
         max_tokens,
         response_format: request.constraint(),
+        constraint,
         checkpoint: key.is_some(),
         checkpoint_at: prompt.history_len,
         images: &prompt.images,
