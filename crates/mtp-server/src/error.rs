@@ -109,6 +109,50 @@ impl ApiError {
         }
     }
 
+    /// 503 for a connection over `--max-connections` (sent before its request is read).
+    pub fn too_many_connections(max: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            param: None,
+            code: Some("too_many_connections".into()),
+            message: format!(
+                "the server has {max} connections open, its limit (--max-connections); retry \
+                 in a moment, or reuse a connection"
+            ),
+            retry_after: Some(1),
+        }
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("body_timeout".into()),
+            ..ApiError::invalid(
+                "body",
+                format!(
+                    "the request body did not arrive within {} s (--body-timeout)",
+                    limit.as_secs_f64()
+                ),
+            )
+        }
+    }
+
+    /// 400 for a request over one of the server's caps, naming the cap and its flag.
+    pub fn over_limit(param: &str, what: &str, n: usize, max: usize, flag: &str) -> ApiError {
+        ApiError {
+            code: Some("over_limit".into()),
+            ..ApiError::invalid(
+                param,
+                format!(
+                    "the request has {n} {what}, over this server's limit of {max} ({flag} \
+                     raises it)"
+                ),
+            )
+        }
+    }
+
     /// The answer to a provider's error.
     pub fn from_provider(e: &ProviderError) -> ApiError {
         let message = e.to_string();

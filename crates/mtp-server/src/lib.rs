@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod conn;
 mod error;
 mod metrics;
 pub mod openai;
@@ -36,8 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -52,13 +52,26 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
-use openai::{Endpoint, Parsed};
+use openai::{Endpoint, Limits, Parsed};
 
 /// Default request body limit: 16 MiB (a long conversation with tool schemas fits; a runaway
 /// upload does not).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
 /// Default number of requests that may wait for a slot.
 pub const DEFAULT_MAX_QUEUE: usize = 64;
+/// Default cap on open connections: far below the usual 1,024 file descriptors of a process,
+/// far above what a local server's clients open.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default time a connection has to send a request's headers, from when it opens or from the
+/// end of its previous answer (so also the keep-alive idle timeout).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default time a request's whole body has to arrive.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default time a write may make no progress (a client that stopped reading its stream)
+/// before the connection is closed and the generation cancelled.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time the requests in flight get to finish after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How long a request waits for a provider that says it is still busy (the previous request's
 /// generation ending after its client went away) before the server answers 503.
 const BUSY_WAIT: Duration = Duration::from_secs(30);
@@ -78,10 +91,23 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// The model id shown in `/v1/models` and responses (default: the provider's model).
     pub model_id: Option<String>,
+    /// Connections open at once; beyond, a connection is answered 503 and closed.
+    pub max_connections: usize,
+    /// See [`DEFAULT_HEADER_TIMEOUT`].
+    pub header_timeout: Duration,
+    /// See [`DEFAULT_BODY_TIMEOUT`] (408 past it).
+    pub body_timeout: Duration,
+    /// See [`DEFAULT_WRITE_TIMEOUT`].
+    pub write_timeout: Duration,
+    /// See [`DEFAULT_SHUTDOWN_GRACE`].
+    pub shutdown_grace: Duration,
+    /// Caps on what one request may hold (stop strings, messages, content parts, tools).
+    pub limits: Limits,
 }
 
 impl ServerConfig {
-    /// Defaults: no key, one request at a time, 64 waiting, 16 MiB bodies.
+    /// Defaults: no key, one request at a time, 64 waiting, 16 MiB bodies, the timeouts and
+    /// caps of the `DEFAULT_*` constants and [`Limits::default`].
     pub fn new(addr: impl Into<String>) -> ServerConfig {
         ServerConfig {
             addr: addr.into(),
@@ -90,6 +116,12 @@ impl ServerConfig {
             max_queue: DEFAULT_MAX_QUEUE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_id: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            limits: Limits::default(),
         }
     }
 
@@ -105,6 +137,24 @@ impl ServerConfig {
                 setting: "max_body_bytes",
                 message: format!("{} is too small for any request", self.max_body_bytes),
             });
+        }
+        if self.max_connections == 0 {
+            return Err(ServerError::Config {
+                setting: "max_connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        for (setting, d) in [
+            ("header_timeout", self.header_timeout),
+            ("body_timeout", self.body_timeout),
+            ("write_timeout", self.write_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ServerError::Config {
+                    setting,
+                    message: "must be longer than zero".into(),
+                });
+            }
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err(ServerError::Config {
@@ -125,10 +175,13 @@ struct AppState {
     max_batch: usize,
     waiting: AtomicUsize,
     max_queue: usize,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     shutting_down: AtomicBool,
     next_id: AtomicU64,
     started: u64,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+    limits: Limits,
 }
 
 type Shared = Arc<AppState>;
@@ -159,22 +212,7 @@ pub async fn serve_on(
     config.validate()?;
     let (app, state) = app(llm, &config);
     tracing::info!(addr = %listener.local_addr()?, model = %state.model_id, "serving");
-    let flag = Arc::clone(&state);
-    // a stream's small events go out at once (no Nagle delay behind the client's ACK)
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            flag.shutting_down.store(true, Ordering::SeqCst);
-            tracing::info!("shutting down: finishing the requests in flight");
-        })
-        .await?;
-    Ok(())
+    conn::run(listener, app, state, &config, shutdown).await
 }
 
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM. The handlers are installed when this is
@@ -226,13 +264,16 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         max_batch: config.max_batch,
         waiting: AtomicUsize::new(0),
         max_queue: config.max_queue,
-        metrics: Metrics::default(),
+        metrics: Arc::new(Metrics::default()),
         shutting_down: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
         started: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
+        max_body_bytes: config.max_body_bytes,
+        body_timeout: config.body_timeout,
+        limits: config.limits.clone(),
     });
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -258,7 +299,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer)
             .unwrap_or("");
         if !key_matches(key, sent) {
             s.metrics.rejected();
@@ -268,14 +309,32 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// The credentials of an `Authorization: Bearer ...` header (the scheme is case-insensitive,
+/// RFC 9110 §11.1).
+fn bearer(header: &str) -> Option<&str> {
+    let (scheme, rest) = header.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_matches(' '))
+}
+
 /// Constant-time in the key's content (the length of the expected key is not secret).
 fn key_matches(expected: &str, sent: &str) -> bool {
     use subtle::ConstantTimeEq;
     expected.len() == sent.len() && bool::from(expected.as_bytes().ct_eq(sent.as_bytes()))
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `ok`, or 503 while the server drains after SIGTERM (what load balancers take as "send no
+/// more").
+async fn health(State(s): State<Shared>) -> Response {
+    if s.shutting_down.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down"})),
+        )
+            .into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -335,24 +394,22 @@ async fn props(State(s): State<Shared>) -> Json<Value> {
     }))
 }
 
-async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(s): State<Shared>, body: Body) -> Response {
     handle(s, Endpoint::Chat, body).await
 }
 
-async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(s): State<Shared>, body: Body) -> Response {
     handle(s, Endpoint::Completion, body).await
 }
 
-async fn native_completion(
-    State(s): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn native_completion(State(s): State<Shared>, body: Body) -> Response {
     handle(s, Endpoint::Native, body).await
 }
 
 /// Reads and checks the body, waits for a slot, and answers whole or as a stream.
-async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
-    let mut parsed = match read_body(&body).and_then(|v| openai::parse(endpoint, &v)) {
+async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
+    let body = read_body(&s, body).await;
+    let mut parsed = match body.and_then(|v| openai::parse(endpoint, &v, &s.limits)) {
         Ok(p) => p,
         Err(e) => {
             s.metrics.rejected();
@@ -379,7 +436,9 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     let events = match open_stream(&s, &parsed).await {
         Ok(ev) => ev,
         Err(e) => {
-            s.metrics.failed();
+            // the request's own fault (too long, a bad constraint, a lane it requires) is a
+            // refusal, not a failure of the server
+            s.metrics.errored(&e);
             return ApiError::from_provider(&e).into_response();
         }
     };
@@ -408,23 +467,43 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     }
 }
 
-fn read_body(body: &Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
-    let bytes = match body {
-        Ok(b) => b,
-        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+/// The body as JSON: whole within `--body-timeout` (408), at most `--max-body-bytes` (413).
+async fn read_body(s: &AppState, body: Body) -> Result<Value, ApiError> {
+    let read = axum::body::to_bytes(body, s.max_body_bytes);
+    let bytes = match tokio::time::timeout(s.body_timeout, read).await {
+        Err(_) => return Err(ApiError::body_timeout(s.body_timeout)),
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) if is_length_limit(&e) => {
             return Err(ApiError {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 code: Some("body_too_large".into()),
                 ..ApiError::invalid(
                     "body",
-                    "the request body is over this server's limit (--max-body-bytes)",
+                    format!(
+                        "the request body is over this server's limit of {} bytes \
+                         (--max-body-bytes)",
+                        s.max_body_bytes
+                    ),
                 )
             })
         }
-        Err(r) => return Err(ApiError::invalid("body", format!("unreadable body: {r}"))),
+        Ok(Err(e)) => return Err(ApiError::invalid("body", format!("unreadable body: {e}"))),
     };
-    serde_json::from_slice(bytes)
+    serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))
+}
+
+/// Whether reading a body failed on the size limit (axum's `LengthLimitError`, under its
+/// error's sources).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// A slot now, or a place in the queue, or 429.
@@ -491,9 +570,9 @@ impl Run {
             .finished(r, self.started.elapsed().as_secs_f64());
     }
 
-    fn fail(&mut self) {
+    fn fail(&mut self, e: &ProviderError) {
         self.done = true;
-        self.s.metrics.failed();
+        self.s.metrics.errored(e);
     }
 
     fn chunk(&self, choice: Value) -> Value {
@@ -589,12 +668,12 @@ async fn whole_response(
                 return Json(run.whole(&r, tokens)).into_response();
             }
             Err(e) => {
-                run.fail();
+                run.fail(&e);
                 return ApiError::from_provider(&e).into_response();
             }
         }
     }
-    run.fail();
+    run.fail(&ProviderError::Cancelled);
     ApiError::from_provider(&ProviderError::Cancelled).into_response()
 }
 
@@ -667,12 +746,12 @@ fn stream_response(
                     Some((out, (run, events, 2)))
                 }
                 Some(Err(e)) => {
-                    run.fail();
+                    run.fail(&e);
                     let body = ApiError::from_provider(&e).body();
                     Some((vec![data(&body)], (run, events, 2)))
                 }
                 None => {
-                    run.fail();
+                    run.fail(&ProviderError::Cancelled);
                     let body = ApiError::from_provider(&ProviderError::Cancelled).body();
                     Some((vec![data(&body)], (run, events, 2)))
                 }

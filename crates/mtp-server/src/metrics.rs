@@ -57,6 +57,8 @@ pub struct Metrics {
     cached_tokens: AtomicU64,
     running: AtomicU64,
     waiting: AtomicU64,
+    connections: AtomicU64,
+    connections_refused: AtomicU64,
     drafts: AtomicU64,
     draft_tokens: AtomicU64,
     accepted_tokens: AtomicU64,
@@ -64,6 +66,15 @@ pub struct Metrics {
     per_pos: Mutex<Vec<u64>>,
     ttft: Mutex<Histogram>,
     e2e: Mutex<Histogram>,
+}
+
+/// Ends an open connection's count when dropped.
+pub struct OwnedGauge(std::sync::Arc<Metrics>);
+
+impl Drop for OwnedGauge {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Ends a waiting request's count when dropped.
@@ -90,6 +101,31 @@ impl Metrics {
     pub fn waiting(&self) -> Gauge<'_> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         Gauge(&self.waiting)
+    }
+
+    /// Requests generating or waiting for a slot (a draining server waits for none).
+    pub fn in_flight(&self) -> u64 {
+        self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Counts an open connection until the guard drops.
+    pub fn connection_opened(self: &std::sync::Arc<Self>) -> OwnedGauge {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        OwnedGauge(std::sync::Arc::clone(self))
+    }
+
+    /// A connection refused over `--max-connections`.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request that ended on an error: refused when the request was at fault, else failed.
+    pub fn errored(&self, e: &mtp_contract::ProviderError) {
+        if e.is_client_error() {
+            self.rejected();
+        } else {
+            self.failed();
+        }
     }
 
     /// A request refused before it ran (queue full, bad request, no key).
@@ -160,7 +196,7 @@ impl Metrics {
     /// The exposition text.
     pub fn render(&self, model: &str) -> String {
         let mut out = String::new();
-        let model = model.replace('\\', "\\\\").replace('"', "\\\"");
+        let model = escape_label(model);
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut counter = |name: &str, help: &str, labels: &str, v: u64| {
             let _ = writeln!(
@@ -185,6 +221,12 @@ impl Metrics {
             "Requests refused before running (bad request, no key, queue full).",
             "",
             get(&self.rejected),
+        );
+        counter(
+            "mtp:connections_refused_total",
+            "Connections answered 503 and closed over --max-connections.",
+            "",
+            get(&self.connections_refused),
         );
         counter(
             "mtp:request_cancelled_total",
@@ -254,6 +296,11 @@ impl Metrics {
                 "Requests waiting in the queue.",
                 get(&self.waiting),
             ),
+            (
+                "mtp:num_connections_open",
+                "HTTP connections open.",
+                get(&self.connections),
+            ),
         ] {
             let _ = writeln!(
                 out,
@@ -275,5 +322,35 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+/// A label value as the exposition format writes it: backslash, double quote and line feed
+/// escaped.
+fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let text = Metrics::default().render("evil\"} 1\nmtp:fake 2");
+        assert!(!text.contains("mtp:fake 2\n"), "{text}");
+        assert!(text
+            .lines()
+            .all(|l| l.starts_with('#') || l.starts_with("mtp:")));
     }
 }

@@ -29,6 +29,36 @@ pub struct Parsed {
     pub return_tokens: bool,
 }
 
+/// Caps on what one request may hold. Each bounds work a client could otherwise make the
+/// server do for free (30,000 stop strings searched after every token, a million messages
+/// rendered); a request over one is a 400 naming the cap and the `mtp serve` flag that raises
+/// it. The defaults are far above what OpenAI's own API accepts (4 stop strings, 128 tools).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Stop strings (`--max-stop`).
+    pub max_stop: usize,
+    /// Bytes of one stop string (`--max-stop-bytes`).
+    pub max_stop_bytes: usize,
+    /// Messages of a chat (`--max-messages`).
+    pub max_messages: usize,
+    /// Content parts of one message (`--max-content-parts`).
+    pub max_content_parts: usize,
+    /// Tools (`--max-tools`).
+    pub max_tools: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_stop: 64,
+            max_stop_bytes: 1024,
+            max_messages: 4096,
+            max_content_parts: 256,
+            max_tools: 512,
+        }
+    }
+}
+
 /// The two endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -103,8 +133,8 @@ fn bool_field(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError>
     }
 }
 
-/// Reads the body of either endpoint.
-pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
+/// Reads the body of either endpoint, within `limits`.
+pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed, ApiError> {
     let Some(o) = body.as_object() else {
         return Err(ApiError::invalid(
             "body",
@@ -112,7 +142,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         ));
     };
     let mut request = match endpoint {
-        Endpoint::Chat => chat_request(o)?,
+        Endpoint::Chat => chat_request(o, limits)?,
         Endpoint::Completion | Endpoint::Native => completion_request(o)?,
     };
     request.max_output_tokens = match (
@@ -134,6 +164,15 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
     request.stop = match opt(o, "stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() > limits.max_stop => {
+            return Err(ApiError::over_limit(
+                "stop",
+                "stop strings",
+                a.len(),
+                limits.max_stop,
+                "--max-stop",
+            ))
+        }
         Some(Value::Array(a)) => a
             .iter()
             .map(|s| {
@@ -149,6 +188,19 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
             ))
         }
     };
+    if let Some(long) = request
+        .stop
+        .iter()
+        .find(|s| s.len() > limits.max_stop_bytes)
+    {
+        return Err(ApiError::over_limit(
+            "stop",
+            "bytes in one stop string",
+            long.len(),
+            limits.max_stop_bytes,
+            "--max-stop-bytes",
+        ));
+    }
     request.speculation = speculation(o)?;
     if let Some(n) = u64_field(o, "n")? {
         if n != 1 {
@@ -437,7 +489,7 @@ fn completion_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiErro
     Ok(GenerateRequest::new(prompt).raw())
 }
 
-fn chat_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
+fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateRequest, ApiError> {
     let Some(Value::Array(raw)) = opt(o, "messages") else {
         return Err(ApiError::invalid(
             "messages",
@@ -447,10 +499,19 @@ fn chat_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` is empty"));
     }
+    if raw.len() > limits.max_messages {
+        return Err(ApiError::over_limit(
+            "messages",
+            "messages",
+            raw.len(),
+            limits.max_messages,
+            "--max-messages",
+        ));
+    }
     let messages = raw
         .iter()
         .enumerate()
-        .map(|(i, m)| message(i, m))
+        .map(|(i, m)| message(i, m, limits))
         .collect::<Result<Vec<_>, _>>()?;
     // the whole conversation is the history; the contract renders system, history, then a
     // non-empty prompt, so an empty prompt leaves the conversation exactly as sent
@@ -472,6 +533,15 @@ fn chat_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
     };
     match opt(o, "tools") {
         None => {}
+        Some(Value::Array(t)) if t.len() > limits.max_tools => {
+            return Err(ApiError::over_limit(
+                "tools",
+                "tools",
+                t.len(),
+                limits.max_tools,
+                "--max-tools",
+            ))
+        }
         Some(Value::Array(t)) if !tools_off => r.tools = t.clone(),
         Some(Value::Array(_)) => {}
         Some(v) => {
@@ -515,7 +585,7 @@ fn chat_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
 }
 
 /// One OpenAI message: `content` as a string, `null` or a list of parts (`text`, `image_url`).
-fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+fn message(i: usize, m: &Value, limits: &Limits) -> Result<Message, ApiError> {
     let param = format!("messages[{i}]");
     let bad = |what: String| ApiError::invalid(&param, format!("message {i}: {what}"));
     let Some(o) = m.as_object() else {
@@ -533,6 +603,15 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
     let content = match opt(o, "content") {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) if parts.len() > limits.max_content_parts => {
+            return Err(ApiError::over_limit(
+                &param,
+                "content parts in one message",
+                parts.len(),
+                limits.max_content_parts,
+                "--max-content-parts",
+            ))
+        }
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for p in parts {
@@ -691,7 +770,7 @@ mod tests {
     use super::*;
 
     fn chat(v: Value) -> Result<Parsed, ApiError> {
-        parse(Endpoint::Chat, &v)
+        parse(Endpoint::Chat, &v, &Limits::default())
     }
 
     #[test]
@@ -916,11 +995,13 @@ mod tests {
         let p = parse(
             Endpoint::Completion,
             &json!({"prompt": ["fn main() {"], "max_tokens": 3}),
+            &Limits::default(),
         )
         .unwrap();
         assert!(p.request.raw_prompt);
         assert_eq!(p.request.prompt, "fn main() {");
-        assert!(parse(Endpoint::Completion, &json!({"prompt": [1, 2]})).is_err());
-        assert!(parse(Endpoint::Completion, &json!({})).is_err());
+        let l = Limits::default();
+        assert!(parse(Endpoint::Completion, &json!({"prompt": [1, 2]}), &l).is_err());
+        assert!(parse(Endpoint::Completion, &json!({}), &l).is_err());
     }
 }

@@ -95,6 +95,57 @@ pub struct ServeArgs {
     /// Disk for the checkpoints under --cache-dir, in bytes (least recently used go first).
     #[arg(long, value_name = "BYTES", requires = "cache_dir", default_value_t = 4 << 30)]
     pub cache_disk_bytes: u64,
+    /// Connections open at once; a connection beyond is answered 503 (Retry-After) and closed.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Seconds a connection has to send a request's headers, from when it opens or from the
+    /// end of its previous answer (so also how long an idle keep-alive connection stays open).
+    #[arg(long, value_name = "SECS", default_value_t = mtp_server::DEFAULT_HEADER_TIMEOUT.as_secs_f64(),
+          value_parser = seconds)]
+    pub header_timeout: f64,
+    /// Seconds a request's whole body has to arrive (408 past it).
+    #[arg(long, value_name = "SECS", default_value_t = mtp_server::DEFAULT_BODY_TIMEOUT.as_secs_f64(),
+          value_parser = seconds)]
+    pub body_timeout: f64,
+    /// Seconds a write to a client may make no progress (a client that stopped reading its
+    /// stream) before its connection is closed and its generation cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = mtp_server::DEFAULT_WRITE_TIMEOUT.as_secs_f64(),
+          value_parser = seconds)]
+    pub write_timeout: f64,
+    /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C (new ones are
+    /// answered 503 meanwhile, /health too); then the rest are cut.
+    #[arg(long, value_name = "SECS", default_value_t = mtp_server::DEFAULT_SHUTDOWN_GRACE.as_secs_f64(),
+          value_parser = seconds)]
+    pub shutdown_grace: f64,
+    /// Stop strings one request may give.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_stop)]
+    pub max_stop: usize,
+    /// Bytes of one stop string.
+    #[arg(long, value_name = "BYTES", default_value_t = mtp_server::openai::Limits::default().max_stop_bytes)]
+    pub max_stop_bytes: usize,
+    /// Messages of one chat request.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_messages)]
+    pub max_messages: usize,
+    /// Content parts (text, images) of one message.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_content_parts)]
+    pub max_content_parts: usize,
+    /// Tools of one chat request.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_tools)]
+    pub max_tools: usize,
+}
+
+/// A positive number of seconds (fractions allowed), at most a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if x.is_finite() && x > 0.0 && x <= 86_400.0 {
+        Ok(x)
+    } else {
+        Err(format!(
+            "`{s}`: give a number of seconds above 0 and at most 86400"
+        ))
+    }
 }
 
 /// Which provider and model to load, and the provider-level speculation default.

@@ -70,6 +70,18 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
     config.max_queue = a.max_queue as usize;
     config.max_body_bytes = usize::try_from(a.max_body_bytes).unwrap_or(usize::MAX);
     config.model_id = Some(a.served_model_name.clone().unwrap_or(model.clone()));
+    config.max_connections = a.max_connections;
+    config.header_timeout = std::time::Duration::from_secs_f64(a.header_timeout);
+    config.body_timeout = std::time::Duration::from_secs_f64(a.body_timeout);
+    config.write_timeout = std::time::Duration::from_secs_f64(a.write_timeout);
+    config.shutdown_grace = std::time::Duration::from_secs_f64(a.shutdown_grace);
+    config.limits = mtp_server::openai::Limits {
+        max_stop: a.max_stop,
+        max_stop_bytes: a.max_stop_bytes,
+        max_messages: a.max_messages,
+        max_content_parts: a.max_content_parts,
+        max_tools: a.max_tools,
+    };
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| mtp_server::ServerError::Bind {
