@@ -36,6 +36,39 @@ const VERSION: u32 = 1;
 const STATE_EXT: &str = "state";
 const TEMP_EXT: &str = "tmp";
 const LOCK_FILE: &str = "lock";
+
+/// Creates `dir` (and its missing parents) readable by the user alone; with `always`, makes it
+/// so when it exists too (the model's own folder; the root, the user's, is left as found).
+fn private_dir(dir: &Path, always: bool) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let existed = dir.is_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        if !existed || always {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = always;
+        std::fs::create_dir_all(dir)
+    }
+}
+
+/// Files created readable and writable by the user alone.
+fn private(options: &mut std::fs::OpenOptions) -> &mut std::fs::OpenOptions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options
+}
 /// The longest key a file may name (the contract caps `prompt_cache_key` far below).
 const MAX_KEY_BYTES: usize = 64 * 1024;
 /// Checkpoints waiting for the writer; beyond that a checkpoint is not persisted (the request
@@ -156,14 +189,14 @@ impl<S: CacheState + 'static> DiskCache<S> {
             let path = path.to_path_buf();
             move |source| DiskCacheError::Io { path, source }
         };
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        // the checkpoints hold conversations' token ids: the folders made here are the
+        // user's alone (0700), and so are the files (0600)
+        private_dir(root, false).map_err(io(root))?;
+        private_dir(&dir, true).map_err(io(&dir))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io(&lock_path))?;
+        let mut options = File::options();
+        options.create(true).truncate(false).write(true);
+        let lock = private(&mut options).open(&lock_path).map_err(io(&lock_path))?;
         // A process that is exiting (or a child between its fork and its exec, which holds a
         // copy of the descriptor) may hold the lock a moment longer: wait up to a second.
         let waited = std::time::Instant::now();
@@ -416,7 +449,10 @@ impl Shared {
         let path = self.dir.join(&name);
         let temp = path.with_extension(TEMP_EXT);
         let result = (|| -> std::io::Result<u64> {
-            let mut f = HashingWriter::new(BufWriter::new(File::create(&temp)?));
+            let mut options = File::options();
+            options.write(true).create(true).truncate(true);
+            let file = private(&mut options).open(&temp)?;
+            let mut f = HashingWriter::new(BufWriter::new(file));
             f.write_all(MAGIC)?;
             f.write_all(&VERSION.to_le_bytes())?;
             f.write_all(self.identity.as_bytes())?;
@@ -718,6 +754,30 @@ mod tests {
         c.flush();
         assert!(c.is_empty());
         assert!(files(c.dir(), STATE_EXT).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn checkpoints_are_the_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let parent = tempfile::tempdir().unwrap();
+        let root = parent.path().join("cache");
+        let mut c = open(&root, 1 << 20);
+        c.store("k", vec![1, 2], Arc::new(St(vec![1; 100], 1)));
+        c.flush();
+        assert_eq!(mode(&root), 0o700, "a root made here");
+        assert_eq!(mode(c.dir()), 0o700);
+        let state = files(c.dir(), STATE_EXT);
+        assert_eq!(state.len(), 1);
+        assert_eq!(mode(&state[0]), 0o600);
+        assert_eq!(mode(&c.dir().join(LOCK_FILE)), 0o600);
+        // a model folder left open by an older version is closed when opened again
+        let dir = c.dir().to_path_buf();
+        drop(c);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _c = open(&root, 1 << 20);
+        assert_eq!(mode(&dir), 0o700);
     }
 
     #[test]
