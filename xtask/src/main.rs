@@ -17,6 +17,7 @@ mod llama;
 mod probe;
 mod real_vocab;
 mod setup;
+mod soak;
 mod test;
 mod tokenizer;
 mod train_tiny;
@@ -36,6 +37,7 @@ commands:
   bench [options]                 MTP on/off benchmark on one loaded model;
                                   --llama-server PATH: against llama.cpp on the same weights
   bench serve [options]           mtp serve under load at several concurrencies (and llama-server)
+  soak [--minutes N] [options]    mtp serve under mixed normal, malformed and slow clients
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
   test                            the project's full test command (what CI runs)
@@ -73,6 +75,7 @@ fn main() -> Result<()> {
         "gguf" => gguf::run(rest),
         "probe" => probe::run(rest),
         "setup" => setup::run(rest),
+        "soak" => soak::run(rest),
         "test" => test::run(rest),
         "tokenizer" => tokenizer::run(rest),
         "train-tiny" => train_tiny::run(rest),
