@@ -458,6 +458,7 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
             .unwrap_or(0),
         started,
         done: false,
+        usage_nulls: parsed.stream && parsed.include_usage,
         _permit: permit,
     };
     if parsed.stream {
@@ -559,6 +560,9 @@ struct Run {
     created: u64,
     started: Instant,
     done: bool,
+    /// `stream_options.include_usage`: every chunk carries `"usage": null` until the last
+    /// one's usage, as OpenAI and vLLM send it (clients read the key on every chunk).
+    usage_nulls: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -576,13 +580,17 @@ impl Run {
     }
 
     fn chunk(&self, choice: Value) -> Value {
-        json!({
+        let mut c = json!({
             "id": self.id,
             "object": self.endpoint.object(true),
             "created": self.created,
             "model": self.s.model_id,
             "choices": [choice],
-        })
+        });
+        if self.usage_nulls {
+            c["usage"] = Value::Null;
+        }
+        c
     }
 
     fn delta_choice(&self, text: &str, reasoning: &str) -> Value {

@@ -414,6 +414,11 @@ async fn streams_end_with_done_and_carry_usage_when_asked() {
     assert!(chunks
         .iter()
         .all(|c| c["object"] == "chat.completion.chunk"));
+    // every chunk before the usage chunk says `"usage": null` (OpenAI's and vLLM's shape:
+    // clients look the key up on each chunk)
+    for c in &chunks[..chunks.len() - 1] {
+        assert_eq!(c.get("usage"), Some(&Value::Null), "{c}");
+    }
 
     // completions, streamed
     let text = reqwest::Client::new()
@@ -433,6 +438,10 @@ async fn streams_end_with_done_and_carry_usage_when_asked() {
         .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
         .collect();
     assert_eq!(text, "fn main");
+    // without include_usage, no `usage` key on the chunks
+    assert!(data[..data.len() - 1]
+        .iter()
+        .all(|d| serde_json::from_str::<Value>(d).unwrap().get("usage").is_none()));
 }
 
 #[tokio::test]
