@@ -252,11 +252,11 @@ impl ProbeReport {
             },
             Some(r) => Lane::Unavailable {
                 reason: r.reason.unwrap_or(Reason::RuntimeUnsupported),
-                message: format!("MTP acceleration off: {}", r.note),
+                message: acceleration_off(&r.note),
             },
             None => Lane::Unavailable {
                 reason: Reason::RuntimeUnsupported,
-                message: format!("MTP acceleration off: no verdict for runtime {rt}"),
+                message: acceleration_off(&format!("no verdict for runtime {rt}")),
             },
         }
     }
@@ -537,9 +537,9 @@ fn companion_status(
                 path: None,
                 matches: None,
                 reason: Some(Reason::MtpHeadNotCached),
-                message: format!(
-                    "MTP acceleration off: companion {drafter} (the MTP head for {target}) is not downloaded; download it with `{download}`"
-                ),
+                message: acceleration_off(&format!(
+                    "companion {drafter} (the MTP head for {target}) is not downloaded; download it with `{download}`"
+                )),
             },
             false,
         ),
@@ -575,7 +575,7 @@ fn companion_status(
                         path: Some(dir.display().to_string()),
                         matches: Some(false),
                         reason: Some(e.reason()),
-                        message: format!("MTP acceleration off: {e}"),
+                        message: acceleration_off(&e.to_string()),
                     },
                     false,
                 ),
@@ -1210,4 +1210,15 @@ fn runtime_support(
         });
     }
     out
+}
+
+/// A lane's message: "MTP acceleration off: " once before what says why (a runtime's note may
+/// carry a companion's message that says it already).
+fn acceleration_off(why: &str) -> String {
+    const OFF: &str = "MTP acceleration off: ";
+    if why.starts_with(OFF) {
+        why.to_string()
+    } else {
+        format!("{OFF}{why}")
+    }
 }

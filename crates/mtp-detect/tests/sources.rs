@@ -380,6 +380,13 @@ fn companion_drafter_states() {
         mtp_contract::Lane::Unavailable { reason, message } => {
             assert_eq!(reason, Reason::MtpHeadNotCached);
             assert!(message.contains("mtp models download"));
+            // said once (the runtime's note carries the companion's message)
+            assert_eq!(
+                message.matches("MTP acceleration off").count(),
+                1,
+                "{message}"
+            );
+            assert!(message.starts_with("MTP acceleration off: "), "{message}");
         }
         other => panic!("{other:?}"),
     }
