@@ -637,6 +637,45 @@ fn generate_prompt_sources_and_runtime_flags() {
     );
 }
 
+/// llama.cpp's short and long spellings beside ours: `-m`, `--temp`, `-c`, `-t`,
+/// `--repeat-penalty`.
+#[test]
+fn llama_cpp_spellings_are_taken() {
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "-m",
+        "llama-style-model",
+        "--temp",
+        "0.25",
+        "--repeat-penalty",
+        "1.1",
+        "-c",
+        "1024",
+        "-t",
+        "3",
+        "-n",
+        "4",
+        "llama-style-prompt",
+    ]);
+    assert_eq!(code, OK, "{err}");
+    let r = &requests_for("llama-style-prompt")[0];
+    assert_eq!(r.sampling.temperature, Some(0.25));
+    assert_eq!(r.sampling.repetition_penalty, Some(1.1));
+    assert_eq!(r.max_output_tokens, Some(4));
+    let extra = fake::OPTIONS
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(m, _)| m == "llama-style-model")
+        .map(|(_, o)| o.extra.clone())
+        .unwrap();
+    assert_eq!(extra.get("ctx_size").map(String::as_str), Some("1024"));
+    assert_eq!(extra.get("threads").map(String::as_str), Some("3"));
+}
+
 #[test]
 fn unknown_provider_lists_the_known_ones() {
     let (code, _, err) = mtp(&["generate", "--provider", "nope", "--model", "m", "hi"]);

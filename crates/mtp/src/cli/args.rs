@@ -159,7 +159,7 @@ pub struct ModelArgs {
     /// Model repo id or path (for an HTTP server: the model name it serves). Without it, the
     /// in-process runtimes load the bundled demo model (`models/tiny-code`, or
     /// `MTP_DEFAULT_MODEL`).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<String>,
     /// Provider-level speculation: `native_mtp`, `off`, `true`, `false` or a JSON block. It
     /// decides which lane is loaded at startup.
@@ -185,10 +185,10 @@ pub struct ModelArgs {
     /// Context length (prompt and reply) of an in-process runtime: for `native`, a limit below
     /// the model's own (`max_position_embeddings`); for `gguf`, llama.cpp's n_ctx (default 4096).
     /// An HTTP server sets its context when it starts.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
+    #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
     pub ctx_size: Option<u32>,
     /// CPU threads of an in-process runtime (default: every core; MTP_NUM_THREADS for native).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// The precision the native engine keeps weights in: `auto` (as the checkpoint stores them:
     /// bf16 stays bf16), `f32`, `bf16` or `f16`.
@@ -202,7 +202,7 @@ pub struct ModelArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct SamplingArgs {
     /// Softmax temperature, 0 or more; 0 is greedy.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling mass in (0, 1].
     #[arg(long, allow_negative_numbers = true)]
@@ -217,7 +217,7 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Repetition penalty (1.0 neutral; other values force target-only decoding).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "repeat-penalty", allow_negative_numbers = true)]
     pub repetition_penalty: Option<f32>,
     /// Presence penalty (0.0 neutral; other values force target-only decoding).
     #[arg(long, allow_negative_numbers = true)]
@@ -395,7 +395,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub reps: u32,
     /// Tokens generated per call.
-    #[arg(long, value_name = "N", default_value_t = 128)]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 128)]
     pub max_tokens: u32,
     /// Send the prompts verbatim, without the chat template (base and demo models).
     #[arg(long)]

@@ -29,7 +29,7 @@
 //!
 //! Everything is written through the `output` module (the only one that prints). An error is
 //! one line on stderr, `mtp: error: <what>: <why> — <what to do>`, with exit code 1; usage
-//! errors exit 2. `-v`/`-vv` (or `MTP_LOG`) add `tracing` detail on stderr.
+//! errors exit 2. `-v`/`-vv` (or `MTP_LOG`, else `RUST_LOG`) add `tracing` detail on stderr.
 //!
 //! ## How it is tested
 //!
@@ -164,7 +164,9 @@ fn init_tracing(verbose: u8) {
         }
         _ => "trace",
     };
+    // MTP_LOG, else RUST_LOG (what every tracing-based tool reads), else -v's level
     let filter = tracing_subscriber::EnvFilter::try_from_env("MTP_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_env("RUST_LOG"))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // A second run in the same process (tests) keeps the first subscriber.
     let _ = tracing_subscriber::fmt()
