@@ -528,3 +528,50 @@ fn bearer_is_case_insensitive_and_keys_still_compare_whole() {
         );
     }
 }
+
+#[test]
+fn deeply_nested_json_is_refused_and_nested_tool_schemas_render() {
+    let mut srv = serve(&[]);
+    // 100,000 open brackets: the JSON reader's depth limit refuses it, no recursion runs
+    let deep = format!(
+        "{{\"messages\": {}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let r = client()
+        .post(srv.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("recursion"),
+        "{v}"
+    );
+    // a tool schema nearly as deep as the reader allows (127 of its 128 levels) renders
+    // through the template (minijinja grows its stack) and the request is answered
+    let mut schema = json!({"type": "string"});
+    for _ in 0..61 {
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), json!("object"));
+        let mut props = serde_json::Map::new();
+        props.insert("x".into(), schema);
+        m.insert("properties".into(), Value::Object(props));
+        schema = Value::Object(m);
+    }
+    let tool = json!({"type": "function", "function": {"name": "deep", "parameters": schema}});
+    let (s, v) = post(
+        &srv,
+        "/v1/chat/completions",
+        &chat(json!({"tools": [tool]})),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(srv.alive());
+    assert_eq!(health(&srv), 200);
+}
