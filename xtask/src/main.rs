@@ -41,6 +41,7 @@ commands:
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
   test                            the project's full test command (what CI runs)
+  prepare-llama-server            build (once, cached) the llama-server that `test` uses
 ";
 
 /// The `mtp` command's allocator (see the workspace `Cargo.toml`), so that `bench` measures
@@ -75,6 +76,12 @@ fn main() -> Result<()> {
         "gguf" => gguf::run(rest),
         "probe" => probe::run(rest),
         "setup" => setup::run(rest),
+        // what `test` prepares first (llama-server b11434 for the adapter's tests, cached):
+        // a fresh machine can build it ahead, e.g. while other work compiles
+        "prepare-llama-server" => {
+            println!("{}", llama::prepare()?.display());
+            Ok(())
+        }
         "soak" => soak::run(rest),
         "test" => test::run(rest),
         "tokenizer" => tokenizer::run(rest),
