@@ -20,6 +20,9 @@ pub enum Reason {
     DisabledByRequest,
     /// Nobody asked for speculation: neither the request nor the provider gave a block.
     DisabledByDefault,
+    /// The request asked for speculation, but the provider was started with it off, so no MTP
+    /// lane was loaded; a request cannot load one.
+    LaneNotLoaded,
     /// The artifact carries no MTP head and no companion drafter is known.
     NoMtpHead,
     /// The companion drafter exists but is not in the local cache.
@@ -38,9 +41,10 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::DisabledByRequest,
         Reason::DisabledByDefault,
+        Reason::LaneNotLoaded,
         Reason::NoMtpHead,
         Reason::MtpHeadNotCached,
         Reason::DrafterMismatch,
@@ -55,6 +59,7 @@ impl Reason {
         match self {
             Reason::DisabledByRequest => "disabled_by_request",
             Reason::DisabledByDefault => "disabled_by_default",
+            Reason::LaneNotLoaded => "lane_not_loaded",
             Reason::NoMtpHead => "no_mtp_head",
             Reason::MtpHeadNotCached => "mtp_head_not_cached",
             Reason::DrafterMismatch => "drafter_mismatch",
@@ -78,6 +83,9 @@ impl Reason {
             }
             Reason::DisabledByDefault => {
                 "MTP acceleration off: speculation was not requested; pass speculation={\"mode\":\"native_mtp\"} (or --speculation native_mtp)."
+            }
+            Reason::LaneNotLoaded => {
+                "MTP acceleration off: this provider was started with speculation off, so no MTP lane was loaded; start it with speculation on (--speculation native_mtp) to use MTP."
             }
             Reason::NoMtpHead => {
                 "MTP acceleration off: the model's weights carry no MTP head and no companion drafter is known; name one with `drafter`."

@@ -637,3 +637,48 @@ async fn the_demo_models_first_screen_reads_as_code() {
     let rate = accepted as f64 / drafted as f64;
     assert!(rate >= 0.6, "acceptance {accepted}/{drafted} = {rate:.2}");
 }
+
+/// A provider started with speculation off has no lane: a request asking for MTP is told so
+/// (`lane_not_loaded`, and how to start it), not that the request disabled it.
+#[tokio::test]
+async fn a_request_for_mtp_on_a_provider_started_off_says_the_lane_was_not_loaded() {
+    empty_hub_cache();
+    let opts = ProviderOptions::default().speculation(Speculation::off());
+    let llm = create_llm("native", &fixture("tiny-trained"), opts).unwrap();
+    let st = llm.speculation_status();
+    assert!(!st.lane_loaded);
+    assert_eq!(st.reason, Some(Reason::LaneNotLoaded));
+    let r = llm
+        .generate(req(8).speculation(Speculation::native_mtp()))
+        .await
+        .unwrap();
+    let s = &r.metadata.speculation;
+    assert!(!s.used);
+    assert_eq!(s.reason, Some(Reason::LaneNotLoaded));
+    let m = s.message.as_deref().unwrap();
+    assert!(
+        m.contains("started with speculation off") && m.contains("--speculation native_mtp"),
+        "{m}"
+    );
+    // a request that does not ask is told the provider's own setting turned it off
+    let plain = llm.generate(req(8)).await.unwrap();
+    assert_eq!(
+        plain.metadata.speculation.reason,
+        Some(Reason::DisabledByRequest)
+    );
+    // and one that requires it is refused with the same reason
+    let err = llm
+        .generate(req(8).speculation(Speculation::native_mtp().with_require_acceleration(true)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProviderError::SpeculationUnavailable {
+                reason: Reason::LaneNotLoaded,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

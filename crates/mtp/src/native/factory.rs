@@ -263,12 +263,10 @@ pub fn create(
     let (lane, drafter_dir): (Lane, Option<PathBuf>) = if default_mode == SpeculationMode::Off {
         (
             Lane::Unavailable {
-                // `disabled_by_request` when it was created with speculation off explicitly,
-                // `disabled_by_default` when nobody asked for it
-                reason: default_resolved
-                    .disabled_reason()
-                    .unwrap_or(Reason::DisabledByDefault),
-                message: "MTP acceleration off: this provider was created with speculation off, so no MTP lane was loaded; create it with speculation on (--speculation native_mtp) to use MTP.".into(),
+                // what a request that asks for speculation is told: the lane was not loaded at
+                // start-up (a request that does not ask is told the block's own reason)
+                reason: Reason::LaneNotLoaded,
+                message: Reason::LaneNotLoaded.default_message().into(),
             },
             None,
         )
