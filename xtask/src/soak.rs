@@ -300,7 +300,7 @@ async fn normal_client(
     let mut i = w * 7;
     while Instant::now() < until {
         let (n, want) = &refs[i % refs.len()];
-        let stream = i % 2 == 0;
+        let stream = i.is_multiple_of(2);
         let spec = &specs[(i / 2) % specs.len()];
         i += 1;
         let t0 = Instant::now();
@@ -335,14 +335,17 @@ async fn normal_client(
     }
 }
 
-/// Requests a broken or hostile client sends, with the status each must get.
-fn malformed() -> Vec<(
+/// One malformed request: its name, route, body, bearer key and the status it must get.
+type Case = (
     &'static str,
     &'static str,
     Vec<u8>,
     Option<&'static str>,
     u16,
-)> {
+);
+
+/// Requests a broken or hostile client sends, with the status each must get.
+fn malformed() -> Vec<Case> {
     let chain = {
         let defs: serde_json::Map<String, Value> = (0..300)
             .map(|i| {
