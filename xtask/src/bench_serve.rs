@@ -109,28 +109,39 @@ fn start_mtp(a: &Args, max_batch: usize) -> Result<Server> {
     if !st.success() {
         bail!("cargo build --release -p mtp failed");
     }
-    let bin = PathBuf::from("target/release/mtp");
-    let mut child = Command::new(&bin)
-        .args(["serve", "--port", "0", "--model"])
+    let mut cmd = Command::new("target/release/mtp");
+    cmd.args(["serve", "--port", "0", "--model"])
         .arg(&a.model)
         .args(["--num-draft-tokens", &a.depth.to_string()])
-        .args(["--max-batch", &max_batch.to_string(), "--max-queue", "1024"])
+        .args(["--max-batch", &max_batch.to_string(), "--max-queue", "1024"]);
+    spawn_mtp_serve(cmd)
+}
+
+/// Starts `mtp serve` (its command line in `cmd`, with `--port 0`) and reads the address
+/// from its first line; the rest of its output is read and dropped, so that it never blocks
+/// on a full pipe.
+pub(crate) fn spawn_mtp_serve(mut cmd: Command) -> Result<Server> {
+    let mut child = cmd
         .env_remove("MTP_API_KEY")
         .stdout(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let mut out = BufReader::new(child.stdout.take().context("no stdout")?);
     let mut line = String::new();
-    BufReader::new(child.stdout.take().context("no stdout")?)
-        .read_line(&mut line)
+    out.read_line(&mut line)
         .context("reading mtp serve's first line")?;
     let start = line
         .find("http://")
         .with_context(|| format!("mtp serve printed no address: {line:?}"))?;
     let url = line[start..].split_whitespace().next().unwrap_or_default();
-    Ok(Server {
-        child,
-        base: url.trim_end_matches("/v1").to_string(),
-    })
+    let base = url.trim_end_matches("/v1").to_string();
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    Ok(Server { child, base })
 }
 
 /// One request's figures.

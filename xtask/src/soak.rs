@@ -18,9 +18,8 @@
 //! written to `soak.json`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,8 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::llama::Server;
 
 const HELP: &str = "\
 cargo xtask soak [options]   mtp serve under mixed normal, malformed and slow clients
@@ -90,18 +91,6 @@ fn parse(args: &[String]) -> Result<Args> {
     Ok(a)
 }
 
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(a: &Args) -> Result<Server> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // the dev build (the engine and every dependency optimised, as the tests run it): the
@@ -113,9 +102,8 @@ fn start(a: &Args) -> Result<Server> {
     if !st.success() {
         bail!("cargo build -p mtp failed");
     }
-    let bin = PathBuf::from("target/debug/mtp");
-    let mut child = Command::new(&bin)
-        .args(["serve", "--port", "0", "--model"])
+    let mut cmd = Command::new("target/debug/mtp");
+    cmd.args(["serve", "--port", "0", "--model"])
         .arg(&a.model)
         .args([
             "--max-batch",
@@ -136,30 +124,8 @@ fn start(a: &Args) -> Result<Server> {
         // a 4 KiB model name in every chunk: a stream its client never reads outgrows the
         // socket buffers for sure, so the write timeout, not the end of generation, ends it
         .args(["--served-model-name", &"soak".repeat(1024)])
-        .env_remove("MTP_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let mut out = BufReader::new(child.stdout.take().context("no stdout")?);
-    let mut line = String::new();
-    out.read_line(&mut line)
-        .context("reading mtp serve's first line")?;
-    let start = line
-        .find("http://")
-        .with_context(|| format!("mtp serve printed no address: {line:?}"))?;
-    let addr = line[start + 7..]
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while out.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-    });
-    Ok(Server { child, addr })
+        .stderr(Stdio::null());
+    crate::bench_serve::spawn_mtp_serve(cmd)
 }
 
 /// Resident memory of a process, in bytes (Linux `/proc`).
@@ -591,7 +557,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let a = parse(args)?;
     let mut srv = start(&a)?;
     let pid = srv.child.id();
-    let base = format!("http://{}", srv.addr);
+    let base = srv.base.clone();
+    let addr = base.trim_start_matches("http://").to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -631,7 +598,7 @@ pub fn run(args: &[String]) -> Result<()> {
             Arc::clone(&t),
         )));
         tasks.push(tokio::spawn(slow_client(
-            srv.addr.clone(),
+            addr.clone(),
             until,
             Arc::clone(&t),
         )));

@@ -3,7 +3,9 @@
 //! a real llama-server: `used` and the draft counts come from the server's answers, and the
 //! greedy text is the one the engine gives in process.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::io::BufReader;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -37,28 +39,13 @@ fn serve(args: &[&str]) -> Server {
 
 /// [`serve`] of another model.
 fn serve_model(model: &str, args: &[&str]) -> Server {
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
-        .args(["serve", "--port", "0", "--model", model])
-        .args(args)
-        .env_remove("MTP_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let start = line
-        .find("http://")
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    let url = line[start..].split_whitespace().next().unwrap();
-    let base = url.trim_end_matches("/v1").to_string();
-    assert!(line.contains("MTP lane loaded"), "{line}");
+    let s = common::spawn_serve(model, args, Stdio::inherit());
+    assert!(s.banner.contains("MTP lane loaded"), "{}", s.banner);
     Server {
-        child,
-        base,
-        out,
-        banner: line,
+        child: s.child,
+        base: s.base,
+        out: s.out,
+        banner: s.banner,
     }
 }
 

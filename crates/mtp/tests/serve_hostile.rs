@@ -2,6 +2,8 @@
 //! driven over loopback. Each test is bounded in time and in the number of requests, and
 //! each checks that the server still answers `/health` after what it was sent.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -60,29 +62,21 @@ impl Server {
 
 /// Starts `mtp serve --port 0 ARGS` on the demo model.
 fn serve(args: &[&str]) -> Server {
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
-        .args(["serve", "--port", "0", "--model", &demo_model()])
-        .args(args)
-        .env_remove("MTP_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let start = line
-        .find("http://")
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    let addr = line[start + 7..].split('/').next().unwrap().to_string();
+    let s = common::spawn_serve(&demo_model(), args, Stdio::null());
+    assert!(s.banner.starts_with("serving "), "{}", s.banner);
+    let addr = s.base.trim_start_matches("http://").to_string();
     // keep reading the banner pipe so the server never blocks on a full stdout
+    let mut out = s.out;
     std::thread::spawn(move || {
         let mut sink = String::new();
         while out.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
             sink.clear();
         }
     });
-    Server { child, addr }
+    Server {
+        child: s.child,
+        addr,
+    }
 }
 
 fn client() -> reqwest::blocking::Client {
