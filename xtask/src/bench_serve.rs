@@ -27,7 +27,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 /// Varied code prompts (none is in the demo model's training text verbatim).
-const PROMPTS: [&str; 6] = [
+pub(crate) const PROMPTS: [&str; 6] = [
     "fn fibonacci(n: u64) -> u64 {\n",
     "pub struct Config {\n    pub name: String,\n",
     "impl Iterator for Counter {\n    type Item = u32;\n",
@@ -101,20 +101,33 @@ fn parse(args: &[String]) -> Result<Args> {
 }
 
 fn start_mtp(a: &Args, max_batch: usize) -> Result<Server> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(&cargo)
-        .args(["build", "--quiet", "--release", "-p", "mtp"])
-        .status()
-        .context("building mtp (release)")?;
-    if !st.success() {
-        bail!("cargo build --release -p mtp failed");
-    }
-    let mut cmd = Command::new("target/release/mtp");
+    let mut cmd = Command::new(build_mtp(true)?);
     cmd.args(["serve", "--port", "0", "--model"])
         .arg(&a.model)
         .args(["--num-draft-tokens", &a.depth.to_string()])
         .args(["--max-batch", &max_batch.to_string(), "--max-queue", "1024"]);
     spawn_mtp_serve(cmd)
+}
+
+/// Builds the `mtp` command (release, or the dev build the tests run) and returns its path.
+pub(crate) fn build_mtp(release: bool) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(&cargo);
+    build.args(["build", "--quiet", "-p", "mtp"]);
+    if release {
+        build.arg("--release");
+    }
+    let st = build
+        .status()
+        .with_context(|| format!("running {build:?}"))?;
+    if !st.success() {
+        bail!("{build:?} failed");
+    }
+    Ok(PathBuf::from(if release {
+        "target/release/mtp"
+    } else {
+        "target/debug/mtp"
+    }))
 }
 
 /// Starts `mtp serve` (its command line in `cmd`, with `--port 0`) and reads the address

@@ -42,15 +42,8 @@ cargo xtask soak [options]   mtp serve under mixed normal, malformed and slow cl
 const KEY: &str = "soak-key";
 const MAX_TOKENS: u64 = 48;
 
-/// Code prompts for the normal clients (as `bench serve`'s).
-const PROMPTS: [&str; 6] = [
-    "fn fibonacci(n: u64) -> u64 {\n",
-    "pub struct Config {\n    pub name: String,\n",
-    "impl Iterator for Counter {\n    type Item = u32;\n",
-    "use std::collections::HashMap;\n\nfn count_words(text: &str) -> HashMap<",
-    "#[derive(Debug, Clone)]\npub enum Shape {\n",
-    "fn main() {\n    let args: Vec<String> = std::env::args().collect();\n",
-];
+/// Code prompts for the normal clients (`bench serve`'s).
+use crate::bench_serve::PROMPTS;
 
 struct Args {
     minutes: f64,
@@ -92,17 +85,9 @@ fn parse(args: &[String]) -> Result<Args> {
 }
 
 fn start(a: &Args) -> Result<Server> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // the dev build (the engine and every dependency optimised, as the tests run it): the
     // soak checks robustness, not speed
-    let st = Command::new(&cargo)
-        .args(["build", "--quiet", "-p", "mtp"])
-        .status()
-        .context("building mtp")?;
-    if !st.success() {
-        bail!("cargo build -p mtp failed");
-    }
-    let mut cmd = Command::new("target/debug/mtp");
+    let mut cmd = Command::new(crate::bench_serve::build_mtp(false)?);
     cmd.args(["serve", "--port", "0", "--model"])
         .arg(&a.model)
         .args([
