@@ -441,7 +441,10 @@ async fn streams_end_with_done_and_carry_usage_when_asked() {
     // without include_usage, no `usage` key on the chunks
     assert!(data[..data.len() - 1]
         .iter()
-        .all(|d| serde_json::from_str::<Value>(d).unwrap().get("usage").is_none()));
+        .all(|d| serde_json::from_str::<Value>(d)
+            .unwrap()
+            .get("usage")
+            .is_none()));
 }
 
 #[tokio::test]

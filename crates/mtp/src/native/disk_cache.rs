@@ -196,7 +196,9 @@ impl<S: CacheState + 'static> DiskCache<S> {
         let lock_path = dir.join(LOCK_FILE);
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
-        let lock = private(&mut options).open(&lock_path).map_err(io(&lock_path))?;
+        let lock = private(&mut options)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
         // A process that is exiting (or a child between its fork and its exec, which holds a
         // copy of the descriptor) may hold the lock a moment longer: wait up to a second.
         let waited = std::time::Instant::now();
