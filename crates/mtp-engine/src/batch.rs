@@ -30,6 +30,13 @@
 //! The speculating sequences draft together: each draft position is one MTP-head forward and
 //! one LM-head product over every sequence still drafting (`speculative::draft_batch`), so the
 //! head's weights are read once per position, not once per sequence.
+//!
+//! A caller on another thread (a [`Scheduler`] request) cannot answer a chunk of tokens while
+//! the step that emitted it runs, so its sequence is *paced* ([`Batch::join_paced`],
+//! [`Scheduler::submit_paced`]): after each chunk it waits, out of the steps, for the caller's
+//! answer ([`Batch::answer`]) before it goes on or ends. Everything else is as with a callback
+//! that answers at once, so a sequence its caller stops (a stop string) ends with the output,
+//! the draft statistics, the timings and the prefix-cache states it gets alone.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -92,6 +99,9 @@ enum Lane {
         hidden: Vec<f32>,
         history: Vec<u32>,
         fed: usize,
+        /// A paced sequence's last token, emitted and not yet fed (it is fed once the caller
+        /// has answered for it).
+        unfed: Option<u32>,
     },
     /// MTP rounds of at most `depth` proposals; with `auto`, each round's depth is chosen up to
     /// `depth` from this acceptance estimate.
@@ -118,6 +128,10 @@ struct Slot {
     outcome: Option<SpeculationOutcome>,
     lane: Lane,
     kept: Kept,
+    /// Its caller answers each chunk ([`Batch::answer`]) before it goes on.
+    paced: bool,
+    /// A paced sequence waiting for the answer to its last chunk: it sits out the steps.
+    held: bool,
 }
 
 impl Slot {
@@ -131,7 +145,12 @@ impl Slot {
     }
 
     /// Emits `chunk` under the one emission rule ([`Emitter`]: stop ids, budget, cancel).
+    /// A paced sequence is held after a chunk that does not end it (true: it may go on once
+    /// answered).
     fn emit(&mut self, chunk: &[u32], on: &mut dyn FnMut(u64, &[u32]) -> bool) -> bool {
+        if self.paced {
+            return self.emit_paced(chunk, on);
+        }
         let id = self.id;
         let mut cb = |t: &[u32]| on(id, t);
         let mut em = Emitter::new(
@@ -146,6 +165,83 @@ impl Slot {
         going
     }
 
+    /// [`Emitter::emit`] split at the caller's answer: the stop ids and the budget cut the
+    /// chunk now, `on` only says whether the caller is still there, and what a callback's
+    /// answer decides (cancel, then the budget and a complete constraint) waits for
+    /// [`Slot::settle`].
+    fn emit_paced(&mut self, chunk: &[u32], on: &mut dyn FnMut(u64, &[u32]) -> bool) -> bool {
+        let mut take = chunk.len().min(self.remaining());
+        if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
+            take = i;
+            self.finish = Some(FinishReason::Stop);
+        }
+        let part = &chunk[..take];
+        self.tokens.extend_from_slice(part);
+        if part.is_empty() || self.finish.is_some() {
+            // nothing to answer, or an answer that changes nothing (a stop id ended it)
+            if !part.is_empty() {
+                on(self.id, part);
+            }
+            return self.settle(true);
+        }
+        if !on(self.id, part) {
+            // the caller is gone
+            self.finish = Some(FinishReason::Cancelled);
+            return false;
+        }
+        self.held = true;
+        true
+    }
+
+    /// The caller's answer to a paced sequence's last chunk, as [`Emitter`] takes a callback's:
+    /// false cancels; then the budget and a complete constraint end it. True when it goes on.
+    fn settle(&mut self, go: bool) -> bool {
+        self.held = false;
+        if !go && self.finish.is_none() {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+        if self.finish.is_none() && self.tokens.len() >= self.max {
+            self.finish = Some(FinishReason::Length);
+        }
+        if self.finish.is_none() && self.sampler.constraint_complete() {
+            self.finish = Some(FinishReason::Stop);
+        }
+        self.finish.is_none()
+    }
+
+    /// A target-only sequence's token for this step's forward: the one it picks and emits
+    /// now, or a paced sequence's token emitted earlier and answered since. `None` when
+    /// nothing is fed (it ended, or it waits for its caller's answer).
+    fn target_row(&mut self, on: &mut dyn FnMut(u64, &[u32]) -> bool) -> Result<Option<u32>> {
+        let pos = self.tokens.len();
+        let Lane::Target {
+            logits,
+            history,
+            unfed,
+            ..
+        } = &mut self.lane
+        else {
+            return Ok(None);
+        };
+        if let Some(tok) = unfed.take() {
+            return Ok(Some(tok));
+        }
+        self.sampler.apply_penalties(logits, history);
+        let tok = self.sampler.pick(logits, pos)?;
+        history.push(tok);
+        self.first_at.get_or_insert_with(Instant::now);
+        if !self.emit(&[tok], on) {
+            return Ok(None);
+        }
+        if self.held {
+            if let Lane::Target { unfed, .. } = &mut self.lane {
+                *unfed = Some(tok);
+            }
+            return Ok(None);
+        }
+        Ok(Some(tok))
+    }
+
     fn remaining(&self) -> usize {
         self.max.saturating_sub(self.tokens.len())
     }
@@ -153,13 +249,15 @@ impl Slot {
     /// The sequence's output and the states it kept; the state after the last token fed is
     /// taken here (only over tokens the caller received).
     fn output(mut self, engine: &Engine) -> ResumableOutput {
+        // (before the final state takes the lane)
+        let speculated = matches!(self.lane, Lane::Mtp { .. });
         let final_state = if self.kept.on {
             self.final_state(engine)
         } else {
             None
         };
         if let Some(o) = self.outcome.as_mut() {
-            if matches!(self.lane, Lane::Mtp { .. }) {
+            if speculated {
                 o.used = true;
                 let st = self.spec_timings;
                 self.timings.draft_ms = Some(st.draft_ms);
@@ -172,7 +270,7 @@ impl Slot {
             self.start,
             self.first_at,
             self.tokens.len(),
-            self.prompt_len,
+            self.kept.computed,
         );
         self.timings.constraint_ms = self.sampler.constraint().map(|c| c.mask_cost().0);
         ResumableOutput {
@@ -304,9 +402,51 @@ impl<'e> Batch<'e> {
         checkpoint: bool,
         on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
     ) {
-        if let Err(e) = self.try_join(id, prompt, opts, resume, checkpoint, on_tokens) {
+        let how = (resume, checkpoint, false);
+        if let Err(e) = self.try_join(id, prompt, opts, how, on_tokens) {
             self.done.push((id, Err(e)));
         }
+    }
+
+    /// [`Batch::join_resumable`] for a caller that answers each chunk later, from elsewhere:
+    /// after each chunk that does not end it, the sequence sits out the steps until
+    /// [`Batch::answer`] says whether it goes on, so it ends exactly where a callback
+    /// returning that answer would have ended it (its tokens, draft statistics, timings and
+    /// states are the ones it gets alone). `on_tokens` returning false here means the caller
+    /// is gone: the sequence is cancelled at once.
+    pub fn join_paced(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        resume: Option<&PromptState>,
+        checkpoint: bool,
+        on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
+    ) {
+        let how = (resume, checkpoint, true);
+        if let Err(e) = self.try_join(id, prompt, opts, how, on_tokens) {
+            self.done.push((id, Err(e)));
+        }
+    }
+
+    /// A paced sequence's caller's answer to its last chunk (see [`Batch::join_paced`]): true
+    /// lets it take the next step, false ends it there (finish `Cancelled`, unless the chunk
+    /// ended it already), with its output and states. False also cancels a sequence that is
+    /// not waiting for an answer; an answer for a sequence that has ended does nothing.
+    pub fn answer(&mut self, id: u64, go: bool) {
+        for s in self.slots.iter_mut().filter(|s| s.id == id) {
+            if s.held {
+                s.settle(go);
+            } else if !go {
+                s.finish.get_or_insert(FinishReason::Cancelled);
+            }
+        }
+        self.retire();
+    }
+
+    /// Paced sequences waiting for their callers' answers (they sit out the steps).
+    pub fn answers_due(&self) -> usize {
+        self.slots.iter().filter(|s| s.held).count()
     }
 
     fn try_join(
@@ -314,8 +454,7 @@ impl<'e> Batch<'e> {
         id: u64,
         prompt: &[u32],
         opts: &GenerateOptions,
-        resume: Option<&PromptState>,
-        checkpoint: bool,
+        (resume, checkpoint, paced): (Option<&PromptState>, bool, bool),
         on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
     ) -> Result<()> {
         let engine = self.engine;
@@ -379,6 +518,8 @@ impl<'e> Batch<'e> {
             outcome,
             lane,
             kept,
+            paced,
+            held: false,
         };
         if slot.max == 0 {
             slot.finish = Some(FinishReason::Length);
@@ -400,7 +541,7 @@ impl<'e> Batch<'e> {
             let Lane::Filling(f) = &mut s.lane else {
                 continue;
             };
-            if s.finish.is_some() {
+            if s.finish.is_some() || s.held {
                 continue;
             }
             let t0 = Instant::now();
@@ -510,31 +651,21 @@ impl<'e> Batch<'e> {
         let mut drafting: Vec<(usize, speculative::Drafting<'_>)> = Vec::new();
         let mut wants: Vec<(usize, usize, usize)> = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.finish.is_some() || failed.iter().any(|f| f.0 == i) {
+            if s.finish.is_some() || s.held || failed.iter().any(|f| f.0 == i) {
                 continue;
             }
             let pos = s.tokens.len();
             let remaining = s.remaining();
             match &mut s.lane {
                 Lane::Filling(_) => {}
-                Lane::Target {
-                    logits, history, ..
-                } => {
-                    s.sampler.apply_penalties(logits, history);
-                    let tok = match s.sampler.pick(logits, pos) {
-                        Ok(t) => t,
-                        Err(e) => {
-                            failed.push((i, e.to_string()));
-                            continue;
-                        }
-                    };
-                    history.push(tok);
-                    s.first_at.get_or_insert_with(Instant::now);
-                    if s.emit(&[tok], on_tokens) {
+                Lane::Target { .. } => match s.target_row(on_tokens) {
+                    Ok(Some(tok)) => {
                         rows.push(vec![tok]);
                         members.push((i, None));
                     }
-                }
+                    Ok(None) => {}
+                    Err(e) => failed.push((i, e.to_string())),
+                },
                 Lane::Mtp { depth, .. } => {
                     let k = chosen[i].unwrap_or((*depth).min(remaining));
                     if head.is_none() || remaining == 0 {
@@ -661,6 +792,13 @@ impl<'e> Batch<'e> {
                                     last.clear();
                                     last.extend_from_slice(&hidden[(n - 1) * dm..]);
                                 }
+                                // a paced sequence emits its next token now, so that its
+                                // caller answers for it before the next step feeds it
+                                if s.paced {
+                                    if let Err(e) = s.target_row(on_tokens) {
+                                        failed.push((*i, e.to_string()));
+                                    }
+                                }
                             }
                             (Lane::Mtp { round, auto, .. }, Some(d), Some(_)) => {
                                 s.spec_timings.draft_ms += draft_ms;
@@ -769,6 +907,7 @@ fn start_lane(
         hidden: if kept.on { pre.hidden } else { Vec::new() },
         history: prompt.to_vec(),
         fed: 0,
+        unfed: None,
     })
 }
 
@@ -790,7 +929,7 @@ impl Batch<'_> {
         let mut seqs = Vec::new();
         let mut which = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
-            if s.finish.is_some() {
+            if s.finish.is_some() || s.held {
                 continue;
             }
             let remaining = s.remaining();
@@ -841,19 +980,70 @@ pub enum BatchEvent {
 }
 
 struct Job {
+    id: u64,
     prompt: Vec<u32>,
     opts: GenerateOptions,
     resume: Option<Arc<PromptState>>,
     checkpoint: bool,
+    paced: bool,
     events: mpsc::Sender<BatchEvent>,
 }
+
+/// What the scheduler thread receives.
+enum Msg {
+    Job(Box<Job>),
+    /// A paced request's answer to its last chunk (see [`Batch::answer`]).
+    Answer {
+        id: u64,
+        go: bool,
+    },
+}
+
+/// How long the scheduler waits, before a step, for the answers still due from paced
+/// requests' callers (usually microseconds away): a sequence whose answer comes later sits out
+/// that step, so a slow caller never holds the others up by more than this.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The thread that owns a [`Batch`]: requests from any thread join between steps, up to
 /// `max_batch` at once (the rest wait in order). Dropping a request's receiver cancels it at
 /// the next token. The thread ends when the scheduler is dropped and its sequences are done.
 pub struct Scheduler {
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::Sender<Msg>>,
+    next_id: std::sync::atomic::AtomicU64,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A request whose caller answers each chunk of tokens ([`Scheduler::submit_paced`]): after
+/// each [`BatchEvent::Tokens`], [`Paced::answer`] says whether its sequence goes on.
+/// Dropping it cancels the request.
+pub struct Paced {
+    id: u64,
+    events: mpsc::Receiver<BatchEvent>,
+    answers: mpsc::Sender<Msg>,
+}
+
+impl Paced {
+    /// The next event: a chunk of tokens (answer it), or the end.
+    pub fn recv(&self) -> std::result::Result<BatchEvent, mpsc::RecvError> {
+        self.events.recv()
+    }
+
+    /// The answer to the last chunk: true goes on, false ends the sequence there, as a
+    /// callback returning false ends a solo call (its output, draft statistics, timings and
+    /// states still come, in [`BatchEvent::Done`]).
+    pub fn answer(&self, go: bool) {
+        let _ = self.answers.send(Msg::Answer { id: self.id, go });
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        // (after the end, an answer for a sequence that is gone does nothing)
+        let _ = self.answers.send(Msg::Answer {
+            id: self.id,
+            go: false,
+        });
+    }
 }
 
 impl Scheduler {
@@ -865,7 +1055,7 @@ impl Scheduler {
     /// [`Scheduler::spawn`] whose batch computes joining prompts `chunk` tokens per step (see
     /// [`Batch::with_prefill_chunk`]).
     pub fn spawn_with_chunk(engine: Arc<Engine>, max_batch: usize, chunk: usize) -> Scheduler {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Msg>();
         let max_batch = max_batch.max(1);
         let thread = std::thread::Builder::new()
             .name("mtp-scheduler".into())
@@ -873,6 +1063,7 @@ impl Scheduler {
             .ok();
         Scheduler {
             tx: Some(tx),
+            next_id: std::sync::atomic::AtomicU64::new(0),
             thread,
         }
     }
@@ -894,19 +1085,59 @@ impl Scheduler {
         resume: Option<Arc<PromptState>>,
         checkpoint: bool,
     ) -> Result<mpsc::Receiver<BatchEvent>> {
+        let (_, events) = self.queue(prompt, opts, resume, checkpoint, false)?;
+        Ok(events)
+    }
+
+    /// [`Scheduler::submit_resumable`] for a caller that decides after each chunk whether the
+    /// sequence goes on (a stop string): the sequence waits for each answer
+    /// ([`Paced::answer`]; see [`Batch::join_paced`]), so one its caller stops ends with what
+    /// it gets alone when its callback stops it.
+    pub fn submit_paced(
+        &self,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        resume: Option<Arc<PromptState>>,
+        checkpoint: bool,
+    ) -> Result<Paced> {
+        let (id, events) = self.queue(prompt, opts, resume, checkpoint, true)?;
+        let answers = self
+            .tx
+            .clone()
+            .ok_or_else(|| Error::Batch("the scheduler thread has stopped".into()))?;
+        Ok(Paced {
+            id,
+            events,
+            answers,
+        })
+    }
+
+    fn queue(
+        &self,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        resume: Option<Arc<PromptState>>,
+        checkpoint: bool,
+        paced: bool,
+    ) -> Result<(u64, mpsc::Receiver<BatchEvent>)> {
         let (events, rx) = mpsc::channel();
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let job = Job {
+            id,
             prompt,
             opts,
             resume,
             checkpoint,
+            paced,
             events,
         };
         self.tx
             .as_ref()
-            .and_then(|tx| tx.send(job).ok())
+            .and_then(|tx| tx.send(Msg::Job(Box::new(job))).ok())
             .ok_or_else(|| Error::Batch("the scheduler thread has stopped".into()))?;
-        Ok(rx)
+        Ok((id, rx))
     }
 }
 
@@ -919,45 +1150,76 @@ impl Drop for Scheduler {
     }
 }
 
-fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Job>, max_batch: usize, chunk: usize) {
+/// A message for the scheduler thread: a request queues, an answer goes to its sequence (a
+/// request that has not joined yet and whose caller went away leaves the queue).
+fn receive(msg: Msg, batch: &mut Batch<'_>, waiting: &mut VecDeque<Box<Job>>) {
+    match msg {
+        Msg::Job(job) => waiting.push_back(job),
+        Msg::Answer { id, go } => {
+            if !go {
+                waiting.retain(|j| j.id != id);
+            }
+            batch.answer(id, go);
+        }
+    }
+}
+
+fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Msg>, max_batch: usize, chunk: usize) {
     let mut batch = Batch::new(engine).with_prefill_chunk(chunk);
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting: VecDeque<Box<Job>> = VecDeque::new();
     let mut senders: BTreeMap<u64, mpsc::Sender<BatchEvent>> = BTreeMap::new();
-    let mut next_id = 0u64;
     let mut open = true;
     loop {
-        // take what arrived; block only when there is nothing to do
-        if batch.active() == 0 && waiting.is_empty() {
+        // take what arrived; block only when there is nothing to do (every sequence waits for
+        // its caller's answer, and nothing can join)
+        let idle = batch.active() == batch.answers_due()
+            && (waiting.is_empty() || batch.active() >= max_batch);
+        if idle {
+            if !open {
+                return;
+            }
             match rx.recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => return,
+                Ok(m) => receive(m, &mut batch, &mut waiting),
+                Err(_) => open = false,
             }
         }
         while open {
             match rx.try_recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(m) => receive(m, &mut batch, &mut waiting),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        // the answers still due are usually a moment away: wait for them (not long), so that
+        // their sequences take this step
+        let until = Instant::now() + ANSWER_WAIT;
+        while open && batch.answers_due() > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left) {
+                Ok(m) => receive(m, &mut batch, &mut waiting),
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
             }
         }
         while batch.active() < max_batch {
             let Some(job) = waiting.pop_front() else {
                 break;
             };
-            let id = next_id;
-            next_id += 1;
+            let id = job.id;
             senders.insert(id, job.events);
             let s = &senders;
-            batch.join_resumable(
-                id,
-                &job.prompt,
-                &job.opts,
-                job.resume.as_deref(),
-                job.checkpoint,
-                &mut |id, t| forward(s, id, t),
-            );
+            let mut on = |id, t: &[u32]| forward(s, id, t);
+            let resume = job.resume.as_deref();
+            if job.paced {
+                batch.join_paced(id, &job.prompt, &job.opts, resume, job.checkpoint, &mut on);
+            } else {
+                batch.join_resumable(id, &job.prompt, &job.opts, resume, job.checkpoint, &mut on);
+            }
         }
-        if batch.active() > 0 {
+        if batch.active() > batch.answers_due() {
             let s = &senders;
             batch.step(&mut |id, t| forward(s, id, t));
         }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use mtp_engine::batch::{Batch, BatchEvent, Scheduler};
 use mtp_engine::cache::VerifyMode;
-use mtp_engine::{Engine, FinishReason, GenerateOptions, GenerationOutput, Sampling};
+use mtp_engine::{
+    Engine, FinishReason, GenerateOptions, GenerationOutput, PromptState, ResumableOutput, Sampling,
+};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -393,5 +395,221 @@ fn the_scheduler_serves_threads_and_a_dropped_receiver_cancels() {
         let s = solo(&e, i);
         assert_eq!(out.tokens, s.tokens, "sequence {i}");
         assert_eq!(streamed, s.tokens, "sequence {i} streamed");
+    }
+}
+
+/// Sequence `i`'s caller stops it once it has received this many tokens (before its budget),
+/// or never.
+fn stop_after(i: usize) -> Option<usize> {
+    [None, Some(1), Some(3), None, Some(5), Some(2)][i % 6]
+}
+
+/// [`opts`] that also keep the state after half the prompt (a chat's history) for every other
+/// sequence.
+fn opts_kept(i: usize) -> GenerateOptions {
+    let mut o = opts(i);
+    if i % 2 == 1 {
+        o.checkpoint_at = Some(prompt(i).len() / 2).filter(|&h| h > 0);
+    }
+    o
+}
+
+/// A caller that stops after `stop` tokens (see [`stop_after`]): whether it goes on after
+/// receiving `t`.
+fn caller(got: &mut Vec<u32>, stop: Option<usize>, t: &[u32]) -> bool {
+    got.extend_from_slice(t);
+    stop.is_none_or(|n| got.len() < n)
+}
+
+/// What [`Engine::generate_resumable`] gives sequence `i` alone, with checkpoints and its
+/// caller stopping it at [`stop_after`].
+fn solo_kept(
+    engine: &Engine,
+    i: usize,
+    resume: Option<&PromptState>,
+    p: &[u32],
+) -> ResumableOutput {
+    let mut got = Vec::new();
+    let stop = stop_after(i);
+    let out = engine
+        .generate_resumable(p, resume, true, &opts_kept(i), &mut |t| {
+            caller(&mut got, stop, t)
+        })
+        .unwrap();
+    assert_eq!(got, out.output.tokens, "solo {i}: streamed tokens");
+    out
+}
+
+fn state_bytes(s: &Option<PromptState>) -> Option<(usize, Vec<u8>)> {
+    s.as_ref().map(|s| (s.tokens(), s.to_bytes()))
+}
+
+/// A batched sequence's output, report and states are the ones it gets alone, bit for bit.
+fn same_resumable(tag: &str, got: &ResumableOutput, want: &ResumableOutput) {
+    let (g, w) = (&got.output, &want.output);
+    assert_eq!(g.tokens, w.tokens, "{tag}: tokens");
+    assert_eq!(g.finish_reason, w.finish_reason, "{tag}: finish");
+    let (a, b) = (g.speculation.as_ref(), w.speculation.as_ref());
+    assert_eq!(a.map(|x| x.used), b.map(|x| x.used), "{tag}: used");
+    assert_eq!(
+        a.map(|x| (x.stats.drafted, x.stats.accepted, x.stats.rounds)),
+        b.map(|x| (x.stats.drafted, x.stats.accepted, x.stats.rounds)),
+        "{tag}: draft statistics"
+    );
+    let present = |t: &mtp_engine::Timings| {
+        [
+            t.prefill_ms.is_some(),
+            t.prefill_tokens_per_s.is_some(),
+            t.time_to_first_token_ms.is_some(),
+            t.decode_ms.is_some(),
+            t.draft_ms.is_some(),
+            t.verify_ms.is_some(),
+            t.rollback_ms.is_some(),
+        ]
+    };
+    assert_eq!(present(&g.timings), present(&w.timings), "{tag}: timings");
+    assert!(g.timings.prefill_ms.is_some(), "{tag}: prefill timing");
+    assert_eq!(
+        got.computed_prompt_tokens, want.computed_prompt_tokens,
+        "{tag}: computed prompt tokens"
+    );
+    for (what, a, b) in [
+        ("prompt", &got.prompt_state, &want.prompt_state),
+        ("history", &got.history_state, &want.history_state),
+        ("final", &got.final_state, &want.final_state),
+    ] {
+        assert_eq!(state_bytes(a), state_bytes(b), "{tag}: {what} state");
+    }
+}
+
+/// Sequences with checkpoints (as a prefix-cache key asks for), some stopped early by their
+/// caller, in one batch (whole prompts, then a prefill chunk of 4): each gets the output, the
+/// draft statistics, the timings and the states (bit for bit) it gets alone, and so does the
+/// next turn resumed from them.
+#[test]
+fn checkpointed_and_caller_stopped_sequences_equal_solo() {
+    for (name, drafter) in [("tiny-trained", None), ("tiny-mlx4", Some("tiny-mlx4-mtp"))] {
+        let e = load(name, drafter);
+        let n = 8;
+        let solos: Vec<ResumableOutput> =
+            (0..n).map(|i| solo_kept(&e, i, None, &prompt(i))).collect();
+        assert!(
+            solos
+                .iter()
+                .any(|s| s.output.finish_reason == FinishReason::Cancelled),
+            "some callers stop"
+        );
+        assert!(solos.iter().all(|s| s.prompt_state.is_some()));
+        // the next turn: the prompt, the reply and more, from the state after the reply (or
+        // after the prompt when nothing was fed)
+        let next: Vec<Vec<u32>> = (0..n)
+            .map(|i| {
+                let mut p = prompt(i);
+                p.extend_from_slice(&solos[i].output.tokens);
+                p.extend(b" and then ".iter().map(|&b| u32::from(b)));
+                p
+            })
+            .collect();
+        let resume = |i: usize| {
+            solos[i]
+                .final_state
+                .as_ref()
+                .or(solos[i].prompt_state.as_ref())
+        };
+        let solos2: Vec<ResumableOutput> = (0..n)
+            .map(|i| solo_kept(&e, i, resume(i), &next[i]))
+            .collect();
+        for chunk in [None, Some(4)] {
+            for turn in [0, 1] {
+                let mut batch = match chunk {
+                    Some(c) => Batch::new(&e).with_prefill_chunk(c),
+                    None => Batch::new(&e),
+                };
+                let got: std::cell::RefCell<BTreeMap<u64, Vec<u32>>> = Default::default();
+                let mut on = |id: u64, t: &[u32]| {
+                    caller(
+                        got.borrow_mut().entry(id).or_default(),
+                        stop_after(id as usize),
+                        t,
+                    )
+                };
+                for (i, later) in next.iter().enumerate() {
+                    let (p, r) = match turn {
+                        0 => (prompt(i), None),
+                        _ => (later.clone(), resume(i)),
+                    };
+                    batch.join_resumable(i as u64, &p, &opts_kept(i), r, true, &mut on);
+                }
+                let mut outs = BTreeMap::new();
+                let mut steps = 0;
+                while batch.active() > 0 {
+                    batch.step(&mut on);
+                    steps += 1;
+                    assert!(steps < 1000, "the batch does not end");
+                }
+                for (id, out) in batch.take_finished_resumable() {
+                    outs.insert(id, out.unwrap());
+                }
+                assert_eq!(outs.len(), n);
+                for (id, out) in outs {
+                    let i = id as usize;
+                    let want = if turn == 0 { &solos[i] } else { &solos2[i] };
+                    let tag = format!("{name}: sequence {i}, turn {turn}, chunk {chunk:?}");
+                    same_resumable(&tag, &out, want);
+                    assert_eq!(got.borrow()[&id], want.output.tokens, "{tag}: streamed");
+                }
+            }
+        }
+    }
+}
+
+/// Requests from several threads whose callers answer each chunk (`submit_paced`, as the
+/// native provider's batched calls do), some stopping early as a stop string does: each ends
+/// with the output, draft statistics, timings and states (bit for bit) it gets alone with a
+/// callback giving the same answers. A request dropped before its end is cancelled.
+#[test]
+fn paced_requests_stopped_by_their_callers_equal_solo() {
+    let e = Arc::new(load("tiny-trained", None));
+    let n = 8;
+    let solos: Vec<ResumableOutput> = (0..n).map(|i| solo_kept(&e, i, None, &prompt(i))).collect();
+    for chunk in [mtp_engine::batch::DEFAULT_PREFILL_CHUNK, 4] {
+        let sched = Arc::new(Scheduler::spawn_with_chunk(Arc::clone(&e), 3, chunk));
+        // a request whose caller goes away at once, and one that goes after its first chunk
+        drop(sched.submit_paced(prompt(5), opts_kept(5), None, true));
+        let gone = sched
+            .submit_paced(
+                prompt(6),
+                GenerateOptions::greedy(500).ignore_eos(true),
+                None,
+                true,
+            )
+            .unwrap();
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let sched = Arc::clone(&sched);
+                std::thread::spawn(move || {
+                    let req = sched
+                        .submit_paced(prompt(i), opts_kept(i), None, true)
+                        .unwrap();
+                    let mut streamed = Vec::new();
+                    loop {
+                        match req.recv().unwrap() {
+                            BatchEvent::Tokens(t) => {
+                                req.answer(caller(&mut streamed, stop_after(i), &t))
+                            }
+                            BatchEvent::Done(out) => return (i, streamed, (*out).unwrap()),
+                        }
+                    }
+                })
+            })
+            .collect();
+        assert!(matches!(gone.recv().unwrap(), BatchEvent::Tokens(_)));
+        drop(gone);
+        for h in handles {
+            let (i, streamed, out) = h.join().unwrap();
+            let tag = format!("paced sequence {i}, chunk {chunk}");
+            same_resumable(&tag, &out, &solos[i]);
+            assert_eq!(streamed, solos[i].output.tokens, "{tag}: streamed");
+        }
     }
 }

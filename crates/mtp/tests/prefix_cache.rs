@@ -133,3 +133,87 @@ fn disk_options_are_checked() {
     assert!(e.contains("prefix cache directory"), "{e}");
     assert!(e.contains(&under_a_file.display().to_string()), "{e}");
 }
+
+/// A batched call reports what the same call alone reports: with a cache key and MTP on, the
+/// same draft counts (not zero, although the checkpoint after the reply is taken from the
+/// speculating state); an answer ended by a stop string keeps its timings and its
+/// checkpoints, so the next turn resumes as much of the conversation as it does alone.
+#[tokio::test]
+async fn batched_reports_and_stop_ended_checkpoints_equal_solo() {
+    let model = fixture("tiny-trained");
+    let solo = create_llm("native", &model, opts(2)).unwrap();
+    let batched = create_llm("native", &model, opts(2).extra("max_batch", "4")).unwrap();
+    let first = "the quick brown fox ";
+    // a stop string from the middle of the reply
+    let probe = solo
+        .generate(turn(vec![], first, "probe", false))
+        .await
+        .unwrap();
+    let stop: String = probe.content.chars().skip(6).take(2).collect();
+    let at = probe.content.find(&stop).unwrap();
+    assert!(at > 0 && stop.chars().count() == 2, "{:?}", probe.content);
+    for spec in [true, false] {
+        let mut got = Vec::new();
+        for (name, llm) in [("solo", &solo), ("batched", &batched)] {
+            let key = format!("{name}-{spec}");
+            let whole = llm
+                .generate(turn(vec![], first, &format!("{key}-whole"), spec))
+                .await
+                .unwrap();
+            let stopped = llm
+                .generate(turn(vec![], first, &key, spec).stop(stop.clone()))
+                .await
+                .unwrap();
+            let history = vec![
+                Message::user(first),
+                Message::assistant(stopped.content.clone()),
+            ];
+            let next = llm
+                .generate(turn(history, "jumps over ", &key, spec))
+                .await
+                .unwrap();
+            got.push((whole, stopped, next));
+        }
+        let [(sw, ss, sn), (bw, bs, bn)] = [&got[0], &got[1]].map(|(w, s, n)| (w, s, n));
+        let counts = |r: &mtp::GenerateResponse| {
+            let s = &r.metadata.speculation;
+            (s.used, s.drafted, s.accepted, s.rounds)
+        };
+        assert_eq!(bw.token_ids, sw.token_ids, "spec={spec}");
+        assert_eq!(counts(bw), counts(sw), "spec={spec}: the report");
+        if spec {
+            let (used, drafted, _, rounds) = counts(bw);
+            assert!(
+                used && drafted > Some(0) && rounds > Some(0),
+                "{:?}",
+                counts(bw)
+            );
+        }
+        // ended by the stop string, with its timings
+        assert_eq!(ss.finish_reason, mtp::FinishReason::Stop, "spec={spec}");
+        assert_eq!(bs.finish_reason, ss.finish_reason, "spec={spec}");
+        assert_eq!((&bs.content, &bs.token_ids), (&ss.content, &ss.token_ids));
+        assert!(bs.usage.output_tokens < 16, "spec={spec}: {:?}", bs.usage);
+        assert_eq!(
+            counts(bs),
+            counts(ss),
+            "spec={spec}: the stopped answer's report"
+        );
+        let t = &bs.metadata.timings;
+        assert!(
+            t.prefill_ms.is_some() && t.decode_ms.is_some(),
+            "spec={spec}: {t:?}"
+        );
+        // the next turn resumes what the stopped one kept
+        assert!(
+            sn.usage.cached_input_tokens > 0,
+            "spec={spec}: {:?}",
+            sn.usage
+        );
+        assert_eq!(
+            bn.usage.cached_input_tokens, sn.usage.cached_input_tokens,
+            "spec={spec}"
+        );
+        assert_eq!(bn.token_ids, sn.token_ids, "spec={spec}");
+    }
+}
