@@ -27,6 +27,20 @@ pub enum ChatError {
     /// The template failed or refused the conversation.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The request's text holds the string of a special token, which is kept as plain text,
+    /// and the chat template changes the text it is given (escapes it, or acts on the token in
+    /// it), so the string cannot come through as text
+    /// ([`ChatTemplates::render_guarded`](crate::ChatTemplates::render_guarded)).
+    #[error(
+        "the request's text holds `{token}`, a special token of the model's vocabulary, which is \
+         read as plain text; this chat template changes the text it is given, so it cannot be \
+         kept as text: leave it out, or start the provider with special tokens parsed in \
+         client text (`parse_special`)"
+    )]
+    SpecialText {
+        /// The special token's string.
+        token: String,
+    },
 }
 
 impl ChatError {
@@ -40,6 +54,7 @@ impl ChatError {
                 message: self.to_string(),
             },
             ChatError::InvalidMessage { .. }
+            | ChatError::SpecialText { .. }
             | ChatError::Template(TemplateError::Raised { .. }) => ProviderError::InvalidRequest {
                 field: "messages",
                 message: self.to_string(),
@@ -199,7 +214,7 @@ impl ChatTemplates {
         (history.len() < prompt.text.len() && prompt.text.starts_with(&history)).then_some(history)
     }
 
-    fn input_for(
+    pub(crate) fn input_for(
         &self,
         request: &GenerateRequest,
         clock: Clock,

@@ -11,6 +11,9 @@
 //!   finds them (`chat_template.jinja`, `tokenizer_config.json`, `chat_template.json`).
 //! - [`ChatTemplates::render_request`]: a [`GenerateRequest`](mtp_contract::GenerateRequest)
 //!   (system prompt, history with reasoning and tool calls, tools, `thinking`) to prompt text.
+//! - [`ChatTemplates::render_guarded`]: the same, with special-token strings written in the
+//!   request's own text kept as text (where they are in the prompt, for the tokenizer), so a
+//!   message cannot forge the template's turns.
 //! - [`ReplyText`]: the reply as it streams in, cut at stop strings and split into reasoning
 //!   and answer (`<think>…</think>`), with work per piece independent of the text so far.
 //!
@@ -41,6 +44,7 @@
 
 mod checkpoint;
 mod conversation;
+mod literal;
 mod pyfmt;
 mod stream;
 mod template;
@@ -49,6 +53,7 @@ pub use checkpoint::{token_string, ChatTemplates, CheckpointError, SPECIAL_TOKEN
 pub use conversation::{
     conversation, template_message, ChatError, Prompt, ReasoningStart, ReplyText,
 };
+pub use literal::{GuardedPrompt, SpecialStrings};
 pub use stream::{ReasoningParser, Split, StopScanner, ThinkTags};
 pub use template::{
     normalize_messages, ChatTemplate, Clock, RenderInput, TemplateError, MAX_RENDERED_BYTES,

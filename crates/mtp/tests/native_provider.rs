@@ -682,3 +682,49 @@ async fn a_request_for_mtp_on_a_provider_started_off_says_the_lane_was_not_loade
         "{err:?}"
     );
 }
+
+/// Special-token strings written in a chat message are the client's text: `<|endoftext|>` in a
+/// message costs its bytes' tokens, not one special token, unless the provider is started with
+/// `parse_special`; a raw prompt (`/v1/completions`) is the client's markup and is parsed.
+#[tokio::test]
+async fn special_token_strings_in_messages_are_text_unless_parse_special() {
+    empty_hub_cache();
+    async fn tokens(llm: &std::sync::Arc<dyn mtp::Provider>, req: GenerateRequest) -> u64 {
+        llm.generate(req.max_output_tokens(1))
+            .await
+            .unwrap()
+            .usage
+            .input_tokens
+    }
+    let with = "say <|endoftext|> twice";
+    let without = "say  twice";
+    let chat = |t: &str| GenerateRequest::new("").messages(vec![Message::user(t)]);
+
+    let llm = create_llm("native", &fixture("tiny-trained"), on(2)).unwrap();
+    let diff = tokens(&llm, chat(with)).await - tokens(&llm, chat(without)).await;
+    assert!(
+        diff > 1,
+        "`<|endoftext|>` is {diff} token(s): it was read as a special token"
+    );
+    let raw = tokens(&llm, GenerateRequest::new(with).raw()).await
+        - tokens(&llm, GenerateRequest::new(without).raw()).await;
+    assert_eq!(raw, 1, "a raw prompt's special tokens are parsed");
+
+    let parsing = create_llm(
+        "native",
+        &fixture("tiny-trained"),
+        on(2).extra("parse_special", "true"),
+    )
+    .unwrap();
+    let diff = tokens(&parsing, chat(with)).await - tokens(&parsing, chat(without)).await;
+    assert_eq!(diff, 1, "parse_special: the special token");
+
+    let Err(e) = create_llm(
+        "native",
+        &fixture("tiny-trained"),
+        on(2).extra("parse_special", "yes"),
+    ) else {
+        panic!("a bad parse_special value is refused")
+    };
+    assert!(e.to_string().contains("parse_special"), "{e}");
+}

@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// Content parts (text, images) of one message.
     #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_content_parts)]
     pub max_content_parts: usize,
+    /// Read special-token strings written in chat messages (`<|im_end|>`, ...) as the special
+    /// tokens (native engine). By default client text is plain text and only the chat
+    /// template's own markup is special; raw /v1/completions prompts are parsed either way.
+    #[arg(long)]
+    pub parse_special: bool,
     /// Tools of one chat request.
     #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_tools)]
     pub max_tools: usize,

@@ -18,6 +18,15 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             ),
         });
     }
+    if !native && a.parse_special {
+        return Err(CliError::InvalidFlag {
+            flag: "--parse-special",
+            message: format!(
+                "it sets how the native engine tokenizes client text; `{}` tokenizes on its own",
+                a.model.provider
+            ),
+        });
+    }
     if !native && a.cache_dir.is_some() {
         return Err(CliError::InvalidFlag {
             flag: "--cache-dir",
@@ -34,6 +43,9 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             extra.push(("max_batch", a.max_batch.to_string()));
         }
         extra.push(("prefill_chunk", a.prefill_chunk.to_string()));
+        if a.parse_special {
+            extra.push(("parse_special", "true".into()));
+        }
         extra.push(("prompt_cache_bytes", a.cache_bytes.to_string()));
         if let Some(dir) = &a.cache_dir {
             extra.push(("prompt_cache_dir", dir.display().to_string()));

@@ -20,6 +20,9 @@ pub struct EngineBackend {
     weight_bytes: usize,
     /// Prompt tokens a batch step computes for each joining prompt.
     prefill_chunk: usize,
+    /// Special-token strings in client text become special tokens (`parse_special`); by
+    /// default they are read as plain text.
+    parse_special: bool,
 }
 
 /// Decoding state snapshots of the candle engine (for the prefix cache; shared with the
@@ -80,7 +83,17 @@ impl EngineBackend {
             runtime,
             weight_bytes,
             prefill_chunk: mtp_engine::batch::DEFAULT_PREFILL_CHUNK,
+            parse_special: false,
         }
+    }
+
+    /// Parses special tokens written in client text (`parse_special`): a message holding
+    /// `<|im_end|>` then gets the special token, as the template's markup does. Off by default,
+    /// when client text is read as plain text and only the template's markup is special
+    /// (`TextTokenizer::render_guarded`). Raw prompts are parsed either way.
+    pub fn with_parse_special(mut self, on: bool) -> Self {
+        self.parse_special = on;
+        self
     }
 
     /// Sets the prompt tokens a batch step computes for each joining prompt (chunked prefill,
@@ -202,10 +215,21 @@ impl Backend for EngineBackend {
     fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError> {
         let model = self.engine.dir().display().to_string();
         let tok = self.tokenizer()?;
-        let prompt = tok
-            .render(request)
+        // Special-token strings in the client's text are read as plain text unless
+        // `parse_special`; a raw prompt (`/v1/completions`) is the client's own markup, and its
+        // special tokens are parsed. The history (where a later turn of the same conversation
+        // can resume) is only worth a second render and encode when the caller keeps a prefix
+        // cache.
+        let guarded = tok
+            .render_guarded(
+                request,
+                self.parse_special,
+                request.prompt_cache_key.is_some(),
+            )
             .map_err(|e| e.into_provider_error(&model))?;
-        let mut ids = tok.encode(&prompt.text).map_err(api)?;
+        let mut ids = tok
+            .encode_guarded(&guarded.prompt.text, &guarded.literals)
+            .map_err(api)?;
         if ids.is_empty() {
             return Err(ProviderError::InvalidRequest {
                 field: "prompt",
@@ -237,23 +261,22 @@ impl Backend for EngineBackend {
                 }
             })?;
         }
-        // Where a later turn of the same conversation can resume: only worth a second render
-        // and encode when the caller keeps a prefix cache. The history's ids hold its images'
-        // runs of tokens too (its images are the first).
+        // The history's ids hold its images' runs of tokens too (its images are the first),
+        // and are tokenized as the prompt is, literals included, so that they line up.
         let expand = |h: Vec<u32>| -> Option<Vec<u32>> {
             let Some(p) = pad else { return Some(h) };
             let n = h.iter().filter(|&&t| t == p).count();
             mtp_engine::vision::expand_image_tokens(&h, p, counts.get(..n)?).ok()
         };
-        let history_len = match (&request.prompt_cache_key, tok.templates()) {
-            (Some(_), Ok(t)) => t
-                .history_prefix(request, &prompt)
-                .and_then(|h| tok.encode(&h).ok())
-                .and_then(expand)
-                .filter(|h| !h.is_empty() && h.len() < ids.len() && ids.starts_with(h))
-                .map(|h| h.len()),
-            _ => None,
-        };
+        let history_len = guarded
+            .history_len
+            .and_then(|n| {
+                tok.encode_guarded(&guarded.prompt.text[..n], guarded.literals_before(n))
+                    .ok()
+            })
+            .and_then(expand)
+            .filter(|h| !h.is_empty() && h.len() < ids.len() && ids.starts_with(h))
+            .map(|h| h.len());
         // (only worth hashing the pictures when the caller keeps a prefix cache)
         let cache_ids = pad.filter(|_| request.prompt_cache_key.is_some()).map(|p| {
             let digests: Vec<[u8; 32]> = images
@@ -280,7 +303,7 @@ impl Backend for EngineBackend {
         });
         Ok(RenderedPrompt {
             ids,
-            reasoning: prompt.reasoning,
+            reasoning: guarded.prompt.reasoning,
             history_len,
             images,
             cache_ids,
@@ -329,29 +352,14 @@ impl Backend for EngineBackend {
             Scheduler::spawn_with_chunk(Arc::clone(&self.engine), max_batch, self.prefill_chunk)
         });
         let resume = job.resume.as_ref().map(|(_, s)| Arc::clone(&s.0));
-        let rx = scheduler
-            .submit_resumable(job.prompt.to_vec(), opts, resume, job.checkpoint)
+        // paced: the sequence waits for each chunk's answer, so a stop (a stop string, or the
+        // client gone) ends it where a solo call ends, with its report and checkpoints
+        let request = scheduler
+            .submit_paced(job.prompt.to_vec(), opts, resume, job.checkpoint)
             .map_err(api)?;
-        let mut streamed = Vec::new();
         let out = loop {
-            match rx.recv() {
-                Ok(BatchEvent::Tokens(t)) => {
-                    streamed.extend_from_slice(&t);
-                    if !(job.on_tokens)(&t) {
-                        // dropping the receiver cancels the sequence at its next token
-                        drop(rx);
-                        return Ok(RunOutput {
-                            tokens: streamed,
-                            finish: mtp_contract::FinishReason::Cancelled,
-                            stats: Default::default(),
-                            timings: Default::default(),
-                            computed_prompt_tokens: job.prompt.len(),
-                            prompt_state: None,
-                            history_state: None,
-                            final_state: None,
-                        });
-                    }
-                }
+            match request.recv() {
+                Ok(BatchEvent::Tokens(t)) => request.answer((job.on_tokens)(&t)),
                 Ok(BatchEvent::Done(out)) => break (*out).map_err(api)?,
                 Err(_) => {
                     return Err(api(mtp_engine::Error::Batch(

@@ -22,7 +22,7 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 10] = [
+pub const EXTRA_KEYS: [&str; 11] = [
     "device",
     "dtype",
     "max_batch",
@@ -33,6 +33,7 @@ pub const EXTRA_KEYS: [&str; 10] = [
     "prompt_cache_disk_bytes",
     "ctx_size",
     "threads",
+    "parse_special",
 ];
 
 /// What `parse_extra` read.
@@ -48,6 +49,8 @@ struct Extra {
     threads: Option<usize>,
     max_batch: Option<usize>,
     prefill_chunk: Option<usize>,
+    /// Special-token strings in client text become special tokens (default: plain text).
+    parse_special: bool,
 }
 
 fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
@@ -165,6 +168,16 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         threads: positive("threads")?,
         max_batch: positive("max_batch")?,
         prefill_chunk: positive("prefill_chunk")?,
+        parse_special: match opts.extra.get("parse_special").map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: format!("`parse_special` must be true or false, got `{other}`"),
+                })
+            }
+        },
     })
 }
 
@@ -228,6 +241,7 @@ pub fn create(
         threads,
         max_batch,
         prefill_chunk,
+        parse_special,
     } = parse_extra(model, opts)?;
     if let Some(n) = threads {
         let running = mtp_engine::team::set_threads(n);
@@ -331,9 +345,10 @@ pub fn create(
     };
     let want_head = matches!(lane, Lane::Ready { .. });
     // (a provider with a prefix cache on disk gets a load of its own: the folder is locked to
-    // the process that uses it, and providers without one must not write to it)
+    // the process that uses it, and providers without one must not write to it; so does one
+    // that parses special tokens in client text, a setting of the loaded backend)
     let variant = format!(
-        "{runtime}:{dtype:?}:{}{}",
+        "{runtime}:{dtype:?}:{}{}{}",
         match (&drafter_dir, want_head) {
             (Some(d), _) => d.display().to_string(),
             (None, true) => "embedded".into(),
@@ -342,7 +357,8 @@ pub fn create(
         cache_dir
             .as_ref()
             .map(|(d, b)| format!(":disk cache {} ({b} bytes)", d.display()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if parse_special { ":parse_special" } else { "" }
     );
     let drafter_lane = match &lane {
         Lane::Ready {
@@ -370,7 +386,8 @@ pub fn create(
                 "the artifact carries MTP tensors but the engine loaded no drafter from them",
             ));
         }
-        let mut backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone());
+        let mut backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone())
+            .with_parse_special(parse_special);
         if let Some(c) = prefill_chunk {
             backend = backend.with_prefill_chunk(c);
         }
