@@ -16,6 +16,8 @@
 //!   message cannot forge the template's turns.
 //! - [`ReplyText`]: the reply as it streams in, cut at stop strings and split into reasoning
 //!   and answer (`<think>…</think>`), with work per piece independent of the text so far.
+//! - [`toolcall`]: the reply's tool calls in the template's own markup (Qwen3.5's XML, Hermes
+//!   JSON) as OpenAI `tool_calls`, whole or streamed, and the grammar that forces them.
 //!
 //! ```
 //! use mtp_chat::{ChatTemplate, ChatTemplates};
@@ -48,6 +50,7 @@ mod literal;
 mod pyfmt;
 mod stream;
 mod template;
+pub mod toolcall;
 
 pub use checkpoint::{token_string, ChatTemplates, CheckpointError, SPECIAL_TOKEN_KEYS};
 pub use conversation::{
@@ -57,4 +60,8 @@ pub use literal::{GuardedPrompt, SpecialStrings};
 pub use stream::{ReasoningParser, Split, StopScanner, ThinkTags};
 pub use template::{
     normalize_messages, ChatTemplate, Clock, RenderInput, TemplateError, MAX_RENDERED_BYTES,
+};
+pub use toolcall::{
+    call_grammar, parse as parse_tool_calls, CallIds, Forced, ParsedReply, StreamEvent, ToolCall,
+    ToolCallError, ToolCallFormat, ToolCallStream,
 };
