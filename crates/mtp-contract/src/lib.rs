@@ -6,15 +6,22 @@
 //! heavy dependencies.
 //!
 //! ```
-//! use mtp_contract::{GenerateRequest, Speculation, plan, Lane, Plan, Sampling};
+//! use mtp_contract::{DepthSource, GenerateRequest, Speculation, plan, Lane, Plan, Sampling};
 //!
 //! // A provider default of depth 3, and one request that asks for depth 5.
 //! let default = Speculation::native_mtp().with_num_draft_tokens(3).unwrap();
 //! let req = GenerateRequest::new("Write a small LRU cache.")
 //!     .speculation(Speculation::depth(5).unwrap());
-//! let lane = Lane::Ready { drafter: "embedded".into(), default_depth: 2, output_preserving: Some(true) };
+//! let lane = Lane::Ready {
+//!     drafter: "embedded".into(),
+//!     default_depth: 2,
+//!     depth_source: DepthSource::Registry,
+//!     output_preserving: Some(true),
+//! };
 //! match plan(Some(&default), req.speculation.as_ref(), &req.sampling, &lane).unwrap() {
-//!     Plan::Speculate { depth, .. } => assert_eq!(depth, 5),
+//!     Plan::Speculate { depth, depth_source, .. } => {
+//!         assert_eq!((depth, depth_source), (5, DepthSource::Request))
+//!     }
 //!     Plan::TargetOnly { .. } => unreachable!(),
 //! }
 //! ```
@@ -44,6 +51,6 @@ pub use request::{
 };
 pub use sampling::Sampling;
 pub use speculation::{
-    resolve, DraftDepth, ResolvedSpeculation, Source, Speculation, SpeculationError,
-    SpeculationMode, AUTO_MAX_DRAFT_TOKENS, MAX_NUM_DRAFT_TOKENS, VALID_KEYS,
+    resolve, DepthSource, DraftDepth, ResolvedSpeculation, Source, Speculation, SpeculationError,
+    SpeculationMode, AUTO_MAX_DRAFT_TOKENS, BUILTIN_DEPTH, TESTED_MAX_DRAFT_TOKENS, VALID_KEYS,
 };

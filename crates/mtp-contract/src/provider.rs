@@ -11,7 +11,7 @@ use crate::reason::Reason;
 use crate::report::{DraftStats, SpeculationReport};
 use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
 use crate::sampling::Sampling;
-use crate::speculation::{resolve, ResolvedSpeculation, Speculation, SpeculationMode};
+use crate::speculation::{resolve, DepthSource, ResolvedSpeculation, Speculation, SpeculationMode};
 
 /// Options given to `create_llm` (the facade) and passed to a provider factory.
 ///
@@ -64,7 +64,7 @@ impl ProviderOptions {
 pub struct Capabilities {
     /// Provider name (`native`, `llama-server`, …).
     pub provider: String,
-    /// What executes (`candle-cpu`, `llama.cpp b11434`, …).
+    /// What executes (`mtp-engine-cpu`, `llama.cpp b11434`, …).
     pub runtime: String,
     /// Streams tokens.
     pub streaming: bool,
@@ -120,6 +120,8 @@ pub enum Lane {
         drafter: String,
         /// The depth to use when the request names none.
         default_depth: u32,
+        /// Where `default_depth` came from: the drafter's config, the registry, or built in.
+        depth_source: DepthSource,
         /// Whether greedy output is known to be preserved.
         output_preserving: Option<bool>,
     },
@@ -143,6 +145,8 @@ pub enum Plan {
         drafter: String,
         /// Proposals per round.
         depth: u32,
+        /// Which level decided `depth`.
+        depth_source: DepthSource,
         /// Known output preservation.
         output_preserving: Option<bool>,
     },
@@ -184,6 +188,7 @@ impl Plan {
                 resolved,
                 drafter,
                 depth,
+                depth_source,
                 output_preserving,
             } => SpeculationReport::used(
                 resolved,
@@ -192,7 +197,8 @@ impl Plan {
                 *depth,
                 stats,
                 *output_preserving,
-            ),
+            )
+            .with_depth_source(*depth_source),
             Plan::TargetOnly {
                 resolved,
                 reason,
@@ -208,13 +214,16 @@ impl Plan {
 /// 1. speculation not requested → target-only, `disabled_by_request` / `disabled_by_default`;
 /// 2. the lane is unavailable → target-only with the lane's reason, or
 ///    `SpeculationUnavailable` when `require_acceleration`;
-/// 3. penalties or logit bias → target-only with `sampling_requires_target_only`, or
+/// 3. a drafter named in a block that is not the loaded one → target-only with
+///    `drafter_not_loaded`, or `SpeculationUnavailable` when `require_acceleration`;
+/// 4. penalties or logit bias → target-only with `sampling_requires_target_only`, or
 ///    `SpeculationUnavailable` when `require_acceleration`;
-/// 4. otherwise speculate at the request's depth, else the provider's, else the lane default.
+/// 5. otherwise speculate at the request's depth, else the provider's, else the lane default
+///    (the drafter's config, the registry, or built in: [`DepthSource`]).
 ///
 /// ```
-/// use mtp_contract::{plan, Lane, Plan, Reason, Sampling, Speculation};
-/// let lane = Lane::Ready { drafter: "embedded".into(), default_depth: 3, output_preserving: Some(true) };
+/// use mtp_contract::{plan, DepthSource, Lane, Plan, Reason, Sampling, Speculation};
+/// let lane = Lane::Ready { drafter: "embedded".into(), default_depth: 3, depth_source: DepthSource::BuiltIn, output_preserving: Some(true) };
 /// let p = plan(Some(&Speculation::native_mtp()), None, &Sampling::default(), &lane).unwrap();
 /// assert!(matches!(p, Plan::Speculate { depth: 3, .. }));
 /// let pen = Sampling { presence_penalty: Some(0.5), ..Default::default() };
@@ -237,12 +246,18 @@ pub fn plan(
             reason,
         });
     }
-    let (drafter, default_depth, output_preserving) = match lane {
+    let (drafter, default_depth, default_source, output_preserving) = match lane {
         Lane::Ready {
             drafter,
             default_depth,
+            depth_source,
             output_preserving,
-        } => (drafter.clone(), *default_depth, *output_preserving),
+        } => (
+            drafter.clone(),
+            *default_depth,
+            *depth_source,
+            *output_preserving,
+        ),
         Lane::Unavailable { reason, message } => {
             if resolved.require_acceleration {
                 return Err(ProviderError::SpeculationUnavailable {
@@ -257,6 +272,30 @@ pub fn plan(
             });
         }
     };
+    // a drafter the request (or the provider's block) names must be the one loaded: running
+    // the loaded head under another name would be a silent no-op of the block
+    if let Some(want) = resolved
+        .drafter
+        .as_deref()
+        .filter(|w| !same_drafter(w, &drafter))
+    {
+        let message = format!(
+            "MTP acceleration off: the request names the drafter `{want}`, but this provider \
+             loaded `{drafter}`; a request cannot switch drafters: start the provider with \
+             `{want}` (--drafter), or leave `drafter` out of the request to use `{drafter}`."
+        );
+        if resolved.require_acceleration {
+            return Err(ProviderError::SpeculationUnavailable {
+                reason: Reason::DrafterNotLoaded,
+                message,
+            });
+        }
+        return Ok(Plan::TargetOnly {
+            resolved,
+            reason: Reason::DrafterNotLoaded,
+            message,
+        });
+    }
     let controls = sampling.target_only_controls();
     if !controls.is_empty() {
         let message = format!(
@@ -276,13 +315,21 @@ pub fn plan(
             message,
         });
     }
-    let depth = resolved.depth_or(default_depth);
+    let (depth, depth_source) = resolved.depth_and_source(default_depth, default_source);
     Ok(Plan::Speculate {
         resolved,
         drafter,
         depth,
+        depth_source,
         output_preserving,
     })
+}
+
+/// Whether a drafter named in a block is the loaded one: the same name, compared as repo ids
+/// compare (case-insensitively) and without a path's trailing separator.
+fn same_drafter(named: &str, loaded: &str) -> bool {
+    let trim = |s: &str| s.trim().trim_end_matches(['/', '\\']).to_string();
+    trim(named).eq_ignore_ascii_case(&trim(loaded))
 }
 
 /// A stream of generation events; dropping it cancels generation.

@@ -29,6 +29,9 @@ pub enum Reason {
     MtpHeadNotCached,
     /// The named drafter does not fit the target (type, hidden size, vocabulary or tensors).
     DrafterMismatch,
+    /// The request names a drafter other than the one this provider loaded; a request cannot
+    /// switch drafters (start the provider with that drafter instead).
+    DrafterNotLoaded,
     /// The runtime cannot execute this head (architecture or build without an MTP graph).
     RuntimeUnsupported,
     /// Speculation is configured on the server, not per request, and the server showed none.
@@ -41,13 +44,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::DisabledByRequest,
         Reason::DisabledByDefault,
         Reason::LaneNotLoaded,
         Reason::NoMtpHead,
         Reason::MtpHeadNotCached,
         Reason::DrafterMismatch,
+        Reason::DrafterNotLoaded,
         Reason::RuntimeUnsupported,
         Reason::ServerSide,
         Reason::SamplingRequiresTargetOnly,
@@ -63,6 +67,7 @@ impl Reason {
             Reason::NoMtpHead => "no_mtp_head",
             Reason::MtpHeadNotCached => "mtp_head_not_cached",
             Reason::DrafterMismatch => "drafter_mismatch",
+            Reason::DrafterNotLoaded => "drafter_not_loaded",
             Reason::RuntimeUnsupported => "runtime_unsupported",
             Reason::ServerSide => "server_side",
             Reason::SamplingRequiresTargetOnly => "sampling_requires_target_only",
@@ -95,6 +100,9 @@ impl Reason {
             }
             Reason::DrafterMismatch => {
                 "MTP acceleration off: the drafter does not match the target model."
+            }
+            Reason::DrafterNotLoaded => {
+                "MTP acceleration off: the request names a drafter other than the one this provider loaded; a request cannot switch drafters: start the provider with that drafter (--drafter), or leave `drafter` out of the request."
             }
             Reason::RuntimeUnsupported => {
                 "MTP acceleration off: this runtime cannot execute the model's MTP head."

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::reason::Reason;
-use crate::speculation::{ResolvedSpeculation, SpeculationMode};
+use crate::speculation::{
+    DepthSource, ResolvedSpeculation, SpeculationMode, TESTED_MAX_DRAFT_TOKENS,
+};
 
 /// The kind of drafter that produced proposals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,7 +119,7 @@ impl DraftStats {
 /// ```
 /// use mtp_contract::{SpeculationReport, Reason, resolve};
 /// let r = resolve(None, Some(&false.into()));
-/// let rep = SpeculationReport::not_used(&r, "candle-cpu", Reason::DisabledByRequest, None);
+/// let rep = SpeculationReport::not_used(&r, "mtp-engine-cpu", Reason::DisabledByRequest, None);
 /// let v = serde_json::to_value(&rep).unwrap();
 /// assert_eq!(v["used"], false);
 /// assert_eq!(v["reason"], "disabled_by_request");
@@ -136,6 +138,10 @@ pub struct SpeculationReport {
     /// Proposals per round that were (or would have been) used; with `auto_depth`, the most
     /// any round could draft.
     pub num_draft_tokens: Option<u32>,
+    /// Which level decided `num_draft_tokens` (the request, the provider, the drafter's
+    /// config, the registry or built in); `null` when unknown (a server's own launch depth).
+    #[serde(default)]
+    pub depth_source: Option<DepthSource>,
     /// The depth was chosen round by round (`num_draft_tokens: "auto"` honoured); see
     /// `rounds_per_depth` for the depths used.
     #[serde(default)]
@@ -144,7 +150,7 @@ pub struct SpeculationReport {
     /// [`DraftStats::rounds_per_depth`]); `null` when unknown.
     #[serde(default)]
     pub rounds_per_depth: Option<Vec<u64>>,
-    /// What really executed, e.g. `candle-cpu`, `llama.cpp b11434`, `llama-server`.
+    /// What really executed, e.g. `mtp-engine-cpu`, `llama.cpp b11434`, `llama-server`.
     pub runtime: String,
     /// The drafter kind, when used.
     pub draft_kind: Option<DraftKind>,
@@ -180,6 +186,7 @@ impl SpeculationReport {
             used: false,
             drafter: resolved.drafter.clone(),
             num_draft_tokens: resolved.num_draft_tokens,
+            depth_source: resolved.num_draft_tokens.and(resolved.depth_source),
             auto_depth: false,
             rounds_per_depth: None,
             runtime: runtime.into(),
@@ -213,6 +220,9 @@ impl SpeculationReport {
             used: true,
             drafter: Some(drafter.into()),
             num_draft_tokens: Some(depth),
+            depth_source: resolved
+                .depth_source
+                .filter(|_| resolved.num_draft_tokens == Some(depth)),
             auto_depth: false,
             // only from per-position counts that add up (a runtime may know the totals only)
             rounds_per_depth: (stats.drafted_per_position.iter().sum::<u64>() == stats.drafted)
@@ -226,10 +236,31 @@ impl SpeculationReport {
             accepted_per_position: Some(stats.accepted_per_position.clone()),
             output_preserving,
             reason: None,
-            message: resolved
-                .auto_depth
-                .then(|| SpeculationReport::auto_depth_not_chosen(Some(depth))),
+            message: join_notes(
+                resolved
+                    .auto_depth
+                    .then(|| SpeculationReport::auto_depth_not_chosen(Some(depth))),
+                SpeculationReport::untested_depth(depth),
+            ),
         }
+    }
+
+    /// The warning of a call drafting deeper than the measured range
+    /// ([`TESTED_MAX_DRAFT_TOKENS`]), `None` within it.
+    ///
+    /// ```
+    /// use mtp_contract::SpeculationReport;
+    /// assert!(SpeculationReport::untested_depth(8).is_none());
+    /// assert!(SpeculationReport::untested_depth(20).unwrap().contains("above the measured range"));
+    /// ```
+    pub fn untested_depth(depth: u32) -> Option<String> {
+        (depth > TESTED_MAX_DRAFT_TOKENS).then(|| {
+            format!(
+                "num_draft_tokens {depth} is above the measured range (1 to \
+                 {TESTED_MAX_DRAFT_TOKENS}): deeper rounds hold more proposals in memory and \
+                 rarely pay; compare with a smaller depth"
+            )
+        })
     }
 
     /// The note of a runtime that was asked for `num_draft_tokens: "auto"` and drafted at a
@@ -242,14 +273,30 @@ impl SpeculationReport {
         format!("num_draft_tokens \"auto\" is chosen round by round only by the native engine; this runtime drafted {at}")
     }
 
+    /// Sets which level decided the depth (the report of a [`crate::Plan`] knows it).
+    pub fn with_depth_source(mut self, source: DepthSource) -> Self {
+        self.depth_source = Some(source);
+        self
+    }
+
     /// Marks a used report as one whose depth was chosen round by round (up to
     /// `num_draft_tokens`), dropping the fixed-depth note of [`SpeculationReport::used`].
     pub fn chosen_per_round(mut self) -> Self {
         if self.used {
             self.auto_depth = true;
-            self.message = None;
+            self.message = self
+                .num_draft_tokens
+                .and_then(SpeculationReport::untested_depth);
         }
         self
+    }
+}
+
+/// Two optional notes as one sentence pair.
+fn join_notes(a: Option<String>, b: Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
     }
 }
 

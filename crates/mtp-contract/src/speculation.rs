@@ -10,9 +10,11 @@
 //! | `{"mode": "native_mtp", "drafter": "...", "num_draft_tokens": 3, "require_acceleration": true}` | any subset of the fields |
 //! | `{"num_draft_tokens": "auto"}` | the depth is chosen round by round (see [`DraftDepth::Auto`]) |
 //!
-//! Anything else (unknown key, unknown mode, a depth of 0, negative, fractional or above
-//! [`MAX_NUM_DRAFT_TOKENS`], a string other than `"auto"`) is a [`SpeculationError`] naming the
-//! key or value and listing what is valid.
+//! Anything else (unknown key, unknown mode, a depth of 0, negative, fractional or beyond
+//! `u32`, a string other than `"auto"`) is a [`SpeculationError`] naming the key or value and
+//! listing what is valid. Any positive depth is a valid block: depths above
+//! [`TESTED_MAX_DRAFT_TOKENS`] are accepted (the report warns), and a runtime refuses only a
+//! depth it cannot hold, naming its limit.
 
 use std::fmt;
 
@@ -20,13 +22,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::reason::Reason;
 
-/// The documented ceiling for `num_draft_tokens`. Depths 1–8 are the tested range; larger
-/// depths up to this ceiling are accepted but rarely pay.
-pub const MAX_NUM_DRAFT_TOKENS: u32 = 16;
+/// The top of the measured range of `num_draft_tokens` (1–8: tested for output and speed).
+/// Larger depths are accepted but can cost more memory and run slower; a report of a call
+/// drafting deeper says so in its `message`.
+pub const TESTED_MAX_DRAFT_TOKENS: u32 = 8;
 
 /// The most proposals per round a runtime that chooses the depth itself
 /// ([`DraftDepth::Auto`]) may draft: the top of the tested range.
-pub const AUTO_MAX_DRAFT_TOKENS: u32 = 8;
+pub const AUTO_MAX_DRAFT_TOKENS: u32 = TESTED_MAX_DRAFT_TOKENS;
 
 /// `num_draft_tokens`: a fixed number of proposals per round, or `"auto"`.
 ///
@@ -50,7 +53,7 @@ pub enum DraftDepth {
 }
 
 impl DraftDepth {
-    /// Parses `auto` or a depth from 1 to [`MAX_NUM_DRAFT_TOKENS`].
+    /// Parses `auto` or a positive depth.
     pub fn parse(s: &str) -> Result<Self, SpeculationError> {
         let t = s.trim();
         if t == "auto" {
@@ -58,7 +61,6 @@ impl DraftDepth {
         }
         let n: i128 = t.parse().map_err(|_| SpeculationError::InvalidDepth {
             value: t.to_string(),
-            max: MAX_NUM_DRAFT_TOKENS,
         })?;
         validate_depth(n, t)?;
         Ok(DraftDepth::Fixed(n as u32))
@@ -166,13 +168,11 @@ pub enum SpeculationError {
         /// The mode as given.
         value: String,
     },
-    /// `num_draft_tokens` outside `1..=MAX_NUM_DRAFT_TOKENS`, not an integer, and not `"auto"`.
-    #[error("invalid num_draft_tokens {value}: it must be an integer from 1 to {max} (proposals per round, excluding the target's seed token) or \"auto\"")]
+    /// `num_draft_tokens` not a positive integer (up to `u32::MAX`) and not `"auto"`.
+    #[error("invalid num_draft_tokens {value}: it must be a positive integer (proposals per round, excluding the target's seed token; 1 to 8 are the measured range) or \"auto\"")]
     InvalidDepth {
         /// The value as given (its JSON text).
         value: String,
-        /// The documented ceiling.
-        max: u32,
     },
     /// A key with a value of the wrong JSON type.
     #[error("speculation key `{key}` must be {expected}, got {got}")]
@@ -332,7 +332,6 @@ impl Speculation {
                                     .or_else(|| n.as_u64().map(i128::from))
                                     .ok_or(SpeculationError::InvalidDepth {
                                         value: text.clone(),
-                                        max: MAX_NUM_DRAFT_TOKENS,
                                     })?;
                                 validate_depth(int, &text)?;
                                 out.num_draft_tokens = Some(DraftDepth::Fixed(int as u32));
@@ -344,7 +343,6 @@ impl Speculation {
                             other => {
                                 return Err(SpeculationError::InvalidDepth {
                                     value: other.to_string(),
-                                    max: MAX_NUM_DRAFT_TOKENS,
                                 })
                             }
                         },
@@ -429,10 +427,9 @@ impl std::str::FromStr for Speculation {
 }
 
 fn validate_depth(n: i128, text: &str) -> Result<(), SpeculationError> {
-    if n < 1 || n > MAX_NUM_DRAFT_TOKENS as i128 {
+    if n < 1 || n > u32::MAX as i128 {
         return Err(SpeculationError::InvalidDepth {
             value: text.to_string(),
-            max: MAX_NUM_DRAFT_TOKENS,
         });
     }
     Ok(())
@@ -463,6 +460,34 @@ pub enum Source {
     BuiltIn,
 }
 
+/// Which level decided the depth a call drafts at (`depth_source` in the report). The
+/// resolution order is the order of the variants: the request's block, the provider's block,
+/// the drafter's own config (a companion's `block_size` counts the seed token, so it proposes
+/// `block_size - 1`), the registry's `default_depth`, then the built-in 3.
+///
+/// ```
+/// use mtp_contract::DepthSource;
+/// assert_eq!(serde_json::to_value(DepthSource::DrafterConfig).unwrap(), "drafter_config");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DepthSource {
+    /// The request's `num_draft_tokens`.
+    Request,
+    /// The provider's construction-time block (`--speculation`, provider options).
+    Provider,
+    /// The drafter's config (`block_size - 1`).
+    DrafterConfig,
+    /// The model registry's `default_depth` for the pairing.
+    Registry,
+    /// None of the above: [`BUILTIN_DEPTH`].
+    BuiltIn,
+}
+
+/// The depth when neither the request, the provider, the drafter's config nor the registry
+/// names one.
+pub const BUILTIN_DEPTH: u32 = 3;
+
 /// The effective speculation settings for one request, produced by [`resolve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedSpeculation {
@@ -480,6 +505,9 @@ pub struct ResolvedSpeculation {
     /// `num_draft_tokens: "auto"` won: the runtime picks each round's depth, up to
     /// [`AUTO_MAX_DRAFT_TOKENS`].
     pub auto_depth: bool,
+    /// Which block set `num_draft_tokens` (or `"auto"`): [`DepthSource::Request`] or
+    /// [`DepthSource::Provider`]; `None` when neither did and the drafter's default applies.
+    pub depth_source: Option<DepthSource>,
     /// Refuse to run unaccelerated.
     pub require_acceleration: bool,
 }
@@ -501,6 +529,21 @@ impl ResolvedSpeculation {
     pub fn depth_or(&self, default_depth: u32) -> u32 {
         self.num_draft_tokens.unwrap_or(default_depth)
     }
+
+    /// [`ResolvedSpeculation::depth_or`] with the level that decided it: the request's or the
+    /// provider's block, else the drafter default's own source.
+    pub fn depth_and_source(
+        &self,
+        default_depth: u32,
+        default_source: DepthSource,
+    ) -> (u32, DepthSource) {
+        match (self.num_draft_tokens, self.depth_source) {
+            (Some(n), Some(src)) => (n, src),
+            (Some(n), None) => (n, DepthSource::Request),
+            // (`"auto"`: the block that asked for it decided)
+            (None, src) => (default_depth, src.unwrap_or(default_source)),
+        }
+    }
 }
 
 /// Resolves the provider default and a per-request override into effective settings.
@@ -511,7 +554,7 @@ impl ResolvedSpeculation {
 /// | --- | --- | --- | --- |
 /// | `mode` | request | provider | `native_mtp` if either level gave a block, else `off` |
 /// | `drafter` | request | provider | embedded head, then registry companion |
-/// | `num_draft_tokens` (a number or `"auto"`) | request | provider | drafter config / registry default |
+/// | `num_draft_tokens` (a number or `"auto"`) | request | provider | drafter config, then registry `default_depth`, then 3 ([`DepthSource`]) |
 /// | `require_acceleration` | request | provider | `false` |
 ///
 /// The override lives only for the request it came with: the next request resolves against
@@ -571,9 +614,14 @@ pub fn resolve(
             .and_then(get)
             .or_else(|| provider_default.and_then(get))
     };
-    let depth = request
-        .and_then(|s| s.num_draft_tokens)
-        .or_else(|| provider_default.and_then(|s| s.num_draft_tokens));
+    let (depth, depth_source) = match (
+        request.and_then(|s| s.num_draft_tokens),
+        provider_default.and_then(|s| s.num_draft_tokens),
+    ) {
+        (Some(d), _) => (Some(d), Some(DepthSource::Request)),
+        (None, Some(d)) => (Some(d), Some(DepthSource::Provider)),
+        (None, None) => (None, None),
+    };
     ResolvedSpeculation {
         requested: mode == SpeculationMode::NativeMtp,
         mode,
@@ -581,6 +629,7 @@ pub fn resolve(
         drafter: layered(&|s| s.drafter.clone()),
         num_draft_tokens: depth.and_then(DraftDepth::fixed),
         auto_depth: depth == Some(DraftDepth::Auto),
+        depth_source,
         require_acceleration: request
             .and_then(|s| s.require_acceleration)
             .or_else(|| provider_default.and_then(|s| s.require_acceleration))

@@ -137,7 +137,7 @@ fn response_json_shape() {
         metadata: Metadata {
             speculation: SpeculationReport::not_used(
                 &resolved,
-                "candle-cpu",
+                "mtp-engine-cpu",
                 Reason::DisabledByRequest,
                 None,
             ),

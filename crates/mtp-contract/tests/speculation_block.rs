@@ -2,10 +2,11 @@
 #![allow(clippy::type_complexity)]
 
 use mtp_contract::{
-    plan, resolve, DraftDepth, DraftStats, Lane, Plan, ProviderError, Reason, Sampling,
-    Speculation, SpeculationError, SpeculationMode, SpeculationReport, MAX_NUM_DRAFT_TOKENS,
+    plan, resolve, DepthSource, DraftDepth, DraftStats, Lane, Plan, ProviderError, Reason,
+    Sampling, Speculation, SpeculationError, SpeculationMode, SpeculationReport,
+    TESTED_MAX_DRAFT_TOKENS,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn parse_table() {
@@ -28,6 +29,14 @@ fn parse_table() {
         (r#"{"num_draft_tokens":5}"#, None, Some(5.into()), None),
         (r#"{"num_draft_tokens":1}"#, None, Some(1.into()), None),
         (r#"{"num_draft_tokens":16}"#, None, Some(16.into()), None),
+        // larger depths are accepted (specified: they can cost more memory and run slower)
+        (r#"{"num_draft_tokens":17}"#, None, Some(17.into()), None),
+        (
+            r#"{"num_draft_tokens":4294967295}"#,
+            None,
+            Some(4294967295u32.into()),
+            None,
+        ),
         (r#"{"require_acceleration":true}"#, None, None, Some(true)),
         (r#"{}"#, None, None, None),
         (
@@ -71,7 +80,10 @@ fn parse_errors_name_key_or_value() {
             json!({"num_draft_tokens": 3.0}),
             "invalid num_draft_tokens 3.0",
         ),
-        (json!({"num_draft_tokens": 17}), "from 1 to 16"),
+        (
+            json!({"num_draft_tokens": 4294967296u64}),
+            "must be a positive integer",
+        ),
         (
             json!({"num_draft_tokens": "3"}),
             "invalid num_draft_tokens \"3\"",
@@ -108,7 +120,7 @@ fn parse_errors_name_key_or_value() {
         Speculation::from_json(&json!({"depth": 1})),
         Err(SpeculationError::UnknownKey { key }) if key == "depth"
     ));
-    assert_eq!(MAX_NUM_DRAFT_TOKENS, 16);
+    assert_eq!(TESTED_MAX_DRAFT_TOKENS, 8);
 }
 
 #[test]
@@ -230,6 +242,7 @@ fn ready() -> Lane {
     Lane::Ready {
         drafter: "embedded".into(),
         default_depth: 2,
+        depth_source: DepthSource::Registry,
         output_preserving: Some(true),
     }
 }
@@ -392,7 +405,14 @@ fn report_serializes_every_key() {
     let mut stats = DraftStats::default();
     stats.record_round(3, 3);
     stats.record_round(3, 1);
-    let rep = SpeculationReport::used(&resolved, "candle-cpu", "embedded", 3, &stats, Some(true));
+    let rep = SpeculationReport::used(
+        &resolved,
+        "mtp-engine-cpu",
+        "embedded",
+        3,
+        &stats,
+        Some(true),
+    );
     let v = serde_json::to_value(&rep).unwrap();
     let keys = [
         "requested",
@@ -400,6 +420,7 @@ fn report_serializes_every_key() {
         "used",
         "drafter",
         "num_draft_tokens",
+        "depth_source",
         "auto_depth",
         "rounds_per_depth",
         "runtime",
@@ -422,8 +443,9 @@ fn report_serializes_every_key() {
         v,
         json!({
             "requested": true, "mode": "native_mtp", "used": true, "drafter": "embedded",
-            "num_draft_tokens": 3, "auto_depth": false, "rounds_per_depth": [0, 0, 0, 2],
-            "runtime": "candle-cpu", "draft_kind": "mtp",
+            "num_draft_tokens": 3, "depth_source": null, "auto_depth": false,
+            "rounds_per_depth": [0, 0, 0, 2],
+            "runtime": "mtp-engine-cpu", "draft_kind": "mtp",
             "drafted": 6, "accepted": 4, "rounds": 2, "acceptance_rate": 4.0 / 6.0,
             "accepted_per_position": [2, 1, 1], "output_preserving": true,
             "reason": null, "message": null
@@ -477,6 +499,7 @@ fn auto_depth_resolves_reports_and_round_trips() {
     let lane = Lane::Ready {
         drafter: "embedded".into(),
         default_depth: 3,
+        depth_source: DepthSource::BuiltIn,
         output_preserving: Some(true),
     };
     let p = plan(Some(&auto), None, &Sampling::default(), &lane).unwrap();
@@ -500,7 +523,7 @@ fn auto_depth_resolves_reports_and_round_trips() {
     // one that chose says so, and the depths it used are counted
     stats.record_round(0, 0);
     stats.record_round(1, 1);
-    let chosen = p.report("candle-cpu", &stats).chosen_per_round();
+    let chosen = p.report("mtp-engine-cpu", &stats).chosen_per_round();
     assert!(chosen.auto_depth && chosen.message.is_none());
     assert_eq!(chosen.rounds_per_depth, Some(vec![1, 1, 0, 1]));
     let v = serde_json::to_value(&chosen).unwrap();
@@ -520,5 +543,165 @@ fn auto_depth_resolves_reports_and_round_trips() {
     assert_eq!(
         r#"{"num_draft_tokens":"auto"}"#.parse::<Speculation>().unwrap(),
         Speculation::auto_depth()
+    );
+}
+
+/// Specified order of the default depth: the request, the provider's block, the drafter's
+/// config, the registry, then 3; the report says which decided.
+#[test]
+fn the_report_names_the_level_that_decided_the_depth() {
+    let lane = |depth, depth_source| Lane::Ready {
+        drafter: "org/x-MTP".into(),
+        default_depth: depth,
+        depth_source,
+        output_preserving: None,
+    };
+    let provider = Speculation::native_mtp().with_num_draft_tokens(4).unwrap();
+    let request = Speculation::depth(6).unwrap();
+    let cases = [
+        (
+            Some(&provider),
+            Some(&request),
+            lane(2, DepthSource::DrafterConfig),
+            6,
+            DepthSource::Request,
+        ),
+        (
+            Some(&provider),
+            None,
+            lane(2, DepthSource::DrafterConfig),
+            4,
+            DepthSource::Provider,
+        ),
+        (
+            None,
+            Some(&Speculation::native_mtp()),
+            lane(2, DepthSource::DrafterConfig),
+            2,
+            DepthSource::DrafterConfig,
+        ),
+        (
+            None,
+            Some(&Speculation::native_mtp()),
+            lane(5, DepthSource::Registry),
+            5,
+            DepthSource::Registry,
+        ),
+        (
+            None,
+            Some(&Speculation::native_mtp()),
+            lane(3, DepthSource::BuiltIn),
+            3,
+            DepthSource::BuiltIn,
+        ),
+        (
+            Some(&Speculation::auto_depth()),
+            None,
+            lane(2, DepthSource::DrafterConfig),
+            2,
+            DepthSource::Provider,
+        ),
+    ];
+    for (i, (p, r, lane, depth, source)) in cases.into_iter().enumerate() {
+        let pl = plan(p, r, &Sampling::default(), &lane).unwrap();
+        let Plan::Speculate {
+            depth: d,
+            depth_source,
+            ..
+        } = &pl
+        else {
+            panic!("{i}: {pl:?}")
+        };
+        assert_eq!((*d, *depth_source), (depth, source), "case {i}");
+        let mut stats = DraftStats::default();
+        stats.record_round(depth as usize, 1);
+        let v = serde_json::to_value(pl.report("x", &stats)).unwrap();
+        let want = serde_json::to_value(source).unwrap();
+        assert_eq!(v["depth_source"], want, "case {i}");
+    }
+    // a report that did not speculate names the level only when a block set the depth
+    let r = resolve(None, Some(&Speculation::depth(5).unwrap()));
+    let rep = SpeculationReport::not_used(&r, "x", Reason::NoMtpHead, None);
+    assert_eq!(rep.depth_source, Some(DepthSource::Request));
+    let r = resolve(None, Some(&Speculation::native_mtp()));
+    let rep = SpeculationReport::not_used(&r, "x", Reason::NoMtpHead, None);
+    assert_eq!(
+        serde_json::to_value(&rep).unwrap()["depth_source"],
+        Value::Null
+    );
+}
+
+/// Depths above the measured range run, and the report warns; within it, no warning.
+#[test]
+fn depths_above_the_measured_range_are_accepted_with_a_warning() {
+    for (depth, warns) in [(8u32, false), (9, true), (40, true)] {
+        let p = plan(
+            None,
+            Some(&Speculation::depth(depth).unwrap()),
+            &Sampling::default(),
+            &ready(),
+        )
+        .unwrap();
+        let mut stats = DraftStats::default();
+        stats.record_round(depth as usize, 0);
+        let rep = p.report("x", &stats);
+        assert!(rep.used);
+        assert_eq!(rep.num_draft_tokens, Some(depth));
+        let msg = rep.message.clone().unwrap_or_default();
+        assert_eq!(
+            msg.contains("above the measured range"),
+            warns,
+            "{depth}: {msg}"
+        );
+    }
+}
+
+/// A request naming a drafter other than the loaded one is never run silently with the
+/// loaded head: target-only with `drafter_not_loaded`, or refused under
+/// `require_acceleration`; naming the loaded one (any case, a trailing slash) speculates.
+#[test]
+fn a_request_naming_another_drafter_is_not_silently_ignored() {
+    let lane = Lane::Ready {
+        drafter: "org/x-MTP".into(),
+        default_depth: 2,
+        depth_source: DepthSource::DrafterConfig,
+        output_preserving: Some(true),
+    };
+    let other = Speculation::from_json(&json!({"drafter": "org/y-MTP"})).unwrap();
+    let p = plan(None, Some(&other), &Sampling::default(), &lane).unwrap();
+    let rep = p.report("x", &DraftStats::default());
+    assert!(!rep.used);
+    assert_eq!(rep.reason, Some(Reason::DrafterNotLoaded));
+    let msg = rep.message.unwrap();
+    assert!(
+        msg.contains("org/y-MTP") && msg.contains("org/x-MTP"),
+        "{msg}"
+    );
+    let strict =
+        Speculation::from_json(&json!({"drafter": "org/y-MTP", "require_acceleration": true}))
+            .unwrap();
+    match plan(None, Some(&strict), &Sampling::default(), &lane) {
+        Err(ProviderError::SpeculationUnavailable { reason, .. }) => {
+            assert_eq!(reason, Reason::DrafterNotLoaded)
+        }
+        other => panic!("{other:?}"),
+    }
+    for same in ["org/x-MTP", "ORG/x-mtp", "org/x-MTP/"] {
+        let s = Speculation::from_json(&json!({ "drafter": same })).unwrap();
+        let p = plan(None, Some(&s), &Sampling::default(), &lane).unwrap();
+        assert!(matches!(p, Plan::Speculate { .. }), "{same}: {p:?}");
+    }
+    // an embedded head is not a companion a request names
+    let s = Speculation::from_json(&json!({"drafter": "org/x-MTP"})).unwrap();
+    let p = plan(None, Some(&s), &Sampling::default(), &ready()).unwrap();
+    assert!(
+        matches!(
+            p,
+            Plan::TargetOnly {
+                reason: Reason::DrafterNotLoaded,
+                ..
+            }
+        ),
+        "{p:?}"
     );
 }

@@ -44,8 +44,8 @@ pub use drafter::{check_drafter, DrafterError, DrafterInfo, Mismatch, MismatchFi
 pub use error::DetectError;
 pub use hub::{HubConfig, HubReader};
 pub use probe::{
-    is_gguf_model_file, probe, probe_async, probe_local, probe_reader, CompanionStatus, Format,
-    ProbeOptions, ProbeReport, RegistryView, Role,
+    default_depth, is_gguf_model_file, probe, probe_async, probe_local, probe_reader,
+    CompanionStatus, Format, ProbeOptions, ProbeReport, RegistryView, Role,
 };
 pub use registry::{registry, Entry, Registry};
 pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};

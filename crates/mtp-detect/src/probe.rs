@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mtp_contract::{Lane, Reason};
+use mtp_contract::{DepthSource, Lane, Reason};
 use serde::Serialize;
 
 use crate::config::{parse_config, ConfigInfo, MAX_CONFIG_LEN};
@@ -130,6 +130,15 @@ pub struct RegistryView {
 }
 
 impl RegistryView {
+    /// The registry's entry for a repository id, file or model name (as [`Registry::lookup_match`]
+    /// matches it), for runtimes that have no probe report: what a provider reports of the
+    /// pairing (`default_depth`, `output_preserving`).
+    pub fn lookup(key: &str) -> Option<Self> {
+        registry()
+            .lookup_match(key)
+            .map(|(e, how)| RegistryView::new(e, how))
+    }
+
     fn new(e: &Entry, how: MatchKind) -> Self {
         RegistryView {
             id: e.id.clone(),
@@ -159,6 +168,9 @@ pub struct CompanionStatus {
     pub reason: Option<Reason>,
     /// What to do next (the exact download command when it is missing).
     pub message: String,
+    /// The proposals per round its config asks for (`block_size - 1`), when it was checked
+    /// and says.
+    pub config_depth: Option<u32>,
 }
 
 /// Everything a probe found.
@@ -237,17 +249,21 @@ impl ProbeReport {
     }
 
     /// The lane a provider on `rt` should plan with: ready (embedded head or a matching
-    /// cached companion, with the registry's depth) or unavailable with the reason.
+    /// cached companion, at [`default_depth`]) or unavailable with the reason.
     pub fn lane(&self, rt: Runtime) -> Lane {
-        let depth = self.registry.as_ref().map_or(3, |r| r.default_depth);
+        let companion = self.companion.as_ref().filter(|_| !self.mtp_head);
+        let (depth, depth_source) = default_depth(
+            companion.and_then(|c| c.config_depth),
+            self.registry.as_ref(),
+        );
         match self.runtime(rt) {
             Some(r) if r.can_run_mtp => Lane::Ready {
-                drafter: match (&self.companion, self.mtp_head) {
-                    (_, true) => "embedded".to_string(),
-                    (Some(c), false) => c.repo.clone(),
-                    (None, false) => "embedded".to_string(),
+                drafter: match companion {
+                    Some(c) => c.repo.clone(),
+                    None => "embedded".to_string(),
                 },
                 default_depth: depth,
+                depth_source,
                 output_preserving: self.registry.as_ref().and_then(|r| r.output_preserving),
             },
             Some(r) => Lane::Unavailable {
@@ -481,7 +497,6 @@ pub fn probe_reader(
     if let Some((e, how)) = entry {
         report.registry = Some(RegistryView::new(e, how));
     }
-    let depth = report.registry.as_ref().map_or(3, |r| r.default_depth);
     let mut companion_ok = false;
     if report.role == Role::Target && !report.mtp_head {
         if let Some((e, how)) = entry {
@@ -502,6 +517,12 @@ pub fn probe_reader(
         model: &model_ref,
         file: hf_file.as_deref(),
     };
+    let companion_depth = report
+        .companion
+        .as_ref()
+        .filter(|_| !report.mtp_head)
+        .and_then(|c| c.config_depth);
+    let (depth, _) = default_depth(companion_depth, report.registry.as_ref());
     report.runtimes = runtime_support(&report, reg, &target, depth, companion_ok, opts.style);
     report.bytes_read = reader.bytes_read();
     report.files_read = files_read;
@@ -525,6 +546,7 @@ fn companion_status(
                 matches: None,
                 reason: Some(Reason::DrafterMismatch),
                 message: format!("the registry names an invalid drafter id `{drafter}`"),
+                config_depth: None,
             },
             false,
         );
@@ -540,6 +562,7 @@ fn companion_status(
                 message: acceleration_off(&format!(
                     "companion {drafter} (the MTP head for {target}) is not downloaded; download it with `{download}`"
                 )),
+                config_depth: None,
             },
             false,
         ),
@@ -565,6 +588,7 @@ fn companion_status(
                             "companion {drafter} is cached and fits ({}, hidden size {}, {} MTP layer(s))",
                             info.model_type, info.hidden_size, info.mtp_layers
                         ),
+                        config_depth: info.config_depth,
                     },
                     true,
                 ),
@@ -576,11 +600,26 @@ fn companion_status(
                         matches: Some(false),
                         reason: Some(e.reason()),
                         message: acceleration_off(&e.to_string()),
+                        config_depth: None,
                     },
                     false,
                 ),
             }
         }
+    }
+}
+
+/// The depth a drafter runs at when no block names one, and which level decided it: the
+/// drafter's own config, then the registry's `default_depth`, then the built-in
+/// [`mtp_contract::BUILTIN_DEPTH`] (the order `docs/speculation.md` states).
+pub fn default_depth(
+    drafter_config: Option<u32>,
+    registry: Option<&RegistryView>,
+) -> (u32, DepthSource) {
+    match (drafter_config.filter(|&d| d > 0), registry) {
+        (Some(d), _) => (d, DepthSource::DrafterConfig),
+        (None, Some(r)) => (r.default_depth, DepthSource::Registry),
+        (None, None) => (mtp_contract::BUILTIN_DEPTH, DepthSource::BuiltIn),
     }
 }
 

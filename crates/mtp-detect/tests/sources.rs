@@ -393,7 +393,9 @@ fn companion_drafter_states() {
 
     // Cached and fitting.
     let dsnap = cache_snapshot(cache.path(), drafter, "bbbb");
-    let dcfg = serde_json::json!({"model_type":"qwen3_5_mtp","block_size":4,"text_config":{"hidden_size":64,"vocab_size":256,"mtp_num_hidden_layers":1}});
+    // block_size 3 counts the seed token: two proposals per round, whatever the registry's
+    // default_depth (3) says
+    let dcfg = serde_json::json!({"model_type":"qwen3_5_mtp","block_size":3,"text_config":{"hidden_size":64,"vocab_size":256,"mtp_num_hidden_layers":1}});
     let dnames: Vec<String> = qwen_mtp_names()
         .iter()
         .map(|n| n.trim_start_matches("mtp.").to_string())
@@ -408,10 +410,15 @@ fn companion_drafter_states() {
         mtp_contract::Lane::Ready {
             drafter: d,
             default_depth,
+            depth_source,
             output_preserving,
         } => {
             assert_eq!(d, drafter);
-            assert_eq!(default_depth, 3);
+            assert_eq!(r.registry.as_ref().map(|r| r.default_depth), Some(3));
+            assert_eq!(
+                (default_depth, depth_source),
+                (2, mtp_contract::DepthSource::DrafterConfig)
+            );
             assert_eq!(output_preserving, Some(true));
         }
         other => panic!("{other:?}"),

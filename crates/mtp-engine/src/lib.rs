@@ -49,7 +49,7 @@ pub mod vision;
 
 pub use cache::{CacheSnapshot, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};
-pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome};
+pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome, MAX_VERIFY_DEPTH};
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
 pub use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};

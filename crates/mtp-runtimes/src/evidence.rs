@@ -357,8 +357,20 @@ pub(crate) fn build_report(
             );
             r.used = true;
             r.drafter = Some(drafter);
-            r.num_draft_tokens = e.depth.or(spec.n_max).or(resolved.num_draft_tokens);
+            let server_depth = e.depth.or(spec.n_max);
+            r.num_draft_tokens = server_depth.or(resolved.num_draft_tokens);
+            if server_depth.is_some() {
+                // the server's own launch depth: no level of ours decided it
+                r.depth_source = None;
+            }
             r.draft_kind = (!spec.non_mtp_drafter()).then_some(DraftKind::Mtp);
+            // what the registry knows of this model with its MTP head (`false` where a
+            // divergence was seen); a server drafting with another kind of drafter is not that
+            // pairing
+            r.output_preserving = r
+                .draft_kind
+                .and_then(|_| mtp_detect::RegistryView::lookup(model))
+                .and_then(|v| v.output_preserving);
             r.drafted = Some(e.drafted);
             r.accepted = Some(e.accepted);
             r.rounds = e.rounds;
@@ -723,7 +735,17 @@ mod tests {
             if !used {
                 assert_eq!((rep.drafted, rep.accepted), (None, None));
             }
+            // "m" is in no registry entry: whether the pairing preserves output is unknown
+            assert_eq!(rep.output_preserving, None);
         }
+        // a served model the registry knows reports the registry's word on it, `false`
+        // (a divergence was seen) included, when the server drafted with the MTP head
+        let r = resolve(None, Some(&on));
+        let kind = ServerKind::LlamaServer;
+        let ev = per_request(kind, &drafted, &mtp);
+        let rep = build_report(kind, "google/gemma-4-26b-a4b-it", &r, &mtp, ev.as_ref());
+        assert!(rep.used, "{rep:?}");
+        assert_eq!(rep.output_preserving, Some(false));
     }
 
     #[test]

@@ -181,6 +181,39 @@ impl Transport {
         Err(self.api_error(Some(status.as_u16()), message))
     }
 
+    /// GETs a page that must exist; a non-2xx answer is an `Api` error carrying the server's
+    /// message, a body over `max_body_bytes` or cut short is an `Api` error naming `path`.
+    pub(crate) async fn get_required(&self, path: &str) -> Result<Vec<u8>, ProviderError> {
+        let url = self.url(path);
+        tracing::debug!(server = %self.server(), path, "GET");
+        let resp = self.send(|| self.client.get(&url)).await?;
+        let status = resp.status();
+        if !status.is_success() {
+            let text = match self.read_error_body(resp).await {
+                Ok(BodyRead::Complete(b)) | Ok(BodyRead::Cut(b, _)) => b,
+                Err(_) => Vec::new(),
+            };
+            let mut message = format!(
+                "HTTP {} from {}{}: {}",
+                status.as_u16(),
+                self.server(),
+                path,
+                server_message(&text)
+            );
+            if status.as_u16() == 401 || status.as_u16() == 403 {
+                message.push_str(" (check the api_key given to the provider)");
+            }
+            return Err(self.api_error(Some(status.as_u16()), message));
+        }
+        match self.read_body(resp, path).await? {
+            BodyRead::Complete(b) => Ok(b),
+            BodyRead::Cut(_, why) => Err(self.api_error(
+                None,
+                format!("the answer of {}{path} was cut short: {why}", self.server()),
+            )),
+        }
+    }
+
     /// GETs a page that may not exist: `Ok(None)` for a non-2xx answer or a cut body, an
     /// error when the server cannot be reached, stalls, or sends more than `max_body_bytes`.
     pub(crate) async fn get_optional(&self, path: &str) -> Result<Option<String>, ProviderError> {

@@ -85,6 +85,55 @@ pub fn create(
     Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
 }
 
+/// The model a single-model server serves, for callers that name none (`mtp --provider
+/// llama-server` without `--model`): the one id of its OpenAI `GET /v1/models`. A server that
+/// lists several is an `InvalidRequest` naming them (pick one with `--model`); one that lists
+/// none, or answers with something that is not a model list, is an `Api` error saying so.
+pub async fn served_model(
+    provider_name: &str,
+    opts: &ProviderOptions,
+) -> Result<String, ProviderError> {
+    let kind =
+        ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
+            field: "provider",
+            message: format!(
+                "unknown HTTP provider `{provider_name}`; known: {}",
+                PROVIDERS.join(", ")
+            ),
+        })?;
+    let http = HttpOptions::from_provider_options(kind, opts)?;
+    let t = http::Transport::new(kind, "(the served model)".into(), http)?;
+    let body = t.get_required("/v1/models").await?;
+    let ids = wire::model_ids(&body).map_err(|why| {
+        t.api_error(
+            None,
+            format!(
+                "{}/v1/models is not an OpenAI model list: {why}",
+                t.server()
+            ),
+        )
+    })?;
+    match ids.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(t.api_error(
+            None,
+            format!(
+                "{}/v1/models lists no model: the server has none loaded",
+                t.server()
+            ),
+        )),
+        many => Err(ProviderError::InvalidRequest {
+            field: "model",
+            message: format!(
+                "the {kind} server at {} serves {} models ({}); name one with --model",
+                t.server(),
+                many.len(),
+                many.join(", ")
+            ),
+        }),
+    }
+}
+
 /// Compiles the README's examples as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

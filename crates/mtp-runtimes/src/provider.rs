@@ -628,7 +628,10 @@ impl Provider for HttpProvider {
             default_mode: resolved.mode,
             reason,
             message,
-            output_preserving: None,
+            output_preserving: (lane == Some(true))
+                .then(|| mtp_detect::RegistryView::lookup(&self.inner.t.model))
+                .flatten()
+                .and_then(|v| v.output_preserving),
             auto_depth: false,
         }
     }

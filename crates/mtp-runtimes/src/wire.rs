@@ -37,6 +37,26 @@ impl Endpoint {
     }
 }
 
+/// The model ids of an OpenAI `GET /v1/models` answer (`{"data": [{"id": …}, …]}`), in the
+/// server's order; what is not such a list is an error saying what it is.
+pub(crate) fn model_ids(body: &[u8]) -> Result<Vec<String>, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON ({e})"))?;
+    let data = v
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or("no `data` list")?;
+    data.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.get("id")
+                .and_then(Value::as_str)
+                .filter(|id| !id.trim().is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| format!("`data[{i}]` has no `id` string"))
+        })
+        .collect()
+}
+
 /// Checks what the HTTP adapters cannot carry before anything is sent.
 pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(), ProviderError> {
     req.validate()?;

@@ -113,6 +113,7 @@ impl Provider for Scripted {
             &Lane::Ready {
                 drafter: "embedded".into(),
                 default_depth: 2,
+                depth_source: mtp_contract::DepthSource::Registry,
                 output_preserving: Some(true),
             },
         );

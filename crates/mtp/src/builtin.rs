@@ -8,7 +8,7 @@ use crate::registry::Factory;
 
 pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
     // The native engine; `mlx` accepts the same MLX-layout checkpoints (the report's `runtime`
-    // always names what really ran, e.g. `candle-cpu`).
+    // always names what really ran, e.g. `mtp-engine-cpu`).
     for name in ["native", "mlx"] {
         map.insert(
             name.to_string(),

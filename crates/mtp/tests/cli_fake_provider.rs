@@ -88,6 +88,7 @@ pub fn register() {
                         .and_then(|s| s.drafter.clone())
                         .unwrap_or_else(|| "embedded".into()),
                     default_depth: 3,
+                    depth_source: mtp::DepthSource::BuiltIn,
                     output_preserving: Some(true),
                 }
             };
@@ -178,6 +179,7 @@ impl Fake {
                 resolved,
                 drafter,
                 depth,
+                depth_source,
                 output_preserving,
             } => {
                 let d = *depth as usize;
@@ -197,7 +199,8 @@ impl Fake {
                     *depth,
                     &stats,
                     *output_preserving,
-                );
+                )
+                .with_depth_source(*depth_source);
                 (d + 1, rep)
             }
             Plan::TargetOnly { .. } => (1, p.target_only_report("fake-cpu").unwrap()),
@@ -274,6 +277,7 @@ impl Provider for Fake {
                 drafter,
                 default_depth,
                 output_preserving,
+                ..
             } => SpeculationStatus {
                 lane_loaded: true,
                 drafter: Some(drafter.clone()),

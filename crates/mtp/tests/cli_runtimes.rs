@@ -230,3 +230,88 @@ fn a_server_that_wants_a_key_gets_a_hint_naming_the_flag() {
         .stderr(predicate::str::contains("Invalid API Key"))
         .stderr(predicate::str::contains("--api-key (or set MTP_API_KEY)"));
 }
+
+/// `--provider llama-server` without `--model`: the one model the server's `/v1/models`
+/// lists is used (and named on stderr; the request carries it); a server listing several asks
+/// for `--model` naming them; a dead server is an error naming it, never the demo model.
+#[test]
+fn without_model_the_servers_one_model_is_used() {
+    fn models(ids: &'static [&'static str]) -> Router<Seen> {
+        Router::new().route(
+            "/v1/models",
+            get(move || async move {
+                let data: Vec<Value> = ids
+                    .iter()
+                    .map(|id| serde_json::json!({"id": id, "object": "model", "owned_by": "llamacpp"}))
+                    .collect();
+                axum::Json(serde_json::json!({"object": "list", "data": data}))
+            }),
+        )
+    }
+    let seen = Seen::default();
+    let app = models(&["qwen35-mtp.gguf"])
+        .route("/props", get(props))
+        .route("/v1/chat/completions", post(chat))
+        .with_state(seen.clone());
+    let url = serve_app(app);
+    bin()
+        .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--base-url",
+            &url,
+            "def fib",
+        ])
+        .assert()
+        .success()
+        .stdout("def fib(n):\n    a, b = 0, 1 — “π”\n")
+        .stderr(predicate::str::contains(
+            "model: qwen35-mtp.gguf (the one model the llama-server server lists",
+        ));
+    assert_eq!(seen.0.lock().unwrap()[0].1["model"], "qwen35-mtp.gguf");
+
+    let url = serve_app(models(&["a.gguf", "b.gguf"]).with_state(Seen::default()));
+    bin()
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--base-url",
+            &url,
+            "hi",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "serves 2 models (a.gguf, b.gguf); name one with --model",
+        ));
+
+    let url = serve_app(models(&[]).with_state(Seen::default()));
+    bin()
+        .args(["generate", "--provider", "vllm", "--base-url", &url, "hi"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("lists no model"));
+
+    // nothing listens there: the error names the server, not the bundled demo model
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    bin()
+        .env("MTP_DEFAULT_MODEL", "/nonexistent/tiny-mtp")
+        .args([
+            "generate",
+            "--provider",
+            "llama-server",
+            "--base-url",
+            &dead,
+            "hi",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(dead.trim_start_matches("http://")))
+        .stderr(predicate::str::contains("tiny-mtp").not());
+}

@@ -54,7 +54,7 @@ async fn mtp_on_and_off_on_one_loaded_model_give_the_same_text() {
     let with = llm.generate(req(48)).await.unwrap();
     let s = &with.metadata.speculation;
     assert!(s.used, "{s:?}");
-    assert_eq!(s.runtime, "candle-cpu");
+    assert_eq!(s.runtime, "mtp-engine-cpu");
     assert_eq!(s.num_draft_tokens, Some(3));
     let (drafted, accepted, rounds) = (s.drafted.unwrap(), s.accepted.unwrap(), s.rounds.unwrap());
     assert!(
@@ -77,8 +77,8 @@ async fn mtp_on_and_off_on_one_loaded_model_give_the_same_text() {
         serde_json::to_value(&without.metadata.speculation).unwrap(),
         json!({
             "requested": false, "mode": "off", "used": false, "drafter": null,
-            "num_draft_tokens": 3, "auto_depth": false, "rounds_per_depth": null,
-            "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": 3, "depth_source": "provider", "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "mtp-engine-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "disabled_by_request",
@@ -181,7 +181,7 @@ async fn companion_drafter_lane_missing_and_present() {
         "{:?}",
         with.metadata.speculation
     );
-    assert_eq!(with.metadata.speculation.runtime, "candle-cpu");
+    assert_eq!(with.metadata.speculation.runtime, "mtp-engine-cpu");
     let without = llm.generate(req(24).speculation(false)).await.unwrap();
     assert_eq!(with.token_ids, without.token_ids);
 
@@ -391,8 +391,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(s).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": true, "drafter": "embedded",
-            "num_draft_tokens": 1, "auto_depth": false, "rounds_per_depth": [0, n],
-            "runtime": "candle-cpu", "draft_kind": "mtp",
+            "num_draft_tokens": 1, "depth_source": "provider", "auto_depth": false, "rounds_per_depth": [0, n],
+            "runtime": "mtp-engine-cpu", "draft_kind": "mtp",
             "drafted": d, "accepted": a, "rounds": n, "acceptance_rate": a as f64 / d as f64,
             "accepted_per_position": [a], "output_preserving": true,
             "reason": null, "message": null
@@ -415,8 +415,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(&r.metadata.speculation).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": false, "drafter": null,
-            "num_draft_tokens": 1, "auto_depth": false, "rounds_per_depth": null,
-            "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": 1, "depth_source": "provider", "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "mtp-engine-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "sampling_requires_target_only", "message": msg
@@ -480,8 +480,8 @@ async fn report_json_on_the_bundled_demo_model() {
         serde_json::to_value(&r.metadata.speculation).unwrap(),
         json!({
             "requested": true, "mode": "native_mtp", "used": false, "drafter": missing,
-            "num_draft_tokens": null, "auto_depth": false, "rounds_per_depth": null,
-            "runtime": "candle-cpu", "draft_kind": null,
+            "num_draft_tokens": null, "depth_source": null, "auto_depth": false, "rounds_per_depth": null,
+            "runtime": "mtp-engine-cpu", "draft_kind": null,
             "drafted": null, "accepted": null, "rounds": null, "acceptance_rate": null,
             "accepted_per_position": null, "output_preserving": null,
             "reason": "mtp_head_not_cached", "message": msg
@@ -727,4 +727,210 @@ async fn special_token_strings_in_messages_are_text_unless_parse_special() {
         panic!("a bad parse_special value is refused")
     };
     assert!(e.to_string().contains("parse_special"), "{e}");
+}
+
+/// The request block as specified (issue 52): the default depth comes from the drafter's
+/// config (`block_size: 3` counts the seed token: 2 proposals), the report says which level
+/// decided; a request naming another drafter is not run with the loaded one; depths past the
+/// measured range run with a warning, and one the engine cannot verify exactly is refused
+/// naming the limit.
+#[tokio::test]
+async fn the_block_is_honoured_as_specified() {
+    empty_hub_cache();
+    let opts = ProviderOptions::default().speculation(
+        Speculation::native_mtp()
+            .with_drafter(fixture("tiny-mlx-mtp"))
+            .unwrap(),
+    );
+    let llm = create_llm("mlx", &fixture("tiny-mlx"), opts).unwrap();
+    assert_eq!(llm.speculation_status().num_draft_tokens, Some(2));
+    let r = llm.generate(req(16)).await.unwrap();
+    let s = &r.metadata.speculation;
+    assert!(s.used, "{s:?}");
+    assert_eq!(s.num_draft_tokens, Some(2));
+    assert_eq!(s.depth_source, Some(mtp::DepthSource::DrafterConfig));
+    assert_eq!(s.output_preserving, Some(true));
+    let v = serde_json::to_value(s).unwrap();
+    assert_eq!(v["depth_source"], "drafter_config");
+    // the request's depth wins, and says so
+    let r = llm
+        .generate(req(16).speculation(Speculation::depth(3).unwrap()))
+        .await
+        .unwrap();
+    let s = &r.metadata.speculation;
+    assert_eq!(
+        (s.num_draft_tokens, s.depth_source),
+        (Some(3), Some(mtp::DepthSource::Request))
+    );
+
+    // another drafter named by the request: target-only with the reason, same text
+    let other = Speculation::native_mtp()
+        .with_drafter("mlx-community/Other-MTP")
+        .unwrap();
+    let r = llm
+        .generate(req(16).speculation(other.clone()))
+        .await
+        .unwrap();
+    let s = &r.metadata.speculation;
+    assert!(!s.used);
+    assert_eq!(s.reason, Some(Reason::DrafterNotLoaded));
+    assert!(
+        s.message
+            .as_deref()
+            .unwrap()
+            .contains("mlx-community/Other-MTP"),
+        "{s:?}"
+    );
+    let plain = llm.generate(req(16).speculation(false)).await.unwrap();
+    assert_eq!(r.token_ids, plain.token_ids);
+    match llm
+        .generate(req(16).speculation(other.with_require_acceleration(true)))
+        .await
+    {
+        Err(ProviderError::SpeculationUnavailable {
+            reason: Reason::DrafterNotLoaded,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // past the measured range: runs, output unchanged, and the report warns
+    let r = llm
+        .generate(req(24).speculation(Speculation::depth(12).unwrap()))
+        .await
+        .unwrap();
+    let s = &r.metadata.speculation;
+    assert!(s.used, "{s:?}");
+    assert_eq!(s.num_draft_tokens, Some(12));
+    assert!(
+        s.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("above the measured range"),
+        "{s:?}"
+    );
+    let plain = llm.generate(req(24).speculation(false)).await.unwrap();
+    assert_eq!(r.token_ids, plain.token_ids);
+    // the deepest round one exact verify forward holds: 31 proposals, output unchanged
+    let r = llm
+        .generate(req(48).speculation(Speculation::depth(31).unwrap()))
+        .await
+        .unwrap();
+    assert!(r.metadata.speculation.used);
+    let plain = llm.generate(req(48).speculation(false)).await.unwrap();
+    assert_eq!(r.token_ids, plain.token_ids);
+    // what one exact verify forward cannot hold is refused, naming the limit
+    match llm
+        .generate(req(8).speculation(Speculation::depth(40).unwrap()))
+        .await
+    {
+        Err(ProviderError::InvalidRequest { field, message }) => {
+            assert_eq!(field, "speculation");
+            assert!(
+                message.contains("40") && message.contains("31"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The seed's option names: `mlx_batching` is `max_batch` (scheduled mode: overlapping calls
+/// are queued, not refused), `mlx_ple_offload` is refused saying why; docs/speculation.md's
+/// option tables list exactly the keys the provider reads.
+#[tokio::test]
+async fn seed_option_names_and_the_documented_option_table() {
+    empty_hub_cache();
+    let with = |pairs: &[(&str, &str)]| {
+        let mut o = on(2);
+        for (k, v) in pairs {
+            o.extra.insert(k.to_string(), v.to_string());
+        }
+        o
+    };
+    // scheduled: two calls at once both answer (direct mode refuses the second with Busy)
+    for opts in [
+        with(&[("mlx_batching", "True")]),
+        with(&[("max_batch", "2")]),
+    ] {
+        let llm = create_llm("mlx", &fixture("tiny-mlx"), opts).unwrap();
+        let (a, b) = tokio::join!(llm.generate(req(24)), llm.generate(req(24)));
+        assert_eq!(a.unwrap().token_ids, b.unwrap().token_ids);
+    }
+    match create_llm(
+        "mlx",
+        &fixture("tiny-mlx"),
+        with(&[("mlx_batching", "false"), ("max_batch", "4")]),
+    ) {
+        Err(e) => assert!(e.to_string().contains("contradicts"), "{e}"),
+        Ok(_) => panic!("a contradiction was accepted"),
+    }
+    for v in ["true", "false"] {
+        match create_llm(
+            "native",
+            &fixture("tiny-trained"),
+            with(&[("mlx_ple_offload", v)]),
+        ) {
+            Err(e) => assert!(e.to_string().contains("not applicable"), "{e}"),
+            Ok(_) => panic!("mlx_ple_offload={v} was accepted"),
+        }
+    }
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/speculation.md"),
+    )
+    .unwrap();
+    let keys_of = |heading: &str| -> Vec<String> {
+        let at = doc.find(heading).unwrap();
+        doc[at..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .flat_map(|l| {
+                let first = l.trim_matches('|').split(" | ").next().unwrap().to_string();
+                first
+                    .split(", ")
+                    .map(|k| k.trim().trim_matches('`').to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let mut documented = keys_of("## Native provider options");
+    let mut known: Vec<String> = mtp::native::EXTRA_KEYS.map(String::from).to_vec();
+    documented.sort();
+    known.sort();
+    assert_eq!(documented, known);
+    let seed = keys_of("The seed project's option names");
+    assert_eq!(seed, mtp::native::SEED_ALIASES.map(String::from).to_vec());
+    assert!(doc.contains(&format!(
+        "{} when `max_batch` is not given",
+        mtp::native::SEED_BATCHING_MAX_BATCH
+    )));
+}
+
+/// `output_preserving` is the registry's word on the pairing, `false` included: a checkpoint
+/// the registry knows as one whose greedy output diverged says so in every report (the
+/// native engine says `true` only where the registry knows nothing).
+#[tokio::test]
+async fn the_registrys_output_preserving_reaches_the_report() {
+    empty_hub_cache();
+    // the tiny checkpoint under the name of a registry entry marked `output_preserving: false`
+    let dir = tempfile::tempdir().unwrap();
+    let named = dir.path().join("gemma-4-26b-a4b-it");
+    std::fs::create_dir(&named).unwrap();
+    for e in std::fs::read_dir(fixture("tiny-trained")).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path(), named.join(e.file_name())).unwrap();
+    }
+    let entry = mtp_detect::RegistryView::lookup("gemma-4-26b-a4b-it").unwrap();
+    assert_eq!(entry.output_preserving, Some(false));
+    let llm = create_llm("native", named.to_str().unwrap(), on(2)).unwrap();
+    assert_eq!(llm.speculation_status().output_preserving, Some(false));
+    let r = llm.generate(req(8)).await.unwrap();
+    assert!(r.metadata.speculation.used);
+    assert_eq!(r.metadata.speculation.output_preserving, Some(false));
+    // and the checkpoint under its own name: the registry knows nothing, the engine says true
+    let llm = create_llm("native", &fixture("tiny-trained"), on(2)).unwrap();
+    let r = llm.generate(req(8)).await.unwrap();
+    assert_eq!(r.metadata.speculation.output_preserving, Some(true));
 }

@@ -639,3 +639,57 @@ async fn checkpoints_on_disk_survive_a_killed_server() {
     );
     assert_eq!(content(&r3b), content(&cold));
 }
+
+/// The request block through `mtp serve` (issue 52): the report names the level that decided
+/// the depth; a depth past the measured range answers with a warning; one the engine cannot
+/// verify exactly is a 400 naming the limit; a request naming another drafter answers
+/// target-only with `drafter_not_loaded`, or 4xx under `require_acceleration`.
+#[tokio::test]
+async fn the_speculation_block_is_honoured_through_the_server() {
+    let srv = serve(&["--num-draft-tokens", "2"]);
+    let client = reqwest::Client::new();
+    let post = |spec: serde_json::Value| {
+        let c = client.clone();
+        let url = format!("{}/v1/completions", srv.base);
+        async move {
+            let body = serde_json::json!({"prompt": "fn main() {", "max_tokens": 24,
+                "temperature": 0, "speculation": spec});
+            let r = c.post(&url).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (s, v) = post(serde_json::json!({})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["speculation"]["num_draft_tokens"], 2);
+    assert_eq!(v["speculation"]["depth_source"], "provider");
+    let (_, v) = post(serde_json::json!({"num_draft_tokens": 12})).await;
+    let rep = &v["speculation"];
+    assert_eq!(
+        (rep["used"].clone(), rep["depth_source"].clone()),
+        (true.into(), "request".into()),
+        "{rep}"
+    );
+    assert!(
+        rep["message"]
+            .as_str()
+            .unwrap()
+            .contains("above the measured range"),
+        "{rep}"
+    );
+    let (s, v) = post(serde_json::json!({"num_draft_tokens": 40})).await;
+    assert_eq!(s, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("40") && msg.contains("31"), "{msg}");
+    let (s, v) = post(serde_json::json!({"drafter": "org/another-MTP"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["speculation"]["used"], false);
+    assert_eq!(v["speculation"]["reason"], "drafter_not_loaded");
+    let (s, v) =
+        post(serde_json::json!({"drafter": "org/another-MTP", "require_acceleration": true})).await;
+    assert!((400..500).contains(&s), "{s} {v}");
+    assert!(
+        v.to_string().contains("drafter_not_loaded") || v.to_string().contains("org/another-MTP"),
+        "{v}"
+    );
+}

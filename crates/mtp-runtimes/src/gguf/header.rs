@@ -8,9 +8,11 @@ use std::path::Path;
 
 use mtp_contract::{Lane, Reason};
 use mtp_detect::gguf::{parse_gguf, GgufHeader, GgufParse};
+use mtp_detect::RegistryView;
 
-/// The default draft depth (llama.cpp's own default for `MtpSpeculativeParams::n_max`).
-pub const DEFAULT_DEPTH: u32 = 3;
+/// The default draft depth (llama.cpp's own default for `MtpSpeculativeParams::n_max`, the
+/// contract's built-in depth).
+pub const DEFAULT_DEPTH: u32 = mtp_contract::BUILTIN_DEPTH;
 
 /// Largest header prefix read (GGUF headers hold the whole vocabulary; 64 MiB is ample).
 const MAX_PREFIX: u64 = 64 << 20;
@@ -33,13 +35,17 @@ impl HeadInfo {
                 .llama_cpp_supports(&self.arch)
     }
 
-    /// The lane this file gives the provider.
-    pub fn lane(&self, runtime: &str) -> Lane {
+    /// The lane this file gives the provider: the registry's entry for the model (when it has
+    /// one) gives the default depth and whether the pairing is known to preserve greedy output
+    /// (`false` where a divergence was seen); without one, llama.cpp's own depth and unknown.
+    pub fn lane(&self, runtime: &str, registry: Option<&RegistryView>) -> Lane {
         if self.mtp_runnable() {
+            let (default_depth, depth_source) = mtp_detect::default_depth(None, registry);
             Lane::Ready {
                 drafter: "embedded".into(),
-                default_depth: DEFAULT_DEPTH,
-                output_preserving: Some(true),
+                default_depth,
+                depth_source,
+                output_preserving: registry.and_then(|r| r.output_preserving),
             }
         } else if self.nextn_layers > 0 {
             Lane::Unavailable {
@@ -123,7 +129,7 @@ mod tests {
             nextn_layers: 1,
         };
         assert!(matches!(
-            run.lane("llama.cpp b11434"),
+            run.lane("llama.cpp b11434", None),
             Lane::Ready {
                 default_depth: 3,
                 ..
@@ -133,7 +139,7 @@ mod tests {
             arch: "qwen9".into(),
             nextn_layers: 1,
         };
-        match new_arch.lane("llama.cpp b11434") {
+        match new_arch.lane("llama.cpp b11434", None) {
             Lane::Unavailable { reason, message } => {
                 assert_eq!(reason, Reason::RuntimeUnsupported);
                 assert!(message.contains("llama-server") && message.contains("LM Studio"));
@@ -145,7 +151,7 @@ mod tests {
             nextn_layers: 0,
         };
         assert!(matches!(
-            none.lane("x"),
+            none.lane("x", None),
             Lane::Unavailable {
                 reason: Reason::NoMtpHead,
                 ..

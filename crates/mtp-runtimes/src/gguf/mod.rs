@@ -295,7 +295,13 @@ impl GgufProvider {
             message,
         };
         let head = read_head(&path).map_err(load_err)?;
-        let lane = head.lane(RUNTIME);
+        // the registry's entry for the model (by the name it was given: a repo id or a file)
+        let registry = mtp_detect::RegistryView::lookup(model).or_else(|| {
+            path.file_name()
+                .and_then(|f| f.to_str())
+                .and_then(mtp_detect::RegistryView::lookup)
+        });
+        let lane = head.lane(RUNTIME, registry.as_ref());
         if let Lane::Unavailable {
             reason: mtp_contract::Reason::RuntimeUnsupported,
             message,
@@ -408,6 +414,16 @@ impl GgufProvider {
             Plan::Speculate { depth, .. } => Some(*depth),
             Plan::TargetOnly { .. } => None,
         };
+        if let Some(d) = depth.filter(|&d| d as usize + 2 >= self.inner.n_ctx as usize) {
+            return Err(ProviderError::InvalidRequest {
+                field: "speculation",
+                message: format!(
+                    "num_draft_tokens {d} cannot fit: a round holds {d} proposals and the \
+                     target's token in the {}-token context (set extra n_ctx, or draft fewer)",
+                    self.inner.n_ctx
+                ),
+            });
+        }
         let reserve = depth.unwrap_or(0) as usize + 2;
         let room = (self.inner.n_ctx as usize).saturating_sub(tokens.len() + reserve);
         if room == 0 {
@@ -580,6 +596,7 @@ impl Provider for GgufProvider {
                 drafter,
                 default_depth,
                 output_preserving,
+                ..
             } => SpeculationStatus {
                 lane_loaded: true,
                 drafter: Some(drafter.clone()),

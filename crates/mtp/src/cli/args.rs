@@ -163,15 +163,17 @@ pub struct ModelArgs {
     pub provider: String,
     /// Model repo id or path (for an HTTP server: the model name it serves). Without it, the
     /// in-process runtimes load the bundled demo model (`models/tiny-code`, or
-    /// `MTP_DEFAULT_MODEL`).
+    /// `MTP_DEFAULT_MODEL`), and an HTTP server's one model is used (from its `/v1/models`;
+    /// one that lists several asks for `--model`).
     #[arg(short = 'm', long)]
     pub model: Option<String>,
     /// Provider-level speculation: `native_mtp`, `off`, `true`, `false` or a JSON block. It
     /// decides which lane is loaded at startup.
     #[arg(long, default_value = "native_mtp", value_parser = parse_speculation)]
     pub speculation: Speculation,
-    /// Proposals per round (excluding the target's seed token), 1 to 16, or `auto`: the
-    /// native engine chooses each round's depth (0 to 8) from measured acceptance and cost.
+    /// Proposals per round (excluding the target's seed token): any positive number (1 to 8
+    /// measured; the native engine verifies up to 31), or `auto`: the native engine chooses
+    /// each round's depth (0 to 8) from measured acceptance and cost.
     #[arg(long, value_name = "N|auto", value_parser = parse_depth)]
     pub num_draft_tokens: Option<DraftDepth>,
     /// Companion MTP drafter (repo id or path) when the runtime needs a separate one.

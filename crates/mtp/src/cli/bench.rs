@@ -237,7 +237,7 @@ pub fn markdown_table(rows: &[BenchRow]) -> String {
 }
 
 pub(crate) async fn run(a: BenchArgs, out: &mut Out) -> Result<(), CliError> {
-    let (llm, model) = open_provider(&a.model, out)?;
+    let (llm, model) = open_provider(&a.model, out).await?;
     if a.reps == 0 {
         return Err(CliError::InvalidFlag {
             flag: "--reps",

@@ -112,7 +112,7 @@ pub(crate) fn run(
 ) -> Result<(), CliError> {
     // a bad constraint flag is an error before the model loads
     let format = crate::cli::generate::response_format(&args.constraint)?;
-    let (llm, model) = open_provider(&args.model, out)?;
+    let (llm, model) = rt.block_on(open_provider(&args.model, out))?;
     let mut lines = match input {
         Some(v) => Lines::Script(v.into()),
         None => Lines::Editor(Box::new(

@@ -90,7 +90,7 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         None => None,
     };
     let prompt = prompt_text(&a)?;
-    let (llm, model) = open_provider(&a.model, out)?;
+    let (llm, model) = open_provider(&a.model, out).await?;
     let chosen = a.sampling.choose(llm.as_ref());
     let mut req = GenerateRequest::new(prompt)
         .max_output_tokens(a.max_tokens)

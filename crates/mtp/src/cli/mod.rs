@@ -70,7 +70,7 @@ pub use output::{Captured, Io};
 use args::{Command, ModelArgs, SamplingArgs};
 use output::Out;
 
-use crate::{Provider, ProviderOptions, Sampling, Speculation};
+use crate::{Provider, ProviderError, ProviderOptions, Sampling, Speculation};
 
 /// Runs the command with the process's arguments and terminal.
 pub fn run() -> ExitCode {
@@ -198,7 +198,7 @@ fn provider_list() -> String {
     let about = |name: &str| {
         match name {
         "native" => "this engine, in process: safetensors checkpoints (HF or MLX layout), MTP head or companion drafter",
-        "mlx" => "another name for native (it runs the MLX layouts too)",
+        "mlx" => "an alias of native, kept for the seed's users: the same CPU engine (it reads MLX-layout checkpoints; Apple's MLX framework is not used)",
         "gguf" => "llama.cpp b11434 in process: a .gguf file with its nextn head",
         "llama-server" => "a running llama-server (--base-url); MTP with --spec-type draft-mtp at launch",
         "lmstudio" => "a running LM Studio server (--base-url)",
@@ -216,20 +216,35 @@ fn provider_list() -> String {
 }
 
 /// The model to load: `--model`, else the bundled demo model (which must exist); an HTTP
-/// server has no default: it names the model it serves.
-fn model_name(m: &ModelArgs) -> Result<String, CliError> {
+/// server without `--model`: the one model its `/v1/models` lists (said on stderr), or a
+/// usage error naming them when it lists several.
+async fn model_name(
+    m: &ModelArgs,
+    opts: &ProviderOptions,
+    out: &mut Out,
+) -> Result<String, CliError> {
     if let Some(name) = &m.model {
         return Ok(name.clone());
     }
     if mtp_runtimes::PROVIDERS.contains(&m.provider.as_str()) {
-        return Err(CliError::InvalidFlag {
-            flag: "--model",
-            message: format!(
-                "a {} server needs the name of the model it serves (its alias, or an id from \
-                 its /v1/models)",
-                m.provider
-            ),
-        });
+        return match mtp_runtimes::served_model(&m.provider, opts).await {
+            Ok(id) => {
+                out.note(&format!(
+                    "model: {id} (the one model the {} server lists; --model names another)",
+                    m.provider
+                ))?;
+                Ok(id)
+            }
+            Err(ProviderError::InvalidRequest { message, .. }) => Err(CliError::InvalidFlag {
+                flag: "--model",
+                message,
+            }),
+            Err(source) => Err(CliError::Start {
+                provider: m.provider.clone(),
+                model: "the served model".into(),
+                source: crate::Error::Provider(source),
+            }),
+        };
     }
     let path = default_model_path();
     if !path.exists() {
@@ -256,14 +271,17 @@ fn provider_speculation(m: &ModelArgs) -> Result<Speculation, CliError> {
 
 /// Creates the provider the flags name; with `--require-acceleration`, refuses when no lane
 /// is loaded.
-fn open_provider(m: &ModelArgs, out: &Out) -> Result<(Arc<dyn Provider>, String), CliError> {
-    open_provider_with(m, out, &[])
+async fn open_provider(
+    m: &ModelArgs,
+    out: &mut Out,
+) -> Result<(Arc<dyn Provider>, String), CliError> {
+    open_provider_with(m, out, &[]).await
 }
 
 /// [`open_provider`] with extra provider options (e.g. `max_batch` for `mtp serve`).
-fn open_provider_with(
+async fn open_provider_with(
     m: &ModelArgs,
-    out: &Out,
+    out: &mut Out,
     extra: &[(&str, String)],
 ) -> Result<(Arc<dyn Provider>, String), CliError> {
     let known = crate::providers();
@@ -278,7 +296,6 @@ fn open_provider_with(
             },
         });
     }
-    let model = model_name(m)?;
     let mut opts = ProviderOptions::default().speculation(provider_speculation(m)?);
     if let Some(u) = &m.base_url {
         opts = opts.base_url(u.clone());
@@ -290,6 +307,7 @@ fn open_provider_with(
     for (k, v) in extra {
         opts = opts.extra(*k, v.clone());
     }
+    let model = model_name(m, &opts, out).await?;
     tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
     let spinner = out.spinner(&format!("loading {model} ({})", m.provider));
     let llm = crate::create_llm(&m.provider, &model, opts);

@@ -55,7 +55,7 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
     // the key protects this server; it is not the upstream runtime's
     let mut model_args = a.model.clone();
     let api_key = model_args.api_key.take();
-    let (llm, model) = open_provider_with(&model_args, out, &extra)?;
+    let (llm, model) = open_provider_with(&model_args, out, &extra).await?;
     let status = llm.speculation_status();
     let lane = if status.lane_loaded {
         format!(

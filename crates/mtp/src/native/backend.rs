@@ -108,7 +108,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A snapshot of the full decoding state (caches of target and drafter).
     type State: CacheState + 'static;
 
-    /// What executes, e.g. `candle-cpu`.
+    /// What executes, e.g. `mtp-engine-cpu`.
     fn runtime(&self) -> String;
 
     /// The drafter loaded with the model, if any.
@@ -172,6 +172,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The longest sequence (prompt and reply) the model takes, when its config says.
     fn context_length(&self) -> Option<usize> {
+        None
+    }
+
+    /// The most proposals one round can verify, when the backend has a limit.
+    fn max_depth(&self) -> Option<usize> {
         None
     }
 

@@ -393,6 +393,10 @@ impl Backend for EngineBackend {
         self.engine.model().config().text.max_position_embeddings
     }
 
+    fn max_depth(&self) -> Option<usize> {
+        Some(mtp_engine::MAX_VERIFY_DEPTH)
+    }
+
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
         // transformers' rule: `do_sample` decides; without it generation is greedy, whatever
         // temperature the file also names

@@ -75,9 +75,60 @@ fn load_err(model: &str, message: impl Into<String>) -> ProviderError {
     }
 }
 
+/// Option names of the seed project's native provider that differ from ours: accepted as
+/// aliases (`mlx_batching`) or answered with why they do not apply (`mlx_ple_offload`).
+pub const SEED_ALIASES: [&str; 2] = ["mlx_batching", "mlx_ple_offload"];
+
+/// The batch `mlx_batching=true` asks for when `max_batch` is not given: the seed's
+/// "scheduled" runtime (continuous batching, MTP cohorts) with room for a few callers.
+pub const SEED_BATCHING_MAX_BATCH: usize = 4;
+
+/// A boolean option as Python and the CLI spell it.
+fn flag(key: &str, v: &str) -> Result<bool, ProviderError> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(ProviderError::InvalidRequest {
+            field: "extra",
+            message: format!("`{key}` must be true or false, got `{v}`"),
+        }),
+    }
+}
+
+/// `max_batch` from ours or the seed's `mlx_batching` (true: batching at
+/// [`SEED_BATCHING_MAX_BATCH`] unless `max_batch` says; false: one call at a time, which a
+/// `max_batch` beside it contradicts).
+fn max_batch(opts: &ProviderOptions, given: Option<usize>) -> Result<Option<usize>, ProviderError> {
+    let Some(v) = opts.extra.get("mlx_batching") else {
+        return Ok(given);
+    };
+    match (flag("mlx_batching", v)?, given) {
+        (true, Some(n)) => Ok(Some(n)),
+        (true, None) => Ok(Some(SEED_BATCHING_MAX_BATCH)),
+        (false, None) => Ok(None),
+        (false, Some(n)) => Err(ProviderError::InvalidRequest {
+            field: "extra",
+            message: format!(
+                "`mlx_batching` false (one call at a time) contradicts `max_batch` {n}; \
+                 `mlx_batching` is the seed's name for batching: give `max_batch` alone"
+            ),
+        }),
+    }
+}
+
 fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderError> {
+    if let Some(v) = opts.extra.get("mlx_ple_offload") {
+        flag("mlx_ple_offload", v)?;
+        return Err(ProviderError::InvalidRequest {
+            field: "extra",
+            message: "`mlx_ple_offload` is not applicable to this engine: it offloads the \
+                      per-layer embedding (n-gram) tables of the models that have them, and the \
+                      Qwen3.5-family models this engine runs have none; leave it out"
+                .into(),
+        });
+    }
     for k in opts.extra.keys() {
-        if !EXTRA_KEYS.contains(&k.as_str()) {
+        if !EXTRA_KEYS.contains(&k.as_str()) && !SEED_ALIASES.contains(&k.as_str()) {
             return Err(ProviderError::InvalidRequest {
                 field: "extra",
                 message: format!(
@@ -88,7 +139,7 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         }
     }
     let (device, runtime) = match opts.extra.get("device").map(String::as_str) {
-        None | Some("cpu") => (Device::Cpu, "candle-cpu".to_string()),
+        None | Some("cpu") => (Device::Cpu, "mtp-engine-cpu".to_string()),
         Some(other) => {
             return Err(load_err(
                 model,
@@ -166,7 +217,7 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
         },
         ctx_size: positive("ctx_size")?,
         threads: positive("threads")?,
-        max_batch: positive("max_batch")?,
+        max_batch: max_batch(opts, positive("max_batch")?)?,
         prefill_chunk: positive("prefill_chunk")?,
         parse_special: match opts.extra.get("parse_special").map(String::as_str) {
             None | Some("false") => false,
@@ -285,7 +336,6 @@ pub fn create(
             None,
         )
     } else if let Some(d) = explicit {
-        let depth = report.registry.as_ref().map_or(3, |r| r.default_depth);
         // a drafter named as a path that is not there is the caller's mistake: say so, instead
         // of running target-only with a download hint that would reject the path
         if let Err(mtp_detect::DetectError::NotFound { path }) = resolve_model(&d, &cache) {
@@ -303,14 +353,19 @@ pub fn create(
                 None,
             ),
             Ok(ddir) => match check_drafter(&dir, &ddir) {
-                Ok(_) => (
+                Ok(info) => {
+                    let (default_depth, depth_source) =
+                        mtp_detect::default_depth(info.config_depth, report.registry.as_ref());
+                    (
                     Lane::Ready {
                         drafter: d.clone(),
-                        default_depth: depth,
+                        default_depth,
+                        depth_source,
                         output_preserving: report.registry.as_ref().and_then(|r| r.output_preserving),
                     },
                     Some(ddir),
-                ),
+                    )
+                }
                 Err(e) => (
                     Lane::Unavailable {
                         reason: e.reason(),
@@ -329,17 +384,20 @@ pub fn create(
         (lane, ddir)
     };
     // The native engine verifies every proposal against the target exactly, so greedy and
-    // seeded output is unchanged whatever the drafter (tested at depths 1-8): the pairing is
-    // output-preserving here even where the registry knows nothing about it.
+    // seeded output is unchanged whatever the drafter (tested at depths 1-8): where the
+    // registry knows nothing about the pairing it is output-preserving here; what the registry
+    // says (`false` where a divergence was seen) is reported as it is.
     let lane = match lane {
         Lane::Ready {
             drafter,
             default_depth,
-            ..
+            depth_source,
+            output_preserving,
         } => Lane::Ready {
             drafter,
             default_depth,
-            output_preserving: Some(true),
+            depth_source,
+            output_preserving: output_preserving.or(Some(true)),
         },
         other => other,
     };
@@ -365,6 +423,7 @@ pub fn create(
             drafter,
             default_depth,
             output_preserving,
+            ..
         } => Some(DrafterLane {
             name: drafter.clone(),
             default_depth: *default_depth,

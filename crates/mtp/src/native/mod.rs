@@ -13,7 +13,9 @@ mod shared;
 pub use backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
 pub use disk_cache::{DiskCache, DiskCacheError, DEFAULT_DISK_BUDGET_BYTES};
 pub use engine_backend::{EngineBackend, EngineState};
-pub use factory::{create, loaded_checkpoints, loaded_copies, EXTRA_KEYS};
+pub use factory::{
+    create, loaded_checkpoints, loaded_copies, EXTRA_KEYS, SEED_ALIASES, SEED_BATCHING_MAX_BATCH,
+};
 pub use prefix_cache::{
     CacheState, Hit, PrefixCache, DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY,
 };

@@ -196,6 +196,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 drafter,
                 default_depth,
                 output_preserving,
+                ..
             } => SpeculationStatus {
                 lane_loaded: true,
                 drafter: Some(drafter.clone()),
@@ -312,6 +313,32 @@ impl<B: Backend> Provider for NativeProvider<B> {
                         "the request holds {bytes} bytes of text, more than a {c}-token context \
                          can take at {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); \
                          shorten it{}",
+                        raise(c)
+                    ),
+                });
+            }
+        }
+        // Any positive depth is a valid block; one this engine or context cannot hold is
+        // refused here, naming the limit (the report warns of depths past the measured range).
+        if let Plan::Speculate { depth, .. } = &plan {
+            let d = *depth as usize;
+            if let Some(most) = loaded.backend.max_depth().filter(|&m| d > m) {
+                return Err(ProviderError::InvalidRequest {
+                    field: "speculation",
+                    message: format!(
+                        "num_draft_tokens {d} is more than the native engine verifies in one \
+                         round (at most {most} proposals, so that every verified row is \
+                         computed as a single step is and output stays exactly the target's); \
+                         ask for {most} or fewer"
+                    ),
+                });
+            }
+            if let Some(c) = ctx.filter(|&c| d.saturating_add(2) > c) {
+                return Err(ProviderError::InvalidRequest {
+                    field: "speculation",
+                    message: format!(
+                        "num_draft_tokens {d} cannot fit: a round holds {d} proposals and the \
+                         target's token in the {c}-token context{}",
                         raise(c)
                     ),
                 });

@@ -150,6 +150,7 @@ fn scripted(
     let lane = Lane::Ready {
         drafter: "embedded".into(),
         default_depth: 2,
+        depth_source: mtp_contract::DepthSource::Registry,
         output_preserving: Some(true),
     };
     NativeProvider::new(
