@@ -836,9 +836,9 @@ mod tests {
         assert_eq!(n.request.speculation, Some(Speculation::off()));
         // the contract's own message for a bad block
         let e = chat(json!({"messages": [{"role": "user", "content": "a"}],
-            "speculation": {"num_draft_tokens": 99}}))
+            "speculation": {"num_draft_tokens": 0}}))
         .unwrap_err();
-        let contract = Speculation::from_json(&json!({"num_draft_tokens": 99})).unwrap_err();
+        let contract = Speculation::from_json(&json!({"num_draft_tokens": 0})).unwrap_err();
         assert_eq!(e.status, 400);
         assert_eq!(e.param.as_deref(), Some("speculation"));
         assert!(e.message.contains(&contract.to_string()), "{}", e.message);
