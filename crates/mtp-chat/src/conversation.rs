@@ -1,11 +1,15 @@
 //! From a request to the prompt text: the conversation as chat templates read it, the template
 //! variables, and how the reply is to be read back (reasoning tags, stop strings).
 
-use mtp_contract::{GenerateRequest, Message, ProviderError};
+use mtp_contract::{
+    FunctionCall, GenerateRequest, Message, ProviderError, ResponseFormat, ToolCall, ToolCallDelta,
+    ToolChoice,
+};
 
 use crate::checkpoint::ChatTemplates;
 use crate::stream::{ReasoningParser, Split, StopScanner, ThinkTags};
 use crate::template::{Clock, RenderInput, TemplateError};
+use crate::toolcall::{self, call_grammar, Forced, ToolCallFormat, ToolCallStream};
 
 /// Turning a request into a prompt failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +45,17 @@ pub enum ChatError {
         /// The special token's string.
         token: String,
     },
+    /// `tool_choice` forces a call, but the chat template writes no tool-call markup this
+    /// crate can force (see [`ToolCallFormat::from_template`]).
+    #[error(
+        "tool_choice forces a tool call, but this model's chat template writes no tool-call \
+         format that can be enforced (Qwen3.5's <function=...> XML or <tool_call> JSON); use \
+         tool_choice \"auto\""
+    )]
+    NoToolCallFormat,
+    /// The forced call cannot be written as a grammar (a name the markup cannot carry).
+    #[error("{0}")]
+    ToolCall(String),
 }
 
 impl ChatError {
@@ -57,6 +72,10 @@ impl ChatError {
             | ChatError::SpecialText { .. }
             | ChatError::Template(TemplateError::Raised { .. }) => ProviderError::InvalidRequest {
                 field: "messages",
+                message: self.to_string(),
+            },
+            ChatError::NoToolCallFormat | ChatError::ToolCall(_) => ProviderError::InvalidRequest {
+                field: "tool_choice",
                 message: self.to_string(),
             },
             ChatError::Template(e) => ProviderError::ModelLoad {
@@ -198,6 +217,46 @@ impl ChatTemplates {
         Ok(Prompt { text, reasoning })
     }
 
+    /// The tool-call markup the template a request renders with teaches its model (see
+    /// [`ToolCallFormat::from_template`]); `None` for a raw request, one that offers no tools,
+    /// or a template with no markup this crate reads.
+    pub fn tool_call_format(&self, request: &GenerateRequest) -> Option<ToolCallFormat> {
+        if request.raw_prompt || request.offered_tools().is_empty() {
+            return None;
+        }
+        ToolCallFormat::from_template(self.select(true)?.source())
+    }
+
+    /// The constraint a request that forces a tool call (`tool_choice` `required` or a named
+    /// function) decodes under: an llguidance Lark grammar of the template's tool-call markup
+    /// ([`crate::toolcall::call_grammar`]), after the reasoning block when the rendered prompt
+    /// opens the reply inside one (`reasoning`, the prompt's [`Prompt::reasoning`]: the
+    /// reasoning is free text up to the closing tag). `None` when the request forces nothing;
+    /// an error when the template has no tool-call markup this crate can write, or the tools
+    /// cannot be written as it.
+    pub fn tool_call_constraint(
+        &self,
+        request: &GenerateRequest,
+        reasoning: Option<&ReasoningStart>,
+    ) -> Result<Option<ResponseFormat>, ChatError> {
+        let forced = match &request.tool_choice {
+            ToolChoice::Required => Forced::Required,
+            ToolChoice::Function(n) => Forced::Named(n.clone()),
+            ToolChoice::Auto | ToolChoice::None => return Ok(None),
+        };
+        let format = self
+            .tool_call_format(request)
+            .ok_or(ChatError::NoToolCallFormat)?;
+        let parallel = request.parallel_tool_calls != Some(false);
+        let calls = call_grammar(format, &request.tools, forced, parallel)
+            .map_err(|e| ChatError::ToolCall(e.to_string()))?;
+        let grammar = match reasoning {
+            Some(r) if r.opened => after_reasoning(&calls, &r.tags.close),
+            _ => calls,
+        };
+        Ok(Some(ResponseFormat::Grammar { grammar }))
+    }
+
     /// The conversation of `request` rendered without the generation prompt (the header that
     /// opens the assistant's turn), when that is a proper prefix of `prompt`: the next turn of a
     /// chat renders the same text before its new messages, so a decoding state kept after it
@@ -220,7 +279,7 @@ impl ChatTemplates {
         clock: Clock,
     ) -> Result<(&crate::ChatTemplate, RenderInput), ChatError> {
         let template = self
-            .select(!request.tools.is_empty())
+            .select(!request.offered_tools().is_empty())
             .ok_or(ChatError::NoTemplate)?;
         let mut variables = self.special_tokens().clone();
         for (k, v) in &request.chat_template_kwargs {
@@ -231,7 +290,7 @@ impl ChatTemplates {
         }
         let input = RenderInput {
             messages: conversation(request)?,
-            tools: (!request.tools.is_empty()).then(|| request.tools.clone()),
+            tools: (!request.offered_tools().is_empty()).then(|| request.offered_tools().to_vec()),
             documents: None,
             add_generation_prompt: true,
             variables,
@@ -239,6 +298,20 @@ impl ChatTemplates {
         };
         Ok((template, input))
     }
+}
+
+/// `calls` (a Lark grammar whose first rule is `start`) behind a reasoning block the prompt
+/// opened: free text up to `close`, optional blank space, then the calls.
+fn after_reasoning(calls: &str, close: &str) -> String {
+    let body = calls.replacen("start:", "tool_calls_body:", 1);
+    let close = serde_json::to_string(close).unwrap_or_default();
+    // a lazy rule: the reasoning ends at the first closing tag (a greedy terminal would take
+    // the tag's first bytes as reasoning and never see it)
+    format!(
+        "start: reasoning BLANK? tool_calls_body\n\
+         reasoning[suffix={close}]: /(?s:.*)/\n\
+         BLANK: /[ \\t\\r\\n]+/\n{body}"
+    )
 }
 
 /// A reply as it streams in: stop strings cut it, and a thinking model's reasoning is split
@@ -261,6 +334,17 @@ pub struct ReplyText {
     parser: Option<ReasoningParser>,
     content: String,
     reasoning: String,
+    tools: Option<ReplyTools>,
+}
+
+/// The tool calls of a reply, read from its answer as it streams.
+#[derive(Debug, Clone)]
+struct ReplyTools {
+    stream: ToolCallStream,
+    /// `parallel_tool_calls: false`: calls after the first are dropped (with a warning).
+    parallel: bool,
+    calls: Vec<ToolCall>,
+    warnings: Vec<String>,
 }
 
 impl ReplyText {
@@ -271,7 +355,96 @@ impl ReplyText {
             parser: reasoning.map(|r| ReasoningParser::new(r.tags, r.opened)),
             content: String::new(),
             reasoning: String::new(),
+            tools: None,
         }
+    }
+
+    /// Reads the answer's tool calls in `format` (the request's template's, from
+    /// [`ChatTemplates::tool_call_format`]; `None` reads none): calls become
+    /// [`Split::tool_calls`] pieces and [`ReplyText::tool_calls`], never answer text.
+    /// `parallel_tool_calls: false` keeps the first call.
+    pub fn with_tool_calls(
+        mut self,
+        format: Option<ToolCallFormat>,
+        request: &GenerateRequest,
+    ) -> Self {
+        self.tools = format
+            .filter(|_| !request.offered_tools().is_empty())
+            .map(|f| ReplyTools {
+                stream: ToolCallStream::new(f, request.offered_tools()),
+                parallel: request.parallel_tool_calls != Some(false),
+                calls: Vec::new(),
+                warnings: Vec::new(),
+            });
+        self
+    }
+
+    /// The tool calls read so far (OpenAI's shape: `arguments` a JSON object as a string).
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        self.tools.as_ref().map_or(&[], |t| t.calls.as_slice())
+    }
+
+    /// What reading the tool calls noticed (a malformed call returned as text, a value that
+    /// did not fit its schema's type, a call dropped under `parallel_tool_calls: false`).
+    pub fn tool_call_warnings(&self) -> &[String] {
+        self.tools.as_ref().map_or(&[], |t| t.warnings.as_slice())
+    }
+
+    /// Splits the answer part of `s` into text and tool-call pieces.
+    fn read_tool_calls(&mut self, s: &mut Split, last: bool) {
+        let Some(t) = self.tools.as_mut() else {
+            return;
+        };
+        let mut events = t.stream.push(&s.content);
+        if last {
+            events.extend(t.stream.finish());
+        }
+        t.warnings.extend(t.stream.take_warnings());
+        let mut text = String::new();
+        for ev in events {
+            match ev {
+                toolcall::StreamEvent::Content(c) => text.push_str(&c),
+                toolcall::StreamEvent::ToolCallDelta {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    if index > 0 && !t.parallel {
+                        if id.is_some() {
+                            t.warnings.push(format!(
+                                "parallel_tool_calls is false: call {} ({}) was dropped",
+                                index + 1,
+                                name.as_deref().unwrap_or("?")
+                            ));
+                        }
+                        continue;
+                    }
+                    if let (Some(id), Some(name)) = (&id, &name) {
+                        t.calls.push(ToolCall {
+                            id: Some(id.clone()),
+                            kind: "function".into(),
+                            function: FunctionCall {
+                                name: name.clone(),
+                                arguments: serde_json::Value::String(String::new()),
+                            },
+                        });
+                    }
+                    if let Some(serde_json::Value::String(a)) =
+                        t.calls.get_mut(index).map(|c| &mut c.function.arguments)
+                    {
+                        a.push_str(&arguments);
+                    }
+                    s.tool_calls.push(ToolCallDelta {
+                        index,
+                        id,
+                        name,
+                        arguments,
+                    });
+                }
+            }
+        }
+        s.content = text;
     }
 
     fn split(&mut self, raw: String, last: bool) -> Split {
@@ -286,10 +459,12 @@ impl ReplyText {
                 s
             }
             None => Split {
-                reasoning: String::new(),
                 content: raw,
+                ..Split::default()
             },
         };
+        let mut s = s;
+        self.read_tool_calls(&mut s, last);
         self.content.push_str(&s.content);
         self.reasoning.push_str(&s.reasoning);
         s

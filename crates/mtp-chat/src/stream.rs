@@ -126,6 +126,9 @@ pub struct Split {
     pub reasoning: String,
     /// The answer.
     pub content: String,
+    /// Pieces of tool calls read from the answer (see [`crate::ReplyText::with_tool_calls`]);
+    /// their markup is not in `content`.
+    pub tool_calls: Vec<mtp_contract::ToolCallDelta>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

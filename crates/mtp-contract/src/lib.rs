@@ -46,8 +46,9 @@ pub use provider::{
 pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
 pub use request::{
-    FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message, Metadata,
-    Role, StreamEvent, ToolCall, Usage, MAX_PROMPT_BYTES_PER_TOKEN, RESERVED_TEMPLATE_VARIABLES,
+    tool_name, FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message,
+    Metadata, Role, StreamEvent, ToolCall, ToolCallDelta, ToolChoice, Usage,
+    MAX_PROMPT_BYTES_PER_TOKEN, RESERVED_TEMPLATE_VARIABLES,
 };
 pub use sampling::Sampling;
 pub use speculation::{

@@ -289,6 +289,103 @@ pub struct GenerateRequest {
     /// the constraint never fall back.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prompted_fallback: bool,
+    /// Which tool calls the reply may or must make (OpenAI's `tool_choice`); `auto` by
+    /// default.
+    #[serde(default, skip_serializing_if = "ToolChoice::is_auto")]
+    pub tool_choice: ToolChoice,
+    /// `Some(false)`: at most one tool call (OpenAI's `parallel_tool_calls: false`); unset or
+    /// `true`: as many as the model makes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+}
+
+/// Which tool calls a reply may or must make (OpenAI's `tool_choice`).
+///
+/// ```
+/// use mtp_contract::ToolChoice;
+/// assert_eq!(ToolChoice::from_openai(&serde_json::json!("required")).unwrap(), ToolChoice::Required);
+/// let named = serde_json::json!({"type": "function", "function": {"name": "get_weather"}});
+/// assert_eq!(ToolChoice::from_openai(&named).unwrap(), ToolChoice::Function("get_weather".into()));
+/// assert!(ToolChoice::from_openai(&serde_json::json!("always")).is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides whether to call a tool (the default).
+    #[default]
+    Auto,
+    /// No tool call: the tools are not shown to the model.
+    None,
+    /// At least one call: the reply is constrained to the template's tool-call format, each
+    /// call's arguments valid against its tool's `parameters` schema.
+    Required,
+    /// One call of this function, constrained as `Required` is.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// True for the default, `auto`.
+    pub fn is_auto(&self) -> bool {
+        *self == ToolChoice::Auto
+    }
+
+    /// True when the reply must be tool calls (`required` or a named function).
+    pub fn forces_a_call(&self) -> bool {
+        matches!(self, ToolChoice::Required | ToolChoice::Function(_))
+    }
+
+    /// OpenAI's spellings: `"auto"`, `"none"`, `"required"`, or
+    /// `{"type": "function", "function": {"name": ...}}`; anything else is an error saying
+    /// what is accepted.
+    pub fn from_openai(v: &serde_json::Value) -> Result<ToolChoice, String> {
+        match v {
+            serde_json::Value::String(s) => match s.as_str() {
+                "auto" => Ok(ToolChoice::Auto),
+                "none" => Ok(ToolChoice::None),
+                "required" => Ok(ToolChoice::Required),
+                other => Err(format!(
+                    "`tool_choice` \"{other}\" is not known; use \"auto\", \"none\", \"required\" or \
+                     {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                )),
+            },
+            serde_json::Value::Object(o) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|n| !n.is_empty());
+                match (o.get("type").and_then(serde_json::Value::as_str), name) {
+                    (Some("function"), Some(n)) => Ok(ToolChoice::Function(n.to_string())),
+                    _ => Err(format!(
+                        "`tool_choice` {v} is not a named function; use \
+                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    )),
+                }
+            }
+            other => Err(format!(
+                "`tool_choice` must be a string or an object, got {other}"
+            )),
+        }
+    }
+
+    /// The OpenAI spelling.
+    pub fn to_openai(&self) -> serde_json::Value {
+        match self {
+            ToolChoice::Auto => "auto".into(),
+            ToolChoice::None => "none".into(),
+            ToolChoice::Required => "required".into(),
+            ToolChoice::Function(n) => {
+                serde_json::json!({"type": "function", "function": {"name": n}})
+            }
+        }
+    }
+}
+
+/// The name of an OpenAI tool schema (`{"type": "function", "function": {"name": ...}}`).
+pub fn tool_name(tool: &serde_json::Value) -> Option<&str> {
+    tool.get("function")
+        .and_then(|f| f.get("name"))
+        .and_then(serde_json::Value::as_str)
 }
 
 impl GenerateRequest {
@@ -349,6 +446,27 @@ impl GenerateRequest {
         self.raw_prompt = true;
         self
     }
+    /// Sets which tool calls the reply may or must make.
+    pub fn tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.tool_choice = choice;
+        self
+    }
+
+    /// `false`: at most one tool call.
+    pub fn parallel_tool_calls(mut self, parallel: bool) -> Self {
+        self.parallel_tool_calls = Some(parallel);
+        self
+    }
+
+    /// The tools shown to the model: none under `tool_choice: "none"`.
+    pub fn offered_tools(&self) -> &[serde_json::Value] {
+        if self.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &self.tools
+        }
+    }
+
     /// Sets the tools the model may call.
     pub fn tools(mut self, tools: Vec<serde_json::Value>) -> Self {
         self.tools = tools;
@@ -410,6 +528,37 @@ impl GenerateRequest {
                 field: "tools",
                 message: format!("tool {i} is not a JSON object (expected an OpenAI tool schema)"),
             });
+        }
+        match &self.tool_choice {
+            ToolChoice::Required if self.tools.is_empty() => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "tool_choice",
+                    message: "\"required\" forces a tool call, but the request has no tools".into(),
+                })
+            }
+            ToolChoice::Function(n) if !self.tools.iter().any(|t| tool_name(t) == Some(n)) => {
+                let known: Vec<&str> = self.tools.iter().filter_map(tool_name).collect();
+                return Err(ProviderError::InvalidRequest {
+                    field: "tool_choice",
+                    message: format!(
+                        "names the function `{n}`, which is not among the request's tools ({})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                });
+            }
+            c if c.forces_a_call() && self.response_format.is_some() => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "tool_choice",
+                    message: "a forced tool call and `response_format` both constrain the whole \
+                              reply; send one of them"
+                        .into(),
+                });
+            }
+            _ => {}
         }
         if let Some(k) = self
             .chat_template_kwargs
@@ -507,6 +656,8 @@ pub enum FinishReason {
     Cancelled,
     /// The stream broke off; the content is partial.
     Error,
+    /// The reply ended with tool calls for the caller to run (OpenAI's `tool_calls`).
+    ToolCalls,
 }
 
 /// Token counts of one call.
@@ -554,6 +705,29 @@ pub struct GenerateResponse {
     /// `max_output_tokens`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The tool calls the reply made (their `function.arguments` a JSON object as a string,
+    /// as OpenAI sends them), parsed from the model's text in its template's format or
+    /// passed on from the server that parsed them; the text around them is `content`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A piece of a tool call as it streams (OpenAI's `delta.tool_calls[i]`): the first piece of
+/// call `index` carries its `id` and `name` (and `arguments` empty or a first fragment),
+/// later pieces more argument text; a call's fragments joined are its `arguments`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// Which call of the reply (0, 1, …).
+    pub index: usize,
+    /// The call's id, on its first piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The function's name, on its first piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Argument text.
+    #[serde(default)]
+    pub arguments: String,
 }
 
 /// One item of a streamed generation.
@@ -570,6 +744,8 @@ pub enum StreamEvent {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reasoning: String,
     },
+    /// A piece of a tool call, as the reply generates it (never raw markup in a `Delta`).
+    ToolCall(ToolCallDelta),
     /// The final response (content is the whole text).
     Done(Box<GenerateResponse>),
 }

@@ -145,6 +145,7 @@ fn response_json_shape() {
         },
         partial: false,
         warnings: Vec::new(),
+        tool_calls: Vec::new(),
     };
     let v = serde_json::to_value(&resp).unwrap();
     assert_eq!(v["finish_reason"], "length");

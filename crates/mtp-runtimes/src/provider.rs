@@ -331,6 +331,7 @@ impl Inner {
             },
             partial,
             warnings,
+            tool_calls: Vec::new(),
         }
     }
 

@@ -322,6 +322,7 @@ async fn llama_server_native_completion_returns_token_ids() {
     while let Some(ev) = s.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(r),
         }
     }

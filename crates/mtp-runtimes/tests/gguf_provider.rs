@@ -163,6 +163,7 @@ async fn mtp_in_process_matches_target_only_and_the_reference() {
     while let Some(ev) = s.next().await {
         match ev.expect("event") {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(*r),
         }
     }

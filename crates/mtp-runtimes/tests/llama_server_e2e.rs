@@ -196,6 +196,7 @@ async fn stream(base: &str, prompt: &str, n: u32) -> (String, GenerateResponse) 
     while let Some(ev) = s.next().await {
         match ev.expect("stream event") {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(*r),
         }
     }

@@ -624,6 +624,13 @@ impl Run {
                 if let Some(rc) = &r.reasoning_content {
                     m["reasoning_content"] = rc.clone().into();
                 }
+                if !r.tool_calls.is_empty() {
+                    // OpenAI: `content` is null when the reply is only calls
+                    if r.content.is_empty() {
+                        m["content"] = Value::Null;
+                    }
+                    m["tool_calls"] = openai::tool_calls(&r.tool_calls);
+                }
                 json!({"index": 0, "message": m, "finish_reason": finish})
             }
             Endpoint::Completion => {
@@ -670,7 +677,7 @@ async fn whole_response(
 ) -> Response {
     while let Some(ev) = events.next().await {
         match ev {
-            Ok(StreamEvent::Delta { .. }) => {}
+            Ok(StreamEvent::Delta { .. } | StreamEvent::ToolCall(_)) => {}
             Ok(StreamEvent::Done(r)) => {
                 run.finish(&r);
                 return Json(run.whole(&r, tokens)).into_response();
@@ -726,6 +733,17 @@ fn stream_response(
                     } else {
                         run.chunk(run.delta_choice(&text, &reasoning))
                     };
+                    Some((vec![data(&c)], (run, events, 1)))
+                }
+                Some(Ok(StreamEvent::ToolCall(d))) => {
+                    // OpenAI's `delta.tool_calls`: only the chat endpoint has them (a raw
+                    // prompt offers no tools)
+                    if run.endpoint != Endpoint::Chat {
+                        return Some((vec![], (run, events, 1)));
+                    }
+                    let c = run.chunk(json!({"index": 0,
+                        "delta": {"tool_calls": [openai::tool_call_delta(&d)]},
+                        "finish_reason": null}));
                     Some((vec![data(&c)], (run, events, 1)))
                 }
                 Some(Ok(StreamEvent::Done(r))) => {

@@ -2,15 +2,17 @@
 //!
 //! Fields are read one by one from the JSON object so that every refusal names the field at
 //! fault. Fields no local runtime acts on and that change nothing when ignored (`user`,
-//! `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored, as vLLM
-//! and llama-server do; fields that would change the answer and that this server cannot honour
-//! (`n` > 1, `logprobs`, a GBNF `grammar`, a forced `tool_choice`) are refused with 400,
+//! `metadata`, `store`, `service_tier`) are accepted and ignored, as vLLM and llama-server do;
+//! `tools`, `tool_choice` (`auto`, `none`, `required`, a named function: the last two enforced
+//! by the runtime's grammar) and `parallel_tool_calls` go to the runtime, and its tool calls
+//! come back as `message.tool_calls` / `delta.tool_calls`; fields that would change the answer
+//! and that this server cannot honour (`n` > 1, `logprobs`, a GBNF `grammar`) are refused with 400,
 //! and a `response_format` the runtime cannot enforce is refused by the runtime,
 //! never dropped silently.
 
 use mtp_contract::{
     FinishReason, GenerateRequest, GenerateResponse, Message, ResponseFormat, Role, Sampling,
-    Speculation, SpeculationReport, ToolCall,
+    Speculation, SpeculationReport, ToolCall, ToolCallDelta, ToolChoice,
 };
 use serde_json::{json, Map, Value};
 
@@ -516,21 +518,20 @@ fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateReque
     // the whole conversation is the history; the contract renders system, history, then a
     // non-empty prompt, so an empty prompt leaves the conversation exactly as sent
     let mut r = GenerateRequest::new("").messages(messages);
-    let tool_choice = opt(o, "tool_choice");
-    let tools_off = match tool_choice {
-        None => false,
-        Some(Value::String(s)) if s == "auto" => false,
-        Some(Value::String(s)) if s == "none" => true,
+    if let Some(v) = opt(o, "tool_choice") {
+        r.tool_choice =
+            ToolChoice::from_openai(v).map_err(|m| ApiError::invalid("tool_choice", m))?;
+    }
+    match opt(o, "parallel_tool_calls") {
+        None => {}
+        Some(Value::Bool(b)) => r.parallel_tool_calls = Some(*b),
         Some(v) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                format!(
-                    "only \"auto\" and \"none\" are served; forcing a tool call needs constrained \
-                     decoding, which this server does not offer yet (got {v})"
-                ),
+            return Err(ApiError::invalid(
+                "parallel_tool_calls",
+                format!("`parallel_tool_calls` must be a boolean, got {v}"),
             ))
         }
-    };
+    }
     match opt(o, "tools") {
         None => {}
         Some(Value::Array(t)) if t.len() > limits.max_tools => {
@@ -542,8 +543,7 @@ fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateReque
                 "--max-tools",
             ))
         }
-        Some(Value::Array(t)) if !tools_off => r.tools = t.clone(),
-        Some(Value::Array(_)) => {}
+        Some(Value::Array(t)) => r.tools = t.clone(),
         Some(v) => {
             return Err(ApiError::invalid(
                 "tools",
@@ -685,16 +685,50 @@ pub fn finish_reason(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
         // a stream that broke off or was cancelled: OpenAI has no code; vLLM says "abort"
         FinishReason::Cancelled | FinishReason::Error => "abort",
     }
+}
+
+/// A reply's tool calls as OpenAI's `message.tool_calls`: `id`, `type: "function"`, and
+/// `function.arguments` a JSON object as a string.
+pub fn tool_calls(calls: &[ToolCall]) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .map(|c| {
+                let args = match &c.function.arguments {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                json!({"id": c.id, "type": "function",
+                       "function": {"name": c.function.name, "arguments": args}})
+            })
+            .collect(),
+    )
+}
+
+/// A piece of a streamed tool call as OpenAI's `delta.tool_calls[i]`: the first piece of a
+/// call carries `id`, `type` and `function.name`; every piece its `index` and argument text.
+pub fn tool_call_delta(d: &ToolCallDelta) -> Value {
+    let mut f = json!({"arguments": d.arguments});
+    if let Some(n) = &d.name {
+        f["name"] = n.clone().into();
+    }
+    let mut v = json!({"index": d.index, "function": f});
+    if let Some(id) = &d.id {
+        v["id"] = id.clone().into();
+        v["type"] = "function".into();
+    }
+    v
 }
 
 /// llama-server's `stop_type` for a finish reason (`eos` also for a stop string: the answer
 /// does not say which ended it).
 pub fn stop_type(f: FinishReason) -> &'static str {
     match f {
-        FinishReason::Stop => "eos",
+        FinishReason::Stop | FinishReason::ToolCalls => "eos",
         FinishReason::Length => "limit",
         FinishReason::Cancelled | FinishReason::Error => "none",
     }

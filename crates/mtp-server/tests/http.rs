@@ -173,6 +173,7 @@ impl Provider for Scripted {
                 },
                 partial: false,
                 warnings: Vec::new(),
+                tool_calls: Vec::new(),
             }
         });
         Ok(stream)

@@ -244,6 +244,7 @@ impl Fake {
             },
             partial: false,
             warnings: Vec::new(),
+            tool_calls: Vec::new(),
         };
         Ok(Run {
             reasoning,

@@ -278,6 +278,7 @@ async fn streaming_gives_several_tokens_per_round_then_the_report() {
     while let Some(ev) = s.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { token_ids, .. } => chunks.push(token_ids.len()),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(r),
         }
     }

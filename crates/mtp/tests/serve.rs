@@ -113,6 +113,7 @@ async fn the_llama_server_adapter_reads_real_counts_and_the_engines_own_text() {
     while let Some(ev) = st.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(r),
         }
     }

@@ -548,6 +548,7 @@ impl GgufProvider {
             },
             partial: false,
             warnings,
+            tool_calls: Vec::new(),
         }
     }
 }

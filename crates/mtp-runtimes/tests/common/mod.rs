@@ -32,6 +32,8 @@ pub async fn collect(
     while let Some(item) = s.next().await {
         match item {
             Ok(StreamEvent::Delta { text: t, .. }) => text.push_str(&t),
+            // (the calls are checked on the final response)
+            Ok(StreamEvent::ToolCall(_)) => {}
             Ok(StreamEvent::Done(r)) => done = Some(*r),
             Err(e) => err = Some(e),
         }

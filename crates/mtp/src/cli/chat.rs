@@ -551,11 +551,21 @@ async fn stream_answer(
                     live.push_reasoning(out, &reasoning).map_err(io_err)?;
                     live.push(out, &text, n).map_err(io_err)?;
                 }
+                // the calls are shown whole from the final response
+                Some(Ok(StreamEvent::ToolCall(_))) => {}
                 Some(Ok(StreamEvent::Done(r))) => {
                     let streamed = !live.text.is_empty();
                     live.finish(out).map_err(io_err)?;
                     if !streamed && !r.content.is_empty() {
                         out.line(&r.content).map_err(io_err)?;
+                    }
+                    for c in &r.tool_calls {
+                        let args = match &c.function.arguments {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        out.line(&format!("tool call: {}({args})", c.function.name))
+                            .map_err(io_err)?;
                     }
                     return Ok(Outcome::Done(r, started.elapsed()));
                 }

@@ -197,6 +197,8 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                 }
                 out.text(&text)?;
             }
+            // the calls are printed whole from the final response
+            StreamEvent::ToolCall(_) => {}
             StreamEvent::Done(r) => {
                 reasoning.end(out)?;
                 if wrote_any && !ended_newline {
@@ -205,6 +207,10 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                 if !wrote_any && !r.content.is_empty() {
                     // A runtime that streams nothing but the final response.
                     out.line(&r.content)?;
+                }
+                // each tool call as one line of OpenAI's JSON
+                for c in &r.tool_calls {
+                    out.line(&serde_json::to_string(c).unwrap_or_default())?;
                 }
                 let mut summary = summary_line(&r, started.elapsed());
                 if let Some(n) = &chosen.note {

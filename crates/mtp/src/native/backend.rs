@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use mtp_chat::toolcall::ToolCallFormat;
 use mtp_chat::ReasoningStart;
 use mtp_contract::{DraftStats, FinishReason, GenerateRequest, ProviderError, Sampling, Timings};
 
@@ -178,6 +179,26 @@ pub trait Backend: Send + Sync + 'static {
     /// The most proposals one round can verify, when the backend has a limit.
     fn max_depth(&self) -> Option<usize> {
         None
+    }
+
+    /// How the reply's tool calls are read: the tool-call format of the template `request`
+    /// renders with (`None`: no calls are read), and the constraint a forced call
+    /// (`tool_choice` `required` or a named function) decodes under, after the reasoning
+    /// block `reasoning` says the prompt opened. A backend without templates refuses a
+    /// forced call.
+    fn tool_calls(
+        &self,
+        request: &GenerateRequest,
+        reasoning: Option<&ReasoningStart>,
+    ) -> Result<(Option<ToolCallFormat>, Option<mtp_contract::ResponseFormat>), ProviderError> {
+        let _ = reasoning;
+        if request.tool_choice.forces_a_call() {
+            return Err(ProviderError::InvalidRequest {
+                field: "tool_choice",
+                message: "this backend cannot force a tool call".into(),
+            });
+        }
+        Ok((None, None))
     }
 
     /// The checkpoint's recommended sampling (see `Provider::recommended_sampling`).

@@ -351,14 +351,27 @@ impl<B: Backend> Provider for NativeProvider<B> {
             let loaded = Arc::clone(&loaded);
             move || -> Result<_, ProviderError> {
                 let prompt = loaded.backend.render(&request)?;
-                let constraint = match request.constraint() {
+                // a forced tool call decodes under the grammar of the template's call markup
+                let (tool_format, forced) = loaded
+                    .backend
+                    .tool_calls(&request, prompt.reasoning.as_ref())?;
+                let format = forced.or_else(|| request.constraint().cloned());
+                let constraint = match &format {
                     Some(f) => loaded.backend.compile_constraint(f)?,
                     None => None,
                 };
-                Ok((request, prompt, constraint))
+                Ok((
+                    request,
+                    prompt,
+                    Decoding {
+                        constraint,
+                        format,
+                        tool_format,
+                    },
+                ))
             }
         };
-        let (request, prompt, constraint) =
+        let (request, prompt, decoding) =
             tokio::task::spawn_blocking(prepare)
                 .await
                 .map_err(|e| ProviderError::Api {
@@ -384,8 +397,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
             let result = run_job(
-                &loaded, &request, &prompt, constraint, ctx, &plan, &runtime, started, &tx,
-                max_batch,
+                &loaded, &request, &prompt, decoding, ctx, &plan, &runtime, started, &tx, max_batch,
             );
             // Release the provider and this job's hold on the weights before the caller sees
             // the final event, so that its next call is never refused as busy and an
@@ -442,12 +454,21 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Result<StreamEvent, ProviderError>>)
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
 }
 
+/// How a reply is decoded and read besides sampling: its constraint (a `response_format`, or
+/// the grammar of a forced tool call) compiled and as given, and the tool-call format its
+/// text is read in.
+struct Decoding {
+    constraint: Option<mtp_engine::constraint::Constraint>,
+    format: Option<mtp_contract::ResponseFormat>,
+    tool_format: Option<mtp_chat::toolcall::ToolCallFormat>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_job<B: Backend>(
     loaded: &Loaded<B>,
     request: &GenerateRequest,
     prompt: &RenderedPrompt,
-    constraint: Option<mtp_engine::constraint::Constraint>,
+    decoding: Decoding,
     ctx: Option<usize>,
     plan: &Plan,
     runtime: &str,
@@ -472,7 +493,13 @@ fn run_job<B: Backend>(
     let room = ctx.map_or(usize::MAX, |c| c.saturating_sub(ids.len()));
     let max_tokens = asked.min(room);
     let mut decoder = backend.decoder()?;
-    let mut reply = ReplyText::new(request.stop.clone(), prompt.reasoning.clone());
+    let Decoding {
+        constraint,
+        format,
+        tool_format,
+    } = decoding;
+    let mut reply = ReplyText::new(request.stop.clone(), prompt.reasoning.clone())
+        .with_tool_calls(tool_format, request);
     let mut first_token_at: Option<Instant> = None;
     let mut cancelled = false;
     let mut failure: Option<ProviderError> = None;
@@ -490,12 +517,7 @@ fn run_job<B: Backend>(
             }
         }
         let split = reply.push(&piece);
-        let ev = StreamEvent::Delta {
-            text: split.content,
-            token_ids: toks.to_vec(),
-            reasoning: split.reasoning,
-        };
-        if tx.blocking_send(Ok(ev)).is_err() {
+        if !send_split(tx, split, toks.to_vec()) {
             cancelled = true;
             return false;
         }
@@ -508,7 +530,7 @@ fn run_job<B: Backend>(
         auto_depth,
         sampling: &request.sampling,
         max_tokens,
-        response_format: request.constraint(),
+        response_format: format.as_ref(),
         constraint,
         checkpoint: key.is_some(),
         checkpoint_at: prompt.history_len,
@@ -532,15 +554,9 @@ fn run_job<B: Backend>(
     let rest = reply.finish();
     last.content.push_str(&rest.content);
     last.reasoning.push_str(&rest.reasoning);
-    if !last.content.is_empty() || !last.reasoning.is_empty() {
-        let ev = StreamEvent::Delta {
-            text: last.content,
-            token_ids: Vec::new(),
-            reasoning: last.reasoning,
-        };
-        if tx.blocking_send(Ok(ev)).is_err() {
-            return Err(ProviderError::Cancelled);
-        }
+    last.tool_calls.extend(rest.tool_calls);
+    if !send_split(tx, last, Vec::new()) {
+        return Err(ProviderError::Cancelled);
     }
     if let Some(k) = key {
         let mut all = key_ids.to_vec();
@@ -553,12 +569,15 @@ fn run_job<B: Backend>(
             loaded.keep(k, all[..n].to_vec(), state);
         }
     }
-    let finish = if reply.stopped() {
-        FinishReason::Stop
-    } else {
-        out.finish
+    let finish = match (reply.stopped(), out.finish) {
+        // a reply that ends with tool calls is over for the caller to run them
+        (true, _) | (false, FinishReason::Stop) if !reply.tool_calls().is_empty() => {
+            FinishReason::ToolCalls
+        }
+        (true, _) => FinishReason::Stop,
+        (false, f) => f,
     };
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = reply.tool_call_warnings().to_vec();
     if finish == FinishReason::Length && max_tokens < asked && out.tokens.len() >= max_tokens {
         warnings.push(format!(
             "stopped at the context length: {} prompt and {} reply tokens fill the {}-token \
@@ -592,5 +611,29 @@ fn run_job<B: Backend>(
         },
         partial: false,
         warnings,
+        tool_calls: reply.tool_calls().to_vec(),
     })
+}
+
+/// Sends what a piece of the reply gave: its text and reasoning (with the tokens behind them),
+/// then its tool-call pieces; false once the caller has gone.
+fn send_split(
+    tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
+    split: mtp_chat::Split,
+    token_ids: Vec<u32>,
+) -> bool {
+    if !split.content.is_empty() || !split.reasoning.is_empty() || !token_ids.is_empty() {
+        let ev = StreamEvent::Delta {
+            text: split.content,
+            token_ids,
+            reasoning: split.reasoning,
+        };
+        if tx.blocking_send(Ok(ev)).is_err() {
+            return false;
+        }
+    }
+    split
+        .tool_calls
+        .into_iter()
+        .all(|d| tx.blocking_send(Ok(StreamEvent::ToolCall(d))).is_ok())
 }

@@ -239,6 +239,7 @@ async fn stop_sequences_truncate_stream_and_content() {
     while let Some(ev) = s.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { text, .. } => streamed.push_str(&text),
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(r),
         }
     }
@@ -263,6 +264,7 @@ async fn collect(
                 reasoning.push_str(&r);
                 content.push_str(&text);
             }
+            StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
             StreamEvent::Done(r) => done = Some(*r),
         }
     }
