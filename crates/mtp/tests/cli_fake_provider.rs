@@ -10,6 +10,11 @@
 //! streamed before the answer) unless the request says `thinking: false`, `sampler` recommends
 //! [`RECOMMENDED`] (as a checkpoint's generation_config.json would).
 //!
+//! Tools: a request that offers tools answers with tool calls ([`tool_calls_for`]; no text,
+//! [`CALL_TOKENS`] markup tokens per call, `finish_reason: tool_calls`, the calls streamed as
+//! `StreamEvent::ToolCall` pieces before `Done`) when its `tool_choice` forces a call or its
+//! prompt asks for one (`use a tool`, `use every tool`, or a tool's name after `call `).
+//!
 //! Included by the other `cli_*` tests with `#[path]`; compiled alone it tests itself.
 #![allow(dead_code)]
 
@@ -20,7 +25,8 @@ use futures::StreamExt;
 use mtp::{
     plan, Capabilities, DraftStats, EventStream, FinishReason, GenerateRequest, GenerateResponse,
     Lane, Metadata, Plan, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
-    SpeculationReport, SpeculationStatus, StreamEvent, Timings, Usage,
+    SpeculationReport, SpeculationStatus, StreamEvent, Timings, ToolCall, ToolCallDelta,
+    ToolChoice, Usage,
 };
 
 /// Every request the fake received, in order (for assertions).
@@ -42,6 +48,50 @@ pub fn recommended() -> mtp::Sampling {
 
 /// What a `think` model reasons before its answer.
 pub const REASONING: &str = "The user wants code.\nStart with main.";
+
+/// The tokens of tool-call markup each call costs.
+pub const CALL_TOKENS: usize = 4;
+
+/// The calls the fake makes for `req`: none unless it offers tools and its `tool_choice`
+/// forces a call or its prompt asks (`use every tool`: each tool; `call NAME`: those named;
+/// `use a tool`: the first). A named `tool_choice` calls that function once;
+/// `parallel_tool_calls: false` keeps the first call only. Call `i` has the id `call_{i}` and
+/// the arguments `{"i": i}` (as a JSON string, as OpenAI sends them).
+pub fn tool_calls_for(req: &GenerateRequest) -> Vec<ToolCall> {
+    let tools: Vec<&str> = req
+        .offered_tools()
+        .iter()
+        .filter_map(mtp::tool_name)
+        .collect();
+    let p = &req.prompt;
+    let named: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|n| p.contains(&format!("call {n}")))
+        .collect();
+    let mut names: Vec<&str> = match &req.tool_choice {
+        _ if tools.is_empty() => Vec::new(),
+        ToolChoice::Function(n) => vec![n.as_str()],
+        _ if p.contains("use every tool") => tools.clone(),
+        _ if !named.is_empty() => named,
+        c if c.forces_a_call() || p.contains("use a tool") => vec![tools[0]],
+        _ => Vec::new(),
+    };
+    if req.parallel_tool_calls == Some(false) {
+        names.truncate(1);
+    }
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            ToolCall::function(
+                format!("call_{i}"),
+                n,
+                serde_json::Value::String(format!("{{\"i\": {i}}}")),
+            )
+        })
+        .collect()
+}
 
 /// The words the fake "generates", cyclically.
 pub const WORDS: [&str; 8] = ["fn", "main", "()", "{", "println!", "(\"hi\")", ";", "}\n"];
@@ -132,6 +182,8 @@ fn token(i: usize) -> String {
 struct Run {
     reasoning: Option<String>,
     chunks: Vec<(String, Vec<u32>)>,
+    /// The tool calls' pieces, streamed after the chunks.
+    calls: Vec<ToolCallDelta>,
     response: GenerateResponse,
 }
 
@@ -145,7 +197,10 @@ impl Fake {
             &req.sampling,
             &self.lane,
         )?;
-        let n = if self.model.contains("empty") {
+        let calls = tool_calls_for(req);
+        let n = if !calls.is_empty() {
+            CALL_TOKENS * calls.len()
+        } else if self.model.contains("empty") {
             0
         } else {
             req.max_output_tokens.unwrap_or(32) as usize
@@ -157,7 +212,10 @@ impl Fake {
         };
         let mut tokens: Vec<(String, u32)> = (0..n)
             .map(|i| {
-                if self.model.contains("garbage") {
+                if !calls.is_empty() {
+                    // the calls' markup: tokens, and no text
+                    (String::new(), 500 + i as u32)
+                } else if self.model.contains("garbage") {
                     ("a".to_string(), 0)
                 } else if let Some(words) = &known {
                     let w = words[i % words.len()];
@@ -225,7 +283,11 @@ impl Fake {
             content: tokens.iter().map(|t| t.0.as_str()).collect(),
             reasoning_content: reasoning.clone(),
             token_ids: Some(tokens.iter().map(|t| t.1).collect()),
-            finish_reason: FinishReason::Length,
+            finish_reason: if calls.is_empty() {
+                FinishReason::Length
+            } else {
+                FinishReason::ToolCalls
+            },
             usage: Usage {
                 input_tokens: req.prompt.len() as u64,
                 output_tokens: n as u64,
@@ -244,11 +306,38 @@ impl Fake {
             },
             partial: false,
             warnings: Vec::new(),
-            tool_calls: Vec::new(),
+            tool_calls: calls.clone(),
         };
+        // each call in two pieces: id and name, then the arguments
+        let calls = calls
+            .iter()
+            .enumerate()
+            .flat_map(|(index, c)| {
+                let args = c
+                    .function
+                    .arguments
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                [
+                    ToolCallDelta {
+                        index,
+                        id: c.id.clone(),
+                        name: Some(c.function.name.clone()),
+                        arguments: String::new(),
+                    },
+                    ToolCallDelta {
+                        index,
+                        arguments: args,
+                        ..Default::default()
+                    },
+                ]
+            })
+            .collect();
         Ok(Run {
             reasoning,
             chunks,
+            calls,
             response,
         })
     }
@@ -346,9 +435,11 @@ impl Provider for Fake {
                 reasoning,
             })
         });
+        let calls =
+            futures::stream::iter(run.calls.into_iter().map(|c| Ok(StreamEvent::ToolCall(c))));
         let done =
             futures::stream::once(async move { Ok(StreamEvent::Done(Box::new(run.response))) });
-        Ok(deltas.chain(done).boxed())
+        Ok(deltas.chain(calls).chain(done).boxed())
     }
     fn recommended_sampling(&self) -> Option<mtp::Sampling> {
         self.model.contains("sampler").then(recommended)
@@ -387,5 +478,46 @@ mod self_tests {
             b.metadata.speculation.reason,
             Some(Reason::DisabledByRequest)
         );
+    }
+
+    #[tokio::test]
+    async fn tools_are_called_when_forced_or_asked() {
+        register();
+        let llm = mtp::create_llm("fake", "m", ProviderOptions::default()).unwrap();
+        let tool = |n: &str| serde_json::json!({"type": "function", "function": {"name": n}});
+        let tools = vec![tool("a"), tool("b")];
+        let names = |r: &GenerateRequest| -> Vec<String> {
+            tool_calls_for(r)
+                .into_iter()
+                .map(|c| c.function.name)
+                .collect()
+        };
+        let req = GenerateRequest::new("x").tools(tools.clone());
+        assert!(names(&req).is_empty(), "auto, not asked: text");
+        assert_eq!(names(&req.clone().tool_choice(ToolChoice::Required)), ["a"]);
+        let b = req.clone().tool_choice(ToolChoice::Function("b".into()));
+        assert_eq!(names(&b), ["b"]);
+        assert!(names(&b.clone().tool_choice(ToolChoice::None)).is_empty());
+        let every = GenerateRequest::new("use every tool").tools(tools.clone());
+        assert_eq!(names(&every), ["a", "b"]);
+        assert_eq!(names(&every.clone().parallel_tool_calls(false)), ["a"]);
+        assert_eq!(names(&GenerateRequest::new("call b").tools(tools)), ["b"]);
+
+        let mut s = llm.generate_stream(every).await.unwrap();
+        let mut pieces = Vec::new();
+        let mut done = None;
+        while let Some(ev) = s.next().await {
+            match ev.unwrap() {
+                StreamEvent::Delta { text, .. } => assert!(text.is_empty()),
+                StreamEvent::ToolCall(d) => pieces.push(d),
+                StreamEvent::Done(r) => done = Some(r),
+            }
+        }
+        let r = done.unwrap();
+        assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(r.tool_calls.len(), 2);
+        assert_eq!(r.usage.output_tokens, 2 * CALL_TOKENS as u64);
+        assert_eq!(pieces.len(), 4);
+        assert_eq!(pieces[3].arguments, "{\"i\": 1}");
     }
 }

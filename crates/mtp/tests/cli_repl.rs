@@ -149,3 +149,35 @@ fn ctrl_c_stops_the_answer_not_the_session() {
     expect(&mut s, "speculated turns 1 (1 stopped before reporting;");
     quit(s);
 }
+
+#[test]
+fn tool_calls_are_shown_and_answered_in_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"[{"type": "function", "function": {"name": "now", "description": "The time."}}]"#,
+    )
+    .unwrap();
+    let mut s = spawn(&[
+        "chat",
+        "--provider",
+        "fake",
+        "--model",
+        "m",
+        "--max-tokens",
+        "3",
+        "--tools",
+        tools.to_str().unwrap(),
+    ]);
+    expect(&mut s, "tools: now · tool choice auto");
+    expect(&mut s, "> ");
+    s.send_line("what time is it? call now").unwrap();
+    expect(&mut s, "tool call: now({\"i\": 0}) · id call_0");
+    expect(&mut s, "1 tool call");
+    s.send_line("/tool 12:00").unwrap();
+    // the model answers the result in text
+    expect(&mut s, "fn main ()");
+    expect(&mut s, "MTP on (depth 3)");
+    quit(s);
+}

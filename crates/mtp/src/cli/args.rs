@@ -280,6 +280,9 @@ pub struct GenerateArgs {
     /// Structured output.
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Tool calling.
+    #[command(flatten)]
+    pub tools: ToolArgs,
     /// After the answer, generate it again on the same loaded model with speculation off and
     /// print the target-only decode rate, the speed-up MTP gave and whether the text is the
     /// same.
@@ -342,6 +345,31 @@ pub struct ChatArgs {
     /// Structured output, for every answer.
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Tool calling, offered every turn (`/tool` answers a call).
+    #[command(flatten)]
+    pub tools: ToolArgs,
+}
+
+/// The tools the model may call (`generate` and `chat`), as OpenAI's `tools`, `tool_choice`
+/// and `parallel_tool_calls`.
+#[derive(Debug, Args)]
+pub struct ToolArgs {
+    /// Tools the model may call: FILE holds a JSON list of OpenAI tool objects,
+    /// `[{"type": "function", "function": {"name": ..., "description": ..., "parameters":
+    /// {JSON Schema}}}]` (at most 16 MiB), which the chat template shows the model. `generate`
+    /// prints each call the reply makes as one line of OpenAI's JSON on stdout (`--json`: the
+    /// response's `tool_calls`, `finish_reason` `tool_calls`); `chat` shows the calls, keeps
+    /// them in the history, and `/tool` answers them.
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<PathBuf>,
+    /// With --tools: `auto` (the model decides; the default), `none` (the tools are not
+    /// shown), `required` (the reply is tool calls, decoded under the grammar of the template's
+    /// tool-call markup), or a tool's NAME (one call of that function, forced the same way).
+    #[arg(long, value_name = "auto|none|required|NAME")]
+    pub tool_choice: Option<String>,
+    /// With --tools: at most one tool call per reply (OpenAI's `parallel_tool_calls: false`).
+    #[arg(long)]
+    pub no_parallel_tool_calls: bool,
 }
 
 /// The reply's constraint (`generate` and `chat`), enforced on every token, MTP drafts

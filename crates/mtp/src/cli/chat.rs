@@ -15,9 +15,10 @@ use crate::cli::open_provider;
 use crate::cli::output::{
     speculation_phrase, status_report, summary_line, LiveAnswer, Out, PerCall,
 };
+use crate::cli::tools::{choice_phrase, Tools};
 use crate::{
     DraftDepth, DraftStats, GenerateRequest, GenerateResponse, Message, Provider, ProviderError,
-    Speculation, StreamEvent,
+    Role, Speculation, StreamEvent, ToolCall,
 };
 
 const HELP: &str = "\
@@ -31,6 +32,12 @@ commands:
   /system [TEXT|clear]  show, set or remove the system prompt (the history stays)
   /image PATH           attach an image (PNG, JPEG, WebP; path, file:// or data: URL) to the
                         next message (repeatable; /image lists them, /image clear drops them)
+  /tools [auto|none|required|NAME]
+                        the tools offered (--tools FILE) and the tool choice, or set the
+                        choice for the next turns
+  /tool [ID] RESULT     answer a tool call of the last answer with RESULT (the call ID, or
+                        the first call still waiting); once every call has its result, the
+                        model answers
   /stats                this session's tokens, tok/s and acceptance
   /reset, /clear        forget the history and clear the prompt cache
   /help                 this list
@@ -97,6 +104,10 @@ struct Session {
     /// `--prompted-fallback`: a runtime that cannot enforce `format` asks for it instead.
     prompted_fallback: bool,
     history: Vec<Message>,
+    /// `--tools`: offered every turn (`/tools` changes the choice).
+    tools: Option<Tools>,
+    /// The last answer's tool calls that have no result yet (`/tool` answers them).
+    pending: Vec<ToolCall>,
     /// Images attached to the next message (`/image`): as typed, and as sent.
     images: Vec<(String, String)>,
     key: String,
@@ -110,8 +121,16 @@ pub(crate) fn run(
     out: &mut Out,
     input: Option<Vec<String>>,
 ) -> Result<(), CliError> {
-    // a bad constraint flag is an error before the model loads
+    // a bad constraint or tools flag is an error before the model loads
     let format = crate::cli::generate::response_format(&args.constraint)?;
+    let tools = Tools::from_args(&args.tools)?;
+    if let Some(t) = &tools {
+        let mut probe = t.apply(GenerateRequest::new("?"));
+        probe.response_format = format.clone();
+        probe
+            .validate()
+            .map_err(|source| CliError::BadRequest { source })?;
+    }
     let (llm, model) = rt.block_on(open_provider(&args.model, out))?;
     let mut lines = match input {
         Some(v) => Lines::Script(v.into()),
@@ -143,6 +162,13 @@ pub(crate) fn run(
             "sampling: {note}; set --temperature etc. to choose"
         ))?;
     }
+    if let Some(t) = &tools {
+        out.line(&format!(
+            "tools: {} · tool choice {}",
+            t.names().join(", "),
+            choice_phrase(&t.choice)
+        ))?;
+    }
     out.line("/help lists the commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.")?;
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -157,6 +183,8 @@ pub(crate) fn run(
         prompted_fallback: args.constraint.prompted_fallback,
         args,
         history: Vec::new(),
+        tools,
+        pending: Vec::new(),
         images: Vec::new(),
         key: format!("mtp-chat-{}-{stamp}", std::process::id()),
         per_call: PerCall::default(),
@@ -176,25 +204,37 @@ pub(crate) fn run(
             continue;
         }
         if let Some(cmd) = text.strip_prefix('/') {
-            if !command(&mut s, cmd, out)? {
-                break;
+            match command(&mut s, cmd, out)? {
+                Next::Read => {}
+                Next::Quit => break,
+                Next::Answer => rt.block_on(turn(&mut s, None, out))?,
             }
             continue;
         }
-        rt.block_on(turn(&mut s, text.to_string(), out))?;
+        rt.block_on(turn(&mut s, Some(text.to_string()), out))?;
     }
     Ok(())
 }
 
-/// Handles a `/command`; false means quit.
-fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> {
+/// What the REPL does after a `/command`.
+enum Next {
+    /// Read the next line.
+    Read,
+    /// Leave.
+    Quit,
+    /// Generate the next answer from the history (every tool call has its result).
+    Answer,
+}
+
+/// Handles a `/command`.
+fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<Next, CliError> {
     let cmd = cmd.trim();
     let (name, rest) = cmd
         .split_once(char::is_whitespace)
         .map_or((cmd, ""), |(n, r)| (n, r.trim()));
     let arg = rest.split_whitespace().next();
     match (name, arg) {
-        ("quit" | "exit" | "q", _) => return Ok(false),
+        ("quit" | "exit" | "q", _) => return Ok(Next::Quit),
         ("help" | "?", _) => out.line(HELP)?,
         ("speculation", None) => {
             out.line(&status_report(&s.llm.speculation_status(), s.per_call))?
@@ -290,7 +330,7 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
                     Ok(img) => s.images.push((rest.to_string(), img)),
                     Err(e) => {
                         out.line(&format!("cannot attach {rest}: {e}"))?;
-                        return Ok(true);
+                        return Ok(Next::Read);
                     }
                 }
                 out.line(&format!(
@@ -299,6 +339,21 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
                 ))?;
             }
         }
+        ("tools", None) => out.line(&tools_text(s))?,
+        ("tools", Some(_)) => match &mut s.tools {
+            None => out.line("no tools are offered: start the chat with --tools FILE.")?,
+            Some(t) => match crate::cli::tools::choice(rest, &t.list, "the tools") {
+                Ok(choice) => {
+                    out.line(&format!(
+                        "tool choice {} for the next turns.",
+                        choice_phrase(&choice)
+                    ))?;
+                    t.choice = choice;
+                }
+                Err(e) => out.line(&format!("invalid /tools `{rest}`: {e}"))?,
+            },
+        },
+        ("tool", _) => return tool_result(s, rest, out),
         ("stats", _) => out.line(&stats_text(&s.stats))?,
         ("system", None) => out.line(&match &s.system {
             Some(p) => format!("system prompt: {p}"),
@@ -341,6 +396,7 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
         }
         ("clear" | "reset", _) => {
             s.history.clear();
+            s.pending.clear();
             match s.llm.prompt_cache_clear(Some(&s.key)) {
                 Ok(()) => out.line("history cleared; the prompt cache was cleared too.")?,
                 Err(ProviderError::Unsupported { .. }) => {
@@ -351,7 +407,83 @@ fn command(s: &mut Session, cmd: &str, out: &mut Out) -> Result<bool, CliError> 
         }
         _ => out.line(&format!("unknown command /{name}; /help lists the commands"))?,
     }
-    Ok(true)
+    Ok(Next::Read)
+}
+
+/// `/tools`: what is offered, the choice, and the calls waiting for a result.
+fn tools_text(s: &Session) -> String {
+    let Some(t) = &s.tools else {
+        return "no tools are offered: start the chat with --tools FILE.".into();
+    };
+    let mut text = format!(
+        "tools: {}\ntool choice: {}\nparallel tool calls: {}",
+        t.names().join(", "),
+        choice_phrase(&t.choice),
+        if t.parallel == Some(false) {
+            "at most one call per answer"
+        } else {
+            "as many as the model makes"
+        }
+    );
+    if !s.pending.is_empty() {
+        text.push_str(&format!(
+            "\nwaiting for results: {}",
+            pending_list(&s.pending)
+        ));
+    }
+    text
+}
+
+/// `call_1 (get_weather), call_2 (now)`.
+fn pending_list(calls: &[ToolCall]) -> String {
+    calls
+        .iter()
+        .map(|c| match &c.id {
+            Some(id) => format!("{id} ({})", c.function.name),
+            None => c.function.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `/tool [ID] RESULT`: the `tool` message answering one of the last answer's calls (the one
+/// whose id is the first word, else the first waiting); the next answer is generated once no
+/// call waits.
+fn tool_result(s: &mut Session, rest: &str, out: &mut Out) -> Result<Next, CliError> {
+    const USAGE: &str = "usage: /tool [ID] RESULT (the call ID, or the first call still waiting)";
+    if s.pending.is_empty() {
+        out.line("no tool call is waiting for a result (the last answer made none).")?;
+        return Ok(Next::Read);
+    }
+    let (first, after) = rest
+        .split_once(char::is_whitespace)
+        .map_or((rest, ""), |(a, b)| (a, b.trim()));
+    let (at, result) = match s
+        .pending
+        .iter()
+        .position(|c| c.id.as_deref() == Some(first))
+    {
+        Some(i) => (i, after),
+        None => (0, rest),
+    };
+    if result.is_empty() {
+        out.line(USAGE)?;
+        return Ok(Next::Read);
+    }
+    let call = s.pending.remove(at);
+    let mut m = Message::new(Role::Tool, result);
+    m.tool_call_id = call.id.clone();
+    m.name = Some(call.function.name.clone());
+    s.history.push(m);
+    if s.pending.is_empty() {
+        return Ok(Next::Answer);
+    }
+    out.line(&format!(
+        "result of {} kept; waiting for: {}",
+        pending_list(std::slice::from_ref(&call)),
+        pending_list(&s.pending)
+    ))?;
+    Ok(Next::Read)
 }
 
 fn stats_text(st: &Stats) -> String {
@@ -409,12 +541,24 @@ enum Outcome {
     Stopped(String, u64, Duration),
 }
 
-async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliError> {
-    let images: Vec<String> = std::mem::take(&mut s.images)
-        .into_iter()
-        .map(|(_, sent)| sent)
-        .collect();
-    let mut req = GenerateRequest::new(prompt.clone())
+/// One answer: to the user's `prompt`, or (`None`) to the tool results just given.
+async fn turn(s: &mut Session, prompt: Option<String>, out: &mut Out) -> Result<(), CliError> {
+    // images go with the user's next message, not with tool results
+    let images: Vec<String> = if prompt.is_some() {
+        std::mem::take(&mut s.images)
+            .into_iter()
+            .map(|(_, sent)| sent)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if prompt.is_some() && !s.pending.is_empty() {
+        out.line(&format!(
+            "(the last answer's tool calls go unanswered: {})",
+            pending_list(&s.pending)
+        ))?;
+    }
+    let mut req = GenerateRequest::new(prompt.clone().unwrap_or_default())
         .messages(s.history.clone())
         .prompt_cache_key(s.key.clone())
         .max_output_tokens(s.args.max_tokens)
@@ -430,12 +574,16 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
             .response_format(f.clone())
             .prompted_fallback(s.prompted_fallback);
     }
+    if let Some(t) = &s.tools {
+        req = t.apply(req);
+    }
     req.images = images.clone();
-    let user_turn = |prompt: String| {
+    // the user's message, for the history (none after tool results)
+    let user_turn = prompt.map(|prompt| {
         let mut m = Message::user(prompt);
-        m.images = images.clone();
+        m.images = images;
         m
-    };
+    });
     let show_reasoning = s.thinking != Some(ThinkingMode::Hide);
     if s.per_call.off {
         req = req.speculation(Speculation::off());
@@ -482,10 +630,15 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
                 s.stats.draft.merge(&d);
             }
             s.stats.last = Some(speculation_phrase(rep));
-            s.history.push(user_turn(prompt));
-            let mut answer = Message::assistant(r.content.clone());
+            s.history.extend(user_turn);
+            let mut answer =
+                Message::assistant(r.content.clone()).with_tool_calls(r.tool_calls.clone());
             answer.reasoning_content = r.reasoning_content.clone();
             s.history.push(answer);
+            s.pending = r.tool_calls.clone();
+            if !s.pending.is_empty() {
+                out.line("(answer with /tool RESULT, or /tool ID RESULT for one call)")?;
+            }
         }
         Ok(Outcome::Stopped(text, tokens, wall)) => {
             out.note(&format!("[stopped after {tokens} tokens]"))?;
@@ -500,8 +653,9 @@ async fn turn(s: &mut Session, prompt: String, out: &mut Out) -> Result<(), CliE
             }
             s.stats.tokens += tokens;
             s.stats.seconds += wall.as_secs_f64();
-            s.history.push(user_turn(prompt));
+            s.history.extend(user_turn);
             s.history.push(Message::assistant(text));
+            s.pending.clear();
         }
         Err(e) => {
             // A failed turn is reported; the session goes on.
@@ -564,7 +718,8 @@ async fn stream_answer(
                             serde_json::Value::String(s) => s.clone(),
                             other => other.to_string(),
                         };
-                        out.line(&format!("tool call: {}({args})", c.function.name))
+                        let id = c.id.as_ref().map(|id| format!(" · id {id}")).unwrap_or_default();
+                        out.line(&format!("tool call: {}({args}){id}", c.function.name))
                             .map_err(io_err)?;
                     }
                     return Ok(Outcome::Done(r, started.elapsed()));

@@ -11,6 +11,7 @@ use crate::cli::args::{GenerateArgs, ThinkingMode};
 use crate::cli::error::CliError;
 use crate::cli::open_provider;
 use crate::cli::output::{compare_line, summary_line, Out, Reasoning};
+use crate::cli::tools::Tools;
 use crate::{GenerateRequest, StreamEvent};
 
 /// The prompt the flags give: `--prompt-file FILE` (`-`: stdin), `-p TEXT`, or the positional
@@ -90,6 +91,16 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         None => None,
     };
     let prompt = prompt_text(&a)?;
+    // a bad tools file is an error before the model loads
+    let tools = Tools::from_args(&a.tools)?;
+    if tools.is_some() && a.raw {
+        return Err(CliError::InvalidFlag {
+            flag: "--tools",
+            message: "the chat template shows the model its tools, and --raw sends the prompt \
+                      without it; drop one of them"
+                .into(),
+        });
+    }
     let (llm, model) = open_provider(&a.model, out).await?;
     let chosen = a.sampling.choose(llm.as_ref());
     let mut req = GenerateRequest::new(prompt)
@@ -117,6 +128,9 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
         req = req
             .response_format(f)
             .prompted_fallback(a.constraint.prompted_fallback);
+    }
+    if let Some(t) = &tools {
+        req = t.apply(req);
     }
     let show_reasoning = a.thinking != Some(ThinkingMode::Hide);
     let ctx = || format!("generation with {} on {} failed", model, llm.name());
@@ -210,7 +224,8 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                 }
                 // each tool call as one line of OpenAI's JSON
                 for c in &r.tool_calls {
-                    out.line(&serde_json::to_string(c).unwrap_or_default())?;
+                    let line = serde_json::to_string(c).map_err(|e| CliError::Io(e.into()))?;
+                    out.line(&line)?;
                 }
                 let mut summary = summary_line(&r, started.elapsed());
                 if let Some(n) = &chosen.note {

@@ -13,8 +13,8 @@
 //!
 //! | command | what it does |
 //! | --- | --- |
-//! | `mtp generate [flags] PROMPT` | streams the answer to stdout (a thinking model's reasoning to stderr), then one summary line on stderr (tokens, tok/s, acceptance, or the reason MTP was not used); `--system`, `--messages FILE` (an OpenAI-style conversation), `--thinking on\|off\|hide`; `--json` prints the whole response instead |
-//! | `mtp chat [flags]` | the REPL: full history through the model's chat template + one `prompt_cache_key` per session; `/speculation [on\|off]`, `/depth N`, `/thinking`, `/system`, `/stats`, `/reset`, `/help`, `/quit`; live tok/s; Ctrl-C stops the answer |
+//! | `mtp generate [flags] PROMPT` | streams the answer to stdout (a thinking model's reasoning to stderr), then one summary line on stderr (tokens, tok/s, acceptance, or the reason MTP was not used); `--system`, `--messages FILE` (an OpenAI-style conversation), `--thinking on\|off\|hide`; `--tools FILE` (OpenAI tool objects) with `--tool-choice`, each call printed as one line of OpenAI's JSON; `--json` prints the whole response instead |
+//! | `mtp chat [flags]` | the REPL: full history through the model's chat template + one `prompt_cache_key` per session; `/speculation [on\|off]`, `/depth N`, `/thinking`, `/system`, `/tools`, `/tool [ID] RESULT` (answers a tool call of `--tools`), `/stats`, `/reset`, `/help`, `/quit`; live tok/s; Ctrl-C stops the answer |
 //! | `mtp probe REPO\|PATH [--json]` | `mtp-detect`'s report; exit 1 on bad input |
 //! | `mtp bench [flags]` | one loaded model, speculation off vs on per call, interleaved A/B, medians, markdown table or `--json` |
 //! | `mtp models download\|list\|verify` | Hub → Hugging Face cache (model + companion in one job), what is installed and its head, a greedy sanity check |
@@ -54,6 +54,7 @@ mod models;
 mod output;
 mod probe;
 mod serve;
+mod tools;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

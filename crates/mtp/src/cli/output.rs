@@ -409,7 +409,8 @@ impl LiveAnswer {
     }
 }
 
-/// The one-line summary after an answer: tokens, tok/s, and what happened about speculation.
+/// The one-line summary after an answer: tokens, tok/s, the tool calls it made (if any), and
+/// what happened about speculation.
 pub fn summary_line(r: &GenerateResponse, wall: Duration) -> String {
     let tokens = r.usage.output_tokens;
     let rate = r.metadata.timings.decode_tokens_per_s.or_else(|| {
@@ -419,8 +420,13 @@ pub fn summary_line(r: &GenerateResponse, wall: Duration) -> String {
     let rate = rate
         .map(|v| format!("{v:.1} tok/s"))
         .unwrap_or_else(|| "tok/s unknown".into());
+    let calls = match r.tool_calls.len() {
+        0 => String::new(),
+        1 => " · 1 tool call".into(),
+        n => format!(" · {n} tool calls"),
+    };
     let mut s = format!(
-        "[{tokens} token{} in {:.2} s · {rate} · {}",
+        "[{tokens} token{} in {:.2} s · {rate}{calls} · {}",
         if tokens == 1 { "" } else { "s" },
         wall.as_secs_f64(),
         speculation_phrase(&r.metadata.speculation)
