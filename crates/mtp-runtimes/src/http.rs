@@ -327,8 +327,8 @@ impl Transport {
         self.api_error(
             None,
             format!(
-                "the reply streamed from {}{path} went over the {} cap ({cap} bytes of text and \
-                 token ids); stopped reading. Raise the provider option `max_body_bytes` (a \
+                "the reply streamed from {}{path} went over the {} cap ({cap} bytes of text, \
+                 tool calls and token ids); stopped reading. Raise the provider option `max_body_bytes` (a \
                  `ProviderOptions` extra key) if the server really sends that much",
                 self.server(),
                 human_bytes(cap),

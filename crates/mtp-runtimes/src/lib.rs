@@ -31,6 +31,7 @@ mod evidence;
 mod http;
 mod options;
 mod provider;
+mod tool_calls;
 mod wire;
 
 #[cfg(feature = "gguf")]
@@ -48,6 +49,7 @@ pub use options::{
     DEFAULT_MAX_SSE_EVENT_BYTES, EXTRA_KEYS,
 };
 pub use provider::HttpProvider;
+pub use tool_calls::DEFAULT_MAX_TOOL_CALLS;
 
 /// The provider names this crate registers, in order.
 pub const PROVIDERS: &[&str] = &[

@@ -191,8 +191,9 @@ pub enum MetricsMode {
 /// | `metrics` | `auto` for vLLM, `off` otherwise | `auto`, `on` or `off`: read `/metrics` around each call |
 /// | `max_body_bytes` | 67108864 (64 MiB) | largest response body read whole (replies, `/props`, `/slots`, `/metrics`), and the most reply text one streamed call may gather |
 /// | `max_sse_event_bytes` | 16777216 (16 MiB) | largest line, or event (its lines together), of a streamed response |
+/// | `max_tool_calls` | 128 | most tool calls one reply may carry (their names and arguments count toward `max_body_bytes`) |
 ///
-/// Going over either cap is a [`ProviderError::Api`] that names the URL, the cap and the
+/// Going over any cap is a [`ProviderError::Api`] that names the URL, the cap and the
 /// option; nothing a server sends is buffered beyond them.
 ///
 /// ```
@@ -224,6 +225,8 @@ pub struct HttpOptions {
     pub max_body_bytes: usize,
     /// Largest line, or event, of a streamed response.
     pub max_sse_event_bytes: usize,
+    /// Most tool calls one reply may carry.
+    pub max_tool_calls: usize,
 }
 
 /// Default of `max_body_bytes`: 64 MiB, far above any reply, `/props` or `/metrics` page.
@@ -233,7 +236,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
 pub const DEFAULT_MAX_SSE_EVENT_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
 
 /// The `extra` keys [`HttpOptions`] understands.
-pub const EXTRA_KEYS: [&str; 7] = [
+pub const EXTRA_KEYS: [&str; 8] = [
     "connect_timeout_ms",
     "idle_timeout_ms",
     "request_timeout_ms",
@@ -241,6 +244,7 @@ pub const EXTRA_KEYS: [&str; 7] = [
     "metrics",
     "max_body_bytes",
     "max_sse_event_bytes",
+    "max_tool_calls",
 ];
 
 impl HttpOptions {
@@ -260,6 +264,7 @@ impl HttpOptions {
             },
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_sse_event_bytes: DEFAULT_MAX_SSE_EVENT_BYTES,
+            max_tool_calls: crate::tool_calls::DEFAULT_MAX_TOOL_CALLS,
         }
     }
 
@@ -323,6 +328,16 @@ impl HttpOptions {
                 }
                 "max_body_bytes" => o.max_body_bytes = bytes()?,
                 "max_sse_event_bytes" => o.max_sse_event_bytes = bytes()?,
+                "max_tool_calls" => {
+                    o.max_tool_calls = match value.trim().parse::<usize>() {
+                        Ok(n) if n > 0 => n,
+                        _ => {
+                            return Err(bad_extra(format!(
+                                "`max_tool_calls` must be a positive number of calls, got {value:?}"
+                            )))
+                        }
+                    }
+                }
                 other => {
                     return Err(bad_extra(format!(
                         "unknown option `{other}` for the {kind} provider; valid options are {}",
@@ -392,6 +407,7 @@ mod tests {
         assert_eq!(ok("connect_retries", "0").unwrap().connect_retries, 0);
         assert_eq!(ok("metrics", "on").unwrap().metrics, MetricsMode::On);
         assert_eq!(ok("max_body_bytes", "4096").unwrap().max_body_bytes, 4096);
+        assert_eq!(ok("max_tool_calls", "3").unwrap().max_tool_calls, 3);
         assert_eq!(
             ok("max_sse_event_bytes", " 65536 ")
                 .unwrap()
@@ -400,14 +416,16 @@ mod tests {
         );
         let d = HttpOptions::new(ServerKind::Ollama);
         assert_eq!(
-            (d.max_body_bytes, d.max_sse_event_bytes),
-            (64 << 20, 16 << 20)
+            (d.max_body_bytes, d.max_sse_event_bytes, d.max_tool_calls),
+            (64 << 20, 16 << 20, 128)
         );
         for (k, v) in [
             ("max_body_bytes", "0"),
             ("max_body_bytes", "-1"),
             ("max_body_bytes", "64MiB"),
             ("max_sse_event_bytes", ""),
+            ("max_tool_calls", "0"),
+            ("max_tool_calls", "many"),
             ("connect_retries", "99"),
             ("idle_timeout_ms", "0"),
             ("idle_timeout_ms", "soon"),

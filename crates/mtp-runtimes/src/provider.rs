@@ -19,7 +19,7 @@ use crate::http::{truncate, BodyRead, Transport};
 use crate::options::{HttpOptions, MetricsMode, ServerKind};
 use crate::prometheus::Metrics;
 use crate::sse::SseParser;
-use crate::wire::{self, Accum, Endpoint};
+use crate::wire::{self, Absorb, Accum, Endpoint};
 
 /// An adapter for one model on one HTTP server.
 ///
@@ -71,6 +71,8 @@ struct Prepared {
     format: Option<mtp_contract::ResponseFormat>,
     /// The constraint was asked for in the prompt, not sent (`wire::prompted`).
     prompted: bool,
+    /// `parallel_tool_calls: false` with tools offered: keep the first call only.
+    single_call: bool,
 }
 
 impl HttpProvider {
@@ -259,7 +261,30 @@ impl Inner {
             started: Instant::now(),
             format: req.constraint().cloned(),
             prompted: wire::prompted(kind, req).is_some(),
+            single_call: req.parallel_tool_calls == Some(false) && !req.offered_tools().is_empty(),
         })
+    }
+
+    /// An empty accumulator for the call `p` prepared (its tool-call bounds).
+    fn accum(&self, p: &Prepared) -> Accum {
+        Accum::new(self.t.opts.max_tool_calls, p.single_call)
+    }
+
+    /// The error for an answer `absorb` refused.
+    fn absorb_error(&self, e: Absorb, path: &str, mid_stream: bool) -> ProviderError {
+        let server = self.t.server();
+        match e {
+            Absorb::Server(m) if mid_stream => self
+                .t
+                .api_error(None, format!("{server} reported an error mid-stream: {m}")),
+            Absorb::Server(m) => self
+                .t
+                .api_error(None, format!("{server} reported an error: {m}")),
+            Absorb::Malformed(m) => self.t.api_error(
+                None,
+                format!("a tool call in the answer from {server}{path} cannot be read: {m}"),
+            ),
+        }
     }
 
     /// Turns everything read into the final response.
@@ -306,15 +331,28 @@ impl Inner {
                 timings.decode_tokens_per_s = Some((out - 1) as f64 / (decode_ms / 1000.0));
             }
         }
-        let finish_reason = if partial {
-            FinishReason::Error
-        } else {
-            acc.finish.unwrap_or(FinishReason::Stop)
+        let tool_calls = acc.tools.calls();
+        let mut warnings = acc.tools.warnings(!partial);
+        let finish_reason = match (partial, acc.finish.unwrap_or(FinishReason::Stop)) {
+            (true, _) => FinishReason::Error,
+            // a reply that ends with calls is over for the caller to run them (vLLM answers a
+            // named tool_choice with `stop`)
+            (false, FinishReason::Stop) if !tool_calls.is_empty() => FinishReason::ToolCalls,
+            (false, FinishReason::ToolCalls) if tool_calls.is_empty() => {
+                warnings.push(format!(
+                    "{} finished the reply with `tool_calls` but sent no tool call",
+                    self.t.server()
+                ));
+                FinishReason::Stop
+            }
+            (false, f) => f,
         };
-        let warnings: Vec<String> =
-            wire::constraint_warning(p.format.as_ref(), p.prompted, &acc.content, finish_reason)
-                .into_iter()
-                .collect();
+        warnings.extend(wire::constraint_warning(
+            p.format.as_ref(),
+            p.prompted,
+            &acc.content,
+            finish_reason,
+        ));
         GenerateResponse {
             content: acc.content,
             reasoning_content: (!acc.reasoning.is_empty()).then_some(acc.reasoning),
@@ -331,7 +369,7 @@ impl Inner {
             },
             partial,
             warnings,
-            tool_calls: Vec::new(),
+            tool_calls,
         }
     }
 
@@ -365,11 +403,9 @@ impl Inner {
         };
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| self.malformed("response", &e, &bytes))?;
-        let mut acc = Accum::default();
-        acc.absorb(&v).map_err(|m| {
-            self.t
-                .api_error(None, format!("{} reported an error: {m}", self.t.server()))
-        })?;
+        let mut acc = self.accum(&p);
+        acc.absorb(&v)
+            .map_err(|e| self.absorb_error(e, path, false))?;
         if v.get("choices").is_none() && v.get("content").is_none() {
             return Err(self.t.api_error(
                 None,
@@ -479,14 +515,9 @@ impl StreamState {
                 }
             };
             match self.acc.absorb(&v) {
-                Err(m) => {
-                    let err = self.inner.t.api_error(
-                        None,
-                        format!(
-                            "{} reported an error mid-stream: {m}",
-                            self.inner.t.server()
-                        ),
-                    );
+                Err(e) => {
+                    let path = self.prepared.endpoint.path(self.inner.kind());
+                    let err = self.inner.absorb_error(e, path, true);
                     self.queue.push_back(Err(err));
                     self.finished = true;
                     return;
@@ -499,20 +530,26 @@ impl StreamState {
                     return;
                 }
                 Ok(piece) => {
-                    if !piece.text.is_empty()
+                    let said = !piece.text.is_empty()
                         || !piece.reasoning.is_empty()
-                        || !piece.token_ids.is_empty()
-                    {
-                        if self.ttft_ms.is_none() {
-                            self.ttft_ms =
-                                Some(self.prepared.started.elapsed().as_secs_f64() * 1000.0);
-                        }
+                        || !piece.token_ids.is_empty();
+                    if (said || !piece.tool_calls.is_empty()) && self.ttft_ms.is_none() {
+                        self.ttft_ms = Some(self.prepared.started.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    if said {
                         self.queue.push_back(Ok(StreamEvent::Delta {
                             text: piece.text,
                             token_ids: piece.token_ids,
                             reasoning: piece.reasoning,
                         }));
                     }
+                    // a chunk's call pieces after its text, as the native provider sends them
+                    self.queue.extend(
+                        piece
+                            .tool_calls
+                            .into_iter()
+                            .map(|d| Ok(StreamEvent::ToolCall(d))),
+                    );
                 }
             }
             if self.acc.native_stop {
@@ -522,10 +559,12 @@ impl StreamState {
         }
     }
 
-    /// What the call has gathered of the reply so far: text, reasoning and token ids.
+    /// What the call has gathered of the reply so far: text, reasoning, tool calls and token
+    /// ids.
     fn reply_bytes(&self) -> usize {
         self.acc.content.len()
             + self.acc.reasoning.len()
+            + self.acc.tools.bytes()
             + self.acc.token_ids.len() * std::mem::size_of::<u32>()
     }
 
@@ -669,32 +708,35 @@ impl Provider for HttpProvider {
             };
             let v: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| inner.malformed("response", &e, &bytes))?;
-            let mut acc = Accum::default();
-            acc.absorb(&v)
-                .map_err(|m| inner.t.api_error(None, format!("server error: {m}")))?;
-            let text = acc.content.clone();
-            let reasoning = acc.reasoning.clone();
-            let ids = acc.token_ids.clone();
+            let mut acc = inner.accum(&prepared);
+            let piece = acc
+                .absorb(&v)
+                .map_err(|e| inner.absorb_error(e, path, false))?;
             let resp = inner.finish(&prepared, acc, false, None).await;
-            let events = vec![
-                Ok(StreamEvent::Delta {
-                    text,
-                    token_ids: ids,
-                    reasoning,
-                }),
-                Ok(StreamEvent::Done(Box::new(resp))),
-            ];
+            let mut events = vec![Ok(StreamEvent::Delta {
+                text: piece.text,
+                token_ids: piece.token_ids,
+                reasoning: piece.reasoning,
+            })];
+            events.extend(
+                piece
+                    .tool_calls
+                    .into_iter()
+                    .map(|d| Ok(StreamEvent::ToolCall(d))),
+            );
+            events.push(Ok(StreamEvent::Done(Box::new(resp))));
             drop(guard);
             return Ok(futures::stream::iter(events).boxed());
         }
         let bytes = resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed();
         let parser = SseParser::with_max_event_bytes(inner.t.opts.max_sse_event_bytes);
+        let acc = inner.accum(&prepared);
         let state = StreamState {
             inner,
             prepared,
             bytes,
             parser,
-            acc: Accum::default(),
+            acc,
             queue: VecDeque::new(),
             finished: false,
             ttft_ms: None,

@@ -3,11 +3,13 @@
 //! streaming and non-streaming paths read the same fields.
 
 use mtp_contract::{
-    FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation, ResponseFormat,
+    tool_name, FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation,
+    ResponseFormat, ToolCallDelta, ToolChoice,
 };
 use serde_json::{json, Map, Value};
 
 use crate::options::ServerKind;
+use crate::tool_calls::ToolCalls;
 
 /// Which endpoint a request goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +108,7 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
             }
         }
     }
+    check_tools(kind, req)?;
     if req.raw_prompt
         && (req.system_prompt.is_some() || req.messages.as_ref().is_some_and(|m| !m.is_empty()))
     {
@@ -121,6 +124,71 @@ pub(crate) fn check_request(kind: ServerKind, req: &GenerateRequest) -> Result<(
         });
     }
     Ok(())
+}
+
+/// Refuses the tool choices a server's API cannot carry (never dropped silently). Tools are
+/// shown to the model by the chat template, so a raw prompt (sent verbatim to a completion
+/// endpoint) cannot be forced to call one; Ollama's OpenAI endpoint has no `tool_choice`
+/// field at all (its request type drops it), so a forced call cannot be asked of it.
+fn check_tools(kind: ServerKind, req: &GenerateRequest) -> Result<(), ProviderError> {
+    if !req.tool_choice.forces_a_call() {
+        return Ok(());
+    }
+    if req.raw_prompt {
+        return Err(ProviderError::InvalidRequest {
+            field: "tool_choice",
+            message: "a raw prompt is sent verbatim to the completion endpoint, which has no \
+                      tools; a forced tool call needs a chat request"
+                .into(),
+        });
+    }
+    if kind == ServerKind::Ollama {
+        return Err(ProviderError::InvalidRequest {
+            field: "tool_choice",
+            message: format!(
+                "Ollama's OpenAI endpoint has no `tool_choice` field (it would drop {}), so it \
+                 cannot be made to call a tool; send \"auto\" or \"none\", or use llama-server, \
+                 vLLM or LM Studio",
+                req.tool_choice.to_openai()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The tool fields of a chat body: the tools the model is shown, the `tool_choice` to send
+/// (none for `auto`, every server's default when tools are given) and `parallel_tool_calls`.
+///
+/// llama-server and LM Studio read `tool_choice` as a string only (llama-server replaces an
+/// object by `auto`): a named function is sent to them as `required` over that one tool,
+/// which forces the same call. llama-server's own default for `parallel_tool_calls` is
+/// `false`, the contract's (as OpenAI's) is `true`, so it is always sent there.
+fn tool_fields(
+    kind: ServerKind,
+    req: &GenerateRequest,
+) -> Option<(Value, Option<Value>, Option<bool>)> {
+    let offered = req.offered_tools();
+    if offered.is_empty() {
+        return None;
+    }
+    let string_only = matches!(kind, ServerKind::LlamaServer | ServerKind::LmStudio);
+    let (tools, choice) = match &req.tool_choice {
+        ToolChoice::Function(n) if string_only => (
+            offered
+                .iter()
+                .filter(|t| tool_name(t) == Some(n.as_str()))
+                .cloned()
+                .collect(),
+            Some(json!("required")),
+        ),
+        ToolChoice::Auto => (offered.to_vec(), None),
+        c => (offered.to_vec(), Some(c.to_openai())),
+    };
+    let parallel = match kind {
+        ServerKind::LlamaServer => Some(req.parallel_tool_calls != Some(false)),
+        _ => req.parallel_tool_calls,
+    };
+    Some((Value::Array(tools), choice, parallel))
 }
 
 /// Whether the server's API takes `f` (JSON everywhere; a regex and a Lark grammar only in
@@ -180,8 +248,14 @@ pub(crate) fn build_body(
                 msgs.push(json!({"role": "user", "content": content(&req.prompt, &req.images)}));
             }
             b.insert("messages".into(), Value::Array(msgs));
-            if !req.tools.is_empty() {
-                b.insert("tools".into(), Value::Array(req.tools.clone()));
+            if let Some((tools, choice, parallel)) = tool_fields(kind, req) {
+                b.insert("tools".into(), tools);
+                if let Some(c) = choice {
+                    b.insert("tool_choice".into(), c);
+                }
+                if let Some(p) = parallel {
+                    b.insert("parallel_tool_calls".into(), p.into());
+                }
             }
         }
         Endpoint::Completion => {
@@ -481,19 +555,42 @@ pub(crate) struct Accum {
     pub vllm_spec: Option<Value>,
     /// llama-server native stream: the final chunk (`"stop": true`) arrived.
     pub native_stop: bool,
+    /// The tool calls the server parsed (`message.tool_calls`, `delta.tool_calls`).
+    pub tools: ToolCalls,
 }
 
 /// A delta produced by one absorbed object.
+#[derive(Debug)]
 pub(crate) struct Piece {
     pub text: String,
     pub reasoning: String,
     pub token_ids: Vec<u32>,
+    /// Tool-call pieces, numbered by the reply's call order.
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// Why an object could not be absorbed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Absorb {
+    /// The server answered with an `error` object: its message.
+    Server(String),
+    /// The answer breaks the shape it claims (a malformed tool call): what and where.
+    Malformed(String),
 }
 
 impl Accum {
+    /// An empty accumulator whose tool calls are bounded by `max_tool_calls`; `single` keeps
+    /// only the first call (`parallel_tool_calls: false`).
+    pub(crate) fn new(max_tool_calls: usize, single: bool) -> Self {
+        Accum {
+            tools: ToolCalls::new(max_tool_calls, single),
+            ..Accum::default()
+        }
+    }
+
     /// Reads one JSON object (a full response or one stream chunk). An `error` object is
-    /// returned as the server's message.
-    pub(crate) fn absorb(&mut self, v: &Value) -> Result<Piece, String> {
+    /// returned as the server's message, a tool call that cannot be read as what is wrong.
+    pub(crate) fn absorb(&mut self, v: &Value) -> Result<Piece, Absorb> {
         if let Some(e) = v.get("error") {
             let msg = e
                 .get("message")
@@ -501,12 +598,21 @@ impl Accum {
                 .map(str::to_string)
                 .or_else(|| e.as_str().map(str::to_string))
                 .unwrap_or_else(|| e.to_string());
-            return Err(msg);
+            return Err(Absorb::Server(msg));
         }
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut ids = Vec::new();
+        let mut tool_calls = Vec::new();
         if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+            if let Some(calls) = choice.pointer("/delta/tool_calls") {
+                tool_calls = self.tools.absorb_delta(calls).map_err(Absorb::Malformed)?;
+            } else if let Some(calls) = choice.pointer("/message/tool_calls") {
+                tool_calls = self
+                    .tools
+                    .absorb_message(calls)
+                    .map_err(Absorb::Malformed)?;
+            }
             let t = choice
                 .pointer("/delta/content")
                 .or_else(|| choice.pointer("/message/content"))
@@ -593,6 +699,7 @@ impl Accum {
             text,
             reasoning,
             token_ids: ids,
+            tool_calls,
         })
     }
 }
@@ -601,6 +708,7 @@ impl Accum {
 pub(crate) fn map_finish(s: &str) -> FinishReason {
     match s {
         "length" | "limit" | "maxPredictedTokensReached" | "max_tokens" => FinishReason::Length,
+        "tool_calls" => FinishReason::ToolCalls,
         "error" => FinishReason::Error,
         "cancelled" | "userStopped" | "abort" => FinishReason::Cancelled,
         _ => FinishReason::Stop,
@@ -973,7 +1081,7 @@ mod tests {
             ("length", FinishReason::Length),
             ("limit", FinishReason::Length),
             ("maxPredictedTokensReached", FinishReason::Length),
-            ("tool_calls", FinishReason::Stop),
+            ("tool_calls", FinishReason::ToolCalls),
         ];
         for (s, want) in cases {
             assert_eq!(map_finish(s), want, "{s}");
@@ -1054,14 +1162,201 @@ mod tests {
         );
     }
 
+    fn weather_tools() -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+            json!({"type": "function", "function": {"name": "get_time", "parameters": {}}}),
+        ]
+    }
+
+    /// What each server kind is sent for each tool choice: `auto` is left to the server's
+    /// default; a named function goes to llama-server and LM Studio (string-only
+    /// `tool_choice`) as `required` over that tool; llama-server always gets
+    /// `parallel_tool_calls` (its default is false); `none` shows no tools.
+    #[test]
+    fn tool_fields_are_sent_as_each_server_reads_them() {
+        use ServerKind::*;
+        let base = GenerateRequest::new("weather in Paris?").tools(weather_tools());
+        let named = ToolChoice::Function("get_time".into());
+        // (kind, choice, parallel, tools sent, tool_choice sent, parallel_tool_calls sent)
+        let cases: Vec<(ServerKind, ToolChoice, Option<bool>, usize, Value, Value)> = vec![
+            (Vllm, ToolChoice::Auto, None, 2, Value::Null, Value::Null),
+            (
+                Vllm,
+                ToolChoice::Required,
+                Some(false),
+                2,
+                json!("required"),
+                json!(false),
+            ),
+            (Vllm, named.clone(), None, 2, named.to_openai(), Value::Null),
+            (
+                OpenAiCompatible,
+                named.clone(),
+                Some(true),
+                2,
+                named.to_openai(),
+                json!(true),
+            ),
+            (
+                LlamaServer,
+                ToolChoice::Auto,
+                None,
+                2,
+                Value::Null,
+                json!(true),
+            ),
+            (
+                LlamaServer,
+                ToolChoice::Required,
+                Some(false),
+                2,
+                json!("required"),
+                json!(false),
+            ),
+            (
+                LlamaServer,
+                named.clone(),
+                None,
+                1,
+                json!("required"),
+                json!(true),
+            ),
+            (
+                LmStudio,
+                named.clone(),
+                None,
+                1,
+                json!("required"),
+                Value::Null,
+            ),
+            (
+                LmStudio,
+                ToolChoice::Required,
+                None,
+                2,
+                json!("required"),
+                Value::Null,
+            ),
+            (
+                Ollama,
+                ToolChoice::Auto,
+                Some(false),
+                2,
+                Value::Null,
+                json!(false),
+            ),
+        ];
+        for (kind, choice, parallel, n_tools, want_choice, want_parallel) in cases {
+            let mut req = base.clone().tool_choice(choice.clone());
+            req.parallel_tool_calls = parallel;
+            check_request(kind, &req).unwrap_or_else(|e| panic!("{kind} {choice:?}: {e}"));
+            let b = build_body(kind, Endpoint::Chat, "m", &req, false, None);
+            let what = format!("{kind} {choice:?}: {b}");
+            assert_eq!(b["tools"].as_array().map(Vec::len), Some(n_tools), "{what}");
+            assert_eq!(
+                b.get("tool_choice").cloned().unwrap_or(Value::Null),
+                want_choice,
+                "{what}"
+            );
+            assert_eq!(
+                b.get("parallel_tool_calls").cloned().unwrap_or(Value::Null),
+                want_parallel,
+                "{what}"
+            );
+            if n_tools == 1 {
+                assert_eq!(b["tools"][0]["function"]["name"], "get_time", "{what}");
+            }
+        }
+        // `none`: the tools are not shown, and nothing about them is sent
+        for kind in ServerKind::ALL {
+            let req = base.clone().tool_choice(ToolChoice::None);
+            check_request(kind, &req).unwrap();
+            let b = build_body(kind, Endpoint::Chat, "m", &req, false, None);
+            for key in ["tools", "tool_choice", "parallel_tool_calls"] {
+                assert!(b.get(key).is_none(), "{kind}: {b}");
+            }
+        }
+        // the completion endpoints take no tools
+        let raw = base.clone().raw();
+        for (kind, endpoint) in [
+            (Vllm, Endpoint::Completion),
+            (LlamaServer, Endpoint::Native),
+        ] {
+            let b = build_body(kind, endpoint, "m", &raw, false, None);
+            assert!(b.get("tools").is_none(), "{b}");
+        }
+    }
+
+    /// A forced call a server cannot be asked for is refused, naming `tool_choice`.
+    #[test]
+    fn forced_calls_a_server_cannot_take_are_refused() {
+        let base = GenerateRequest::new("weather?").tools(weather_tools());
+        for choice in [
+            ToolChoice::Required,
+            ToolChoice::Function("get_weather".into()),
+        ] {
+            let req = base.clone().tool_choice(choice.clone());
+            match check_request(ServerKind::Ollama, &req) {
+                Err(ProviderError::InvalidRequest { field, message }) => {
+                    assert_eq!(field, "tool_choice");
+                    assert!(message.contains("Ollama"), "{message}");
+                }
+                other => panic!("{choice:?}: {other:?}"),
+            }
+            for kind in ServerKind::ALL {
+                match check_request(kind, &req.clone().raw()) {
+                    Err(ProviderError::InvalidRequest { field, .. }) => {
+                        assert_eq!(field, "tool_choice")
+                    }
+                    other => panic!("{kind} raw {choice:?}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tool_calls_are_absorbed_whole_and_streamed() {
+        let mut a = Accum::default();
+        let p = a
+            .absorb(&json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}}]}))
+            .unwrap();
+        assert_eq!((p.text.as_str(), p.tool_calls.len()), ("", 1));
+        assert_eq!(a.finish, Some(FinishReason::ToolCalls));
+        assert_eq!(
+            a.tools.calls()[0].function.arguments,
+            "{\"city\": \"Paris\"}"
+        );
+        let mut s = Accum::default();
+        s.absorb(&json!({"choices": [{"index": 0, "delta": {"content": "Let me check."}}]}))
+            .unwrap();
+        let p = s
+            .absorb(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": ""}}]}}]}))
+            .unwrap();
+        assert_eq!(p.tool_calls[0].name.as_deref(), Some("get_weather"));
+        let e = s
+            .absorb(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"function": {"arguments": "{"}}]}}]}))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Absorb::Malformed(m) if m.contains("delta.tool_calls[0].index")),
+            "{e:?}"
+        );
+        assert_eq!(s.content, "Let me check.");
+    }
+
     #[test]
     fn absorbs_errors_and_usage() {
         let mut a = Accum::default();
         assert_eq!(
-            a.absorb(&json!({"error": {"message": "boom"}}))
-                .err()
-                .as_deref(),
-            Some("boom")
+            a.absorb(&json!({"error": {"message": "boom"}})).err(),
+            Some(Absorb::Server("boom".into()))
         );
         let p = a
             .absorb(&json!({"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}))

@@ -431,3 +431,184 @@ async fn constrained_replies_follow_the_constraint_with_and_without_mtp() {
         "{e}"
     );
 }
+
+/// Two tools whose arguments are a city from a closed list (so a forced call is bounded).
+fn city_tools() -> Vec<Value> {
+    let city = serde_json::json!({"type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"]});
+    vec![
+        serde_json::json!({"type": "function", "function": {"name": "get_weather",
+            "description": "Current weather in a city", "parameters": city}}),
+        serde_json::json!({"type": "function", "function": {"name": "get_time",
+            "description": "Local time in a city", "parameters": city}}),
+    ]
+}
+
+/// The tiny checkpoint converted with `template` as its `chat_template`.
+fn to_gguf_with_template(template: &str, work: &Path) -> PathBuf {
+    let src = workspace().join("tests/fixtures/tiny-trained");
+    let dir = work.join("tiny-tools");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).expect("copy checkpoint file");
+    }
+    let mut cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(src.join("tokenizer_config.json")).expect("tokenizer_config"),
+    )
+    .expect("json");
+    cfg["chat_template"] = Value::String(template.to_string());
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::to_string(&cfg).expect("json"),
+    )
+    .expect("write tokenizer_config");
+    to_gguf(&dir, work, false)
+}
+
+/// Tool calls on the in-process lane, read as the native provider reads them. The tiny
+/// checkpoint's own template has no tool-call markup: a forced call is refused naming
+/// `tool_choice`, and a request with tools under `auto` answers in text. Converted with a
+/// Hermes template (Qwen2.5-7B-Instruct's, from mtp-chat's published templates), a forced call
+/// decodes under the grammar of its markup: one call (`parallel_tool_calls: false`) to the
+/// named or any offered tool, arguments valid against its schema, `finish_reason` `tool_calls`,
+/// no markup in the content, the same tokens with MTP at depths 1 and 3 as target-only, and
+/// streamed as `ToolCall` pieces that join to the final call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_decode_under_the_templates_markup() {
+    use mtp_contract::ToolChoice;
+    let tmp = tempfile::tempdir().expect("tempdir");
+
+    // the plain template: no markup to force a call in
+    let plain = provider(
+        &to_gguf(
+            &workspace().join("tests/fixtures/tiny-trained"),
+            tmp.path(),
+            false,
+        ),
+        Speculation::native_mtp(),
+    );
+    let ask = GenerateRequest::new("the quick brown fox ")
+        .tools(city_tools())
+        .max_output_tokens(12)
+        .sampling(greedy());
+    for choice in [
+        ToolChoice::Required,
+        ToolChoice::Function("get_time".into()),
+    ] {
+        match plain
+            .generate(ask.clone().tool_choice(choice.clone()))
+            .await
+        {
+            Err(ProviderError::InvalidRequest { field, .. }) => assert_eq!(field, "tool_choice"),
+            other => panic!("{choice:?} on a template without markup: {other:?}"),
+        }
+        // a raw prompt has no template at all
+        match plain
+            .generate(ask.clone().tool_choice(choice.clone()).raw())
+            .await
+        {
+            Err(ProviderError::InvalidRequest { field, .. }) => assert_eq!(field, "tool_choice"),
+            other => panic!("raw {choice:?}: {other:?}"),
+        }
+    }
+    let auto = plain.generate(ask.clone()).await.expect("auto with tools");
+    assert!(auto.tool_calls.is_empty());
+    assert!(!auto.content.is_empty());
+    assert_eq!(auto.finish_reason, FinishReason::Length);
+    drop(plain);
+
+    // a Hermes template
+    let template = std::fs::read_to_string(
+        workspace().join("crates/mtp-chat/tests/templates/Qwen-Qwen2.5-7B-Instruct.jinja"),
+    )
+    .expect("template");
+    let gguf = to_gguf_with_template(&template, tmp.path());
+    let opts = ProviderOptions::default()
+        .speculation(Speculation::native_mtp())
+        .extra("n_ctx", "2048")
+        .extra("threads", "2");
+    let p = mtp_runtimes::gguf::create(gguf.to_str().expect("utf-8"), &opts).expect("create");
+    let allowed = ["get_weather", "get_time"];
+    for (choice, names) in [
+        (ToolChoice::Required, &allowed[..]),
+        (ToolChoice::Function("get_time".into()), &allowed[1..]),
+    ] {
+        let base = GenerateRequest::new("Weather in Paris?")
+            .tools(city_tools())
+            .tool_choice(choice.clone())
+            .parallel_tool_calls(false)
+            .max_output_tokens(160)
+            .sampling(greedy());
+        let off = p
+            .generate(base.clone().speculation(false))
+            .await
+            .unwrap_or_else(|e| panic!("{choice:?}: {e}"));
+        assert_eq!(off.tool_calls.len(), 1, "{choice:?}: {off:?}");
+        let call = &off.tool_calls[0];
+        assert!(names.contains(&call.function.name.as_str()), "{call:?}");
+        let args: Value =
+            serde_json::from_str(call.function.arguments.as_str().expect("string arguments"))
+                .expect("arguments are JSON");
+        assert!(
+            matches!(args["city"].as_str(), Some("Paris" | "Rome")),
+            "{args}"
+        );
+        assert!(call.id.is_some());
+        assert_eq!(off.finish_reason, FinishReason::ToolCalls, "{off:?}");
+        assert!(!off.content.contains("<tool_call>"), "{:?}", off.content);
+        assert!(off.warnings.is_empty(), "{:?}", off.warnings);
+        for depth in [1u32, 3] {
+            let on = p
+                .generate(
+                    base.clone()
+                        .speculation(Speculation::depth(depth).expect("depth")),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{choice:?} depth {depth}: {e}"));
+            assert!(on.metadata.speculation.used);
+            assert_eq!(on.token_ids, off.token_ids, "{choice:?} depth {depth}");
+            assert_eq!(
+                on.tool_calls
+                    .iter()
+                    .map(|c| (&c.function.name, &c.function.arguments))
+                    .collect::<Vec<_>>(),
+                off.tool_calls
+                    .iter()
+                    .map(|c| (&c.function.name, &c.function.arguments))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(on.finish_reason, FinishReason::ToolCalls);
+        }
+
+        // streamed: the pieces join to the final call, and no markup goes out as text
+        let mut s = p.generate_stream(base.clone()).await.expect("stream");
+        let (mut text, mut pieces, mut done) = (String::new(), Vec::new(), None);
+        while let Some(ev) = s.next().await {
+            match ev.expect("event") {
+                StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                StreamEvent::ToolCall(d) => pieces.push(d),
+                StreamEvent::Done(r) => done = Some(*r),
+            }
+        }
+        let done = done.expect("done");
+        assert_eq!(text, done.content);
+        assert_eq!(done.tool_calls.len(), 1);
+        assert!(pieces.iter().all(|d| d.index == 0), "{pieces:?}");
+        assert_eq!(
+            pieces[0].name.as_deref(),
+            Some(done.tool_calls[0].function.name.as_str())
+        );
+        assert_eq!(pieces[0].id, done.tool_calls[0].id);
+        let joined: String = pieces.iter().map(|d| d.arguments.as_str()).collect();
+        assert_eq!(
+            Some(joined.as_str()),
+            done.tool_calls[0].function.arguments.as_str()
+        );
+    }
+}

@@ -26,8 +26,9 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
+use mtp_chat::toolcall::ToolCallFormat;
 use mtp_chat::{ReasoningStart, ReplyText, Split};
-use mtp_contract::{DraftStats, FinishReason, Sampling};
+use mtp_contract::{DraftStats, FinishReason, GenerateRequest, Sampling, ToolCall};
 use mtp_grammar::Constraint;
 
 /// What one call asks of the loop.
@@ -41,6 +42,11 @@ pub(crate) struct Job {
     pub stop: Vec<String>,
     /// How to split reasoning from the reply (chat prompts of thinking templates).
     pub reasoning: Option<ReasoningStart>,
+    /// The tool-call markup the reply is read in (the chat template's), when tools are offered.
+    pub tool_format: Option<ToolCallFormat>,
+    /// The request's tools, `tool_choice` and `parallel_tool_calls` (the rest left default),
+    /// for [`ReplyText::with_tool_calls`].
+    pub tool_request: GenerateRequest,
     /// Sampling controls.
     pub sampling: Sampling,
     /// `Some(depth)` to speculate.
@@ -67,11 +73,15 @@ pub(crate) struct Outcome {
     pub rollback_ms: f64,
     /// Milliseconds spent computing grammar masks (constrained replies).
     pub constraint_ms: Option<f64>,
+    /// The tool calls read from the reply.
+    pub tool_calls: Vec<ToolCall>,
+    /// What reading them noticed.
+    pub tool_warnings: Vec<String>,
 }
 
-/// Receives text as it is accepted; returns false to cancel.
+/// Receives text and tool-call pieces as they are accepted; returns false to cancel.
 pub(crate) trait Sink {
-    fn delta(&mut self, text: &Split, ids: &[u32]) -> bool;
+    fn delta(&mut self, text: Split, ids: &[u32]) -> bool;
 }
 
 /// Turns accepted tokens into text: complete UTF-8 only (a character split across tokens comes
@@ -97,7 +107,8 @@ impl<'a> Text<'a> {
         Text {
             model,
             bytes: Vec::new(),
-            reply: ReplyText::new(job.stop.clone(), job.reasoning.clone()),
+            reply: ReplyText::new(job.stop.clone(), job.reasoning.clone())
+                .with_tool_calls(job.tool_format, &job.tool_request),
             pending: Split::default(),
             ids: Vec::new(),
             pending_ids: Vec::new(),
@@ -108,6 +119,7 @@ impl<'a> Text<'a> {
     fn add(&mut self, s: Split) {
         self.pending.content.push_str(&s.content);
         self.pending.reasoning.push_str(&s.reasoning);
+        self.pending.tool_calls.extend(s.tool_calls);
     }
 
     /// Adds one accepted token. Returns whether generation ends with it.
@@ -162,6 +174,8 @@ impl<'a> Text<'a> {
         }
         out.text = self.reply.content().to_string();
         out.reasoning = self.reply.reasoning().map(str::to_string);
+        out.tool_calls = self.reply.tool_calls().to_vec();
+        out.tool_warnings = self.reply.tool_call_warnings().to_vec();
         out.ids = self.ids;
         out
     }
@@ -175,11 +189,13 @@ impl<'a> Text<'a> {
             let b = self.reply.finish();
             self.add(b);
         }
-        let has_text = !self.pending.content.is_empty() || !self.pending.reasoning.is_empty();
+        let has_text = !self.pending.content.is_empty()
+            || !self.pending.reasoning.is_empty()
+            || !self.pending.tool_calls.is_empty();
         if has_text || (all && !self.pending_ids.is_empty()) {
             let split = std::mem::take(&mut self.pending);
             let ids = std::mem::take(&mut self.pending_ids);
-            return sink.delta(&split, &ids);
+            return sink.delta(split, &ids);
         }
         true
     }

@@ -53,6 +53,13 @@ use mtp_contract::{
 
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
 
+/// How a reply's tool calls are read (the template's format) and the constraint of a forced
+/// call.
+type ToolDecoding = (
+    Option<mtp_chat::toolcall::ToolCallFormat>,
+    Option<mtp_contract::ResponseFormat>,
+);
+
 /// The provider name.
 pub const PROVIDER: &str = "gguf";
 /// The linked llama.cpp release.
@@ -142,10 +149,12 @@ struct Loaded {
 
 impl Loaded {
     /// The grammar state for `format` over this model's vocabulary; a format that does not
-    /// compile is the request's fault (`InvalidRequest` naming `response_format`).
+    /// compile is the request's fault (`InvalidRequest` naming `field`: `response_format`, or
+    /// `tool_choice` for the grammar of a forced call).
     fn constraint(
         &self,
         format: &mtp_contract::ResponseFormat,
+        field: &'static str,
     ) -> Result<Option<mtp_grammar::Constraint>, ProviderError> {
         let compiler = self.constraints.get_or_init(|| {
             let env = LlamaSampler::llguidance_tok_env(&self.model);
@@ -153,12 +162,12 @@ impl Loaded {
         });
         let compiler = compiler.as_ref().map_err(|m| ProviderError::Unsupported {
             provider: PROVIDER.into(),
-            what: format!("response_format `{}` on this GGUF ({m})", format.kind()),
+            what: format!("{field} `{}` on this GGUF ({m})", format.kind()),
         })?;
         compiler
             .compile(format)
             .map_err(|e| ProviderError::InvalidRequest {
-                field: "response_format",
+                field,
                 message: e.to_string(),
             })
     }
@@ -381,6 +390,33 @@ impl GgufProvider {
         }
     }
 
+    /// How the reply's tool calls are read and, for a forced call (`tool_choice` `required`
+    /// or a named function), the grammar of the template's call markup it decodes under
+    /// (after the reasoning block when the prompt opened one), as the native provider does.
+    /// A forced call without a chat template that writes calls is an `InvalidRequest` naming
+    /// `tool_choice`.
+    fn tool_calls(
+        &self,
+        req: &GenerateRequest,
+        reasoning: Option<&mtp_chat::ReasoningStart>,
+    ) -> Result<ToolDecoding, ProviderError> {
+        let templates = match &self.inner.templates {
+            Ok(t) => t,
+            // (a raw request, the only kind such a GGUF answers, offers no tools)
+            Err(_) if !req.tool_choice.forces_a_call() => return Ok((None, None)),
+            Err(e) => {
+                return Err(ProviderError::InvalidRequest {
+                    field: "tool_choice",
+                    message: format!("a forced tool call needs the GGUF's chat template: {e}"),
+                })
+            }
+        };
+        let forced = templates
+            .tool_call_constraint(req, reasoning)
+            .map_err(|e| e.into_provider_error(&self.inner.name))?;
+        Ok((templates.tool_call_format(req), forced))
+    }
+
     /// Validates, plans, tokenizes and starts the blocking loop; events arrive on the stream.
     fn start(&self, req: GenerateRequest) -> Result<EventStream, ProviderError> {
         req.validate()?;
@@ -394,10 +430,6 @@ impl GgufProvider {
             });
         }
         let loaded = self.loaded()?;
-        let constraint = match req.constraint() {
-            Some(f) => loaded.constraint(f)?,
-            None => None,
-        };
         let decision = plan(
             self.inner.default.as_ref(),
             req.speculation.as_ref(),
@@ -405,6 +437,14 @@ impl GgufProvider {
             &self.inner.lane,
         )?;
         let prompt = self.prompt(&req)?;
+        // a forced tool call decodes under the grammar of the template's call markup, in
+        // place of a response_format (the contract refuses both at once)
+        let (tool_format, forced) = self.tool_calls(&req, prompt.reasoning.as_ref())?;
+        let constraint = match (&forced, req.constraint()) {
+            (Some(f), _) => loaded.constraint(f, "tool_choice")?,
+            (None, Some(f)) => loaded.constraint(f, "response_format")?,
+            (None, None) => None,
+        };
         let vocab = loaded.model.vocab();
         // A chat template writes the BOS token itself (transformers tokenizes its output with
         // `add_special_tokens=False`); a raw prompt gets the one the vocabulary asks for.
@@ -451,6 +491,14 @@ impl GgufProvider {
             max_new,
             stop: req.stop.clone(),
             reasoning: prompt.reasoning.clone(),
+            tool_format,
+            // what `ReplyText::with_tool_calls` reads of the request
+            tool_request: GenerateRequest {
+                tools: req.tools.clone(),
+                tool_choice: req.tool_choice.clone(),
+                parallel_tool_calls: req.parallel_tool_calls,
+                ..GenerateRequest::default()
+            },
             sampling: req.sampling.clone(),
             depth,
             n_ctx: self.inner.n_ctx,
@@ -523,8 +571,12 @@ impl GgufProvider {
             rollback_ms: matches!(decision, Plan::Speculate { .. }).then_some(out.rollback_ms),
             constraint_ms: out.constraint_ms,
         };
-        let finish_reason = out.finish.unwrap_or(FinishReason::Length);
-        let mut warnings = Vec::new();
+        let finish_reason = match out.finish.unwrap_or(FinishReason::Length) {
+            // a reply that ends with tool calls is over for the caller to run them
+            FinishReason::Stop if !out.tool_calls.is_empty() => FinishReason::ToolCalls,
+            f => f,
+        };
+        let mut warnings = out.tool_warnings;
         if let (Some(asked), FinishReason::Length) = (clipped, finish_reason) {
             warnings.push(format!(
                 "stopped at the context length: {input_tokens} prompt and {n_out} reply tokens \
@@ -548,7 +600,7 @@ impl GgufProvider {
             },
             partial: false,
             warnings,
-            tool_calls: Vec::new(),
+            tool_calls: out.tool_calls,
         }
     }
 }
@@ -558,14 +610,24 @@ struct ChannelSink {
 }
 
 impl engine::Sink for ChannelSink {
-    fn delta(&mut self, text: &Split, ids: &[u32]) -> bool {
-        self.tx
-            .send(Ok(StreamEvent::Delta {
-                text: text.content.clone(),
-                token_ids: ids.to_vec(),
-                reasoning: text.reasoning.clone(),
-            }))
-            .is_ok()
+    /// The piece's text and reasoning (with the tokens behind them), then its tool-call
+    /// pieces, as the native provider sends them.
+    fn delta(&mut self, text: Split, ids: &[u32]) -> bool {
+        if (!text.content.is_empty() || !text.reasoning.is_empty() || !ids.is_empty())
+            && self
+                .tx
+                .send(Ok(StreamEvent::Delta {
+                    text: text.content,
+                    token_ids: ids.to_vec(),
+                    reasoning: text.reasoning,
+                }))
+                .is_err()
+        {
+            return false;
+        }
+        text.tool_calls
+            .into_iter()
+            .all(|d| self.tx.send(Ok(StreamEvent::ToolCall(d))).is_ok())
     }
 }
 
