@@ -661,7 +661,7 @@ fn run_provider(provider: &str, a: &Args) -> Result<()> {
     if let Some(dir) = hf_dir {
         let native_rows = mtp_bench("native", &dir, a)?;
         provider_table(
-            &format!("native (candle-cpu): {}", dir.display()),
+            &format!("native (mtp-engine-cpu): {}", dir.display()),
             &native_rows,
         );
         println!("\n## side by side (same weights)\n");

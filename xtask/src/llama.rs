@@ -265,7 +265,7 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
     Ok(src)
 }
 
-fn find_python() -> Result<String> {
+pub(crate) fn find_python() -> Result<String> {
     for p in ["python3", "python"] {
         if Command::new(p)
             .args(["-m", "pip", "--version"])

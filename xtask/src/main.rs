@@ -15,6 +15,7 @@ mod fuzz;
 mod gguf;
 mod llama;
 mod probe;
+mod py_clients;
 mod real_vocab;
 mod setup;
 mod soak;

@@ -697,12 +697,15 @@ pub fn tool_calls(calls: &[ToolCall]) -> Value {
     Value::Array(
         calls
             .iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(i, c)| {
                 let args = match &c.function.arguments {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                json!({"id": c.id, "type": "function",
+                // clients answer a call by its id: one a runtime did not give gets one
+                let id = c.id.clone().unwrap_or_else(|| format!("call_{i}"));
+                json!({"id": id, "type": "function",
                        "function": {"name": c.function.name, "arguments": args}})
             })
             .collect(),
@@ -717,8 +720,13 @@ pub fn tool_call_delta(d: &ToolCallDelta) -> Value {
         f["name"] = n.clone().into();
     }
     let mut v = json!({"index": d.index, "function": f});
-    if let Some(id) = &d.id {
-        v["id"] = id.clone().into();
+    // a call's first piece (its name) carries its id; one a runtime did not give gets the one
+    // the whole answer gives it (`tool_calls`)
+    let id =
+        d.id.clone()
+            .or_else(|| d.name.as_ref().map(|_| format!("call_{}", d.index)));
+    if let Some(id) = id {
+        v["id"] = id.into();
         v["type"] = "function".into();
     }
     v
@@ -977,6 +985,71 @@ mod tests {
         }
         let e = with("guided_grammar", json!("root ::= \"a\"")).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("guided_grammar"));
+    }
+
+    #[test]
+    fn tool_choice_and_tool_call_shapes() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let with = |choice: Value| {
+            chat(
+                json!({"messages": [{"role": "user", "content": "a"}], "tools": tools,
+                "tool_choice": choice, "parallel_tool_calls": false}),
+            )
+        };
+        let named = with(json!({"type": "function", "function": {"name": "f"}})).unwrap();
+        assert_eq!(named.request.tool_choice, ToolChoice::Function("f".into()));
+        assert_eq!(named.request.parallel_tool_calls, Some(false));
+        assert_eq!(
+            with(json!("required")).unwrap().request.tool_choice,
+            ToolChoice::Required
+        );
+        assert_eq!(
+            with(json!("none")).unwrap().request.tool_choice,
+            ToolChoice::None
+        );
+        for bad in [json!("always"), json!({"type": "function"}), json!(3)] {
+            let e = with(bad.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+            assert_eq!(e.param.as_deref(), Some("tool_choice"), "{bad}");
+        }
+        // a function that is not a tool is the request's mistake, named
+        let e = with(json!({"type": "function", "function": {"name": "g"}})).unwrap_err();
+        assert!(e.message.contains("`g`"), "{}", e.message);
+        // OpenAI's shapes, ids filled where a runtime gave none
+        let call = ToolCall {
+            id: None,
+            kind: "function".into(),
+            function: mtp_contract::FunctionCall {
+                name: "f".into(),
+                arguments: json!("{\"a\": 1}"),
+            },
+        };
+        assert_eq!(
+            tool_calls(&[call]),
+            json!([{"id": "call_0", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"a\": 1}"}}])
+        );
+        let first = ToolCallDelta {
+            index: 1,
+            id: None,
+            name: Some("f".into()),
+            arguments: String::new(),
+        };
+        assert_eq!(
+            tool_call_delta(&first),
+            json!({"index": 1, "id": "call_1", "type": "function",
+                   "function": {"name": "f", "arguments": ""}})
+        );
+        let more = ToolCallDelta {
+            index: 1,
+            arguments: "{\"a\"".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            tool_call_delta(&more),
+            json!({"index": 1, "function": {"arguments": "{\"a\""}})
+        );
+        assert_eq!(finish_reason(FinishReason::ToolCalls), "tool_calls");
     }
 
     #[test]

@@ -1,0 +1,345 @@
+//! Tool calling end to end on the bundled demo model given the Qwen3.5 chat template as
+//! published (`crates/mtp-chat/tests/templates/Qwen3.5-4B.jinja`): a forced call (a named
+//! function, or `required`) decodes under the grammar of the template's `<tool_call>` markup,
+//! comes back as OpenAI `tool_calls` with arguments valid against the tool's schema, is the
+//! same with MTP on and off, and streams as `delta.tool_calls` pieces that join to the same
+//! call, through the library and through `mtp serve`.
+
+#[allow(dead_code)]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use futures::StreamExt;
+use mtp::{
+    create_llm, FinishReason, GenerateRequest, Message, ProviderOptions, Speculation, StreamEvent,
+    ToolChoice,
+};
+use serde_json::{json, Value};
+
+/// The demo model's files with the Qwen3.5 template beside them.
+fn checkpoint() -> (tempfile::TempDir, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("tiny-code-qwen35-template");
+    std::fs::create_dir(&ck).unwrap();
+    for e in std::fs::read_dir(root.join("models/tiny-code")).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path().canonicalize().unwrap(), ck.join(e.file_name()))
+            .unwrap();
+    }
+    std::fs::copy(
+        root.join("crates/mtp-chat/tests/templates/Qwen3.5-4B.jinja"),
+        ck.join("chat_template.jinja"),
+    )
+    .unwrap();
+    (dir, ck)
+}
+
+fn tools() -> Vec<Value> {
+    vec![
+        json!({"type": "function", "function": {"name": "get_weather",
+            "description": "Weather forecast for a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "metric": {"type": "boolean"}},
+            "required": ["city", "days", "metric"]}}}),
+        json!({"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {
+                "zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}),
+    ]
+}
+
+fn request(choice: ToolChoice) -> GenerateRequest {
+    GenerateRequest::new("")
+        .messages(vec![Message::user(
+            "What is the weather in Paris for 3 days?",
+        )])
+        .tools(tools())
+        .tool_choice(choice)
+        .thinking(false)
+        .max_output_tokens(400)
+        // one call, so the grammar ends the reply after it (the demo model would go on
+        // calling while the grammar allows more)
+        .parallel_tool_calls(false)
+}
+
+/// The arguments of a call, checked against the tool's schema by hand (the schema is small).
+fn check_arguments(name: &str, arguments: &Value) -> Value {
+    let text = arguments.as_str().expect("arguments are a JSON string");
+    let v: Value = serde_json::from_str(text).expect("arguments are JSON");
+    let o = v.as_object().expect("arguments are an object");
+    match name {
+        "get_weather" => {
+            assert!(
+                ["Paris", "Tokyo", "Lima"].contains(&o["city"].as_str().unwrap()),
+                "{v}"
+            );
+            assert!((1..=7).contains(&o["days"].as_i64().unwrap()), "{v}");
+            assert!(o["metric"].is_boolean(), "{v}");
+            assert_eq!(o.len(), 3, "{v}");
+        }
+        "get_time" => assert!(["UTC", "CET"].contains(&o["zone"].as_str().unwrap()), "{v}"),
+        other => panic!("a call of {other}, which is not a tool"),
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_forced_call_is_valid_and_the_same_with_mtp_on_and_off() {
+    let (_d, ck) = checkpoint();
+    let llm = create_llm(
+        "native",
+        ck.to_str().unwrap(),
+        ProviderOptions::default().speculation(Speculation::native_mtp()),
+    )
+    .unwrap();
+    for choice in [
+        ToolChoice::Function("get_weather".into()),
+        ToolChoice::Required,
+    ] {
+        let on = llm
+            .generate(request(choice.clone()).speculation(Speculation::depth(3).unwrap()))
+            .await
+            .unwrap();
+        assert!(
+            on.metadata.speculation.used,
+            "{:?}",
+            on.metadata.speculation
+        );
+        let off = llm
+            .generate(request(choice.clone()).speculation(false))
+            .await
+            .unwrap();
+        assert_eq!(on.token_ids, off.token_ids, "{choice:?}");
+        assert_eq!(
+            on.finish_reason,
+            FinishReason::ToolCalls,
+            "{choice:?}: {on:?}"
+        );
+        assert_eq!(on.tool_calls.len(), 1, "{on:?}");
+        let call = &on.tool_calls[0];
+        if let ToolChoice::Function(n) = &choice {
+            assert_eq!(&call.function.name, n);
+        }
+        check_arguments(&call.function.name, &call.function.arguments);
+        assert!(call.id.as_deref().unwrap().starts_with("call_"));
+        assert_eq!(call.kind, "function");
+        // the markup is not the answer's text
+        assert!(!on.content.contains("<tool_call>"), "{}", on.content);
+        assert_eq!(
+            (
+                on.tool_calls[0].function.name.clone(),
+                on.tool_calls[0].function.arguments.clone()
+            ),
+            (
+                off.tool_calls[0].function.name.clone(),
+                off.tool_calls[0].function.arguments.clone()
+            )
+        );
+    }
+    // streamed: pieces join to the same call, and no markup reaches the text
+    let mut s = llm
+        .generate_stream(request(ToolChoice::Function("get_weather".into())))
+        .await
+        .unwrap();
+    let (mut text, mut pieces, mut done) = (String::new(), Vec::new(), None);
+    while let Some(ev) = s.next().await {
+        match ev.unwrap() {
+            StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::ToolCall(d) => pieces.push(d),
+            StreamEvent::Done(r) => done = Some(r),
+        }
+    }
+    let done = done.unwrap();
+    assert!(
+        !text.contains("<tool_call>") && !text.contains("<function="),
+        "{text}"
+    );
+    assert_eq!(pieces[0].index, 0);
+    assert_eq!(pieces[0].name.as_deref(), Some("get_weather"));
+    assert_eq!(pieces[0].id, done.tool_calls[0].id);
+    let joined: String = pieces.iter().map(|p| p.arguments.as_str()).collect();
+    assert_eq!(Value::String(joined), done.tool_calls[0].function.arguments);
+    // `none`: no tools shown, no calls read
+    let none = llm.generate(request(ToolChoice::None)).await.unwrap();
+    assert!(none.tool_calls.is_empty());
+    assert_ne!(none.finish_reason, FinishReason::ToolCalls);
+    // a named function that is not a tool is the request's mistake
+    let err = llm
+        .generate(request(ToolChoice::Function("launch".into())))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("launch"), "{err}");
+}
+
+/// The same through `mtp serve`: OpenAI's `message.tool_calls` (content null),
+/// `finish_reason: "tool_calls"`, and streamed `delta.tool_calls` whose first piece of a call
+/// carries `id`, `type` and `function.name`, joining to the whole answer's call; then a
+/// tool-result turn renders and answers.
+#[tokio::test]
+async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
+    let (_d, ck) = checkpoint();
+    let srv = Killed(common::spawn_serve(
+        ck.to_str().unwrap(),
+        &[],
+        Stdio::inherit(),
+    ));
+    let url = format!("{}/v1/chat/completions", srv.0.base);
+    let client = reqwest::Client::new();
+    let body = |stream: bool, spec: Value| {
+        json!({"model": "m", "stream": stream, "max_tokens": 400, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the weather in Paris for 3 days?"}],
+            "tools": tools(), "chat_template_kwargs": {"enable_thinking": false},
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false, "speculation": spec})
+    };
+    let whole: Value = client
+        .post(&url)
+        .json(&body(false, json!(true)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+    assert_eq!(choice["message"]["content"], Value::Null, "{whole}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args = check_arguments("get_weather", &calls[0]["function"]["arguments"]);
+    assert!(whole["speculation"]["used"] == true, "{whole}");
+    // MTP off: the same call
+    let off: Value = client
+        .post(&url)
+        .json(&body(false, json!(false)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        off["choices"][0]["message"]["tool_calls"][0]["function"],
+        calls[0]["function"]
+    );
+    // streamed
+    let text = client
+        .post(&url)
+        .json(&body(true, json!(true)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut arguments = String::new();
+    let mut first: Option<Value> = None;
+    let mut finish = None;
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(data).unwrap();
+        let Some(ch) = c["choices"].get(0) else {
+            continue;
+        };
+        if let Some(tc) = ch["delta"]["tool_calls"].as_array() {
+            for piece in tc {
+                assert_eq!(piece["index"], 0);
+                if first.is_none() {
+                    first = Some(piece.clone());
+                }
+                arguments.push_str(piece["function"]["arguments"].as_str().unwrap());
+            }
+        }
+        if let Some(content) = ch["delta"]["content"].as_str() {
+            assert!(!content.contains('<'), "markup in the text: {content:?}");
+        }
+        if !ch["finish_reason"].is_null() {
+            finish = Some(ch["finish_reason"].clone());
+        }
+    }
+    let first = first.expect("a delta.tool_calls piece");
+    assert_eq!(first["type"], "function");
+    assert_eq!(first["function"]["name"], "get_weather");
+    assert!(first["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(finish, Some(json!("tool_calls")));
+    let streamed: Value = serde_json::from_str(&arguments).unwrap();
+    assert_eq!(streamed, args);
+    // the tool's result as the next turn: rendered through the template and answered
+    let next = json!({"model": "m", "max_tokens": 8, "temperature": 0,
+    "chat_template_kwargs": {"enable_thinking": false}, "tools": tools(),
+    "messages": [
+        {"role": "user", "content": "What is the weather in Paris for 3 days?"},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "{\"forecast\": \"sun\"}"}
+    ]});
+    let r = client.post(&url).json(&next).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+            > whole["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+}
+
+/// The server, killed when the test ends or fails (its stderr is the test's own).
+struct Killed(common::Spawned);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+/// The official `openai` Python client (`cargo xtask test` prepares it: `MTP_OPENAI_PYTHON`)
+/// driving `mtp serve`: named and required calls valid against their schemas and the same
+/// with MTP on and off, streamed `delta.tool_calls` joining to the same call, and a tool-result
+/// turn sent back as the client keeps the history (`crates/mtp/tests/openai_sdk/tool_calls.py`
+/// asserts the client's view; this checks its summary).
+mod openai_sdk {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the official openai Python client (MTP_OPENAI_PYTHON); cargo xtask test prepares it"]
+    fn the_official_client_gets_tool_calls() {
+        let python = std::env::var_os("MTP_OPENAI_PYTHON")
+            .expect("MTP_OPENAI_PYTHON: cargo xtask test prepares the openai client");
+        let (_d, ck) = checkpoint();
+        let srv = Killed(common::spawn_serve(
+            ck.to_str().unwrap(),
+            &[],
+            Stdio::inherit(),
+        ));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/tool_calls.py");
+        let out = std::process::Command::new(python)
+            .arg(&script)
+            .arg(format!("{}/v1", srv.0.base))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["named"][0], "get_weather");
+        check_arguments("get_weather", &v["named"][1]);
+        // the stream joins to the same call as the whole answer
+        assert_eq!(v["streamed"], v["named"]);
+        let name = v["required"][0].as_str().unwrap();
+        check_arguments(name, &v["required"][1]);
+        // the tool-result turn holds the first turn's prompt, the call and the result
+        assert!(
+            v["tool_turn_prompt_tokens"].as_u64() > v["first_prompt_tokens"].as_u64(),
+            "{v}"
+        );
+    }
+}
