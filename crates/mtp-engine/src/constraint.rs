@@ -92,8 +92,12 @@ fn spelling(tok: &tokenizers::Tokenizer) -> Option<Spelling> {
 }
 
 impl ByteVocab {
-    /// Each token's bytes from a `tokenizer.json` (special and `<...>` added tokens marked as
-    /// specials, so grammar text is never spelled with them), with `eos` as the end ids.
+    /// Each token's bytes from a `tokenizer.json` (tokens marked `special`, and the end ids
+    /// `eos`, as specials: grammar text is never spelled with them), as llguidance's own
+    /// `token_bytes_from_tokenizer_json` reads them. An added token that is not special (Qwen's
+    /// `<tool_call>`, `</think>`) is the text it stands for: the model writes its tool-call
+    /// and reasoning markup with those tokens, and a grammar of that markup (a forced tool
+    /// call) must let it.
     ///
     /// Written here rather than taken from `toktrie_hf_tokenizers` or llguidance's
     /// `token_bytes_from_tokenizer_json`: the first pins `tokenizers` 0.21 (the engine is on
@@ -117,15 +121,13 @@ impl ByteVocab {
             let id32 = id as u32;
             if let Some(a) = added.get(&id32) {
                 let c = &a.content;
-                *word =
-                    if a.special || (c.starts_with('<') && c.ends_with('>')) || eos.contains(&id32)
-                    {
-                        let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                        w.extend_from_slice(c.as_bytes());
-                        w
-                    } else {
-                        c.as_bytes().to_vec()
-                    };
+                *word = if a.special || eos.contains(&id32) {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(c.as_bytes());
+                    w
+                } else {
+                    c.as_bytes().to_vec()
+                };
                 continue;
             }
             let Some(s) = tok.id_to_token(id32) else {

@@ -313,9 +313,24 @@ mod openai_sdk {
     #[test]
     #[ignore = "needs the official openai Python client (MTP_OPENAI_PYTHON); cargo xtask test prepares it"]
     fn the_official_client_gets_tool_calls() {
+        let (_d, ck) = checkpoint();
+        drive(&ck);
+    }
+
+    /// The same on the real-vocabulary checkpoint (`cargo xtask fixtures --real-vocab`: Qwen's
+    /// own vocabulary, where `<tool_call>` is one added token, and the Qwen3.5 template).
+    #[test]
+    #[ignore = "needs the openai client (MTP_OPENAI_PYTHON) and the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test prepares both"]
+    fn the_official_client_gets_tool_calls_on_the_real_vocabulary() {
+        let ck = std::env::var_os("MTP_REAL_VOCAB_MODEL")
+            .map(PathBuf::from)
+            .expect("MTP_REAL_VOCAB_MODEL: cargo xtask test builds the checkpoint");
+        drive(&ck);
+    }
+
+    fn drive(ck: &Path) {
         let python = std::env::var_os("MTP_OPENAI_PYTHON")
             .expect("MTP_OPENAI_PYTHON: cargo xtask test prepares the openai client");
-        let (_d, ck) = checkpoint();
         let srv = Killed(common::spawn_serve(
             ck.to_str().unwrap(),
             &[],
