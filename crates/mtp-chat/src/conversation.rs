@@ -300,6 +300,36 @@ impl ChatTemplates {
     }
 }
 
+/// How a reply's tool calls are read (the format its template teaches) and the constraint of
+/// a forced call: what [`tool_decoding`] gives a provider.
+pub type ToolDecoding = (Option<ToolCallFormat>, Option<ResponseFormat>);
+
+/// [`ChatTemplates::tool_call_format`] and [`ChatTemplates::tool_call_constraint`] for an
+/// in-process provider whose templates may have failed to load (`templates`' error, shown
+/// when a forced call needs them): a request that forces nothing reads no calls then (it can
+/// only be raw); one that forces a call is an `InvalidRequest` naming `tool_choice`.
+pub fn tool_decoding<E: std::fmt::Display>(
+    templates: Result<&ChatTemplates, E>,
+    request: &GenerateRequest,
+    reasoning: Option<&ReasoningStart>,
+    model: &str,
+) -> Result<ToolDecoding, ProviderError> {
+    let templates = match templates {
+        Ok(t) => t,
+        Err(_) if !request.tool_choice.forces_a_call() => return Ok((None, None)),
+        Err(e) => {
+            return Err(ProviderError::InvalidRequest {
+                field: "tool_choice",
+                message: format!("a forced tool call needs the model's chat template: {e}"),
+            })
+        }
+    };
+    let forced = templates
+        .tool_call_constraint(request, reasoning)
+        .map_err(|e| e.into_provider_error(model))?;
+    Ok((templates.tool_call_format(request), forced))
+}
+
 /// `calls` (a Lark grammar whose first rule is `start`) behind a reasoning block the prompt
 /// opened: free text up to `close`, optional blank space, then the calls.
 fn after_reasoning(calls: &str, close: &str) -> String {

@@ -54,7 +54,8 @@ pub mod toolcall;
 
 pub use checkpoint::{token_string, ChatTemplates, CheckpointError, SPECIAL_TOKEN_KEYS};
 pub use conversation::{
-    conversation, template_message, ChatError, Prompt, ReasoningStart, ReplyText,
+    conversation, template_message, tool_decoding, ChatError, Prompt, ReasoningStart, ReplyText,
+    ToolDecoding,
 };
 pub use literal::{GuardedPrompt, SpecialStrings};
 pub use stream::{ReasoningParser, Split, StopScanner, ThinkTags};

@@ -154,10 +154,22 @@ impl Transport {
         let url = self.url(path);
         tracing::debug!(server = %self.server(), path, "POST");
         let resp = self.send(|| self.client.post(&url).json(body)).await?;
-        let status = resp.status();
-        if status.is_success() {
+        if resp.status().is_success() {
             return Ok(resp);
         }
+        Err(self.refused(resp, path, true).await)
+    }
+
+    /// The `Api` error of a non-2xx answer to `path`: its status and the server's message,
+    /// with a hint for a refused key and (when `model_hint`, a request about the model) for a
+    /// 404.
+    async fn refused(
+        &self,
+        resp: reqwest::Response,
+        path: &str,
+        model_hint: bool,
+    ) -> ProviderError {
+        let status = resp.status();
         let text = match self.read_error_body(resp).await {
             Ok(BodyRead::Complete(b)) | Ok(BodyRead::Cut(b, _)) => b,
             Err(_) => Vec::new(),
@@ -172,13 +184,13 @@ impl Transport {
         if status.as_u16() == 401 || status.as_u16() == 403 {
             message.push_str(" (check the api_key given to the provider)");
         }
-        if status.as_u16() == 404 {
+        if model_hint && status.as_u16() == 404 {
             message.push_str(&format!(
                 " (is this a {} server, and is model `{}` served there?)",
                 self.kind, self.model
             ));
         }
-        Err(self.api_error(Some(status.as_u16()), message))
+        self.api_error(Some(status.as_u16()), message)
     }
 
     /// GETs a page that must exist; a non-2xx answer is an `Api` error carrying the server's
@@ -187,23 +199,8 @@ impl Transport {
         let url = self.url(path);
         tracing::debug!(server = %self.server(), path, "GET");
         let resp = self.send(|| self.client.get(&url)).await?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = match self.read_error_body(resp).await {
-                Ok(BodyRead::Complete(b)) | Ok(BodyRead::Cut(b, _)) => b,
-                Err(_) => Vec::new(),
-            };
-            let mut message = format!(
-                "HTTP {} from {}{}: {}",
-                status.as_u16(),
-                self.server(),
-                path,
-                server_message(&text)
-            );
-            if status.as_u16() == 401 || status.as_u16() == 403 {
-                message.push_str(" (check the api_key given to the provider)");
-            }
-            return Err(self.api_error(Some(status.as_u16()), message));
+        if !resp.status().is_success() {
+            return Err(self.refused(resp, path, false).await);
         }
         match self.read_body(resp, path).await? {
             BodyRead::Complete(b) => Ok(b),

@@ -76,14 +76,7 @@ pub fn create(
     model: &str,
     opts: &ProviderOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let kind =
-        ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
-            field: "provider",
-            message: format!(
-                "unknown HTTP provider `{provider_name}`; known: {}",
-                PROVIDERS.join(", ")
-            ),
-        })?;
+    let kind = kind_named(provider_name)?;
     Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
 }
 
@@ -95,14 +88,7 @@ pub async fn served_model(
     provider_name: &str,
     opts: &ProviderOptions,
 ) -> Result<String, ProviderError> {
-    let kind =
-        ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
-            field: "provider",
-            message: format!(
-                "unknown HTTP provider `{provider_name}`; known: {}",
-                PROVIDERS.join(", ")
-            ),
-        })?;
+    let kind = kind_named(provider_name)?;
     let http = HttpOptions::from_provider_options(kind, opts)?;
     let t = http::Transport::new(kind, "(the served model)".into(), http)?;
     let body = t.get_required("/v1/models").await?;
@@ -134,6 +120,17 @@ pub async fn served_model(
             ),
         }),
     }
+}
+
+/// The server kind a provider name stands for; an unknown name lists [`PROVIDERS`].
+fn kind_named(provider_name: &str) -> Result<ServerKind, ProviderError> {
+    ServerKind::from_name(provider_name).ok_or_else(|| ProviderError::InvalidRequest {
+        field: "provider",
+        message: format!(
+            "unknown HTTP provider `{provider_name}`; known: {}",
+            PROVIDERS.join(", ")
+        ),
+    })
 }
 
 /// Compiles the README's examples as doctests.

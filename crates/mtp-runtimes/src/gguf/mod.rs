@@ -53,13 +53,6 @@ use mtp_contract::{
 
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
 
-/// How a reply's tool calls are read (the template's format) and the constraint of a forced
-/// call.
-type ToolDecoding = (
-    Option<mtp_chat::toolcall::ToolCallFormat>,
-    Option<mtp_contract::ResponseFormat>,
-);
-
 /// The provider name.
 pub const PROVIDER: &str = "gguf";
 /// The linked llama.cpp release.
@@ -399,22 +392,13 @@ impl GgufProvider {
         &self,
         req: &GenerateRequest,
         reasoning: Option<&mtp_chat::ReasoningStart>,
-    ) -> Result<ToolDecoding, ProviderError> {
-        let templates = match &self.inner.templates {
-            Ok(t) => t,
-            // (a raw request, the only kind such a GGUF answers, offers no tools)
-            Err(_) if !req.tool_choice.forces_a_call() => return Ok((None, None)),
-            Err(e) => {
-                return Err(ProviderError::InvalidRequest {
-                    field: "tool_choice",
-                    message: format!("a forced tool call needs the GGUF's chat template: {e}"),
-                })
-            }
-        };
-        let forced = templates
-            .tool_call_constraint(req, reasoning)
-            .map_err(|e| e.into_provider_error(&self.inner.name))?;
-        Ok((templates.tool_call_format(req), forced))
+    ) -> Result<mtp_chat::ToolDecoding, ProviderError> {
+        mtp_chat::tool_decoding(
+            self.inner.templates.as_ref(),
+            req,
+            reasoning,
+            &self.inner.name,
+        )
     }
 
     /// Validates, plans, tokenizes and starts the blocking loop; events arrive on the stream.

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use mtp_chat::toolcall::ToolCallFormat;
 use mtp_chat::ReasoningStart;
 use mtp_contract::{DraftStats, FinishReason, GenerateRequest, ProviderError, Sampling, Timings};
 
@@ -190,7 +189,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         request: &GenerateRequest,
         reasoning: Option<&ReasoningStart>,
-    ) -> Result<(Option<ToolCallFormat>, Option<mtp_contract::ResponseFormat>), ProviderError> {
+    ) -> Result<mtp_chat::ToolDecoding, ProviderError> {
         let _ = reasoning;
         if request.tool_choice.forces_a_call() {
             return Err(ProviderError::InvalidRequest {

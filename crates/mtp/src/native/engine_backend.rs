@@ -401,29 +401,9 @@ impl Backend for EngineBackend {
         &self,
         request: &GenerateRequest,
         reasoning: Option<&mtp_chat::ReasoningStart>,
-    ) -> Result<
-        (
-            Option<mtp_chat::toolcall::ToolCallFormat>,
-            Option<mtp_contract::ResponseFormat>,
-        ),
-        ProviderError,
-    > {
+    ) -> Result<mtp_chat::ToolDecoding, ProviderError> {
         let model = self.engine.dir().display().to_string();
-        let templates = match self.tokenizer()?.templates() {
-            Ok(t) => t,
-            // (a raw request, the only kind such a checkpoint answers, offers no tools)
-            Err(_) if !request.tool_choice.forces_a_call() => return Ok((None, None)),
-            Err(e) => {
-                return Err(ProviderError::InvalidRequest {
-                    field: "tool_choice",
-                    message: format!("a forced tool call needs the chat template: {e}"),
-                })
-            }
-        };
-        let forced = templates
-            .tool_call_constraint(request, reasoning)
-            .map_err(|e| e.into_provider_error(&model))?;
-        Ok((templates.tool_call_format(request), forced))
+        mtp_chat::tool_decoding(self.tokenizer()?.templates(), request, reasoning, &model)
     }
 
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
