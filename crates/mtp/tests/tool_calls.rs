@@ -290,6 +290,44 @@ async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
         v["usage"]["prompt_tokens"].as_u64().unwrap()
             > whole["usage"]["prompt_tokens"].as_u64().unwrap()
     );
+    // multi-turn with the prefix cache: the call's turn under a key, then the tool-result
+    // turn resumes from the state kept before the first turn's generation prompt
+    let mut keyed = body(false, json!(true));
+    keyed["prompt_cache_key"] = json!("weather-session");
+    let turn1: Value = client
+        .post(&url)
+        .json(&keyed)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let calls1 = turn1["choices"][0]["message"]["tool_calls"].clone();
+    assert_eq!(calls1[0]["function"], calls[0]["function"], "{turn1}");
+    let mut next = next;
+    next["prompt_cache_key"] = json!("weather-session");
+    next["messages"][1]["tool_calls"] = calls1.clone();
+    next["messages"][2]["tool_call_id"] = calls1[0]["id"].clone();
+    let turn2: Value = client
+        .post(&url)
+        .json(&next)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // at least everything before the first turn's generation prompt (`<|im_start|>assistant\n`
+    // and the empty think block: under 40 byte tokens) came from the cache
+    let first_prompt = turn1["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached + 40 > first_prompt,
+        "{cached} of {first_prompt}: {turn2}"
+    );
 }
 
 /// The server, killed when the test ends or fails (its stderr is the test's own).
