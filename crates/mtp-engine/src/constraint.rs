@@ -101,7 +101,7 @@ impl ByteVocab {
     ///
     /// Written here rather than taken from `toktrie_hf_tokenizers` or llguidance's
     /// `token_bytes_from_tokenizer_json`: the first pins `tokenizers` 0.21 (the engine is on
-    /// 0.22, and two copies would not share types), and both panic on vocabularies they do not
+    /// 0.23, and two copies would not share types), and both panic on vocabularies they do not
     /// expect (a `<0xZZ>` token, an unknown decoder); a checkpoint's tokenizer.json is outside
     /// input, so this returns a typed error instead.
     pub(crate) fn new(tok: &tokenizers::Tokenizer, eos: &[u32]) -> Result<Self> {
