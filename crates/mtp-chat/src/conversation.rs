@@ -188,6 +188,16 @@ pub struct Prompt {
     pub reasoning: Option<ReasoningStart>,
 }
 
+impl Prompt {
+    /// A raw request's prompt: its text verbatim, no reasoning split.
+    pub fn raw(request: &GenerateRequest) -> Prompt {
+        Prompt {
+            text: request.prompt.clone(),
+            reasoning: None,
+        }
+    }
+}
+
 impl ChatTemplates {
     /// Renders `request` with the checkpoint's template, as `apply_chat_template(messages,
     /// tools=..., add_generation_prompt=True, **special_tokens, **chat_template_kwargs,
@@ -203,10 +213,7 @@ impl ChatTemplates {
         clock: Clock,
     ) -> Result<Prompt, ChatError> {
         if request.raw_prompt {
-            return Ok(Prompt {
-                text: request.prompt.clone(),
-                reasoning: None,
-            });
+            return Ok(Prompt::raw(request));
         }
         let (template, input) = self.input_for(request, clock)?;
         let text = template.render(&input)?;

@@ -139,6 +139,15 @@ pub struct GuardedPrompt {
 }
 
 impl GuardedPrompt {
+    /// A raw request's prompt: its text verbatim, nothing guarded, no history.
+    pub fn raw(request: &GenerateRequest) -> GuardedPrompt {
+        GuardedPrompt {
+            prompt: Prompt::raw(request),
+            literals: Vec::new(),
+            history_len: None,
+        }
+    }
+
     /// The literal ranges of `prompt.text[..len]`.
     pub fn literals_before(&self, len: usize) -> &[Range<usize>] {
         &self.literals[..self.literals.partition_point(|r| r.end <= len)]
@@ -326,14 +335,7 @@ impl ChatTemplates {
         history: bool,
     ) -> Result<GuardedPrompt, ChatError> {
         if request.raw_prompt {
-            return Ok(GuardedPrompt {
-                prompt: Prompt {
-                    text: request.prompt.clone(),
-                    reasoning: None,
-                },
-                literals: Vec::new(),
-                history_len: None,
-            });
+            return Ok(GuardedPrompt::raw(request));
         }
         // one instant for every render of this request, so that they agree
         let clock = Clock::Fixed(chrono::Local::now().naive_local());

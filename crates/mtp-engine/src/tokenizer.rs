@@ -202,10 +202,7 @@ impl TextTokenizer {
     /// raw request).
     pub fn render(&self, request: &GenerateRequest) -> std::result::Result<Prompt, ChatError> {
         if request.raw_prompt {
-            return Ok(Prompt {
-                text: request.prompt.clone(),
-                reasoning: None,
-            });
+            return Ok(Prompt::raw(request));
         }
         self.usable_templates()?.render_request(request)
     }
@@ -226,14 +223,7 @@ impl TextTokenizer {
         history: bool,
     ) -> std::result::Result<GuardedPrompt, ChatError> {
         if request.raw_prompt {
-            return Ok(GuardedPrompt {
-                prompt: Prompt {
-                    text: request.prompt.clone(),
-                    reasoning: None,
-                },
-                literals: Vec::new(),
-                history_len: None,
-            });
+            return Ok(GuardedPrompt::raw(request));
         }
         let none = SpecialStrings::default();
         let specials = if parse_special { &none } else { &self.specials };

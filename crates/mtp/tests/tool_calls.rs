@@ -196,15 +196,7 @@ async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
             "parallel_tool_calls": false, "speculation": spec})
     };
-    let whole: Value = client
-        .post(&url)
-        .json(&body(false, json!(true)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole: Value = post(&client, &url, &body(false, json!(true))).await;
     let choice = &whole["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
     assert_eq!(choice["message"]["content"], Value::Null, "{whole}");
@@ -215,15 +207,7 @@ async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
     let args = check_arguments("get_weather", &calls[0]["function"]["arguments"]);
     assert!(whole["speculation"]["used"] == true, "{whole}");
     // MTP off: the same call
-    let off: Value = client
-        .post(&url)
-        .json(&body(false, json!(false)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let off: Value = post(&client, &url, &body(false, json!(false))).await;
     assert_eq!(
         off["choices"][0]["message"]["tool_calls"][0]["function"],
         calls[0]["function"]
@@ -294,30 +278,14 @@ async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
     // turn resumes from the state kept before the first turn's generation prompt
     let mut keyed = body(false, json!(true));
     keyed["prompt_cache_key"] = json!("weather-session");
-    let turn1: Value = client
-        .post(&url)
-        .json(&keyed)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let turn1: Value = post(&client, &url, &keyed).await;
     let calls1 = turn1["choices"][0]["message"]["tool_calls"].clone();
     assert_eq!(calls1[0]["function"], calls[0]["function"], "{turn1}");
     let mut next = next;
     next["prompt_cache_key"] = json!("weather-session");
     next["messages"][1]["tool_calls"] = calls1.clone();
     next["messages"][2]["tool_call_id"] = calls1[0]["id"].clone();
-    let turn2: Value = client
-        .post(&url)
-        .json(&next)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let turn2: Value = post(&client, &url, &next).await;
     let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap();
@@ -328,6 +296,19 @@ async fn mtp_serve_answers_openai_tool_calls_whole_and_streamed() {
         cached + 40 > first_prompt,
         "{cached} of {first_prompt}: {turn2}"
     );
+}
+
+/// POSTs `body` as JSON and reads the JSON answer.
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Value {
+    client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// The server, killed when the test ends or fails (its stderr is the test's own).

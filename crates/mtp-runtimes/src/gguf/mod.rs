@@ -370,10 +370,7 @@ impl GgufProvider {
     /// rendered by the workspace's one renderer, with the GGUF's own special tokens.
     fn prompt(&self, req: &GenerateRequest) -> Result<Prompt, ProviderError> {
         if req.raw_prompt {
-            return Ok(Prompt {
-                text: req.prompt.clone(),
-                reasoning: None,
-            });
+            return Ok(Prompt::raw(req));
         }
         match &self.inner.templates {
             Ok(t) => t
