@@ -1,8 +1,10 @@
-//! The official Python clients the server must satisfy (the developers' guide: "test against
-//! them, not only against our own"): a virtual environment outside the clone, in the cache
-//! folder, with the `openai` package at a pinned version, made once and reused. The tests that
-//! drive `mtp serve` with it are `#[ignore]`d without it and run by `cargo xtask test`
-//! (`MTP_OPENAI_PYTHON`, the environment's interpreter).
+//! The official Python clients the project must satisfy (the developers' guide: "test against
+//! them, not only against our own"): one virtual environment outside the clone, in the cache
+//! folder, with the `openai` and `huggingface_hub` packages at pinned versions, made once and
+//! reused. The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names) and the
+//! fake Hub (`mtp-fakehub`) with `huggingface_hub` (`hf_hub`) are `#[ignore]`d without it and run
+//! by `cargo xtask test` (`MTP_OPENAI_PYTHON` and `MTP_HF_PYTHON`, both the environment's
+//! interpreter).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,33 +17,50 @@ pub const NEEDS_OPENAI_SDK: &str = "openai_sdk";
 /// The environment variable naming the interpreter that has the `openai` package.
 pub const ENV_OPENAI_PYTHON: &str = "MTP_OPENAI_PYTHON";
 
-/// The `openai` release the tests are written against.
-const OPENAI: &str = "openai==3.63.0";
+/// The name filter of the tests that need the official `huggingface_hub` client.
+pub const NEEDS_HF_HUB: &str = "hf_hub";
 
-/// The interpreter that has the client: a virtual environment's (`python3 -m venv`), or where
+/// The environment variable naming the interpreter that has the `huggingface_hub` package.
+pub const ENV_HF_PYTHON: &str = "MTP_HF_PYTHON";
+
+/// The releases the tests are written against, installed together.
+const PACKAGES: [&str; 2] = ["openai==3.63.0", "huggingface_hub==2.4.0"];
+
+/// The folder the environment of an earlier layout (`openai` alone) was made in.
+const OLD_DIR: &str = "py-openai";
+
+/// The interpreter that has the clients: a virtual environment's (`python3 -m venv`), or where
 /// the system's Python has no `venv` module (Debian without `python3-venv`), a wrapper that
-/// runs it with the package installed beside it (`pip install --target`). Made once, when
-/// missing or holding another release.
+/// runs it with the packages installed beside it (`pip install --target`). Made once, when
+/// missing or holding other releases (its `READY` marker lists them).
 pub fn prepare() -> Result<PathBuf> {
-    let dir = crate::llama::cache_root()?.join("py-openai");
+    let root = crate::llama::cache_root()?;
+    let dir = root.join("py-clients");
     let marker = dir.join("READY");
+    let releases = PACKAGES.join(" ");
     if let Ok(m) = std::fs::read_to_string(&marker) {
-        if let Some((release, python)) = m.trim().split_once('\n') {
-            if release == OPENAI && Path::new(python).is_file() {
+        if let Some((listed, python)) = m.trim().split_once('\n') {
+            if listed == releases && Path::new(python).is_file() {
                 return Ok(PathBuf::from(python));
             }
         }
     }
     let system = crate::llama::find_python()?;
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    for old in [dir.clone(), root.join(OLD_DIR)] {
+        if old.exists() {
+            std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
     }
     let venv = dir.join("venv");
     let python = if succeeds(Command::new(&system).args(["-m", "venv"]).arg(&venv)) {
         let python = venv.join("bin").join("python");
-        let ok = succeeds(Command::new(&python).args(["-m", "pip", "install", "--quiet", OPENAI]));
+        let ok = succeeds(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(PACKAGES),
+        );
         if !ok {
-            bail!("pip install {OPENAI} into {} failed", venv.display());
+            bail!("pip install {releases} into {} failed", venv.display());
         }
         python
     } else {
@@ -52,7 +71,7 @@ pub fn prepare() -> Result<PathBuf> {
                     .args(["-m", "pip", "install", "--quiet", "--target"])
                     .arg(&site)
                     .args(extra)
-                    .arg(OPENAI),
+                    .args(PACKAGES),
             )
         };
         // (`--target` leaves the system's packages alone; pip 23+ still wants to be told so
@@ -75,7 +94,7 @@ pub fn prepare() -> Result<PathBuf> {
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
         wrapper
     };
-    std::fs::write(&marker, format!("{OPENAI}\n{}", python.display()))?;
+    std::fs::write(&marker, format!("{releases}\n{}", python.display()))?;
     Ok(python)
 }
 

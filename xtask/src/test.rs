@@ -57,25 +57,32 @@ pub fn run(args: &[String]) -> Result<()> {
     // tree `llama::prepare` unpacked and the checkpoint `real_vocab::prepare` writes from it.
     let llama_src = crate::llama::source_dir()?;
     let real_vocab = crate::real_vocab::prepare(&llama_src)?;
-    // The official `openai` client driving `mtp serve` (a venv outside the clone, cached), in
-    // the same run of the ignored tests.
-    let openai = crate::py_clients::prepare()?;
-    let sdk = crate::py_clients::NEEDS_OPENAI_SDK;
+    // The official Python clients (a venv outside the clone, cached), in the same run of the
+    // ignored tests: `openai` driving `mtp serve`, `huggingface_hub` against the fake Hub.
+    let python = crate::py_clients::prepare()?;
+    let filters = [
+        NEEDS_LLAMA_CPP_SRC,
+        crate::py_clients::NEEDS_OPENAI_SDK,
+        crate::py_clients::NEEDS_HF_HUB,
+    ];
     let cargo_args = args.iter().take_while(|a| *a != "--");
     let status = Command::new(&cargo)
         .args(test_args)
         .args(cargo_args)
-        .args(["--", "--ignored", NEEDS_LLAMA_CPP_SRC, sdk])
+        .args(["--", "--ignored"])
+        .args(filters)
         .env(crate::llama::ENV_SOURCE, &llama_src)
         .env(crate::real_vocab::ENV_MODEL, &real_vocab)
         .env(crate::llama::ENV_SERVER, &llama_server)
-        .env(crate::py_clients::ENV_OPENAI_PYTHON, &openai)
+        .env(crate::py_clients::ENV_OPENAI_PYTHON, &python)
+        .env(crate::py_clients::ENV_HF_PYTHON, &python)
         .status()
-        .with_context(|| {
-            format!("running {cargo} test -- --ignored {NEEDS_LLAMA_CPP_SRC} {sdk}")
-        })?;
+        .with_context(|| format!("running {cargo} test -- --ignored {}", filters.join(" ")))?;
     if !status.success() {
-        bail!("the tests on llama.cpp's real vocabularies and with the openai client failed ({status})");
+        bail!(
+            "the tests on llama.cpp's real vocabularies and with the openai and huggingface_hub \
+             clients failed ({status})"
+        );
     }
     // Doc tests are not part of --all-targets.
     let status = Command::new(&cargo)
