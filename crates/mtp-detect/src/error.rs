@@ -71,24 +71,9 @@ pub enum DetectError {
         /// The directory or repository.
         place: String,
     },
-    /// A remote probe was asked for but no Hub endpoint is configured.
-    #[error("`{repo}` is not in the local Hugging Face cache ({cache}) and HF_ENDPOINT is not set; set HF_ENDPOINT to the Hub's base URL to probe it remotely, or download it first")]
-    NoEndpoint {
-        /// The repository.
-        repo: String,
-        /// The cache directory that was searched.
-        cache: String,
-    },
-    /// The Hub answered with an error status or an unusable response.
-    #[error("{url}: {message}")]
-    Http {
-        /// The URL (never carries the token).
-        url: String,
-        /// HTTP status when there was one.
-        status: Option<u16>,
-        /// What went wrong.
-        message: String,
-    },
+    /// The Hub (or, offline, the cache in its place) could not answer.
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
     /// The capability registry could not be read.
     #[error("model registry {file}: {message}")]
     Registry {

@@ -9,7 +9,8 @@
 //! What it reads: `config.json`, `model.safetensors.index.json`, the 8-byte length and JSON
 //! header of a safetensors file, and a prefix of a GGUF file (3 MiB, growing to 64 MiB when
 //! the metadata is longer). Never tensor data. Sources: a local path, the Hugging Face cache,
-//! or the Hub over HTTP (`HF_ENDPOINT`, `HF_TOKEN`).
+//! or (feature `hub`) the Hub over HTTP, configured as `huggingface_hub` is (`HF_ENDPOINT`,
+//! `HF_TOKEN` or the login token file, `HF_HUB_OFFLINE`); see [`hub`].
 //!
 //! ```
 //! use mtp_detect::{probe_local, Runtime};
@@ -42,10 +43,14 @@ pub mod tensors;
 
 pub use drafter::{check_drafter, DrafterError, DrafterInfo, Mismatch, MismatchField};
 pub use error::DetectError;
-pub use hub::{HubConfig, HubReader};
+#[cfg(feature = "hub")]
+pub use hub::{HubClient, HubReader};
+pub use hub::{HubConfig, HubError};
+#[cfg(feature = "hub")]
+pub use probe::probe_async;
 pub use probe::{
-    default_depth, is_gguf_model_file, probe, probe_async, probe_local, probe_reader,
-    CompanionStatus, Format, ProbeOptions, ProbeReport, RegistryView, Role,
+    default_depth, is_gguf_model_file, probe, probe_local, probe_reader, CompanionStatus, Format,
+    ProbeOptions, ProbeReport, RegistryView, Role,
 };
 pub use registry::{registry, Entry, Registry};
 pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};

@@ -11,7 +11,7 @@ use crate::config::{parse_config, ConfigInfo, MAX_CONFIG_LEN};
 use crate::drafter::{check_drafter_with, DrafterError};
 use crate::error::DetectError;
 use crate::gguf::{self, parse_gguf, GgufHeader, GgufParse};
-use crate::hub::{HubConfig, HubReader};
+use crate::hub::HubConfig;
 use crate::registry::{registry, Entry, MatchKind, Registry, Status};
 use crate::repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
 use crate::runtimes::{
@@ -55,7 +55,8 @@ pub enum Role {
 pub struct ProbeOptions {
     /// Where the Hugging Face cache is.
     pub cache: CacheConfig,
-    /// The Hub, for repositories not in the cache; `None` makes such probes an error.
+    /// The Hub, for repositories not in the cache; `None` (or `HF_HUB_OFFLINE`) makes such
+    /// probes an error. Reading the Hub needs the `hub` feature.
     pub hub: Option<HubConfig>,
     /// The registry; `None` uses the embedded one.
     pub registry: Option<Registry>,
@@ -74,7 +75,7 @@ impl Default for ProbeOptions {
     fn default() -> Self {
         ProbeOptions {
             cache: CacheConfig::from_env(),
-            hub: HubConfig::from_env(),
+            hub: Some(HubConfig::from_env()),
             registry: None,
             file: None,
             gguf_prefix: gguf::DEFAULT_PREFIX,
@@ -399,19 +400,49 @@ pub fn probe(spec: &str, opts: &ProbeOptions) -> Result<ProbeReport, DetectError
             probe_reader(&r, Some(repo), None, opts)
         }
         ResolvedArtifact::Remote { repo, revision } => {
-            let Some(hub) = &opts.hub else {
-                return Err(DetectError::NoEndpoint {
-                    repo: repo.to_string(),
-                    cache: opts.cache.hub_cache.display().to_string(),
-                });
+            let offline = || crate::hub::HubError::Offline {
+                what: format!("{repo}@{revision}"),
+                cache: Some(opts.cache.hub_cache.clone()),
             };
-            let r = HubReader::new(hub.clone(), repo.clone(), revision)?;
-            probe_reader(&r, Some(repo), None, opts)
+            let hub = match &opts.hub {
+                Some(h) if !h.offline => h,
+                _ => return Err(offline().into()),
+            };
+            remote(hub, repo, revision, opts)
         }
     }
 }
 
+#[cfg(feature = "hub")]
+fn remote(
+    hub: &HubConfig,
+    repo: &RepoId,
+    revision: &str,
+    opts: &ProbeOptions,
+) -> Result<ProbeReport, DetectError> {
+    let r = crate::hub::HubReader::new(hub.clone(), repo.clone(), revision)?;
+    probe_reader(&r, Some(repo), None, opts)
+}
+
+#[cfg(not(feature = "hub"))]
+fn remote(
+    hub: &HubConfig,
+    repo: &RepoId,
+    revision: &str,
+    _opts: &ProbeOptions,
+) -> Result<ProbeReport, DetectError> {
+    Err(crate::hub::HubError::Http {
+        url: hub.endpoint.clone(),
+        status: None,
+        message: format!(
+            "{repo}@{revision} is not in the local cache, and this build of mtp-detect has no Hub client (the `hub` feature)"
+        ),
+    }
+    .into())
+}
+
 /// [`probe`] for async callers: runs on the blocking pool.
+#[cfg(feature = "hub")]
 pub async fn probe_async(spec: String, opts: ProbeOptions) -> Result<ProbeReport, DetectError> {
     let task = tokio::task::spawn_blocking(move || probe(&spec, &opts));
     task.await.map_err(|e| DetectError::Io {

@@ -117,7 +117,9 @@ impl CacheConfig {
         }
     }
 
-    /// `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+    /// The cache `huggingface_hub` uses: `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE`, else
+    /// `$HF_HOME/hub`, where `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, else
+    /// `~/.cache/huggingface`.
     pub fn from_env() -> Self {
         Self::from_vars(|k| std::env::var(k).ok())
     }
@@ -125,28 +127,18 @@ impl CacheConfig {
     /// The same rule over any variable lookup (testable without touching the environment).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
         let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
-        if let Some(c) = nonempty("HF_HUB_CACHE") {
-            return CacheConfig::new(c);
+        if let Some(c) = nonempty("HF_HUB_CACHE").or_else(|| nonempty("HUGGINGFACE_HUB_CACHE")) {
+            return CacheConfig::new(crate::hub::expand_home(&c, &get));
         }
-        if let Some(h) = nonempty("HF_HOME") {
-            return CacheConfig::new(Path::new(&h).join("hub"));
-        }
-        let home = nonempty("HOME").unwrap_or_else(|| ".".into());
-        CacheConfig::new(Path::new(&home).join(".cache/huggingface/hub"))
+        CacheConfig::new(crate::hub::hf_home(&get).join("hub"))
     }
 
     /// The snapshot directory of `repo` at `revision` (a branch name in `refs/`, or a commit),
     /// if it is in the cache.
     pub fn snapshot(&self, repo: &RepoId, revision: &str) -> Option<(PathBuf, String)> {
-        validate_revision(revision).ok()?;
-        let root = self.hub_cache.join(repo.cache_folder());
-        let commit = match std::fs::read_to_string(root.join("refs").join(revision)) {
-            Ok(s) => s.trim().to_string(),
-            Err(_) => revision.to_string(),
-        };
-        validate_revision(&commit).ok()?;
-        let dir = root.join("snapshots").join(&commit);
-        dir.is_dir().then_some((dir, commit))
+        crate::hub::cache::RepoFolder::new(&self.hub_cache, repo)
+            .resolve(revision)
+            .map(|(commit, dir)| (dir, commit))
     }
 
     /// Whether `repo` has a `main` snapshot in the cache.

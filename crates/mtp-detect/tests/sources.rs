@@ -13,10 +13,7 @@ use safetensors::Dtype;
 
 fn hub_opts(cache: &std::path::Path, server: &HubServer) -> ProbeOptions {
     let mut o = ProbeOptions::offline(CacheConfig::new(cache));
-    o.hub = Some(HubConfig {
-        endpoint: server.base.clone(),
-        token: Some("hf_secret_token".into()),
-    });
+    o.hub = Some(HubConfig::new(server.base.clone()).with_token(Some("hf_secret_token".into())));
     o
 }
 
@@ -42,13 +39,15 @@ fn cache_dir_precedence() {
         });
         assert_eq!(c.hub_cache, std::path::PathBuf::from(want), "{vars:?}");
     }
-    assert!(HubConfig::from_vars(|_| None).is_none());
+    // As huggingface_hub: the public Hub unless HF_ENDPOINT says otherwise, online.
+    let d = HubConfig::from_vars(|k| (k == "HOME").then(|| "/nonexistent-home".to_string()));
+    assert_eq!(d.endpoint, mtp_detect::hub::DEFAULT_ENDPOINT);
+    assert!(d.token.is_none() && !d.offline);
     let h = HubConfig::from_vars(|k| match k {
         "HF_ENDPOINT" => Some("http://hub.test/".into()),
         "HF_TOKEN" => Some("secret".into()),
         _ => None,
-    })
-    .unwrap();
+    });
     assert_eq!(h.endpoint, "http://hub.test");
     assert!(
         !format!("{h:?}").contains("secret"),
@@ -143,15 +142,28 @@ fn hf_cache_layout_resolves_snapshots_and_reports_the_repo() {
 }
 
 #[test]
-fn not_cached_without_endpoint_is_a_clear_error() {
+fn not_cached_and_offline_is_a_clear_error() {
     let cache = tempfile::tempdir().unwrap();
     let e = probe(
         "org/missing",
         &ProbeOptions::offline(CacheConfig::new(cache.path())),
     )
     .unwrap_err();
-    assert!(matches!(e, DetectError::NoEndpoint { .. }), "{e:?}");
-    assert!(e.to_string().contains("HF_ENDPOINT"));
+    assert!(
+        matches!(e, DetectError::Hub(mtp_detect::HubError::Offline { .. })),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("HF_HUB_OFFLINE"), "{e}");
+    // HF_HUB_OFFLINE=1 is the same: no request goes out.
+    let mut opts = ProbeOptions::offline(CacheConfig::new(cache.path()));
+    let mut hub = HubConfig::new("http://127.0.0.1:9");
+    hub.offline = true;
+    opts.hub = Some(hub);
+    let e = probe("org/missing", &opts).unwrap_err();
+    assert!(
+        matches!(e, DetectError::Hub(mtp_detect::HubError::Offline { .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -243,10 +255,10 @@ fn hub_errors_are_typed() {
     assert!(
         matches!(
             e,
-            DetectError::Http {
+            DetectError::Hub(mtp_detect::HubError::Http {
                 status: Some(404),
                 ..
-            }
+            })
         ),
         "{e:?}"
     );
@@ -254,7 +266,13 @@ fn hub_errors_are_typed() {
     let mut opts = ProbeOptions::offline(CacheConfig::new(cache.path()));
     opts.hub = Some(HubConfig::new("http://127.0.0.1:9"));
     let e = probe("org/absent", &opts).unwrap_err();
-    assert!(matches!(e, DetectError::Http { status: None, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            DetectError::Hub(mtp_detect::HubError::Http { status: None, .. })
+        ),
+        "{e:?}"
+    );
 }
 
 #[tokio::test]

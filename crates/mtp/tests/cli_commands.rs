@@ -1128,9 +1128,11 @@ fn markdown_table_says_when_speculation_was_not_used() {
 
 fn bin() -> Command {
     let mut c = Command::cargo_bin("mtp").unwrap();
+    // Offline: nothing here may reach a Hub (a repo id that is not cached is an error).
     c.env_remove("MTP_API_KEY")
         .env_remove("HF_ENDPOINT")
-        .env_remove("HF_TOKEN");
+        .env_remove("HF_TOKEN")
+        .env("HF_HUB_OFFLINE", "1");
     c
 }
 

@@ -1,22 +1,15 @@
-//! `mtp models download|list|verify` and `mtp probe`, against a local server in the Hub's URL
-//! layout (never the internet) and temporary Hugging Face caches.
+//! `mtp models download|list|verify` and `mtp probe`, against the fake Hub of the tests
+//! (`mtp-fakehub`: the real Hub's API on loopback, never the internet) and temporary Hugging
+//! Face caches.
 
 #[path = "cli_fake_provider.rs"]
 mod fake;
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use assert_cmd::Command;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use mtp_fakehub::{FakeFile, FakeHub, FakeRepo, Fault};
 use predicates::prelude::*;
 use serde_json::{json, Value};
 
@@ -36,240 +29,134 @@ fn safetensors(names: &[&str]) -> Vec<u8> {
     f
 }
 
-struct Repo {
-    sha: &'static str,
-    files: BTreeMap<String, Vec<u8>>,
-    /// Serve the listing but fail every file with 500.
-    broken: bool,
-    /// Require `Authorization: Bearer <token>`.
-    token: Option<&'static str>,
+fn fake_repo(id: &str, commit: &str, files: Vec<(&str, Vec<u8>)>) -> FakeRepo {
+    let mut r = FakeRepo::new(
+        id,
+        files
+            .into_iter()
+            .map(|(p, b)| FakeFile::new(p, b))
+            .collect(),
+    );
+    r.commit = commit.to_string();
+    r
 }
 
-#[derive(Clone)]
-struct Hub {
-    repos: Arc<BTreeMap<String, Repo>>,
-    /// Whole-file downloads.
-    file_requests: Arc<AtomicUsize>,
-    /// `Range` reads (the probe's).
-    range_requests: Arc<AtomicUsize>,
-}
-
-fn hub() -> Hub {
+/// The Hub of these tests: a target without a head, its companion, a gated copy, one whose
+/// files fail, a registry-listed pair, and repos whose listings name hostile paths.
+fn serve() -> FakeHub {
     let target_cfg = br#"{"model_type":"qwen3_5","text_config":{"hidden_size":64,"num_hidden_layers":2,"vocab_size":32}}"#;
     let drafter_cfg = br#"{"model_type":"qwen3_5_mtp","text_config":{"hidden_size":64,"num_hidden_layers":1,"vocab_size":32}}"#;
-    let mut repos = BTreeMap::new();
-    let target = |broken, token| Repo {
-        sha: "0123456789abcdef0123456789abcdef01234567",
-        files: BTreeMap::from([
-            ("config.json".to_string(), target_cfg.to_vec()),
-            (
-                "model.safetensors".to_string(),
-                safetensors(&[
-                    "model.embed_tokens.weight",
-                    "model.layers.0.mlp.up_proj.weight",
-                ]),
-            ),
-            ("tokenizer/vocab.txt".to_string(), b"a\nb\n".to_vec()),
-        ]),
-        broken,
-        token,
-    };
-    repos.insert("org/model".to_string(), target(false, None));
-    repos.insert("org/broken".to_string(), target(true, None));
-    repos.insert("org/gated".to_string(), target(false, Some("hf_secret")));
-    repos.insert(
-        "org/model-MTP".to_string(),
-        Repo {
-            sha: "89abcdef0123456789abcdef0123456789abcdef",
-            files: BTreeMap::from([
-                ("config.json".to_string(), drafter_cfg.to_vec()),
+    let target = |id: &str, commit: &str| {
+        fake_repo(
+            id,
+            commit,
+            vec![
+                ("config.json", target_cfg.to_vec()),
                 (
-                    "model.safetensors".to_string(),
+                    "model.safetensors",
+                    safetensors(&[
+                        "model.embed_tokens.weight",
+                        "model.layers.0.mlp.up_proj.weight",
+                    ]),
+                ),
+                ("tokenizer/vocab.txt", b"a\nb\n".to_vec()),
+            ],
+        )
+    };
+    let mut repos = vec![
+        target("org/model", "0123456789abcdef0123456789abcdef01234567"),
+        target("org/broken", "0123456789abcdef0123456789abcdef01234567"),
+        target(
+            "mlx-community/Qwen3.8-27B-4bit",
+            "1111111111111111111111111111111111111111",
+        ),
+        fake_repo(
+            "org/model-MTP",
+            "89abcdef0123456789abcdef0123456789abcdef",
+            vec![
+                ("config.json", drafter_cfg.to_vec()),
+                (
+                    "model.safetensors",
                     safetensors(&[
                         "mtp.fc.weight",
                         "mtp.layers.0.mlp.up_proj.weight",
                         "mtp.norm.weight",
                     ]),
                 ),
-            ]),
-            broken: false,
-            token: None,
-        },
-    );
-    // A target the embedded registry lists, whose head ships as a companion.
-    let mut listed = target(false, None);
-    listed.sha = "1111111111111111111111111111111111111111";
-    repos.insert("mlx-community/Qwen3.8-27B-4bit".to_string(), listed);
-    repos.insert(
-        "mlx-community/Qwen3.8-27B-MTP-4bit".to_string(),
-        Repo {
-            sha: "2222222222222222222222222222222222222222",
-            files: BTreeMap::from([
-                ("config.json".to_string(), drafter_cfg.to_vec()),
+            ],
+        ),
+        fake_repo(
+            "mlx-community/Qwen3.8-27B-MTP-4bit",
+            "2222222222222222222222222222222222222222",
+            vec![
+                ("config.json", drafter_cfg.to_vec()),
                 (
-                    "model.safetensors".to_string(),
+                    "model.safetensors",
                     safetensors(&["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"]),
                 ),
-            ]),
-            broken: false,
-            token: None,
-        },
-    );
+            ],
+        ),
+    ];
+    let mut gated = target("org/gated", "0123456789abcdef0123456789abcdef01234567");
+    gated.gated_token = Some("hf_secret".into());
+    repos.push(gated);
     for (i, name) in hostile_names().into_iter().enumerate() {
         let id = if i == 0 {
             "org/evil".to_string()
         } else {
             format!("org/evil{i}")
         };
-        repos.insert(
-            id,
-            Repo {
-                sha: "fedcba9876543210fedcba9876543210fedcba98",
-                files: BTreeMap::from([
-                    ("config.json".to_string(), b"{}".to_vec()),
-                    (name, b"x".to_vec()),
-                ]),
-                broken: false,
-                token: None,
-            },
-        );
+        repos.push(fake_repo(
+            &id,
+            "fedcba9876543210fedcba9876543210fedcba98",
+            vec![
+                ("config.json", b"{}".to_vec()),
+                (name.as_str(), b"x".to_vec()),
+            ],
+        ));
     }
-    Hub {
-        repos: Arc::new(repos),
-        file_requests: Arc::new(AtomicUsize::new(0)),
-        range_requests: Arc::new(AtomicUsize::new(0)),
+    let hub = FakeHub::start(repos);
+    // Every file of org/broken fails (a 403, which no retry can mend).
+    for f in ["config.json", "model.safetensors", "tokenizer/vocab.txt"] {
+        hub.fault("org/broken", f, Fault::Status(403), 100);
     }
+    hub
 }
 
-fn authorized(repo: &Repo, headers: &HeaderMap) -> bool {
-    match repo.token {
-        None => true,
-        Some(t) => headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v == format!("Bearer {t}")),
-    }
-}
-
-async fn revision(
-    State(h): State<Hub>,
-    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let Some(repo) = h.repos.get(&format!("{org}/{name}")) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    if !authorized(repo, &headers) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    let siblings: Vec<Value> = repo.files.keys().map(|f| json!({"rfilename": f})).collect();
-    axum::Json(json!({"id": format!("{org}/{name}"), "sha": repo.sha, "siblings": siblings}))
-        .into_response()
-}
-
-async fn tree(
-    State(h): State<Hub>,
-    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let Some(repo) = h.repos.get(&format!("{org}/{name}")) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    if !authorized(repo, &headers) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    let entries: Vec<Value> = repo
-        .files
+/// Whole-file content downloads the Hub served.
+fn content_gets(hub: &FakeHub) -> usize {
+    hub.requests()
         .iter()
-        .map(|(f, b)| json!({"type": "file", "path": f, "size": b.len()}))
-        .collect();
-    axum::Json(Value::Array(entries)).into_response()
+        .filter(|r| r.method == "GET" && r.range.is_none())
+        .filter(|r| r.path.contains("/resolve/") || r.path.starts_with("/cdn/"))
+        .count()
 }
 
-/// `bytes=a-b` → (a, b).
-fn range(headers: &HeaderMap) -> Option<(usize, usize)> {
-    let v = headers
-        .get("range")?
-        .to_str()
-        .ok()?
-        .strip_prefix("bytes=")?;
-    let (a, b) = v.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
+/// `Range` reads (the probe's).
+fn range_gets(hub: &FakeHub) -> usize {
+    hub.requests().iter().filter(|r| r.range.is_some()).count()
 }
 
-async fn resolve(
-    State(h): State<Hub>,
-    UrlPath((org, name, rev, path)): UrlPath<(String, String, String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let Some(repo) = h.repos.get(&format!("{org}/{name}")) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    if !authorized(repo, &headers) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    if repo.broken {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
-    if rev != repo.sha && rev != "main" {
-        return StatusCode::NOT_FOUND.into_response();
-    }
-    let Some(bytes) = repo.files.get(&path) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    match range(&headers) {
-        Some((a, b)) if a < bytes.len() => {
-            let b = b.min(bytes.len() - 1);
-            h.range_requests.fetch_add(1, Ordering::SeqCst);
-            (
-                StatusCode::PARTIAL_CONTENT,
-                [("content-range", format!("bytes {a}-{b}/{}", bytes.len()))],
-                bytes[a..=b].to_vec(),
-            )
-                .into_response()
-        }
-        Some(_) => StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
-        None => {
-            h.file_requests.fetch_add(1, Ordering::SeqCst);
-            bytes.clone().into_response()
-        }
-    }
+/// mtp's own folder (the companion record) for the cache `c`: beside it, never inside it.
+fn mtp_home(c: &str) -> String {
+    format!("{c}.mtp-home")
 }
 
-/// Starts the Hub on a loopback port in a background thread.
-fn serve() -> (String, Hub) {
-    let h = hub();
-    let app = Router::new()
-        .route("/api/models/{org}/{name}/revision/{rev}", get(revision))
-        .route("/api/models/{org}/{name}/tree/{rev}", get(tree))
-        .route("/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
-        .with_state(h.clone());
-    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(l.local_addr().unwrap()).unwrap();
-            axum::serve(l, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().unwrap();
-    (format!("http://{addr}"), h)
-}
-
-fn bin(endpoint: Option<&str>) -> Command {
-    let mut c = Command::cargo_bin("mtp").unwrap();
-    c.env_remove("HF_TOKEN")
+/// The binary, with the Hub at `endpoint` (or offline: no request at all) and mtp's folder
+/// beside the cache `c`.
+fn bin(endpoint: Option<&str>, c: &str) -> Command {
+    let mut cmd = Command::cargo_bin("mtp").unwrap();
+    cmd.env_remove("HF_TOKEN")
         .env_remove("HF_HUB_CACHE")
-        .env_remove("HF_HOME");
+        .env_remove("HF_HOME")
+        .env_remove("HF_HUB_OFFLINE")
+        .env("HF_TOKEN_PATH", format!("{c}.no-token"))
+        .env("MTP_HOME", mtp_home(c));
     match endpoint {
-        Some(e) => c.env("HF_ENDPOINT", e),
-        None => c.env_remove("HF_ENDPOINT"),
+        Some(e) => cmd.env("HF_ENDPOINT", e),
+        None => cmd.env("HF_HUB_OFFLINE", "1").env_remove("HF_ENDPOINT"),
     };
-    c
+    cmd
 }
 
 fn dir_arg(p: &Path) -> String {
@@ -277,29 +164,27 @@ fn dir_arg(p: &Path) -> String {
 }
 
 #[test]
-fn download_needs_hf_endpoint() {
+fn download_offline_sends_nothing_and_says_so() {
     let cache = tempfile::tempdir().unwrap();
-    bin(None)
-        .args([
-            "models",
-            "download",
-            "org/model",
-            "--cache-dir",
-            &dir_arg(cache.path()),
-        ])
+    let c = dir_arg(cache.path());
+    bin(None, &c)
+        .args(["models", "download", "org/model", "--cache-dir", &c])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains(
-            "HF_ENDPOINT is not set — set HF_ENDPOINT",
-        ));
+        .stderr(
+            predicate::str::contains("cannot find org/model").and(predicate::str::contains(
+                "outgoing traffic has been disabled (HF_HUB_OFFLINE is set)",
+            )),
+        );
 }
 
 #[test]
 fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows_them() {
-    let (endpoint, h) = serve();
+    let h = serve();
+    let endpoint = h.base.clone();
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args([
             "models",
             "download",
@@ -329,10 +214,10 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
         std::fs::read_to_string(d.join("refs/main")).unwrap(),
         "89abcdef0123456789abcdef0123456789abcdef"
     );
-    assert_eq!(h.file_requests.load(Ordering::SeqCst), 5);
+    assert_eq!(content_gets(&h), 5);
 
     // Downloading again fetches nothing new.
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args([
             "models",
             "download",
@@ -344,9 +229,9 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
         ])
         .assert()
         .success();
-    assert_eq!(h.file_requests.load(Ordering::SeqCst), 5);
+    assert_eq!(content_gets(&h), 5);
 
-    let out = bin(None)
+    let out = bin(None, &c)
         .args(["models", "list", "--cache-dir", &c])
         .assert()
         .success()
@@ -371,7 +256,7 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
         "{text}"
     );
 
-    let out = bin(None)
+    let out = bin(None, &c)
         .args(["models", "list", "--json", "--cache-dir", &c])
         .assert()
         .success()
@@ -390,10 +275,11 @@ fn download_fetches_model_and_companion_into_the_hf_cache_layout_then_list_shows
 
 #[test]
 fn download_takes_the_registry_companion_when_the_weights_carry_no_head() {
-    let (endpoint, h) = serve();
+    let h = serve();
+    let endpoint = h.base.clone();
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "mlx-community/Qwen3.8-27B-4bit", "--cache-dir", &c])
         .assert()
         .success()
@@ -403,10 +289,7 @@ fn download_takes_the_registry_companion_when_the_weights_carry_no_head() {
         .stdout(predicate::str::contains(
             "installed mlx-community/Qwen3.8-27B-4bit with its MTP companion mlx-community/Qwen3.8-27B-MTP-4bit",
         ));
-    assert!(
-        h.range_requests.load(Ordering::SeqCst) > 0,
-        "the probe read headers by Range"
-    );
+    assert!(range_gets(&h) > 0, "the probe read headers by Range");
     for (folder, sha) in [
         (
             "models--mlx-community--Qwen3.8-27B-4bit",
@@ -423,7 +306,7 @@ fn download_takes_the_registry_companion_when_the_weights_carry_no_head() {
         );
     }
     // A model whose weights carry the head needs no companion.
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "org/model-MTP", "--cache-dir", &c])
         .assert()
         .success()
@@ -432,10 +315,11 @@ fn download_takes_the_registry_companion_when_the_weights_carry_no_head() {
 
 #[test]
 fn a_failed_companion_leaves_the_model_not_installed() {
-    let (endpoint, _h) = serve();
+    let h = serve();
+    let endpoint = h.base.clone();
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args([
             "models",
             "download",
@@ -447,19 +331,18 @@ fn a_failed_companion_leaves_the_model_not_installed() {
         ])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("Hub request").and(predicate::str::contains("500")));
+        .stderr(predicate::str::contains("Hub request").and(predicate::str::contains("403")));
     assert!(
         !cache.path().join("models--org--model/refs/main").exists(),
         "model must not count as installed"
     );
-    bin(None)
+    bin(None, &c)
         .args(["models", "list", "--cache-dir", &c])
         .assert()
         .success()
         .stdout(
-            predicate::str::contains("org/model").and(predicate::str::contains(
-                "incomplete (download interrupted)",
-            )),
+            predicate::str::contains("org/broken  incomplete (download interrupted)")
+                .and(predicate::str::contains("org/model ").not()),
         );
 }
 
@@ -486,7 +369,8 @@ fn hostile_names() -> Vec<String> {
 /// nothing of the repo is written.
 #[test]
 fn hostile_listings_write_nothing() {
-    let (endpoint, _h) = serve();
+    let h = serve();
+    let endpoint = h.base.clone();
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
     for (i, name) in hostile_names().iter().enumerate() {
@@ -496,7 +380,7 @@ fn hostile_listings_write_nothing() {
             format!("org/evil{i}")
         };
         let shown: String = name.escape_debug().take(60).collect();
-        let out = bin(Some(&endpoint))
+        let out = bin(Some(&endpoint), &c)
             .args(["models", "download", &repo, "--cache-dir", &c])
             .output()
             .unwrap();
@@ -515,31 +399,51 @@ fn hostile_listings_write_nothing() {
 
 #[test]
 fn download_errors_are_clear() {
-    let (endpoint, _h) = serve();
+    let h = serve();
+    let endpoint = h.base.clone();
     let cache = tempfile::tempdir().unwrap();
     let c = dir_arg(cache.path());
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "org/evil", "--cache-dir", &c])
         .assert()
         .code(1)
         .stderr(predicate::str::contains("unsafe file name `../escape.txt`"));
     assert!(!cache.path().join("models--org--evil").exists());
-    bin(Some(&endpoint))
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "org/../x", "--cache-dir", &c])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("invalid repo id `org/../x`"));
-    bin(Some(&endpoint))
+        .stderr(predicate::str::contains(
+            "invalid repository id or revision `org/../x`",
+        ));
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "org/missing", "--cache-dir", &c])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("404").and(predicate::str::contains("check the repo id")));
-    bin(Some(&endpoint))
+        .stderr(
+            predicate::str::contains("Repository Not Found for url")
+                .and(predicate::str::contains("correct repo id (`org/missing`)")),
+        );
+    bin(Some(&endpoint), &c)
         .args(["models", "download", "org/gated", "--cache-dir", &c])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("set HF_TOKEN"));
-    bin(Some(&endpoint))
+        .stderr(
+            predicate::str::contains("Cannot access gated repo for url")
+                .and(predicate::str::contains(
+                    "Access to model org/gated is restricted",
+                ))
+                .and(predicate::str::contains("set HF_TOKEN")),
+        );
+    // The login token file is read as huggingface_hub reads it.
+    std::fs::write(format!("{c}.no-token"), "hf_secret\n").unwrap();
+    bin(Some(&endpoint), &c)
+        .args(["models", "download", "org/gated", "--cache-dir", &c])
+        .assert()
+        .success();
+    std::fs::remove_file(format!("{c}.no-token")).unwrap();
+    std::fs::remove_dir_all(cache.path().join("models--org--gated")).unwrap();
+    bin(Some(&endpoint), &c)
         .env("HF_TOKEN", "hf_secret")
         .args(["models", "download", "org/gated", "--cache-dir", &c])
         .assert()
@@ -554,8 +458,9 @@ fn download_errors_are_clear() {
 #[test]
 fn list_of_an_empty_cache() {
     let cache = tempfile::tempdir().unwrap();
-    bin(None)
-        .args(["models", "list", "--cache-dir", &dir_arg(cache.path())])
+    let c = dir_arg(cache.path());
+    bin(None, &c)
+        .args(["models", "list", "--cache-dir", &c])
         .assert()
         .success()
         .stdout(predicate::str::starts_with("no models in"));
@@ -574,12 +479,37 @@ fn install(cache: &Path, repo: &str, companion: Option<&str>) {
     std::fs::create_dir_all(root.join("refs")).unwrap();
     std::fs::write(root.join("refs/main"), "abc123").unwrap();
     if let Some(c) = companion {
-        std::fs::write(root.join("mtp-companion"), c).unwrap();
+        // mtp's own record, outside the Hugging Face cache.
+        let home = std::path::PathBuf::from(in_process_mtp_home());
+        std::fs::create_dir_all(&home).unwrap();
+        let file = home.join("companions.json");
+        let _guard = COMPANIONS.lock().unwrap();
+        let mut map: serde_json::Map<String, Value> = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        map.insert(repo.to_string(), json!(c));
+        std::fs::write(&file, serde_json::to_vec(&map).unwrap()).unwrap();
     }
+}
+
+static COMPANIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The `MTP_HOME` of the in-process runs (`verify`), set once for this test binary.
+fn in_process_mtp_home() -> String {
+    static HOME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOME.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let home = dir.join("mtp-home").to_string_lossy().into_owned();
+        std::env::set_var("MTP_HOME", &home);
+        home
+    })
+    .clone()
 }
 
 fn verify(args: &[&str]) -> (ExitCode, String, String) {
     fake::register();
+    in_process_mtp_home();
     let (io, c) = mtp::cli::Io::captured();
     let mut full = vec!["mtp", "models", "verify", "--provider", "fake"];
     full.extend_from_slice(args);
@@ -714,10 +644,11 @@ fn probe_reports_the_head_from_tensor_names() {
     )
     .unwrap();
     let p = dir_arg(dir.path());
-    bin(None).args(["probe", &p]).assert().success().stdout(
+    let c = dir_arg(&dir.path().join("cache"));
+    bin(None, &c).args(["probe", &p]).assert().success().stdout(
         predicate::str::contains("MTP head: yes").and(predicate::str::contains("mtp.fc.weight")),
     );
-    let out = bin(None)
+    let out = bin(None, &c)
         .args(["probe", &p, "--json"])
         .assert()
         .success()
@@ -736,7 +667,8 @@ fn probe_bad_input_is_exit_code_1_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("x.gguf");
     std::fs::write(&bad, b"XXXX\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
-    let out = bin(None)
+    let c = dir_arg(&dir.path().join("cache"));
+    let out = bin(None, &c)
         .args(["probe", &dir_arg(&bad)])
         .assert()
         .code(1)
@@ -746,18 +678,21 @@ fn probe_bad_input_is_exit_code_1_with_one_line() {
     let err = String::from_utf8(out).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("bad GGUF header"), "{err}");
-    bin(None)
+    bin(None, &c)
         .args(["probe", "/nonexistent/model"])
         .assert()
         .code(1)
         .stderr(predicate::str::contains("cannot probe /nonexistent/model"));
     let cache = tempfile::tempdir().unwrap();
-    bin(None)
+    bin(None, &c)
         .env("HF_HUB_CACHE", cache.path())
         .args(["probe", "org/not-cached"])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("HF_ENDPOINT is not set"));
+        .stderr(
+            predicate::str::contains("cannot find org/not-cached@main in the disk cache")
+                .and(predicate::str::contains("HF_HUB_OFFLINE")),
+        );
 }
 
 /// A GGUF v3 header with one key (`general.architecture`) and no tensors.
@@ -828,8 +763,9 @@ fn probe_takes_the_gguf_named_by_file() {
     std::fs::write(d.path().join("Model-Q4_K_M.gguf"), tiny_gguf()).unwrap();
     std::fs::write(d.path().join("Model-Q8_0.gguf"), tiny_gguf()).unwrap();
     let dir = dir_arg(d.path());
+    let c = dir_arg(&d.path().join("cache"));
     let json = |extra: &[&str]| -> Value {
-        let out = bin(None)
+        let out = bin(None, &c)
             .args(["probe", &dir, "--json"])
             .args(extra)
             .assert()
@@ -848,11 +784,181 @@ fn probe_takes_the_gguf_named_by_file() {
     let v = json(&["--file", "Model-Q8_0.gguf"]);
     assert_eq!(v["file"], "Model-Q8_0.gguf");
     // at the terminal the hint names the flag
-    bin(None)
+    bin(None, &c)
         .args(["probe", &dir])
         .assert()
         .success()
         .stdout(predicate::str::contains(
             "pass --file NAME to choose another",
         ));
+}
+
+// ------------------------------------------------- the official client, both ways round
+
+/// The interpreter with the official `huggingface_hub` (`cargo xtask test` prepares it).
+fn hf_python() -> String {
+    std::env::var("MTP_HF_PYTHON").expect(
+        "MTP_HF_PYTHON names a Python with huggingface_hub; `cargo xtask test` prepares one",
+    )
+}
+
+fn interop(args: &[&str], envs: &[(&str, &str)]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_hub/interop.py");
+    let mut cmd = std::process::Command::new(hf_python());
+    cmd.arg(script)
+        .args(args)
+        .env_remove("HF_ENDPOINT")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HOME")
+        .env_remove("HF_HUB_CACHE")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .env("HF_HUB_DISABLE_XET", "1")
+        .env("HF_HUB_DISABLE_PROGRESS_BARS", "1");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "interop.py {args:?}: {text}");
+    assert!(text.contains("ok "), "{text}");
+}
+
+/// The bundled trained checkpoint (with its MTP head) as a Hub repository.
+fn tiny_repo(id: &str) -> FakeRepo {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-trained");
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("golden") {
+            continue;
+        }
+        files.push(FakeFile::new(&name, std::fs::read(e.path()).unwrap()));
+    }
+    FakeRepo::new(id, files)
+}
+
+#[test]
+#[ignore = "needs huggingface_hub (MTP_HF_PYTHON); cargo xtask test prepares it"]
+fn hf_hub_finds_offline_what_mtp_downloaded() {
+    let h = serve();
+    let endpoint = h.base.clone();
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    bin(Some(&endpoint), &c)
+        .args([
+            "models",
+            "download",
+            "org/model",
+            "--drafter",
+            "org/model-MTP",
+            "--cache-dir",
+            &c,
+        ])
+        .assert()
+        .success();
+    let model = serve_repo_files(&h, "org/model");
+    let drafter = serve_repo_files(&h, "org/model-MTP");
+    let expected = json!({
+        "org/model": {
+            "snapshot": cache.path().join("models--org--model/snapshots/0123456789abcdef0123456789abcdef01234567"),
+            "files": model,
+        },
+        "org/model-MTP": {
+            "snapshot": cache.path().join("models--org--model-MTP/snapshots/89abcdef0123456789abcdef0123456789abcdef"),
+            "files": drafter,
+        },
+    });
+    interop(
+        &["read", &c, &expected.to_string()],
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+}
+
+/// `name -> sha256` of a repo the test Hub serves.
+fn serve_repo_files(_h: &FakeHub, id: &str) -> Value {
+    let target_cfg = br#"{"model_type":"qwen3_5","text_config":{"hidden_size":64,"num_hidden_layers":2,"vocab_size":32}}"#;
+    let files: Vec<FakeFile> = match id {
+        "org/model" => vec![
+            FakeFile::new("config.json", target_cfg.to_vec()),
+            FakeFile::new(
+                "model.safetensors",
+                safetensors(&["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"]),
+            ),
+            FakeFile::new("tokenizer/vocab.txt", b"a\nb\n".to_vec()),
+        ],
+        _ => vec![
+            FakeFile::new(
+                "config.json",
+                br#"{"model_type":"qwen3_5_mtp","text_config":{"hidden_size":64,"num_hidden_layers":1,"vocab_size":32}}"#.to_vec(),
+            ),
+            FakeFile::new(
+                "model.safetensors",
+                safetensors(&["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight", "mtp.norm.weight"]),
+            ),
+        ],
+    };
+    Value::Object(
+        files
+            .iter()
+            .map(|f| (f.path.clone(), json!(f.sha256_hex())))
+            .collect(),
+    )
+}
+
+#[test]
+#[ignore = "needs huggingface_hub (MTP_HF_PYTHON); cargo xtask test prepares it"]
+fn hf_hub_downloads_are_found_listed_and_run_by_mtp() {
+    let h = FakeHub::start(vec![tiny_repo("org/tiny")]);
+    let cache = tempfile::tempdir().unwrap();
+    let c = dir_arg(cache.path());
+    interop(&["fetch", &c, "org/tiny"], &[("HF_ENDPOINT", &h.base)]);
+    // Listed as installed, with the head found in the weights.
+    let out = bin(None, &c)
+        .args(["models", "list", "--json", "--cache-dir", &c])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v[0]["repo"], "org/tiny", "{v}");
+    assert_eq!(v[0]["installed"], true, "{v}");
+    assert!(
+        v[0]["mtp_head"].as_str().unwrap().starts_with("embedded"),
+        "{v}"
+    );
+    // Downloading it again with mtp reuses every blob huggingface_hub wrote (same names).
+    h.reset_counters();
+    bin(Some(&h.base), &c)
+        .args(["models", "download", "org/tiny", "--cache-dir", &c])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("(0 bytes in"));
+    assert_eq!(content_gets(&h), 0);
+    h.reset_counters();
+    // Offline, by repo id: generation runs from the cache, with its MTP head.
+    let out = bin(None, &c)
+        .env("HF_HUB_CACHE", &c)
+        .args([
+            "generate",
+            "--model",
+            "org/tiny",
+            "--max-tokens",
+            "12",
+            "--json",
+            "fn main() {",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["metadata"]["speculation"]["used"], true, "{v}");
+    assert!(h.requests().is_empty(), "offline: no request");
 }

@@ -64,7 +64,7 @@ pub enum CliError {
     },
     /// A Hub download or cache operation failed.
     #[error("{0}")]
-    Hub(#[from] crate::cli::hub::HubError),
+    Hub(#[from] mtp_detect::hub::HubError),
     /// `models verify` found output that a healthy checkpoint would not produce.
     #[error("model {model} failed verification: {message}")]
     Verify {

@@ -1,9 +1,11 @@
 //! `mtp models download|list|verify`.
 //!
 //! A download is one job: the model and its MTP companion (from `--drafter`, else the
-//! `mtp-detect` registry's drafter for a listed target). Every file lands in its snapshot
-//! first; the `refs/` that make a repo visible are written only when all files of both repos
-//! are there, companion first, so a model never counts as installed without its companion.
+//! `mtp-detect` registry's drafter for a listed target), through the one Hub client
+//! (`mtp_detect::hub`) into the standard Hugging Face cache. The companion comes first and
+//! each repo's `refs/` is written only when all its files are there, so a model never counts
+//! as installed without its companion. Which companion belongs to which model is mtp's own
+//! record (`companions.json` in mtp's folder), not a file in the shared cache.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -12,9 +14,12 @@ use serde::Serialize;
 
 use crate::cli::args::{DownloadArgs, ListArgs, ModelsArgs, ModelsCommand, VerifyArgs};
 use crate::cli::error::CliError;
-use crate::cli::hub::{self, HubClient, HubError};
+use crate::cli::hub::{self, Companions};
 use crate::cli::output::{speculation_phrase, Out};
 use crate::{GenerateRequest, ProviderOptions, Sampling, Speculation};
+use mtp_detect::hub::cache::{cached_repo, scan, CachedRepo};
+use mtp_detect::hub::{download_snapshot, parse_repo, HubClient, HubConfig, HubError};
+use mtp_detect::RepoId;
 
 pub(crate) fn run(
     a: ModelsArgs,
@@ -28,46 +33,53 @@ pub(crate) fn run(
     }
 }
 
+/// The Hub configuration from the environment, with `--token` over `HF_TOKEN` and the
+/// token file.
+fn hub_config(token: Option<&str>) -> HubConfig {
+    let cfg = HubConfig::from_env();
+    match token {
+        Some(t) if !t.trim().is_empty() => cfg.with_token(Some(t.to_string())),
+        _ => cfg,
+    }
+}
+
 async fn download(a: DownloadArgs, out: &mut Out) -> Result<(), CliError> {
-    hub::validate_repo(&a.repo)?;
-    if let Some(d) = &a.drafter {
-        hub::validate_repo(d)?;
-    }
+    let repo = parse_repo(&a.repo)?;
+    let drafter = a.drafter.as_deref().map(parse_repo).transpose()?;
+    mtp_detect::hub::check_revision(&a.revision)?;
     let cache = hub::cache_dir(a.cache_dir.as_deref());
-    let client = HubClient::from_env(a.token.clone())?;
-    let companion = match &a.drafter {
-        Some(d) => Some(d.clone()),
-        None => probe_companion(&a, &cache, out).await?,
+    let cfg = hub_config(a.token.as_deref());
+    let client = HubClient::new(cfg.clone())?;
+    let companion = match drafter {
+        Some(d) => Some(d),
+        None => probe_companion(&a, &cache, &cfg, out).await?,
     };
-    let mut repos = vec![(a.repo.clone(), a.revision.clone())];
+    let mut jobs = Vec::new();
+    // The companion first: the model's ref, written last, is what makes the pair installed.
     if let Some(d) = &companion {
-        repos.push((d.clone(), "main".to_string()));
+        jobs.push((d.clone(), "main".to_string()));
     }
-    // Plan both repos before writing anything.
-    let mut plans = Vec::new();
-    for (repo, rev) in &repos {
-        plans.push(client.plan(repo, rev).await?);
-    }
+    jobs.push((repo.clone(), a.revision.clone()));
     let started = Instant::now();
     let mut total = 0u64;
-    for plan in &plans {
-        out.note(&format!(
-            "{} @ {} ({} files)",
-            plan.repo,
-            &plan.commit[..plan.commit.len().min(12)],
-            plan.files.len()
-        ))?;
-        for file in &plan.files {
-            let bar = out.download_bar(&format!("{}/{file}", plan.repo), None);
-            total += client.download(&cache, plan, file, &bar).await?;
+    for (r, rev) in &jobs {
+        let bars = out.download_bars();
+        let result = download_snapshot(&client, &cache, r, rev, &bars).await;
+        for n in bars.finish() {
+            out.note(&n)?;
         }
-    }
-    // Visible only now: companion first, the model last.
-    for plan in plans.iter().rev() {
-        hub::write_ref(&cache, plan)?;
+        let snap = result?;
+        total += snap.downloaded;
+        out.note(&format!(
+            "{} @ {} ({} files, {} bytes downloaded)",
+            snap.repo,
+            &snap.commit[..snap.commit.len().min(12)],
+            snap.files.len(),
+            snap.downloaded
+        ))?;
     }
     if let Some(d) = &companion {
-        hub::write_companion(&cache, &a.repo, d)?;
+        Companions::load()?.set(repo.as_str(), d.as_str())?;
     }
     out.line(&format!(
         "installed {}{} in {} ({} bytes in {:.1} s)",
@@ -95,6 +107,29 @@ struct Row {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     drafter_for: Vec<String>,
     path: Option<PathBuf>,
+    /// `installed`, or why not.
+    state: String,
+}
+
+/// A cached repo's state in words.
+fn state_of(c: &CachedRepo, companion: Option<(&str, bool)>) -> String {
+    if c.snapshot.is_none() {
+        return "incomplete (download interrupted)".into();
+    }
+    if c.incomplete > 0 {
+        return format!(
+            "incomplete ({} download{} to resume)",
+            c.incomplete,
+            if c.incomplete == 1 { "" } else { "s" }
+        );
+    }
+    if let Some(f) = c.missing.first() {
+        return format!("incomplete (blob of {f} missing)");
+    }
+    match companion {
+        Some((_, false)) => "incomplete (companion missing)".into(),
+        _ => "installed".into(),
+    }
 }
 
 /// The companion to fetch with a model, decided by evidence: `mtp-detect` probes the repo on
@@ -103,13 +138,11 @@ struct Row {
 async fn probe_companion(
     a: &DownloadArgs,
     cache: &Path,
+    cfg: &HubConfig,
     out: &mut Out,
-) -> Result<Option<String>, CliError> {
+) -> Result<Option<RepoId>, CliError> {
     let mut opts = mtp_detect::ProbeOptions::offline(mtp_detect::CacheConfig::new(cache));
-    opts.hub = mtp_detect::HubConfig::from_vars(|k| match k {
-        "HF_TOKEN" => a.token.clone(),
-        other => std::env::var(other).ok(),
-    });
+    opts.hub = Some(cfg.clone());
     let spec = if a.revision == "main" {
         a.repo.clone()
     } else {
@@ -120,11 +153,12 @@ async fn probe_companion(
         Ok(r) if r.role == mtp_detect::Role::Drafter => format!("{} is itself a companion drafter", a.repo),
         Ok(r) => match r.companion {
             Some(c) => {
+                let id = parse_repo(&c.repo)?;
                 out.note(&format!(
                     "{}: no MTP head in the weights; fetching the registry's companion {}",
                     a.repo, c.repo
                 ))?;
-                return Ok(Some(c.repo));
+                return Ok(Some(id));
             }
             None => format!(
                 "{}: no MTP head in the weights and no companion in the registry; pass --drafter REPO if one exists",
@@ -176,30 +210,37 @@ fn head_status(snapshot: &Path, companion: Option<(&str, bool)>, drafter_of: &[&
 
 fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
     let cache = hub::cache_dir(a.cache_dir.as_deref());
-    let all = hub::scan(&cache)?;
+    let all = scan(&cache)?;
+    let companions = Companions::load()?;
+    let complete = |id: &str| {
+        RepoId::parse(id)
+            .ok()
+            .and_then(|r| cached_repo(&cache, &r))
+            .is_some_and(|c| c.is_complete())
+    };
     let mut rows = Vec::new();
     for i in &all {
+        let id = i.repo.as_str();
         let drafter_of: Vec<&str> = all
             .iter()
-            .filter(|t| t.companion.as_deref() == Some(i.repo.as_str()))
+            .filter(|t| companions.get(t.repo.as_str()) == Some(id))
             .map(|t| t.repo.as_str())
             .collect();
-        let comp = i.companion.as_ref().map(|c| {
-            let ok = hub::installed(&cache, c).is_some_and(|x| x.snapshot.is_some());
-            (c.as_str(), ok)
-        });
-        let installed = i.snapshot.is_some() && comp.is_none_or(|(_, ok)| ok);
+        let companion = companions.get(id);
+        let comp = companion.map(|c| (c, complete(c)));
+        let installed = i.is_complete() && comp.is_none_or(|(_, ok)| ok);
         rows.push(Row {
-            repo: i.repo.clone(),
+            repo: id.to_string(),
             installed,
             mtp_head: match &i.snapshot {
-                Some(s) => head_status(s, comp, &drafter_of),
-                None => "–".into(),
+                Some(s) if i.is_complete() => head_status(s, comp, &drafter_of),
+                _ => "–".into(),
             },
-            companion: i.companion.clone(),
+            companion: companion.map(str::to_string),
             companion_installed: comp.map(|(_, ok)| ok),
             drafter_for: drafter_of.iter().map(|s| s.to_string()).collect(),
             path: i.snapshot.clone(),
+            state: state_of(i, comp),
         });
     }
     if a.json {
@@ -217,16 +258,9 @@ fn list(a: ListArgs, out: &mut Out) -> Result<(), CliError> {
     out.line(&format!("models in {}:", cache.display()))?;
     let w = rows.iter().map(|r| r.repo.len()).max().unwrap_or(0);
     for r in &rows {
-        let state = if r.installed {
-            "installed"
-        } else if r.path.is_none() {
-            "incomplete (download interrupted)"
-        } else {
-            "incomplete (companion missing)"
-        };
         out.line(&format!(
             "  {:w$}  {:34}  MTP head: {}",
-            r.repo, state, r.mtp_head
+            r.repo, r.state, r.mtp_head
         ))?;
     }
     Ok(())
@@ -342,26 +376,26 @@ async fn verify(a: VerifyArgs, out: &mut Out) -> Result<(), CliError> {
     let model = if path.exists() {
         a.repo.clone()
     } else {
-        hub::validate_repo(&a.repo)?;
+        let repo = parse_repo(&a.repo)?;
         let cache = hub::cache_dir(a.cache_dir.as_deref());
-        let i = hub::installed(&cache, &a.repo).ok_or_else(|| HubError::NotInstalled {
+        let not_installed = |why: String| HubError::NotInstalled {
             repo: a.repo.clone(),
             cache: cache.clone(),
-            why: "it is not in the cache".into(),
-        })?;
-        let snap = i.snapshot.ok_or_else(|| HubError::NotInstalled {
-            repo: a.repo.clone(),
-            cache: cache.clone(),
-            why: "its download did not finish".into(),
-        })?;
-        if let Some(c) = &i.companion {
-            if hub::installed(&cache, c).and_then(|x| x.snapshot).is_none() {
-                return Err(HubError::NotInstalled {
-                    repo: a.repo.clone(),
-                    cache,
-                    why: format!("its MTP companion {c} is missing"),
-                }
-                .into());
+            why,
+        };
+        let i = cached_repo(&cache, &repo)
+            .ok_or_else(|| not_installed("it is not in the cache".into()))?;
+        let snap = match (&i.snapshot, i.is_complete()) {
+            (Some(s), true) => s.clone(),
+            _ => return Err(not_installed("its download did not finish".into()).into()),
+        };
+        if let Some(c) = Companions::load()?.get(&a.repo) {
+            let ok = RepoId::parse(c)
+                .ok()
+                .and_then(|r| cached_repo(&cache, &r))
+                .is_some_and(|x| x.is_complete());
+            if !ok {
+                return Err(not_installed(format!("its MTP companion {c} is missing")).into());
             }
         }
         snap.to_string_lossy().into_owned()

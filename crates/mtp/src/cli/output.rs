@@ -1,11 +1,14 @@
 //! The command's only printing module: where text, notes, errors and live displays go, and
 //! how reports are worded.
 
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mtp_detect::hub::{DownloadProgress, HubError};
+use mtp_detect::RepoId;
 
 use crate::cli::error::CliError;
 use crate::{DraftDepth, GenerateResponse, SpeculationReport, SpeculationStatus};
@@ -161,22 +164,116 @@ impl Out {
         bar
     }
 
-    /// A progress bar for a download of `total` bytes (hidden unless live).
-    pub fn download_bar(&self, name: &str, total: Option<u64>) -> ProgressBar {
-        if !self.live {
-            return ProgressBar::hidden();
-        }
-        let bar = match total {
-            Some(t) => ProgressBar::with_draw_target(Some(t), ProgressDrawTarget::stderr()),
-            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
-        };
-        let style = ProgressStyle::with_template(
+    /// Download progress: a bar per file and one in total on a terminal, hidden otherwise.
+    pub fn download_bars(&self) -> DownloadBars {
+        DownloadBars::new(self.live)
+    }
+}
+
+/// Progress bars for a download: one per file while it runs, and one for the whole job.
+pub struct DownloadBars {
+    multi: MultiProgress,
+    total: ProgressBar,
+    files: Mutex<HashMap<String, ProgressBar>>,
+    live: bool,
+    /// Notes kept for [`Out::note`] when no bars are drawn.
+    notes: Mutex<Vec<String>>,
+}
+
+impl DownloadBars {
+    /// Bars on stderr when `live` (a terminal), else hidden.
+    fn new(live: bool) -> Self {
+        let multi = MultiProgress::with_draw_target(if live {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
+        let total = multi.add(ProgressBar::new(0));
+        total.set_style(style(
             "{prefix:30!} {bar:30} {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
-        bar.set_prefix(name.to_string());
-        bar
+        ));
+        total.set_prefix("total");
+        DownloadBars {
+            multi,
+            total,
+            files: Mutex::new(HashMap::new()),
+            live,
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Clears the bars; returns the notes not yet shown.
+    pub fn finish(&self) -> Vec<String> {
+        self.total.finish_and_clear();
+        self.notes
+            .lock()
+            .map(|mut n| std::mem::take(&mut *n))
+            .unwrap_or_default()
+    }
+
+    fn bar(&self, file: &str) -> Option<ProgressBar> {
+        self.files.lock().ok()?.get(file).cloned()
+    }
+}
+
+fn style(t: &str) -> ProgressStyle {
+    ProgressStyle::with_template(t).unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+impl DownloadProgress for DownloadBars {
+    fn plan(&self, _repo: &RepoId, files: &[(String, u64)]) {
+        self.total.inc_length(files.iter().map(|(_, s)| s).sum());
+    }
+
+    fn start(&self, file: &str, size: Option<u64>, done: u64) {
+        if !self.live {
+            self.total.inc(done);
+            return;
+        }
+        let bar = self
+            .multi
+            .insert_before(&self.total, ProgressBar::new(size.unwrap_or(0)));
+        bar.set_style(style(
+            "{prefix:30!} {bar:30} {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12} {eta}",
+        ));
+        bar.set_prefix(file.to_string());
+        bar.set_position(done);
+        self.total.inc(done);
+        if let Ok(mut m) = self.files.lock() {
+            if let Some(old) = m.insert(file.to_string(), bar) {
+                // A restart from byte 0 (the server ignored the resume range).
+                self.total
+                    .set_position(self.total.position().saturating_sub(old.position()));
+                old.finish_and_clear();
+            }
+        }
+    }
+
+    fn advance(&self, file: &str, bytes: u64) {
+        self.total.inc(bytes);
+        if let Some(b) = self.bar(file) {
+            b.inc(bytes);
+        }
+    }
+
+    fn retry(&self, file: &str, attempt: u32, error: &HubError, wait: Duration) {
+        let line = format!(
+            "note: {file}: try {attempt} failed ({error}); resuming in {:.1} s",
+            wait.as_secs_f64()
+        );
+        if self.live {
+            let _ = self.multi.println(line);
+        } else if let Ok(mut n) = self.notes.lock() {
+            n.push(line);
+        }
+    }
+
+    fn finish(&self, file: &str) {
+        if let Ok(mut m) = self.files.lock() {
+            if let Some(b) = m.remove(file) {
+                b.finish_and_clear();
+            }
+        }
     }
 }
 
