@@ -1,5 +1,5 @@
 //! `cargo xtask probe <repo-or-path> [--json] [--file NAME] [--registry FILE]`: the MTP
-//! detection report for an artifact (a path, a cached repo, or the Hub via `HF_ENDPOINT`).
+//! detection report for an artifact (a path, a cached repo, or the Hub: `HF_ENDPOINT`, else the public Hub).
 //!
 //! Bad input prints one `error: …` line and exits with code 1.
 

@@ -470,10 +470,10 @@ pub struct DownloadArgs {
     /// Revision (branch, tag or commit).
     #[arg(long, default_value = "main")]
     pub revision: String,
-    /// Hub token (never printed).
+    /// Hub token (never printed); without it, the login token file (`$HF_HOME/token`).
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    /// Cache directory (default as huggingface_hub: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
@@ -481,7 +481,7 @@ pub struct DownloadArgs {
 /// `mtp models list`.
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    /// Cache directory (default as huggingface_hub: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Print JSON.
@@ -500,7 +500,7 @@ pub struct VerifyArgs {
     /// Which GGUF to load when the repo holds several (a file name inside it).
     #[arg(long, value_name = "NAME")]
     pub file: Option<String>,
-    /// Cache directory (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
+    /// Cache directory (default as huggingface_hub: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Tokens generated per check prompt.

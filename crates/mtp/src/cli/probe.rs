@@ -1,5 +1,6 @@
 //! `mtp probe`: the detection report of `mtp-detect` (the same as `cargo xtask probe`).
-//! A path is read locally; a repo id from the Hugging Face cache, else the Hub (`HF_ENDPOINT`).
+//! A path is read locally; a repo id from the Hugging Face cache, else the Hub (`HF_ENDPOINT`, else
+//! the public Hub; none with `HF_HUB_OFFLINE=1`).
 //! The in-process runtimes' rows are `mtp generate …` lines, or `mtp::create_llm(…)` code with
 //! `--json` or `-v`.
 
