@@ -1,20 +1,41 @@
-//! Where artifacts come from: the Hugging Face cache layout, the Hub over HTTP (a local
-//! server in the Hub's URL layout that honours Range and counts bytes), repo-id validation,
-//! the registry and companion drafters.
+//! Where artifacts come from: the Hugging Face cache layout, the Hub over HTTP (the project's
+//! fake Hub, `mtp-fakehub`: paged listings, LFS redirects, `Range`, the Hub's error codes,
+//! every request recorded and the content bytes counted per file), repo-id validation, the
+//! registry and companion drafters.
 
 mod common;
 
 use common::*;
 use mtp_detect::{
     check_drafter, probe, registry, resolve_model, CacheConfig, DetectError, DrafterError,
-    HubConfig, MismatchField, ProbeOptions, Reason, Registry, ResolvedArtifact, Runtime, Verdict,
+    HubConfig, HubError, MismatchField, ProbeOptions, Reason, Registry, ResolvedArtifact, Runtime,
+    Verdict,
 };
+use mtp_fakehub::FakeHub;
 use safetensors::Dtype;
 
-fn hub_opts(cache: &std::path::Path, server: &HubServer) -> ProbeOptions {
+const TOKEN: &str = "hf_secret_token";
+
+fn hub_opts(cache: &std::path::Path, hub: &FakeHub) -> ProbeOptions {
     let mut o = ProbeOptions::offline(CacheConfig::new(cache));
-    o.hub = Some(HubConfig::new(server.base.clone()).with_token(Some("hf_secret_token".into())));
+    o.hub = Some(HubConfig::new(hub.base.clone()).with_token(Some(TOKEN.into())));
     o
+}
+
+/// Every request `hub` received carried the token as a bearer header.
+fn all_requests_bear_the_token(hub: &FakeHub) {
+    let requests = hub.requests();
+    assert!(!requests.is_empty());
+    let bearer = format!("Bearer {TOKEN}");
+    for r in &requests {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(bearer.as_str()),
+            "{} {}",
+            r.method,
+            r.path
+        );
+    }
 }
 
 #[test]
@@ -150,7 +171,7 @@ fn not_cached_and_offline_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(
-        matches!(e, DetectError::Hub(mtp_detect::HubError::Offline { .. })),
+        matches!(e, DetectError::Hub(HubError::Offline { .. })),
         "{e:?}"
     );
     assert!(e.to_string().contains("HF_HUB_OFFLINE"), "{e}");
@@ -161,7 +182,7 @@ fn not_cached_and_offline_is_a_clear_error() {
     opts.hub = Some(hub);
     let e = probe("org/missing", &opts).unwrap_err();
     assert!(
-        matches!(e, DetectError::Hub(mtp_detect::HubError::Offline { .. })),
+        matches!(e, DetectError::Hub(HubError::Offline { .. })),
         "{e:?}"
     );
 }
@@ -180,44 +201,73 @@ fn hub_safetensors_probe_reads_only_json_and_headers() {
         Dtype::F32,
         true,
     );
-    // Pad the shards with weight data that must never be fetched.
-    let server = HubServer::start(root.path().to_path_buf());
-    let r = probe("org/sharded", &hub_opts(cache.path(), &server)).unwrap();
+    // Gated with the probe's token: its files are served only when the bearer header goes out.
+    let mut repo = fake_repo_from_dir("org/sharded", &repo_dir);
+    repo.gated_token = Some(TOKEN.into());
+    let files = repo.files.clone();
+    let hub = FakeHub::start(vec![repo]);
+    let r = probe("org/sharded", &hub_opts(cache.path(), &hub)).unwrap();
     assert!(r.mtp_head);
     assert_eq!(r.source, "org/sharded@main");
     assert_eq!(r.mtp_dtypes, vec!["F32".to_string()]);
-    // Only the shard holding the head had its header read, and only the header.
-    for shard in [
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-    ] {
-        let path = repo_dir.join(shard);
-        let bytes = std::fs::read(&path).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-        let served = server.bytes_for(shard);
-        assert!(
-            served == 0 || served == 8 + n,
-            "{shard}: served {served}, header {}",
-            8 + n
+    // The token went out as a bearer header on every request and is not in the report.
+    all_requests_bear_the_token(&hub);
+    assert!(!r.to_json().to_string().contains(TOKEN));
+    let requests = hub.requests();
+
+    // What each file gave: a JSON file whole or nothing; a shard its 8-byte length and JSON
+    // header or nothing, never its weights.
+    let mut content = 0;
+    for f in &files {
+        let served = hub.body_bytes("org/sharded", &f.path);
+        let len = f.bytes.len() as u64;
+        if f.path.ends_with(".json") {
+            assert!(
+                served == 0 || served == len,
+                "{}: served {served} of {len}",
+                f.path
+            );
+        } else {
+            assert!(f.path.ends_with(".safetensors"), "{}", f.path);
+            let n = u64::from_le_bytes(f.bytes[..8].try_into().unwrap());
+            assert!(
+                served == 0 || served == 8 + n,
+                "{}: served {served}, header {}",
+                f.path,
+                8 + n
+            );
+            assert!(served < len, "{}: served {served} of {len}", f.path);
+        }
+        content += served;
+    }
+    for whole in ["config.json", "model.safetensors.index.json"] {
+        let f = files.iter().find(|f| f.path == whole).unwrap();
+        assert_eq!(
+            hub.body_bytes("org/sharded", whole),
+            f.bytes.len() as u64,
+            "{whole}"
         );
-        assert!(served < bytes.len() as u64);
     }
     assert!(
-        server.bytes_for("model-00002-of-00002.safetensors") > 0,
+        hub.body_bytes("org/sharded", "model-00002-of-00002.safetensors") > 0,
         "the mtp shard header is read"
     );
-    assert_eq!(
-        r.bytes_read,
-        server.total.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    // The token went out as a bearer header and is not in the report.
-    assert!(server
-        .auth_seen
-        .lock()
-        .unwrap()
+
+    // `bytes_read` is the content above plus the file listing, exactly. FakeHub counts content
+    // bytes only (`body_bytes`), not the listing's JSON, so the listing is fetched here the
+    // way the client fetches it (every page) and its body lengths added; the pages fetched
+    // must be the very pages the probe asked for, so the sum is what the probe received.
+    let listing = listing_pages(&hub, "org/sharded", "main");
+    let asked: Vec<&str> = requests
         .iter()
-        .all(|h| h.ends_with("Bearer hf_secret_token")));
-    assert!(!r.to_json().to_string().contains("hf_secret_token"));
+        .filter(|q| q.path.starts_with("/api/models/org/sharded/tree/"))
+        .map(|q| q.path.as_str())
+        .collect();
+    let pages: Vec<&str> = listing.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(asked, pages);
+    assert!(pages.len() > 1, "the listing is paged: {pages:?}");
+    let listing_bytes: u64 = listing.iter().map(|p| p.body_len).sum();
+    assert_eq!(r.bytes_read, content + listing_bytes);
 }
 
 #[test]
@@ -229,16 +279,23 @@ fn hub_gguf_probe_reads_no_more_than_its_prefix() {
     let mut w = qwen35_gguf("qwen35", 64, 1, true, true);
     w.data_len = 4 * 1024 * 1024; // 4 MiB of "weights" after the header
     w.write(&repo_dir.join("Model-Q4_K_M.gguf"));
-    let server = HubServer::start(root.path().to_path_buf());
-    let mut opts = hub_opts(cache.path(), &server);
+    let hub = hub_from_dir("org/gguf", &repo_dir);
+    let mut opts = hub_opts(cache.path(), &hub);
     opts.gguf_prefix = 64 * 1024;
     let r = probe("org/gguf", &opts).unwrap();
     assert!(r.mtp_head);
     assert!(r
         .evidence
         .contains(&"blk.64.nextn.eh_proj.weight".to_string()));
-    let served = server.bytes_for("Model-Q4_K_M.gguf");
-    assert!(served <= 64 * 1024, "served {served}");
+    let served = hub.body_bytes("org/gguf", "Model-Q4_K_M.gguf");
+    assert!(served > 0 && served <= 64 * 1024, "served {served}");
+    all_requests_bear_the_token(&hub);
+    // The prefix and the listing are all the probe received.
+    let listing: u64 = listing_pages(&hub, "org/gguf", "main")
+        .iter()
+        .map(|p| p.body_len)
+        .sum();
+    assert_eq!(r.bytes_read, served + listing);
     let llama = r.runtime(Runtime::LlamaServer).unwrap();
     assert_eq!(
         llama.command,
@@ -248,29 +305,21 @@ fn hub_gguf_probe_reads_no_more_than_its_prefix() {
 
 #[test]
 fn hub_errors_are_typed() {
-    let root = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let server = HubServer::start(root.path().to_path_buf());
-    let e = probe("org/absent", &hub_opts(cache.path(), &server)).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            DetectError::Hub(mtp_detect::HubError::Http {
-                status: Some(404),
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-    // Nothing listening.
+    let hub = FakeHub::start(Vec::new());
+    // The Hub's `X-Error-Code: RepoNotFound`.
+    let e = probe("org/absent", &hub_opts(cache.path(), &hub)).unwrap_err();
+    match &e {
+        DetectError::Hub(HubError::RepoNotFound { repo, .. }) => assert_eq!(repo, "org/absent"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!format!("{e:?} {e}").contains(TOKEN));
+    // Nothing listening: a transport error, no status.
     let mut opts = ProbeOptions::offline(CacheConfig::new(cache.path()));
     opts.hub = Some(HubConfig::new("http://127.0.0.1:9"));
     let e = probe("org/absent", &opts).unwrap_err();
     assert!(
-        matches!(
-            e,
-            DetectError::Hub(mtp_detect::HubError::Http { status: None, .. })
-        ),
+        matches!(e, DetectError::Hub(HubError::Http { status: None, .. })),
         "{e:?}"
     );
 }
@@ -282,13 +331,13 @@ async fn probe_async_works_inside_a_runtime() {
     let repo_dir = root.path().join("org/m");
     std::fs::create_dir_all(&repo_dir).unwrap();
     qwen35_gguf("qwen35", 4, 1, true, true).write(&repo_dir.join("m.gguf"));
-    let server = HubServer::start(root.path().to_path_buf());
-    let r = mtp_detect::probe_async("org/m".into(), hub_opts(cache.path(), &server))
+    let hub = hub_from_dir("org/m", &repo_dir);
+    let r = mtp_detect::probe_async("org/m".into(), hub_opts(cache.path(), &hub))
         .await
         .unwrap();
     assert!(r.mtp_head);
     // The blocking entry point is safe inside a runtime too.
-    let r = probe("org/m", &hub_opts(cache.path(), &server)).unwrap();
+    let r = probe("org/m", &hub_opts(cache.path(), &hub)).unwrap();
     assert!(r.mtp_head);
 }
 

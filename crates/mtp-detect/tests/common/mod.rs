@@ -1,14 +1,10 @@
 //! Test helpers: a small GGUF writer, safetensors checkpoint builders (via the `safetensors`
-//! crate), and a local HTTP server in the Hub's URL layout that honours `Range` and counts
-//! bytes.
+//! crate), and the project's fake Hub (`mtp-fakehub`) serving checkpoint directories.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use mtp_fakehub::{FakeFile, FakeHub, FakeRepo};
 
 // ---------------------------------------------------------------------------------------
 // GGUF writer
@@ -366,179 +362,95 @@ pub fn cache_snapshot(hub_cache: &Path, repo: &str, rev: &str) -> PathBuf {
     snap
 }
 
+// A local Hub: mtp-fakehub serving directories from disk
 // ---------------------------------------------------------------------------------------
-// A local Hub
-// ---------------------------------------------------------------------------------------
 
-/// Serves `root/<org>/<name>/…` as `/{org}/{name}/resolve/{rev}/{file}` and
-/// `/api/models/{org}/{name}/tree/{rev}`, honouring `Range`, counting body bytes per path.
-pub struct HubServer {
-    pub base: String,
-    pub total: Arc<AtomicU64>,
-    pub per_file: Arc<Mutex<BTreeMap<String, u64>>>,
-    pub auth_seen: Arc<Mutex<Vec<String>>>,
+/// A public [`FakeRepo`] `id` holding every file under `dir` (recursively), at its path
+/// relative to `dir` with `/` separators. LFS as [`FakeFile::new`] decides (by extension or
+/// size), so weights are served through the Hub's redirect to its CDN route.
+pub fn fake_repo_from_dir(id: &str, dir: &Path) -> FakeRepo {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<FakeFile>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name().into_string().expect("a UTF-8 file name");
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if e.file_type().unwrap().is_dir() {
+                walk(&e.path(), &path, out);
+            } else {
+                out.push(FakeFile::new(&path, std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, "", &mut files);
+    FakeRepo::new(id, files)
 }
 
-impl HubServer {
-    pub fn start(root: PathBuf) -> HubServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let total = Arc::new(AtomicU64::new(0));
-        let per_file = Arc::new(Mutex::new(BTreeMap::new()));
-        let auth_seen = Arc::new(Mutex::new(Vec::new()));
-        let (t, p, a) = (total.clone(), per_file.clone(), auth_seen.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (root, t, p, a) = (root.clone(), t.clone(), p.clone(), a.clone());
-                std::thread::spawn(move || {
-                    let _ = serve(stream, &root, &t, &p, &a);
-                });
-            }
-        });
-        HubServer {
-            base: format!("http://{addr}"),
-            total,
-            per_file,
-            auth_seen,
-        }
-    }
-
-    pub fn bytes_for(&self, file: &str) -> u64 {
-        self.per_file
-            .lock()
-            .unwrap()
-            .get(file)
-            .copied()
-            .unwrap_or(0)
-    }
+/// A [`FakeHub`] serving one repository, `id`, built from `dir` ([`fake_repo_from_dir`]).
+pub fn hub_from_dir(id: &str, dir: &Path) -> FakeHub {
+    FakeHub::start(vec![fake_repo_from_dir(id, dir)])
 }
 
-fn list_tree(dir: &Path, rel: &str, out: &mut Vec<serde_json::Value>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let relname = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        let meta = e.metadata().unwrap();
-        if meta.is_dir() {
-            out.push(serde_json::json!({"type": "directory", "path": relname}));
-            list_tree(&e.path(), &relname, out);
-        } else {
-            out.push(serde_json::json!({"type": "file", "path": relname, "size": meta.len()}));
-        }
-    }
+/// One page of a file listing as the hub serves it: the path and query a client asks for
+/// (as [`mtp_fakehub::Request::path`] records it) and the length of the JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingPage {
+    pub path: String,
+    pub body_len: u64,
 }
 
-fn serve(
-    stream: TcpStream,
-    root: &Path,
-    total: &AtomicU64,
-    per_file: &Mutex<BTreeMap<String, u64>>,
-    auth_seen: &Mutex<Vec<String>>,
-) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let mut range = None;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" {
-            break;
-        }
-        let lower = h.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("range: bytes=") {
-            let v = v.trim();
-            if let Some((a, b)) = v.split_once('-') {
-                range = Some((a.parse::<u64>().unwrap_or(0), b.parse::<u64>().ok()));
+/// Fetches the recursive file listing of `repo` at `revision` from `hub` the way the Hub
+/// client does (`/api/models/{repo}/tree/{revision}?recursive=true`, then each
+/// `Link: <…>; rel="next"` to the end), and returns its pages. On a runtime of its own:
+/// call it from synchronous tests.
+pub fn listing_pages(hub: &FakeHub, repo: &str, revision: &str) -> Vec<ListingPage> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let mut url = format!(
+            "{}/api/models/{repo}/tree/{revision}?recursive=true",
+            hub.base
+        );
+        let mut pages = Vec::new();
+        loop {
+            let resp = client.get(&url).send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), 200, "{url}");
+            let next = resp
+                .headers()
+                .get(reqwest::header::LINK)
+                .map(|v| v.to_str().unwrap().to_string());
+            let body = resp.bytes().await.unwrap();
+            let path = url
+                .strip_prefix(&hub.base)
+                .expect("a link on the same hub")
+                .to_string();
+            pages.push(ListingPage {
+                path,
+                body_len: body.len() as u64,
+            });
+            let next = next.and_then(|l| {
+                let (target, rel) = l.split_once(';')?;
+                (rel.trim() == "rel=\"next\"").then(|| {
+                    target
+                        .trim()
+                        .trim_start_matches('<')
+                        .trim_end_matches('>')
+                        .to_string()
+                })
+            });
+            match next {
+                Some(n) => url = n,
+                None => return pages,
             }
+            assert!(pages.len() < 1000, "a listing that never ends");
         }
-        if lower.starts_with("authorization:") {
-            auth_seen.lock().unwrap().push(h.trim().to_string());
-        }
-    }
-    let mut out = stream;
-    let (path, _query) = path.split_once('?').unwrap_or((&path, ""));
-    let respond =
-        |out: &mut TcpStream, status: &str, headers: &str, body: &[u8]| -> std::io::Result<()> {
-            write!(
-                out,
-                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
-                body.len()
-            )?;
-            out.write_all(body)?;
-            out.flush()
-        };
-    if let Some(rest) = path.strip_prefix("/api/models/") {
-        // {org}/{name}/tree/{rev}
-        let parts: Vec<&str> = rest.split('/').collect();
-        if parts.len() >= 4 && parts[2] == "tree" {
-            let dir = root.join(parts[0]).join(parts[1]);
-            if !dir.is_dir() {
-                return respond(&mut out, "404 Not Found", "", b"{\"error\":\"not found\"}");
-            }
-            let mut v = Vec::new();
-            list_tree(&dir, "", &mut v);
-            let body = serde_json::to_vec(&v).unwrap();
-            total.fetch_add(body.len() as u64, Ordering::Relaxed);
-            return respond(
-                &mut out,
-                "200 OK",
-                "Content-Type: application/json\r\n",
-                &body,
-            );
-        }
-        return respond(&mut out, "404 Not Found", "", b"");
-    }
-    // /{org}/{name}/resolve/{rev}/{file...}
-    let parts: Vec<&str> = path.trim_start_matches('/').splitn(5, '/').collect();
-    if parts.len() < 5 || parts[2] != "resolve" || parts[4].contains("..") {
-        return respond(&mut out, "404 Not Found", "", b"");
-    }
-    let file = root.join(parts[0]).join(parts[1]).join(parts[4]);
-    let Ok(mut f) = std::fs::File::open(&file) else {
-        return respond(&mut out, "404 Not Found", "", b"");
-    };
-    let len = f.metadata()?.len();
-    let key = parts[4].to_string();
-    match range {
-        Some((start, end)) => {
-            let end = end
-                .unwrap_or(len.saturating_sub(1))
-                .min(len.saturating_sub(1));
-            if start >= len {
-                return respond(
-                    &mut out,
-                    "416 Range Not Satisfiable",
-                    &format!("Content-Range: bytes */{len}\r\n"),
-                    b"",
-                );
-            }
-            let n = end - start + 1;
-            let mut body = vec![0u8; n as usize];
-            use std::io::Seek;
-            f.seek(std::io::SeekFrom::Start(start))?;
-            f.read_exact(&mut body)?;
-            total.fetch_add(n, Ordering::Relaxed);
-            *per_file.lock().unwrap().entry(key).or_default() += n;
-            respond(
-                &mut out,
-                "206 Partial Content",
-                &format!("Content-Range: bytes {start}-{end}/{len}\r\n"),
-                &body,
-            )
-        }
-        None => {
-            let mut body = Vec::new();
-            f.read_to_end(&mut body)?;
-            total.fetch_add(body.len() as u64, Ordering::Relaxed);
-            *per_file.lock().unwrap().entry(key).or_default() += body.len() as u64;
-            respond(&mut out, "200 OK", "", &body)
-        }
-    }
+    })
 }
