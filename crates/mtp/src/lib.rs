@@ -19,7 +19,8 @@
 mod builtin;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod native;
+/// The native in-process provider (`native`, alias `mlx`), its own crate.
+pub use mtp_native as native;
 mod registry;
 pub mod structured;
 

@@ -1,6 +1,9 @@
 //! The native in-process provider (`native`, alias `mlx`): the engine behind the contract's
 //! `Provider` trait, with per-call speculation, shared weights, a busy guard, streaming with
-//! cancellation and the prefix cache.
+//! cancellation and the prefix caches (in memory and on disk).
+//!
+//! Registered by the facade (`mtp::create_llm("native", …)`); usable alone through [`create`].
+#![warn(missing_docs)]
 
 mod backend;
 mod disk_cache;

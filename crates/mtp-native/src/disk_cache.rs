@@ -880,7 +880,7 @@ mod tests {
         let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "native::disk_cache::tests::child_writer",
+                "disk_cache::tests::child_writer",
                 "--nocapture",
             ])
             .env(CHILD_VAR, root.path())
