@@ -1,4 +1,4 @@
-//! The time of one `nn::attention` call (the kernel in `simd`) (median over repetitions) on random data: `l` new
+//! The time of one `nn::attention` call (the kernel in `kernels`) (median over repetitions) on random data: `l` new
 //! queries, `h` query heads over `hkv` KV heads of `hd` channels, `t` cached positions.
 //!
 //! ```text

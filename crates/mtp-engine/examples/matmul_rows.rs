@@ -1,8 +1,8 @@
-//! Memory-bound few-row matmul: the time of the few-row product (`simd::matmul_rows`, reached
+//! Memory-bound few-row matmul: the time of the few-row product (`kernels::matmul_rows`, reached
 //! through `nn::Linear::forward`, which takes it for up to 32 rows) for `n = 1..=5` rows against
 //! one row, on a weight matrix larger than the caches (the decode regime of a large model),
 //! with f32, bf16 or f16 weights, or MLX-quantized ones kept packed (`q2`, `q3`, `q4`, `q5`,
-//! `q6`, `q8`; group size 64; `simd::matmul_quant`).
+//! `q6`, `q8`; group size 64; `kernels::matmul_quant`).
 //!
 //! ```text
 //! cargo run --release -p mtp-engine --example matmul_rows -- 256 20 bf16

@@ -31,9 +31,9 @@ pub(crate) const SECOND_VERIFY_FORWARD: &str =
 /// KV cache of one full-attention layer for one sequence; layout `[len, n_kv_heads, head_dim]`.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    /// On a cache line ([`crate::simd::Aligned`]), as attention reads them many times.
-    pub(crate) k: crate::simd::Aligned,
-    pub(crate) v: crate::simd::Aligned,
+    /// On a cache line ([`crate::kernels::Aligned`]), as attention reads them many times.
+    pub(crate) k: crate::kernels::Aligned,
+    pub(crate) v: crate::kernels::Aligned,
     row: usize,
 }
 

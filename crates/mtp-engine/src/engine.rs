@@ -23,10 +23,10 @@ use crate::vision::preprocess::{self, ImageLimits, ImageProcessorConfig};
 use crate::vision::{EncodedImage, MultimodalPrompt, VisionTower};
 
 /// The most proposals one MTP round verifies: the verify forward computes `depth + 1` rows,
-/// and up to `simd::MAX_ROWS` (32) rows every product keeps the single-step arithmetic
+/// and up to `kernels::MAX_ROWS` (32) rows every product keeps the single-step arithmetic
 /// (beyond, prefill's panel product takes over, whose bits differ), so greedy output stays the
 /// target's own. A deeper request is refused with this limit named.
-pub const MAX_VERIFY_DEPTH: usize = crate::simd::MAX_ROWS - 1;
+pub const MAX_VERIFY_DEPTH: usize = crate::kernels::MAX_ROWS - 1;
 
 /// Options of one `generate` call (builder style; defaults: greedy, 256 tokens, no speculation).
 ///
@@ -565,7 +565,7 @@ impl Engine {
                 "num_draft_tokens {d} is more than this engine verifies in one round: at most \
                  {MAX_VERIFY_DEPTH} proposals (a verify forward of up to {} rows keeps every row's \
                  arithmetic that of a single step, which keeps the output exactly the target's)",
-                crate::simd::MAX_ROWS
+                crate::kernels::MAX_ROWS
             )));
         }
         Ok(())

@@ -65,9 +65,9 @@ enum Kernel {
 
 impl Kernel {
     fn detect() -> Kernel {
-        if crate::simd::has_avx512() {
+        if crate::kernels::cpu::has_avx512() {
             Kernel::Avx512
-        } else if crate::simd::has_avx() {
+        } else if crate::kernels::cpu::has_avx() {
             Kernel::Avx2
         } else {
             Kernel::Portable
@@ -111,7 +111,7 @@ fn matmul_with(
     panel_values: usize,
 ) -> Vec<f32> {
     assert!(
-        crate::simd::elements(&[n, inp]) == Some(x.len()),
+        crate::kernels::elements(&[n, inp]) == Some(x.len()),
         "fgemm: the input holds {} floats, expected {n} rows of {inp}",
         x.len()
     );
@@ -704,10 +704,10 @@ mod tests {
     /// The kernels this CPU runs.
     fn kernels() -> Vec<Kernel> {
         let mut all = vec![Kernel::Portable];
-        if crate::simd::has_avx() {
+        if crate::kernels::cpu::has_avx() {
             all.push(Kernel::Avx2);
         }
-        if crate::simd::has_avx512() {
+        if crate::kernels::cpu::has_avx512() {
             all.push(Kernel::Avx512);
         }
         all

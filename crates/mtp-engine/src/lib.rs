@@ -6,8 +6,8 @@
 //!
 //! See the crate README for the API tour.
 //!
-//! `unsafe` code lives in the kernel modules only (`simd`, `quant`, `kernels`, `team`) and in
-//! the loader's memory maps; each kernel module is private to the crate, and every safe
+//! `unsafe` code lives in the kernel modules only (`kernels`, `fgemm`, `qdot`, `quant`, `team`)
+//! and in the loader's memory maps; each kernel module is private to the crate, and every safe
 //! function that reaches `unsafe` code checks the lengths it relies on once per call (a typed
 //! error where it returns `Result`, else a panic that names the length at fault).
 #![warn(missing_docs)]
@@ -22,7 +22,7 @@ pub mod engine;
 pub mod error;
 #[allow(unsafe_code)] // AVX2 f32 products over packed panels for prefill
 pub(crate) mod fgemm;
-#[allow(unsafe_code)] // `exp`'s exact float-to-int conversion; AVX2 builds of slice loops
+#[allow(unsafe_code)] // the vector kernels and their CPU dispatch (see `kernels::cpu`)
 pub(crate) mod kernels;
 #[allow(unsafe_code)] // checkpoint files are memory-mapped
 pub mod loader;
@@ -37,8 +37,6 @@ pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
 pub(crate) mod scratch;
-#[allow(unsafe_code)] // the vector kernels and their CPU dispatch
-pub(crate) mod simd;
 pub mod speculative;
 #[allow(unsafe_code)] // a loop borrowed by the workers, disjoint chunks of one slice
 pub mod team;

@@ -13,11 +13,10 @@ use crate::kernels::{self, DeltaDims, Rope};
 use crate::loader::{MappedTensor, Param, WeightDtype};
 use crate::quant::QuantMatrix;
 use crate::scratch;
-use crate::simd;
 
 /// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
 /// example, which times it). It checks every length it reads, panicking otherwise.
-pub use crate::simd::attention;
+pub use crate::kernels::attention;
 
 /// Where the new tokens of one sequence sit for the rotary embedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -455,7 +454,7 @@ impl Linear {
             Weights::Mapped(m) => {
                 let inp = m.dims()[1];
                 let mut rows = vec![0f32; ids.len() * inp];
-                fn gather<E: simd::Weight>(w: &[E], inp: usize, ids: &[u32], rows: &mut [f32]) {
+                fn gather<E: kernels::Weight>(w: &[E], inp: usize, ids: &[u32], rows: &mut [f32]) {
                     for (dst, &id) in rows.chunks_exact_mut(inp).zip(ids) {
                         let src = &w[id as usize * inp..(id as usize + 1) * inp];
                         for (d, v) in dst.iter_mut().zip(src) {
@@ -483,12 +482,12 @@ impl Linear {
 
     /// `x: [n, in]` (f32, row-major) → `[n, out]`.
     ///
-    /// On the CPU, weights in f32, bf16 or f16 go through [`simd::matmul_rows`]: f32 arithmetic
-    /// whose result for a row does not depend on how many rows are computed together (so a
-    /// verify forward of k + 1 tokens produces bit-identical logits to k + 1 single-token
+    /// On the CPU, weights in f32, bf16 or f16 go through [`kernels::matmul_rows`]: f32
+    /// arithmetic whose result for a row does not depend on how many rows are computed together
+    /// (so a verify forward of k + 1 tokens produces bit-identical logits to k + 1 single-token
     /// forwards), with half-precision weights widened exactly as they are read. Inputs of more
-    /// than [`simd::MAX_ROWS`] rows (prefill) use the engine's f32 GEMM (`fgemm`), over panels of
-    /// rows widened or dequantized as they are packed (never a half-precision product). Other
+    /// than [`kernels::MAX_ROWS`] rows (prefill) use the engine's f32 GEMM (`fgemm`), over panels
+    /// of rows widened or dequantized as they are packed (never a half-precision product). Other
     /// devices use candle in the weights' dtype.
     ///
     /// An `x` that is not `n` rows of the layer's input features is a
@@ -499,7 +498,7 @@ impl Linear {
                 "a linear layer over a tensor that is not a matrix".into(),
             ));
         };
-        if simd::elements(&[n, inp]) != Some(x.len()) {
+        if kernels::elements(&[n, inp]) != Some(x.len()) {
             return Err(Error::ShapeMismatch {
                 name: "the input of a linear layer".into(),
                 expected: vec![n, inp],
@@ -552,8 +551,8 @@ impl Linear {
                 match w.dtype() {
                     DType::F32 => {
                         let w = &cpu.as_slice::<f32>()?[start..end];
-                        if n <= simd::MAX_ROWS {
-                            return Ok(simd::matmul_rows(x, n, w, inp));
+                        if n <= kernels::MAX_ROWS {
+                            return Ok(kernels::matmul_rows(x, n, w, inp));
                         }
                         return Ok(crate::fgemm::matmul(
                             x,
@@ -604,23 +603,23 @@ pub(crate) fn tally(
 }
 
 /// `x [n, inp] · w^T` for half-precision weights `w [out, inp]`, in f32: up to
-/// [`simd::MAX_ROWS`] rows through [`simd::matmul_rows`]; more (prefill) through
+/// [`kernels::MAX_ROWS`] rows through [`kernels::matmul_rows`]; more (prefill) through
 /// [`crate::fgemm`], over panels of at most [`WIDEN_BLOCK`] weights widened to f32 as they are
 /// packed.
-fn half_product<E: simd::Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Result<Vec<f32>> {
+fn half_product<E: kernels::Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Result<Vec<f32>> {
     half_product_in(x, n, w, inp, WIDEN_BLOCK)
 }
 
 /// [`half_product`] widening at most `block` weights at a time.
-fn half_product_in<E: simd::Weight>(
+fn half_product_in<E: kernels::Weight>(
     x: &[f32],
     n: usize,
     w: &[E],
     inp: usize,
     block: usize,
 ) -> Result<Vec<f32>> {
-    if n <= simd::MAX_ROWS {
-        return Ok(simd::matmul_rows(x, n, w, inp));
+    if n <= kernels::MAX_ROWS {
+        return Ok(kernels::matmul_rows(x, n, w, inp));
     }
     Ok(crate::fgemm::matmul(
         x,
@@ -628,21 +627,21 @@ fn half_product_in<E: simd::Weight>(
         w.len() / inp.max(1),
         inp,
         block,
-        |o0, rows| simd::widen_to(&w[o0 * inp..o0 * inp + rows.len()], rows),
+        |o0, rows| kernels::widen_to(&w[o0 * inp..o0 * inp + rows.len()], rows),
     ))
 }
 
 /// [`half_product`] over a matrix held in parts (rows of each part in turn): the same blocks,
-/// so the same bits, as the fused matrix — [`simd::matmul_rows_parts`] for few rows, and for
+/// so the same bits, as the fused matrix — [`kernels::matmul_rows_parts`] for few rows, and for
 /// prefill the blocks of widened rows filled from whichever parts they span.
-fn parts_product<E: simd::Weight>(
+fn parts_product<E: kernels::Weight>(
     x: &[f32],
     n: usize,
     parts: &[&[E]],
     inp: usize,
 ) -> Result<Vec<f32>> {
-    if n <= simd::MAX_ROWS {
-        return Ok(simd::matmul_rows_parts(x, n, parts, inp));
+    if n <= kernels::MAX_ROWS {
+        return Ok(kernels::matmul_rows_parts(x, n, parts, inp));
     }
     let out: usize = parts.iter().map(|p| p.len() / inp.max(1)).sum();
     Ok(crate::fgemm::matmul(
@@ -664,7 +663,7 @@ fn parts_product<E: simd::Weight>(
                     continue;
                 }
                 let take = (p.len() - skip).min(rows.len() - done);
-                simd::widen_to(&p[skip..skip + take], &mut rows[done..done + take]);
+                kernels::widen_to(&p[skip..skip + take], &mut rows[done..done + take]);
                 done += take;
                 skip = 0;
             }
@@ -672,16 +671,16 @@ fn parts_product<E: simd::Weight>(
     ))
 }
 
-/// [`half_product`] for a quantized matrix kept packed: [`simd::matmul_quant`] up to
-/// [`simd::MAX_ROWS`] rows; beyond, [`crate::fgemm`] over panels dequantized as they are packed.
+/// [`half_product`] for a quantized matrix kept packed: [`kernels::matmul_quant`] up to
+/// [`kernels::MAX_ROWS`] rows; beyond, [`crate::fgemm`] over panels dequantized as they are packed.
 fn quant_product(x: &[f32], n: usize, q: &QuantMatrix) -> Result<Vec<f32>> {
     quant_product_in(x, n, q, WIDEN_BLOCK)
 }
 
 /// [`quant_product`] dequantizing at most `block` weights at a time.
 fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Result<Vec<f32>> {
-    if n <= simd::MAX_ROWS {
-        return Ok(simd::matmul_quant(x, n, q));
+    if n <= kernels::MAX_ROWS {
+        return Ok(kernels::matmul_quant(x, n, q));
     }
     let inp = q.in_features();
     Ok(crate::fgemm::matmul(
@@ -1083,8 +1082,8 @@ impl DecoderLayer {
     fn check_rows(&self, x: &[f32], lead: &[usize]) -> Result<usize> {
         let mut dims = lead.to_vec();
         dims.push(self.hidden);
-        match simd::elements(lead) {
-            Some(n) if simd::elements(&dims) == Some(x.len()) => Ok(n),
+        match kernels::elements(lead) {
+            Some(n) if kernels::elements(&dims) == Some(x.len()) => Ok(n),
             _ => Err(Error::ShapeMismatch {
                 name: "the input of a decoder layer".into(),
                 expected: dims,
@@ -1178,7 +1177,7 @@ impl Attention {
             };
             kv.append(&k, &v);
             let first = (l - lq) * h * hd;
-            let o = simd::attention(
+            let o = kernels::attention(
                 &q[first..],
                 kv.k.values(),
                 kv.v.values(),
@@ -1288,7 +1287,7 @@ impl DeltaNet {
                 st.backup.resize(st.state.len(), 0.0);
             }
             let backup: &mut [f32] = if in_place { &mut st.backup } else { &mut [] };
-            let mut y = simd::gated_delta(
+            let mut y = kernels::gated_delta(
                 dm,
                 &q,
                 &k,
@@ -1472,7 +1471,7 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             assert!(worst < 1e-5, "{rows} rows: off by {worst}");
-            if rows <= simd::MAX_ROWS {
+            if rows <= kernels::MAX_ROWS {
                 assert_eq!(got, want, "{rows} rows: the few-row kernel widens exactly");
             }
         }

@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 use crate::cache::{LayerCache, LinearState};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::kernels::Aligned;
 use crate::resume::PromptState;
-use crate::simd::Aligned;
 use crate::vision::prompt::{ImageSpan, MultimodalPrompt};
 
 /// The version of the byte layout (part of the identity: a new layout never reads an old

@@ -1,7 +1,7 @@
 //! Few-row products with 4- and 8-bit MLX matrices kept packed, dequantized in registers: each
 //! 32-value block is unpacked, widened and scaled (`w = fma(q, s, b)`) once for all the input
 //! rows of a pass, and multiplied into their accumulators straight away. Nothing is written
-//! back: [`crate::simd::matmul_quant`]'s general path, which dequantizes four rows into a buffer
+//! back: [`crate::kernels::matmul_quant`]'s general path, which dequantizes four rows into a buffer
 //! and multiplies them as f32 rows, spent more on the buffer than on the products (a 4-bit matrix
 //! streamed at a third of bf16's speed, `examples/matmul_rows`).
 //!
@@ -21,7 +21,7 @@
 //! `acc_a[j] = fma(w_a, x_a, acc_a[j])`, `acc_b[j] = fma(w_b, x_b, acc_b[j])`. After the last
 //! block, `v[j] = acc_a[j] + acc_b[j]`, `u[l] = v[l] + v[l + 8]`, and the result is
 //! `((u0 + u4) + (u1 + u5)) + ((u2 + u6) + (u3 + u7))`. The multiply-adds are fused wherever the
-//! lanes of [`crate::simd`] are (always on AVX2 and AVX-512). At 4 bits the inputs are first
+//! lanes of [`crate::kernels`] are (always on AVX2 and AVX-512). At 4 bits the inputs are first
 //! reordered per block (even-indexed values, then odd) so that each lane's pair of values sits
 //! at the same offsets as its pair of nibbles.
 
@@ -29,8 +29,8 @@
 // which `R` fixes at compile time, so the loops unroll to registers.
 #![allow(clippy::needless_range_loop)]
 
+use crate::kernels::Aligned;
 use crate::quant::QuantMatrix;
-use crate::simd::Aligned;
 
 /// Values per block: 16 packed bytes at 4 bits, 32 at 8.
 const BLOCK: usize = 32;
@@ -80,7 +80,7 @@ struct Job<'a> {
 }
 
 /// `x [n, inp] · w^T → [n, out]` for a 4- or 8-bit matrix that [`supports`] takes, `n` rows
-/// (any number; the callers pass up to [`crate::simd::MAX_ROWS`]). Row `r` of the result
+/// (any number; the callers pass up to [`crate::kernels::MAX_ROWS`]). Row `r` of the result
 /// depends only on row `r` of `x`.
 ///
 /// # Panics
@@ -180,10 +180,10 @@ impl Path {
     fn detect() -> Path {
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::simd::has_avx512() {
+            if crate::kernels::cpu::has_avx512() {
                 return Path::Avx512;
             }
-            if crate::simd::has_avx() {
+            if crate::kernels::cpu::has_avx() {
                 return Path::Avx2;
             }
         }
@@ -220,7 +220,7 @@ impl Path {
     }
 }
 
-/// `a * b + c`, fused as the vector paths are where the target has FMA (see [`crate::simd`]).
+/// `a * b + c`, fused as the vector paths are where the target has FMA (see [`crate::kernels`]).
 #[inline(always)]
 fn madd(a: f32, b: f32, c: f32) -> f32 {
     if cfg!(any(target_feature = "fma", target_arch = "aarch64")) {
@@ -550,7 +550,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simd::{isas, with_isa, Isa};
+    use crate::kernels::cpu::{isas, with_isa, Isa};
     use crate::testing::{bits as bits_of, expect_panic, CASES};
     use candle_core::DType;
     use proptest::prelude::*;

@@ -3,7 +3,7 @@
 //! one dequantization arithmetic (`s * q` rounded, then `+ b` rounded, in f32), used both to
 //! dequantize a whole matrix at load ([`crate::loader::dequantize_affine`]), for prefill's
 //! blocks of rows, and, for matrices kept packed in memory at widths other than 4 and 8 bits, a
-//! few rows at a time inside the few-row products ([`crate::simd::matmul_quant`]), which then
+//! few rows at a time inside the few-row products ([`crate::kernels::matmul_quant`]), which then
 //! give the bits of the dequantized load. 4- and 8-bit few-row products dequantize in registers
 //! with a fused multiply-add ([`crate::qdot`]), which rounds once where this rounds twice.
 
@@ -383,7 +383,7 @@ fn dequantize_row_chunked<const B: usize>(
         return unsafe { dequantize_row_chunked_avx512::<B>(w, s, b, group, row) };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx() {
+    if crate::kernels::cpu::has_avx() {
         // SAFETY: AVX2 was detected; the slices' lengths are checked inside.
         return unsafe { dequantize_row_chunked_avx::<B>(w, s, b, group, row) };
     }
@@ -412,7 +412,7 @@ fn dequantize_row_chunked_scalar<const B: usize>(
 /// Whether the AVX-512 path may run and the CPU has AVX-512BW (byte shuffles).
 #[cfg(target_arch = "x86_64")]
 fn has_avx512bw() -> bool {
-    crate::simd::has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
+    crate::kernels::cpu::has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// The `B` bytes holding values `8 c..8 c + 8` of a `B`-bit packed row, as the low bytes of a
@@ -575,12 +575,12 @@ fn dequantize_row_packed<const B: usize>(
     row: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx512() && group.is_multiple_of(16) {
+    if crate::kernels::cpu::has_avx512() && group.is_multiple_of(16) {
         // SAFETY: AVX-512F was detected; the slices' lengths are checked inside.
         return unsafe { dequantize_row_avx512::<B>(w, s, b, group, row) };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx() && group.is_multiple_of(16) {
+    if crate::kernels::cpu::has_avx() && group.is_multiple_of(16) {
         // SAFETY: AVX2 was detected; the slices' lengths are checked inside.
         return unsafe { dequantize_row_avx::<B>(w, s, b, group, row) };
     }
@@ -802,7 +802,7 @@ pub(crate) fn random_matrix(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simd::{isas, with_isa};
+    use crate::kernels::cpu::{isas, with_isa};
     use crate::testing::{bits as bits_of, expect_panic, CASES};
     use proptest::prelude::*;
 
@@ -921,7 +921,7 @@ mod tests {
                 _ => vec![("scalar", dequantize_row_scalar::<8>)],
             };
             #[cfg(target_arch = "x86_64")]
-            if !matches!(bits, 2 | 4 | 8) && crate::simd::has_avx() {
+            if !matches!(bits, 2 | 4 | 8) && crate::kernels::cpu::has_avx() {
                 fn chunked<const B: usize>(
                     w: &[u32],
                     s: &[f32],
@@ -971,14 +971,14 @@ mod tests {
                     // SAFETY: only pushed where the CPU has AVX-512F; `g` is a multiple of 16.
                     unsafe { dequantize_row_avx512::<B>(w, s, b, g, r) }
                 }
-                if crate::simd::has_avx() {
+                if crate::kernels::cpu::has_avx() {
                     paths.push(match bits {
                         2 => ("avx2", avx::<2>),
                         4 => ("avx2", avx::<4>),
                         _ => ("avx2", avx::<8>),
                     });
                 }
-                if crate::simd::has_avx512() {
+                if crate::kernels::cpu::has_avx512() {
                     paths.push(match bits {
                         2 => ("avx512", avx512::<2>),
                         4 => ("avx512", avx512::<4>),

@@ -15,7 +15,6 @@ use crate::kernels;
 use crate::loader::WeightDtype;
 use crate::loader::{load_quantized, Checkpoint, Param};
 use crate::nn::{DecoderLayer, Linear, Positions, Store};
-use crate::simd;
 
 /// Most tokens of one sequence a forward computes at once: a longer prompt runs in parts (see
 /// `Qwen35Model::forward_chunks`; the same bits in dense models), so its transient buffers
@@ -519,7 +518,7 @@ impl Qwen35Model {
         // few-row product's: sequences are computed in groups of at most that many rows (a
         // longer sequence alone, as it would be anyway), so each gets the bits it gets alone.
         let total: usize = tokens.iter().map(Vec::len).sum();
-        if b > 1 && total > simd::MAX_ROWS {
+        if b > 1 && total > kernels::MAX_ROWS {
             return self.forward_grouped(tokens, caches, at);
         }
         if b == 1 && total > FORWARD_PART {
@@ -597,7 +596,7 @@ impl Qwen35Model {
         chunk: usize,
     ) -> Result<ForwardOutput> {
         assert!(
-            chunk >= 2 * (simd::MAX_ROWS + 1),
+            chunk >= 2 * (kernels::MAX_ROWS + 1),
             "forward_chunks: parts of {chunk} tokens"
         );
         let n = tokens.len();
@@ -625,7 +624,7 @@ impl Qwen35Model {
     }
 
     /// [`Qwen35Model::forward`] in groups of consecutive sequences of at most
-    /// [`simd::MAX_ROWS`] rows together (one longer sequence alone), outputs in order.
+    /// [`kernels::MAX_ROWS`] rows together (one longer sequence alone), outputs in order.
     fn forward_grouped(
         &self,
         tokens: &[Vec<u32>],
@@ -637,7 +636,7 @@ impl Qwen35Model {
             logits: Vec::new(),
         };
         let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
-        for g in simd::row_groups(&lens) {
+        for g in kernels::row_groups(&lens) {
             let part = self.forward(&tokens[g.clone()], &mut caches[g], at)?;
             out.hidden.extend_from_slice(&part.hidden);
             out.logits.extend_from_slice(&part.logits);

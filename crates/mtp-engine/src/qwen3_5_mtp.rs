@@ -239,7 +239,7 @@ impl MtpHead {
     /// [`MtpHead::forward`] for several sequences at once (`rows[i]`: sequence `i`'s tokens,
     /// at least one, and their target hidden states, with its cache): each one's last normed
     /// hidden state, the bits it gets alone. Sequences go through the head in groups of at
-    /// most [`crate::simd::MAX_ROWS`] rows (one longer sequence alone), so each group reads the
+    /// most [`crate::kernels::MAX_ROWS`] rows (one longer sequence alone), so each group reads the
     /// weights once and every product takes the few-row arithmetic a single sequence takes.
     pub fn forward_ragged(
         &self,
@@ -262,7 +262,7 @@ impl MtpHead {
         }
         let lens: Vec<usize> = rows.iter().map(|r| r.0.len()).collect();
         let mut out = Vec::with_capacity(rows.len());
-        for g in crate::simd::row_groups(&lens) {
+        for g in crate::kernels::row_groups(&lens) {
             out.extend(self.forward_group(target, &rows[g.clone()], &mut caches[g])?);
         }
         Ok(out)

@@ -4,7 +4,7 @@
 //!
 //! * Greedy: a draft is accepted when it equals the target's argmax; output is identical to
 //!   target-only greedy decoding (the verify forward's rows are computed exactly as single-token
-//!   forwards would be, see `simd::matmul_rows`).
+//!   forwards would be, see `kernels::matmul_rows`).
 //! * Seeded sampling: the drafter drafts greedily; the target's token at generated position `i`
 //!   is drawn with the position-keyed uniform `u(seed, i)`, exactly as plain decoding draws it,
 //!   and accepted on equality — the text is the same as plain seeded decoding.
@@ -329,7 +329,7 @@ fn share_error(e: Error, which: &[usize], out: &mut [Option<Result<Drafts>>]) {
 
 /// One head forward over `rows` (the sequences `which` of `items`, in that order) and the LM
 /// head over their last hidden states: per sequence, its hidden state and its logits. The LM
-/// head runs in groups of at most [`crate::simd::MAX_ROWS`] rows, as the head does.
+/// head runs in groups of at most [`crate::kernels::MAX_ROWS`] rows, as the head does.
 fn heads_and_logits(
     model: &Qwen35Model,
     head: &MtpHead,
@@ -356,7 +356,7 @@ fn heads_and_logits(
     crate::sampling::masks_beside(ahead, || {
         let lasts = head.forward_ragged(model, rows, &mut caches)?;
         let mut out = Vec::with_capacity(lasts.len());
-        for group in lasts.chunks(crate::simd::MAX_ROWS) {
+        for group in lasts.chunks(crate::kernels::MAX_ROWS) {
             let flat: Vec<f32> = group.iter().flatten().copied().collect();
             let logits = model.logits(&flat, group.len())?;
             let v = model.vocab_size();

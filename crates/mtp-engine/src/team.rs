@@ -1,4 +1,4 @@
-//! The worker team behind the decode kernels' parallel loops (the crate's `simd` module). Public
+//! The worker team behind the decode kernels' parallel loops (the crate's `kernels` module). Public
 //! for its size only ([`set_threads`], [`threads`]); the loops are the crate's own.
 //!
 //! A decode step runs a few hundred small parallel loops (one per matrix product, attention or

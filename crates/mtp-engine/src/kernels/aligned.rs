@@ -1,0 +1,140 @@
+//! [`Aligned`]: f32 buffers that start on a cache line, for the values kernels read many times.
+
+/// Values held from a 64-byte boundary on, for buffers that kernels read many times: the input
+/// rows of the packed products ([`crate::qdot`]), the keys and values of the attention cache
+/// ([`crate::cache::KvCache`]) and attention's queries. With rows of a multiple of 16 values,
+/// every 64-byte vector load of them then sits in one cache line. From a buffer 16 bytes off a
+/// line (where the allocator puts large ones) each such load was split in two, and on AVX-512,
+/// where vector loads share two ports: a 4-bit product with 4 input rows ran 40% longer
+/// (`examples/matmul_rows 0.5 201 q4` on one thread: 144 -> 103 µs; a C copy of the loop
+/// alike); attention over 4096 cached positions for 512 queries 25-30% longer (`--example
+/// attention -- 512 16 2 256 4096 3`: 202-206 ms aligned, 241-247 with the keys and values
+/// off, 265-276 with the queries off too), one decode query 10-15% (`1 8 2 128 1500 400`:
+/// 71-79 µs against 82-85). The f32 and bf16 few-row products, bound by the weights' stream,
+/// did not change with it (`matmul_rows 256 7 f32`, `128 9 bf16`), and take their inputs where
+/// they lie.
+///
+/// It grows like a `Vec` (to twice its length at least), moving its values to a new aligned
+/// buffer; a clone is aligned too.
+#[derive(Default)]
+pub(crate) struct Aligned {
+    buf: Vec<f32>,
+    at: usize,
+    len: usize,
+}
+
+impl Aligned {
+    /// `len` values written by `fill` (given them zeroed).
+    pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> Aligned {
+        const LINE: usize = 64 / std::mem::size_of::<f32>();
+        let mut buf = vec![0f32; len + LINE - 1];
+        // `buf` is f32-aligned, so the first line boundary is a whole number of values on
+        let at = (64 - buf.as_ptr() as usize % 64) % 64 / std::mem::size_of::<f32>();
+        fill(&mut buf[at..at + len]);
+        Aligned { buf, at, len }
+    }
+
+    /// A copy of `x`.
+    pub(crate) fn copy(x: &[f32]) -> Aligned {
+        Aligned::filled(x.len(), |out| out.copy_from_slice(x))
+    }
+
+    pub(crate) fn values(&self) -> &[f32] {
+        &self.buf[self.at..self.at + self.len]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `x`.
+    pub(crate) fn extend_from_slice(&mut self, x: &[f32]) {
+        let need = self.len + x.len();
+        if self.at + need > self.buf.len() {
+            let old = std::mem::take(self);
+            *self = Aligned::filled(need.max(2 * old.len), |out| {
+                out[..old.len].copy_from_slice(old.values())
+            });
+            self.len = old.len;
+        }
+        self.buf[self.at + self.len..self.at + need].copy_from_slice(x);
+        self.len = need;
+    }
+
+    /// Keeps the first `len` values (all when there are fewer).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl Clone for Aligned {
+    fn clone(&self) -> Aligned {
+        Aligned::copy(self.values())
+    }
+}
+
+impl std::fmt::Debug for Aligned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.values()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::testing::rng;
+
+    /// An aligned copy starts on a line boundary and holds the values, for every length and
+    /// every offset of the source.
+    #[test]
+    fn aligned_copies_start_on_a_line() {
+        let src: Vec<f32> = (0..100).map(|i| i as f32 * 0.5 - 7.0).collect();
+        for at in 0..17 {
+            for len in [0, 1, 15, 16, 17, 64, 83 - at] {
+                let x = &src[at..at + len];
+                let a = Aligned::copy(x);
+                assert_eq!(a.values().as_ptr() as usize % 64, 0, "{at} {len}");
+                assert_eq!(a.values(), x, "{at} {len}");
+                let r = Aligned::filled(len, |out| out.iter_mut().for_each(|v| *v += 2.0));
+                assert_eq!(r.values().as_ptr() as usize % 64, 0, "{at} {len}");
+                assert!(r.values().iter().all(|&v| v == 2.0), "{at} {len}");
+            }
+        }
+    }
+
+    /// A growing buffer stays aligned and holds what was appended, through truncations and
+    /// clones (the attention cache's life: a prompt, steps, rolled-back verifies, snapshots).
+    #[test]
+    fn aligned_buffers_grow_like_vecs() {
+        let mut a = Aligned::default();
+        let mut want: Vec<f32> = Vec::new();
+        assert!(a.is_empty() && a.values().is_empty());
+        let mut next = rng(5);
+        for round in 0..200usize {
+            let add: Vec<f32> = (0..(round * 7) % 37).map(|_| next()).collect();
+            a.extend_from_slice(&add);
+            want.extend_from_slice(&add);
+            if round % 5 == 4 {
+                let keep = want.len() * 2 / 3;
+                a.truncate(keep);
+                want.truncate(keep);
+            }
+            assert_eq!(a.len(), want.len());
+            assert_eq!(a.values(), &want[..], "round {round}");
+            let c = a.clone();
+            assert_eq!(c.values(), &want[..]);
+            // (an empty buffer's address is never read)
+            if !want.is_empty() {
+                assert_eq!(a.values().as_ptr() as usize % 64, 0, "round {round}");
+                assert_eq!(c.values().as_ptr() as usize % 64, 0);
+            }
+        }
+        a.truncate(usize::MAX);
+        assert_eq!(a.len(), want.len());
+    }
+}
