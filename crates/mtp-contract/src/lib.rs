@@ -30,6 +30,7 @@
 
 mod error;
 mod format;
+mod kind;
 mod provider;
 mod reason;
 mod report;
@@ -39,6 +40,7 @@ mod speculation;
 
 pub use error::ProviderError;
 pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
+pub use kind::ProviderKind;
 pub use provider::{
     plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
     ProviderOptions, SpeculationStatus,

@@ -14,29 +14,24 @@
 
 use std::fmt;
 
-use mtp_contract::Reason;
+use mtp_contract::{ProviderKind, Reason};
 use serde::{Deserialize, Serialize};
 
-/// The runtimes the probe reports on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// The runtimes the probe reports on (each one of the contract's [`ProviderKind`]s, whose
+/// names they carry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Runtime {
     /// llama.cpp's server (GGUF), MTP switched on at launch.
-    #[serde(rename = "llama-server")]
     LlamaServer,
     /// LM Studio (GGUF through llama.cpp), MTP switched on at load.
-    #[serde(rename = "lmstudio")]
     LmStudio,
     /// vLLM (HF safetensors), MTP in the server's speculative config.
-    #[serde(rename = "vllm")]
     Vllm,
     /// This project's in-process engine (safetensors).
-    #[serde(rename = "native")]
     Native,
     /// This project's in-process GGUF provider (llama.cpp linked in).
-    #[serde(rename = "gguf")]
     Gguf,
     /// Ollama: does not expose MTP.
-    #[serde(rename = "ollama")]
     Ollama,
 }
 
@@ -51,16 +46,27 @@ impl Runtime {
         Runtime::Ollama,
     ];
 
-    /// The name used in reports and by `create_llm`.
-    pub fn as_str(self) -> &'static str {
+    /// The provider that runs it.
+    pub fn kind(self) -> ProviderKind {
         match self {
-            Runtime::LlamaServer => "llama-server",
-            Runtime::LmStudio => "lmstudio",
-            Runtime::Vllm => "vllm",
-            Runtime::Native => "native",
-            Runtime::Gguf => "gguf",
-            Runtime::Ollama => "ollama",
+            Runtime::LlamaServer => ProviderKind::LlamaServer,
+            Runtime::LmStudio => ProviderKind::LmStudio,
+            Runtime::Vllm => ProviderKind::Vllm,
+            Runtime::Native => ProviderKind::Native,
+            Runtime::Gguf => ProviderKind::Gguf,
+            Runtime::Ollama => ProviderKind::Ollama,
         }
+    }
+
+    /// The name used in reports and by `create_llm` (the provider's).
+    pub fn as_str(self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+impl Serialize for Runtime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -169,7 +175,7 @@ pub fn launch_command(
             }
         }
         Runtime::Native => native_code(model, None, mtp, depth),
-        Runtime::Gguf => provider_code("gguf", model, None, mtp, depth),
+        Runtime::Gguf => provider_code(ProviderKind::Gguf.name(), model, None, mtp, depth),
         Runtime::Ollama => format!("ollama run {m}"),
     }
 }
@@ -209,13 +215,15 @@ pub fn launch_command_in(
     depth: u32,
 ) -> String {
     match (style, runtime) {
-        (CommandStyle::Cli, Runtime::Native) => cli_command("native", model, None, mtp, depth),
+        (CommandStyle::Cli, Runtime::Native) => {
+            cli_command(ProviderKind::Native.name(), model, None, mtp, depth)
+        }
         (CommandStyle::Cli, Runtime::Gguf) => {
             let m = match file {
                 Some(f) => format!("{}/{f}", model.trim_end_matches('/')),
                 None => model.to_string(),
             };
-            cli_command("gguf", &m, None, mtp, depth)
+            cli_command(ProviderKind::Gguf.name(), &m, None, mtp, depth)
         }
         _ => launch_command(runtime, model, file, mtp, depth),
     }
@@ -231,7 +239,7 @@ pub fn native_in(
 ) -> String {
     match style {
         CommandStyle::Library => native_code(model, drafter, mtp, depth),
-        CommandStyle::Cli => cli_command("native", model, drafter, mtp, depth),
+        CommandStyle::Cli => cli_command(ProviderKind::Native.name(), model, drafter, mtp, depth),
     }
 }
 
@@ -245,7 +253,7 @@ pub fn cli_command(
     depth: u32,
 ) -> String {
     let mut s = String::from("mtp generate");
-    if provider != "native" {
+    if provider != ProviderKind::Native.name() {
         s.push_str(&format!(" --provider {provider}"));
     }
     s.push_str(&format!(" --model {}", shell_quote(model)));
@@ -263,7 +271,7 @@ pub fn cli_command(
 
 /// The native engine's Rust code for `model`, with a named companion `drafter` when given.
 pub fn native_code(model: &str, drafter: Option<&str>, mtp: bool, depth: u32) -> String {
-    provider_code("native", model, drafter, mtp, depth)
+    provider_code(ProviderKind::Native.name(), model, drafter, mtp, depth)
 }
 
 /// `mtp::create_llm(provider, model, …)` code with MTP at `depth` when `mtp` is true.

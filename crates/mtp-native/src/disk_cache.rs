@@ -878,11 +878,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join(&ID[..32]);
         let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "disk_cache::tests::child_writer",
-                "--nocapture",
-            ])
+            .args(["--exact", "disk_cache::tests::child_writer", "--nocapture"])
             .env(CHILD_VAR, root.path())
             .stdout(std::process::Stdio::null())
             .spawn()

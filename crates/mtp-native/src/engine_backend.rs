@@ -58,14 +58,14 @@ fn api(e: mtp_engine::Error) -> ProviderError {
         }
         mtp_engine::Error::Unsupported(what) => {
             return ProviderError::Unsupported {
-                provider: "native".into(),
+                provider: mtp_contract::ProviderKind::Native.name().into(),
                 what,
             }
         }
         _ => {}
     }
     ProviderError::Api {
-        provider: "native".into(),
+        provider: mtp_contract::ProviderKind::Native.name().into(),
         model: String::new(),
         status: None,
         message: e.to_string(),

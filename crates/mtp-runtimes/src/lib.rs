@@ -41,7 +41,7 @@ pub mod sse;
 
 use std::sync::Arc;
 
-use mtp_contract::{Provider, ProviderError, ProviderOptions};
+use mtp_contract::{Provider, ProviderError, ProviderKind, ProviderOptions};
 
 pub use evidence::{Evidence, ServerSpec, LLAMA_MTP_TYPE};
 pub use options::{
@@ -51,14 +51,8 @@ pub use options::{
 pub use provider::HttpProvider;
 pub use tool_calls::DEFAULT_MAX_TOOL_CALLS;
 
-/// The provider names this crate registers, in order.
-pub const PROVIDERS: &[&str] = &[
-    "llama-server",
-    "openai-compatible",
-    "lmstudio",
-    "vllm",
-    "ollama",
-];
+/// The providers this crate registers, in order: the contract's HTTP kinds.
+pub const PROVIDERS: [ProviderKind; 5] = ProviderKind::HTTP;
 
 /// Creates the adapter registered under `provider_name` for `model`. No I/O happens here.
 ///
@@ -128,7 +122,7 @@ fn kind_named(provider_name: &str) -> Result<ServerKind, ProviderError> {
         field: "provider",
         message: format!(
             "unknown HTTP provider `{provider_name}`; known: {}",
-            PROVIDERS.join(", ")
+            PROVIDERS.map(ProviderKind::name).join(", ")
         ),
     })
 }
@@ -144,11 +138,11 @@ mod tests {
 
     #[test]
     fn providers_match_kinds() {
-        let names: Vec<&str> = ServerKind::ALL.iter().map(|k| k.name()).collect();
-        assert_eq!(names, PROVIDERS);
-        for name in PROVIDERS {
-            let p = create(name, "m", &ProviderOptions::default()).unwrap();
-            assert_eq!(p.name(), *name);
+        let kinds: Vec<ProviderKind> = ServerKind::ALL.iter().map(|k| k.kind()).collect();
+        assert_eq!(kinds, PROVIDERS);
+        for kind in PROVIDERS {
+            let p = create(kind.name(), "m", &ProviderOptions::default()).unwrap();
+            assert_eq!(p.name(), kind.name());
             assert_eq!(p.model(), "m");
         }
         assert!(create("llama-server", " ", &ProviderOptions::default()).is_err());

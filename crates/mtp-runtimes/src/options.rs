@@ -4,10 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use mtp_contract::{ProviderError, ProviderOptions};
+use mtp_contract::{ProviderError, ProviderKind, ProviderOptions};
 
-/// The HTTP servers this crate speaks to. Each has its own endpoints and its own evidence of
-/// speculation.
+/// The HTTP servers this crate speaks to (the contract's HTTP [`ProviderKind`]s). Each has its
+/// own endpoints and its own evidence of speculation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServerKind {
     /// llama.cpp's `llama-server`: `timings.draft_n`, `/props`, optional `/metrics`.
@@ -33,20 +33,30 @@ impl ServerKind {
         ServerKind::Ollama,
     ];
 
-    /// The provider name used with `create`.
-    pub fn name(self) -> &'static str {
+    /// The provider it is.
+    pub fn kind(self) -> ProviderKind {
         match self {
-            ServerKind::LlamaServer => "llama-server",
-            ServerKind::OpenAiCompatible => "openai-compatible",
-            ServerKind::LmStudio => "lmstudio",
-            ServerKind::Vllm => "vllm",
-            ServerKind::Ollama => "ollama",
+            ServerKind::LlamaServer => ProviderKind::LlamaServer,
+            ServerKind::OpenAiCompatible => ProviderKind::OpenAiCompatible,
+            ServerKind::LmStudio => ProviderKind::LmStudio,
+            ServerKind::Vllm => ProviderKind::Vllm,
+            ServerKind::Ollama => ProviderKind::Ollama,
         }
+    }
+
+    /// The provider name used with `create` (the contract's [`ProviderKind`] name).
+    pub fn name(self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// The server kind of an HTTP provider; `None` for an in-process one.
+    pub fn of(kind: ProviderKind) -> Option<ServerKind> {
+        ServerKind::ALL.into_iter().find(|k| k.kind() == kind)
     }
 
     /// Looks a provider name up.
     pub fn from_name(name: &str) -> Option<ServerKind> {
-        ServerKind::ALL.into_iter().find(|k| k.name() == name)
+        ProviderKind::from_name(name).and_then(ServerKind::of)
     }
 
     /// The server's usual local address.

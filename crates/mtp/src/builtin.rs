@@ -4,31 +4,27 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use mtp_contract::ProviderKind;
+
 use crate::registry::Factory;
 
 pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
-    // The native engine; `mlx` accepts the same MLX-layout checkpoints (the report's `runtime`
-    // always names what really ran, e.g. `mtp-engine-cpu`).
-    for name in ["native", "mlx"] {
-        map.insert(
-            name.to_string(),
+    for kind in ProviderKind::ALL {
+        let factory: Factory = if kind.is_native() {
+            // `mlx` accepts the same MLX-layout checkpoints (the report's `runtime` always names
+            // what really ran, e.g. `mtp-engine-cpu`).
             Arc::new(move |model: &str, opts: &mtp_contract::ProviderOptions| {
-                crate::native::create(name, model, opts)
-            }),
-        );
-    }
-    for &name in mtp_runtimes::PROVIDERS {
-        map.insert(
-            name.to_string(),
+                crate::native::create(kind.name(), model, opts)
+            })
+        } else if kind.is_http() {
             Arc::new(move |model: &str, opts: &mtp_contract::ProviderOptions| {
-                mtp_runtimes::create(name, model, opts)
-            }),
-        );
+                mtp_runtimes::create(kind.name(), model, opts)
+            })
+        } else {
+            Arc::new(gguf)
+        };
+        map.insert(kind.name().to_string(), factory);
     }
-    map.insert(
-        "gguf".to_string(),
-        Arc::new(|model: &str, opts: &mtp_contract::ProviderOptions| gguf(model, opts)),
-    );
 }
 
 #[cfg(feature = "gguf")]

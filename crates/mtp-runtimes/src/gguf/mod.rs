@@ -54,7 +54,7 @@ use mtp_contract::{
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
 
 /// The provider name.
-pub const PROVIDER: &str = "gguf";
+pub const PROVIDER: &str = mtp_contract::ProviderKind::Gguf.name();
 /// The linked llama.cpp release.
 pub const LLAMA_BUILD: &str = "b11434";
 /// `runtime` in reports.

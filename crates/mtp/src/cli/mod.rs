@@ -71,7 +71,7 @@ pub use output::{Captured, Io};
 use args::{Command, ModelArgs, SamplingArgs};
 use output::Out;
 
-use crate::{Provider, ProviderError, ProviderOptions, Sampling, Speculation};
+use crate::{Provider, ProviderError, ProviderKind, ProviderOptions, Sampling, Speculation};
 
 /// Runs the command with the process's arguments and terminal.
 pub fn run() -> ExitCode {
@@ -194,19 +194,24 @@ pub fn default_model_path() -> PathBuf {
     }
 }
 
+/// Whether `--provider NAME` names one of the HTTP providers.
+pub(crate) fn is_http(provider: &str) -> bool {
+    ProviderKind::from_name(provider).is_some_and(ProviderKind::is_http)
+}
+
 /// `--provider help`: every registered runtime, with a line on what it is.
 fn provider_list() -> String {
     let about = |name: &str| {
-        match name {
-        "native" => "this engine, in process: safetensors checkpoints (HF or MLX layout), MTP head or companion drafter",
-        "mlx" => "an alias of native, kept for the seed's users: the same CPU engine (it reads MLX-layout checkpoints; Apple's MLX framework is not used)",
-        "gguf" => "llama.cpp b11434 in process: a .gguf file with its nextn head",
-        "llama-server" => "a running llama-server (--base-url); MTP with --spec-type draft-mtp at launch",
-        "lmstudio" => "a running LM Studio server (--base-url)",
-        "vllm" => "a running vLLM server (--base-url); MTP with --speculative-config at launch",
-        "ollama" => "a running Ollama server (--base-url); it exposes no MTP",
-        "openai-compatible" => "any other OpenAI-compatible server (--base-url)",
-        _ => "registered by the embedding application",
+        match ProviderKind::from_name(name) {
+        Some(ProviderKind::Native) => "this engine, in process: safetensors checkpoints (HF or MLX layout), MTP head or companion drafter",
+        Some(ProviderKind::Mlx) => "an alias of native, kept for the seed's users: the same CPU engine (it reads MLX-layout checkpoints; Apple's MLX framework is not used)",
+        Some(ProviderKind::Gguf) => "llama.cpp b11434 in process: a .gguf file with its nextn head",
+        Some(ProviderKind::LlamaServer) => "a running llama-server (--base-url); MTP with --spec-type draft-mtp at launch",
+        Some(ProviderKind::LmStudio) => "a running LM Studio server (--base-url)",
+        Some(ProviderKind::Vllm) => "a running vLLM server (--base-url); MTP with --speculative-config at launch",
+        Some(ProviderKind::Ollama) => "a running Ollama server (--base-url); it exposes no MTP",
+        Some(ProviderKind::OpenAiCompatible) => "any other OpenAI-compatible server (--base-url)",
+        None => "registered by the embedding application",
     }
     };
     let mut s = String::from("providers (--provider NAME):\n");
@@ -227,7 +232,7 @@ async fn model_name(
     if let Some(name) = &m.model {
         return Ok(name.clone());
     }
-    if mtp_runtimes::PROVIDERS.contains(&m.provider.as_str()) {
+    if is_http(&m.provider) {
         return match mtp_runtimes::served_model(&m.provider, opts).await {
             Ok(id) => {
                 out.note(&format!(
@@ -341,7 +346,7 @@ async fn open_provider_with(
 /// `threads`, `dtype`); an HTTP server's context, threads and precision are its launch
 /// settings, so there they are usage errors that say so.
 fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderOptions, CliError> {
-    let http = mtp_runtimes::PROVIDERS.contains(&m.provider.as_str());
+    let http = is_http(&m.provider);
     let given = [
         (
             "--ctx-size",

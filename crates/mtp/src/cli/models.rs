@@ -17,6 +17,7 @@ use crate::cli::error::CliError;
 use crate::cli::hub::{self, Companions};
 use crate::cli::output::{speculation_phrase, Out};
 use crate::{GenerateRequest, ProviderOptions, Sampling, Speculation};
+use mtp_contract::ProviderKind;
 use mtp_detect::hub::cache::{cached_repo, scan, CachedRepo};
 use mtp_detect::hub::{download_snapshot, parse_repo, HubClient, HubConfig, HubError};
 use mtp_detect::RepoId;
@@ -359,9 +360,9 @@ fn verify_route(a: &VerifyArgs, model: String) -> Result<(String, String), CliEr
     };
     let provider = a.provider.clone().unwrap_or_else(|| {
         if gguf || mtp_detect::is_gguf_model_file(&model) {
-            "gguf".to_string()
+            ProviderKind::Gguf.name().to_string()
         } else {
-            "native".to_string()
+            ProviderKind::Native.name().to_string()
         }
     });
     let model = match file {

@@ -6,8 +6,9 @@ use crate::cli::open_provider_with;
 use crate::cli::output::Out;
 
 pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
-    let native = matches!(a.model.provider.as_str(), "native" | "mlx");
-    let http = mtp_runtimes::PROVIDERS.contains(&a.model.provider.as_str());
+    let kind = mtp_contract::ProviderKind::from_name(&a.model.provider);
+    let native = kind.is_some_and(|k| k.is_native());
+    let http = crate::cli::is_http(&a.model.provider);
     if !native && !http && a.max_batch > 1 {
         return Err(CliError::InvalidFlag {
             flag: "--max-batch",
