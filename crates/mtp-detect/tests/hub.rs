@@ -26,6 +26,7 @@ fn repo() -> FakeRepo {
             FakeFile::new("tokenizer.json", b"{}".to_vec()),
             FakeFile::new("sub/dir/extra.json", b"[1,2,3]".to_vec()),
             FakeFile::new("a b+c.txt", b"spaces and plus".to_vec()),
+            FakeFile::new("empty.txt", Vec::new()),
         ],
     )
 }
@@ -75,8 +76,8 @@ fn a_download_lands_in_the_standard_cache_layout() {
     let cache = tempfile::tempdir().unwrap();
     let snap = get(&config(&hub), cache.path(), "org/model").unwrap();
     assert_eq!(snap.commit, fake.commit);
-    // Every page of the listing was followed: five files over three pages.
-    assert_eq!(snap.files.len(), 5, "{:?}", snap.files);
+    // Every page of the listing was followed: six files over three pages.
+    assert_eq!(snap.files.len(), 6, "{:?}", snap.files);
     let folder = RepoFolder::new(cache.path(), &id("org/model"));
     for f in &fake.files {
         let pointer = folder.pointer(&fake.commit, &f.path);
@@ -344,7 +345,7 @@ fn offline_answers_from_the_cache_and_sends_nothing() {
     hub.reset_counters();
     let snap = get(&offline, cache.path(), "org/model").unwrap();
     assert_eq!(snap.dir, online.dir);
-    assert_eq!(snap.files.len(), 5);
+    assert_eq!(snap.files.len(), 6);
     assert!(hub.requests().is_empty());
 }
 

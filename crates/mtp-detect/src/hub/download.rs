@@ -306,6 +306,12 @@ async fn fetch_once(
     progress: &dyn DownloadProgress,
 ) -> Result<u64, (u64, HubError)> {
     let fail = |e| (0, e);
+    // The part file exists from here on (an empty file is whole at once).
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(part)
+        .map_err(|e| fail(HubError::io(part)(e)))?;
     let mut have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
     if let Some(s) = size {
         if have > s {
