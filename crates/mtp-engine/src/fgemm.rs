@@ -65,12 +65,11 @@ enum Kernel {
 
 impl Kernel {
     fn detect() -> Kernel {
-        if crate::kernels::cpu::has_avx512() {
-            Kernel::Avx512
-        } else if crate::kernels::cpu::has_avx() {
-            Kernel::Avx2
-        } else {
-            Kernel::Portable
+        use crate::kernels::cpu::{isa, Isa};
+        match isa() {
+            Isa::Avx512 => Kernel::Avx512,
+            Isa::Avx2 => Kernel::Avx2,
+            Isa::Portable => Kernel::Portable,
         }
     }
 

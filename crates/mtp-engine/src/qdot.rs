@@ -178,16 +178,14 @@ enum Path {
 
 impl Path {
     fn detect() -> Path {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::kernels::cpu::has_avx512() {
-                return Path::Avx512;
-            }
-            if crate::kernels::cpu::has_avx() {
-                return Path::Avx2;
-            }
+        use crate::kernels::cpu::{isa, Isa};
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Path::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Path::Avx2,
+            _ => Path::Portable,
         }
-        Path::Portable
     }
 
     /// Writes `res[i][t]`, the product of weight row `i` of the job and input row `r0 + t`.

@@ -10,6 +10,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::cpu::has_avx512bw;
 
 /// A quantized matrix `[out, inp]` (stacked matrices count as more rows).
 #[derive(Clone)]
@@ -407,12 +409,6 @@ fn dequantize_row_chunked_scalar<const B: usize>(
             *o = sg * (((x >> (j * B)) & mask) as f32) + bg;
         }
     }
-}
-
-/// Whether the AVX-512 path may run and the CPU has AVX-512BW (byte shuffles).
-#[cfg(target_arch = "x86_64")]
-fn has_avx512bw() -> bool {
-    crate::kernels::cpu::has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// The `B` bytes holding values `8 c..8 c + 8` of a `B`-bit packed row, as the low bytes of a

@@ -1,11 +1,12 @@
-//! The one CPU-feature dispatch point: which instruction sets the kernels may run on
-//! ([`has_avx`], [`has_avx512`]), the test cap that narrows them per thread ([`with_isa`]), and
-//! the [`multiversion!`] wrapper that compiles a plain loop for AVX2 next to the baseline.
+//! The one CPU-feature dispatch point: which instruction set the kernels run on ([`isa`],
+//! detected once per process), the test cap that narrows it per thread ([`with_isa`]), and the
+//! [`multiversion!`] wrapper that compiles a plain loop for AVX2 next to the baseline. Every
+//! kernel module (`matmul`, `attention`, `delta`, `crate::qdot`, `crate::fgemm`,
+//! `crate::quant`, the slice kernels) asks here, never the CPU itself.
 
 /// The instruction sets the kernels choose between, narrowest first: the portable lanes, AVX2
 /// (with FMA and F16C), and AVX-512F next to AVX2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[cfg_attr(not(test), allow(dead_code))] // `Portable` is named by tests only
 pub(crate) enum Isa {
     /// No particular instruction set.
     Portable,
@@ -19,21 +20,6 @@ pub(crate) enum Isa {
 thread_local! {
     /// The widest instruction set this thread's kernel calls may choose (see [`with_isa`]).
     static ISA_CAP: std::cell::Cell<Isa> = const { std::cell::Cell::new(Isa::Avx512) };
-}
-
-/// Whether a kernel call on this thread may use `isa`: always, outside tests; in tests, up to
-/// the cap that [`with_isa`] sets. Only ever narrows what the CPU has.
-#[inline(always)]
-fn allowed(isa: Isa) -> bool {
-    #[cfg(test)]
-    {
-        ISA_CAP.get() >= isa
-    }
-    #[cfg(not(test))]
-    {
-        let _ = isa;
-        true
-    }
 }
 
 /// Runs `f` with this thread's kernel calls limited to `isa` (the portable lanes, or AVX2
@@ -57,20 +43,37 @@ pub(crate) fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
 pub(crate) fn isas() -> Vec<Isa> {
     [Isa::Portable, Isa::Avx2, Isa::Avx512]
         .into_iter()
-        .filter(|&isa| with_isa(isa, detected) == isa)
+        .filter(|&isa| with_isa(isa, self::isa) == isa)
         .collect()
 }
 
-/// The widest instruction set a kernel call on this thread uses.
-#[cfg(test)]
-pub(crate) fn detected() -> Isa {
-    if has_avx512() {
-        Isa::Avx512
-    } else if has_avx() {
-        Isa::Avx2
-    } else {
-        Isa::Portable
+/// The widest instruction set a kernel call on this thread uses: what the CPU has (see
+/// [`has_avx`] and [`has_avx512`]), and in tests no wider than the cap that [`with_isa`] sets.
+#[inline]
+pub(crate) fn isa() -> Isa {
+    #[cfg(test)]
+    {
+        cpu().min(ISA_CAP.get())
     }
+    #[cfg(not(test))]
+    {
+        cpu()
+    }
+}
+
+/// The widest instruction set of this CPU, detected once.
+#[inline]
+fn cpu() -> Isa {
+    static CPU: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| {
+        if !cpu_has_avx() {
+            Isa::Portable
+        } else if cpu_has_avx512() {
+            Isa::Avx512
+        } else {
+            Isa::Avx2
+        }
+    })
 }
 
 /// Whether the CPU has what the AVX2 path needs (see [`has_avx`]).
@@ -88,30 +91,38 @@ fn cpu_has_avx() -> bool {
     }
 }
 
-/// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
-/// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it). True only
-/// where the CPU has them all.
-pub(crate) fn has_avx() -> bool {
-    allowed(Isa::Avx2) && cpu_has_avx()
-}
-
-/// Whether [`super::matmul_rows`] may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
-/// `MTP_NO_AVX512=1` to keep it to 256 bits (same results; for comparisons).
-pub(crate) fn has_avx512() -> bool {
+/// Whether the CPU has AVX-512F and `MTP_NO_AVX512` does not turn it off (see [`has_avx512`]).
+fn cpu_has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        allowed(Isa::Avx512)
-            && *OK.get_or_init(|| {
-                cpu_has_avx()
-                    && std::arch::is_x86_feature_detected!("avx512f")
-                    && std::env::var_os("MTP_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
-            })
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::env::var_os("MTP_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
+}
+
+/// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
+/// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it). True only
+/// where the CPU has them all.
+#[inline]
+pub(crate) fn has_avx() -> bool {
+    isa() >= Isa::Avx2
+}
+
+/// Whether the kernels may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
+/// `MTP_NO_AVX512=1` to keep them to 256 bits (same results; for comparisons).
+#[inline]
+pub(crate) fn has_avx512() -> bool {
+    isa() >= Isa::Avx512
+}
+
+/// Whether the AVX-512 path may run and the CPU has AVX-512BW (byte shuffles).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512bw() -> bool {
+    has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// Defines a function over slices whose body is compiled twice: for AVX2 and FMA, used where
