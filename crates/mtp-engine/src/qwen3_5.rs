@@ -1,6 +1,8 @@
 //! Qwen3.5 / Qwen3.6 / Qwen3-Next hybrid language models (`qwen3_5`, `qwen3_5_text`,
 //! `qwen3_5_moe`, `qwen3_5_moe_text`, `qwen3_next`): full attention every
-//! `full_attention_interval` layers, Gated DeltaNet elsewhere, SwiGLU or sparse-MoE MLPs.
+//! `full_attention_interval` layers, Gated DeltaNet elsewhere, SwiGLU or sparse-MoE MLPs. The
+//! model and its checkpoint rules are here; its decoder layer and the layer's parts are in
+//! `layers` ([`DecoderLayer`]).
 //!
 //! Numerics follow mlx-vlm 0.7.10 `models/qwen3_5`, `qwen3_5_moe` and `qwen3_next`.
 
@@ -14,7 +16,11 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::WeightDtype;
 use crate::loader::{load_quantized, Checkpoint, Param};
-use crate::nn::{DecoderLayer, Linear, Positions, Store};
+use crate::nn::{Linear, Positions, Store};
+
+mod layers;
+
+pub use layers::{Attention, DecoderLayer, DeltaNet, Mixer, Mlp, Moe};
 
 /// Most tokens of one sequence a forward computes at once: a longer prompt runs in parts (see
 /// `Qwen35Model::forward_chunks`; the same bits in dense models), so its transient buffers

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::loader::WeightDtype;
 use crate::loader::{Checkpoint, Param};
-use crate::nn::{DecoderLayer, Linear, Store};
+use crate::nn::{Linear, Store};
+use crate::qwen3_5::DecoderLayer;
 use crate::qwen3_5::{is_mtp_norm, merge_experts, Qwen35Model};
 
 /// The MTP drafter's cache: one KV cache per head layer and the next draft position.
