@@ -10,6 +10,7 @@ mod bench;
 mod bench_llama;
 mod bench_serve;
 mod delta_rule;
+mod deps;
 mod fixtures;
 mod fuzz;
 mod gguf;
@@ -41,6 +42,8 @@ commands:
   soak [--minutes N] [options]    mtp serve under mixed normal, malformed and slow clients
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
+  deps                            dependency checks (cargo deny: bans, licenses, sources;
+                                  cargo machete), installing the pinned tools when missing
   test                            the project's full test command (what CI runs)
   prepare-llama-server            build (once, cached) the llama-server that `test` uses
 ";
@@ -77,6 +80,7 @@ fn main() -> Result<()> {
         "gguf" => gguf::run(rest),
         "probe" => probe::run(rest),
         "setup" => setup::run(rest),
+        "deps" => deps::run(rest),
         // what `test` prepares first (llama-server b11434 for the adapter's tests, cached):
         // a fresh machine can build it ahead, e.g. while other work compiles
         "prepare-llama-server" => {
