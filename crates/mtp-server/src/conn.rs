@@ -152,9 +152,8 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 
 /// The whole answer a connection over the cap gets.
 fn refusal_bytes(max: usize) -> Arc<[u8]> {
-    let body = crate::ApiError::too_many_connections(max)
-        .body()
-        .to_string();
+    let body = serde_json::to_string(&crate::ApiError::too_many_connections(max).body())
+        .unwrap_or_else(|_| "{}".into());
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",

@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mtp_contract::ProviderError;
-use serde_json::json;
+use mtp_openai::{ErrorBody, ErrorCode, ErrorDetail};
 
 /// Starting or running the server failed.
 #[derive(Debug, thiserror::Error)]
@@ -209,13 +209,14 @@ impl ApiError {
     }
 
     /// The JSON body (also sent as the last event of a stream that fails).
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody::new(ErrorDetail {
+            message: self.message.clone(),
+            kind: Some(self.kind.to_string()),
+            param: self.param.clone(),
+            code: self.code.clone().map(ErrorCode::Text),
+            extra: Default::default(),
+        })
     }
 }
 

@@ -47,7 +47,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use mtp_contract::{GenerateResponse, Provider, ProviderError, StreamEvent};
-use serde_json::{json, Value};
+use mtp_openai::{self as oa, Field};
+use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use error::{ApiError, ServerError};
@@ -330,11 +332,11 @@ async fn health(State(s): State<Shared>) -> Response {
     if s.shutting_down.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down"})),
+            Json(oa::Health::new("shutting_down")),
         )
             .into_response();
     }
-    Json(json!({"status": "ok"})).into_response()
+    Json(oa::Health::new("ok")).into_response()
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -361,37 +363,41 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
     )
 }
 
-async fn models(State(s): State<Shared>) -> Json<Value> {
-    let status = s.llm.speculation_status();
-    let caps = s.llm.capabilities();
-    Json(json!({"object": "list", "data": [{
-        "id": s.model_id,
-        "object": "model",
-        "created": s.started,
-        "owned_by": "mtp",
-        "runtime": caps.runtime,
-        "speculation": status,
-    }]}))
+async fn models(State(s): State<Shared>) -> Json<oa::ModelList> {
+    Json(oa::ModelList::of(vec![oa::Model {
+        id: s.model_id.clone(),
+        object: Some("model".into()),
+        created: Some(s.started),
+        owned_by: Some("mtp".into()),
+        runtime: Some(s.llm.capabilities().runtime),
+        speculation: Some(s.llm.speculation_status()),
+        extra: Default::default(),
+    }]))
 }
 
 /// llama-server's `/props`, the part its clients read: whether a drafter is loaded
 /// (`speculative.types`) and its depth, the slots and the model.
-async fn props(State(s): State<Shared>) -> Json<Value> {
+async fn props(State(s): State<Shared>) -> Json<oa::Props> {
     let status = s.llm.speculation_status();
     let types = if status.lane_loaded {
         "draft-mtp"
     } else {
         "none"
     };
-    Json(json!({
-        "model_path": s.model_id,
-        "build_info": format!("mtp-server {}", env!("CARGO_PKG_VERSION")),
-        "total_slots": s.max_batch,
-        "default_generation_settings": {"params": {
-            "speculative.types": types,
-            "speculative.n_max": status.num_draft_tokens,
-        }},
-    }))
+    Json(oa::Props {
+        model_path: Some(s.model_id.clone()),
+        build_info: Some(format!("mtp-server {}", env!("CARGO_PKG_VERSION"))),
+        total_slots: Some(s.max_batch as u64),
+        default_generation_settings: Some(oa::GenerationSettings {
+            params: Some(oa::SpeculativeParams {
+                types: Some(oa::SpeculativeTypes::Text(types.into())),
+                n_max: Some(status.num_draft_tokens.map(u64::from)),
+                ..Default::default()
+            }),
+            settings: Default::default(),
+        }),
+        extra: Default::default(),
+    })
 }
 
 async fn chat(State(s): State<Shared>, body: Body) -> Response {
@@ -579,72 +585,96 @@ impl Run {
         self.s.metrics.errored(e);
     }
 
-    fn chunk(&self, choice: Value) -> Value {
-        let mut c = json!({
-            "id": self.id,
-            "object": self.endpoint.object(true),
-            "created": self.created,
-            "model": self.s.model_id,
-            "choices": [choice],
-        });
-        if self.usage_nulls {
-            c["usage"] = Value::Null;
+    /// The chunk of a stream carrying `choice` (`"usage": null` under `include_usage`).
+    fn chunk(&self, choice: Option<oa::Choice>) -> oa::Completion {
+        oa::Completion {
+            id: Some(self.id.clone()),
+            object: Some(self.endpoint.object(true).into()),
+            created: Some(self.created),
+            model: Some(self.s.model_id.clone()),
+            choices: Some(choice.into_iter().map(Field::Ok).collect()),
+            usage: self.usage_nulls.then_some(None),
+            ..Default::default()
         }
-        c
     }
 
-    fn delta_choice(&self, text: &str, reasoning: &str) -> Value {
+    /// A chat chunk's choice: `delta`, and `finish_reason` (`null` until the end).
+    fn delta(delta: oa::Delta, finish: Option<&str>) -> oa::Choice {
+        oa::Choice {
+            index: Some(0),
+            delta: Some(delta),
+            finish_reason: finish.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// A text completion's choice (`logprobs: null`).
+    fn text(text: &str, finish: Option<&str>) -> oa::Choice {
+        oa::Choice {
+            index: Some(0),
+            text: Some(text.to_string()),
+            logprobs: Some(None),
+            finish_reason: finish.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// The event of new text: a chunk, or llama-server's native object (`stop: false`).
+    fn delta_event(&self, text: &str, reasoning: &str) -> oa::Completion {
         match self.endpoint {
-            Endpoint::Native => json!({"content": text, "stop": false}),
-            Endpoint::Chat => {
-                let mut d = serde_json::Map::new();
-                if !reasoning.is_empty() {
-                    d.insert("reasoning_content".into(), reasoning.into());
-                }
-                if !text.is_empty() {
-                    d.insert("content".into(), text.into());
-                }
-                json!({"index": 0, "delta": d, "finish_reason": null})
-            }
-            Endpoint::Completion => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
-            }
+            Endpoint::Native => oa::Completion {
+                content: Some(text.to_string()),
+                stop: Some(false),
+                ..Default::default()
+            },
+            Endpoint::Chat => self.chunk(Some(Run::delta(
+                oa::Delta {
+                    reasoning_content: (!reasoning.is_empty()).then(|| reasoning.to_string()),
+                    content: (!text.is_empty()).then(|| text.to_string()),
+                    ..Default::default()
+                },
+                None,
+            ))),
+            Endpoint::Completion => self.chunk(Some(Run::text(text, None))),
         }
     }
 
-    fn whole(&self, r: &GenerateResponse, tokens: bool) -> Value {
+    fn whole(&self, r: &GenerateResponse, tokens: bool) -> oa::Completion {
         if self.endpoint == Endpoint::Native {
             return openai::native_final(r, &self.s.model_id, &r.content, tokens);
         }
         let finish = openai::finish_reason(r.finish_reason);
         let choice = match self.endpoint {
-            Endpoint::Native => Value::Null,
             Endpoint::Chat => {
-                let mut m = json!({"role": "assistant", "content": r.content});
-                if let Some(rc) = &r.reasoning_content {
-                    m["reasoning_content"] = rc.clone().into();
-                }
+                let mut m = oa::ChatMessage::text("assistant", r.content.clone());
+                m.reasoning_content = r.reasoning_content.clone().map(Field::Ok);
                 if !r.tool_calls.is_empty() {
                     // OpenAI: `content` is null when the reply is only calls
                     if r.content.is_empty() {
-                        m["content"] = Value::Null;
+                        m.content = None;
                     }
-                    m["tool_calls"] = openai::tool_calls(&r.tool_calls);
+                    let calls = openai::tool_calls(&r.tool_calls);
+                    m.tool_calls =
+                        Some(calls.into_iter().map(Field::Ok).collect::<Vec<_>>().into());
                 }
-                json!({"index": 0, "message": m, "finish_reason": finish})
+                oa::Choice {
+                    index: Some(0),
+                    message: Some(m),
+                    finish_reason: Some(finish.into()),
+                    ..Default::default()
+                }
             }
-            Endpoint::Completion => {
-                json!({"index": 0, "text": r.content, "logprobs": null, "finish_reason": finish})
-            }
+            Endpoint::Completion | Endpoint::Native => Run::text(&r.content, Some(finish)),
         };
-        let mut body = json!({
-            "id": self.id,
-            "object": self.endpoint.object(false),
-            "created": self.created,
-            "model": self.s.model_id,
-            "choices": [choice],
-            "usage": openai::usage(r),
-        });
+        let mut body = oa::Completion {
+            id: Some(self.id.clone()),
+            object: Some(self.endpoint.object(false).into()),
+            created: Some(self.created),
+            model: Some(self.s.model_id.clone()),
+            choices: Some(vec![choice.into()]),
+            usage: Some(Some(openai::usage(r))),
+            ..Default::default()
+        };
         extras(&mut body, r);
         body
     }
@@ -652,12 +682,17 @@ impl Run {
 
 /// What this server adds to OpenAI's shapes: the contract's report, llama-server's timings,
 /// and warnings.
-fn extras(body: &mut Value, r: &GenerateResponse) {
-    body["timings"] = openai::timings(r);
-    body["speculation"] = serde_json::to_value(&r.metadata.speculation).unwrap_or(Value::Null);
+fn extras(body: &mut oa::Completion, r: &GenerateResponse) {
+    body.timings = Some(openai::timings(r));
+    body.speculation = Some(r.metadata.speculation.clone());
     if !r.warnings.is_empty() {
-        body["warnings"] = json!(r.warnings);
+        body.warnings = Some(r.warnings.clone());
     }
+}
+
+/// One SSE event holding `v` as JSON.
+fn data<T: Serialize>(v: &T) -> Event {
+    Event::default().data(serde_json::to_string(v).unwrap_or_else(|_| "{}".into()))
 }
 
 impl Drop for Run {
@@ -698,15 +733,20 @@ fn stream_response(
     include_usage: bool,
     tokens: bool,
 ) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
-    let data = |v: &Value| Event::default().data(v.to_string());
     let state = (run, events, 0u8);
     let out = futures::stream::unfold(state, move |(mut run, mut events, phase)| async move {
         // phase 0: role chunk; 1: deltas; 2: [DONE]; 3: ended
         match phase {
             0 => {
                 let first = match run.endpoint {
-                    Endpoint::Chat => run.chunk(json!({"index": 0,
-                        "delta": {"role": "assistant", "content": ""}, "finish_reason": null})),
+                    Endpoint::Chat => run.chunk(Some(Run::delta(
+                        oa::Delta {
+                            role: Some("assistant".into()),
+                            content: Some(String::new()),
+                            ..Default::default()
+                        },
+                        None,
+                    ))),
                     Endpoint::Completion | Endpoint::Native => {
                         return Some((vec![], (run, events, 1)));
                     }
@@ -723,15 +763,15 @@ fn stream_response(
                         if text.is_empty() && (!tokens || token_ids.is_empty()) {
                             return Some((vec![], (run, events, 1)));
                         }
-                        let mut c = run.delta_choice(&text, &reasoning);
+                        let mut c = run.delta_event(&text, &reasoning);
                         if tokens {
-                            c["tokens"] = json!(token_ids);
+                            c.tokens = Some(token_ids.into_iter().map(u64::from).collect());
                         }
                         c
                     } else if text.is_empty() && reasoning.is_empty() {
                         return Some((vec![], (run, events, 1)));
                     } else {
-                        run.chunk(run.delta_choice(&text, &reasoning))
+                        run.delta_event(&text, &reasoning)
                     };
                     Some((vec![data(&c)], (run, events, 1)))
                 }
@@ -741,9 +781,14 @@ fn stream_response(
                     if run.endpoint != Endpoint::Chat {
                         return Some((vec![], (run, events, 1)));
                     }
-                    let c = run.chunk(json!({"index": 0,
-                        "delta": {"tool_calls": [openai::tool_call_delta(&d)]},
-                        "finish_reason": null}));
+                    let call = Field::Ok(openai::tool_call_delta(&d));
+                    let c = run.chunk(Some(Run::delta(
+                        oa::Delta {
+                            tool_calls: Some(vec![call].into()),
+                            ..Default::default()
+                        },
+                        None,
+                    )));
                     Some((vec![data(&c)], (run, events, 1)))
                 }
                 Some(Ok(StreamEvent::Done(r))) => {
@@ -751,10 +796,9 @@ fn stream_response(
                     let finish = openai::finish_reason(r.finish_reason);
                     let mut last = match run.endpoint {
                         Endpoint::Chat => {
-                            run.chunk(json!({"index": 0, "delta": {}, "finish_reason": finish}))
+                            run.chunk(Some(Run::delta(oa::Delta::default(), Some(finish))))
                         }
-                        Endpoint::Completion => run.chunk(json!({"index": 0, "text": "",
-                                "logprobs": null, "finish_reason": finish})),
+                        Endpoint::Completion => run.chunk(Some(Run::text("", Some(finish)))),
                         // llama-server's stream ends with its final object, no [DONE]
                         Endpoint::Native => {
                             let last = openai::native_final(&r, &run.s.model_id, "", false);
@@ -764,9 +808,8 @@ fn stream_response(
                     extras(&mut last, &r);
                     let mut out = vec![data(&last)];
                     if include_usage {
-                        let mut u = run.chunk(Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = openai::usage(&r);
+                        let mut u = run.chunk(None);
+                        u.usage = Some(Some(openai::usage(&r)));
                         out.push(data(&u));
                     }
                     Some((out, (run, events, 2)))

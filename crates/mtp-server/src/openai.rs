@@ -1,22 +1,29 @@
-//! OpenAI request bodies into the contract's [`GenerateRequest`], and responses back.
+//! OpenAI request bodies into the contract's [`GenerateRequest`], and responses back, through
+//! the typed wire protocol of `mtp-openai`.
 //!
-//! Fields are read one by one from the JSON object so that every refusal names the field at
-//! fault. Fields no local runtime acts on and that change nothing when ignored (`user`,
-//! `metadata`, `store`, `service_tier`) are accepted and ignored, as vLLM and llama-server do;
-//! `tools`, `tool_choice` (`auto`, `none`, `required`, a named function: the last two enforced
-//! by the runtime's grammar) and `parallel_tool_calls` go to the runtime, and its tool calls
-//! come back as `message.tool_calls` / `delta.tool_calls`; fields that would change the answer
-//! and that this server cannot honour (`n` > 1, `logprobs`, a GBNF `grammar`) are refused with 400,
-//! and a `response_format` the runtime cannot enforce is refused by the runtime,
-//! never dropped silently.
+//! The body is read into [`oa::ChatCompletionRequest`], which keeps a field of the wrong type
+//! as sent ([`Field::Invalid`]); this module is the validation layer that refuses it with a 400
+//! naming the field. Fields no local runtime acts on and that change nothing when ignored
+//! (`user`, `metadata`, `store`, `service_tier`, and whatever else lands in the request's
+//! `extra`) are accepted and ignored, as vLLM and llama-server do; `tools`, `tool_choice`
+//! (`auto`, `none`, `required`, a named function: the last two enforced by the runtime's
+//! grammar) and `parallel_tool_calls` go to the runtime, and its tool calls come back as
+//! `message.tool_calls` / `delta.tool_calls`; fields that would change the answer and that
+//! this server cannot honour (`n` > 1, `logprobs`, a GBNF `grammar`) are refused with 400, and
+//! a `response_format` the runtime cannot enforce is refused by the runtime, never dropped
+//! silently.
 
 use mtp_contract::{
-    FinishReason, GenerateRequest, GenerateResponse, Message, ResponseFormat, Role, Sampling,
-    Speculation, SpeculationReport, ToolCall, ToolCallDelta, ToolChoice,
+    GenerateRequest, GenerateResponse, Message, ResponseFormat, Role, Sampling, Speculation,
+    ToolCall, ToolCallDelta,
 };
-use serde_json::{json, Map, Value};
+use mtp_openai::{self as oa, Field};
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
+
+pub use mtp_openai::{finish_reason, stop_type};
 
 /// What a request asked for besides the generation itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,104 +99,97 @@ impl Endpoint {
     }
 }
 
-fn opt<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
-    o.get(k).filter(|v| !v.is_null())
-}
-
-fn f32_field(o: &Map<String, Value>, k: &str) -> Result<Option<f32>, ApiError> {
-    match opt(o, k) {
+/// A field's value, or the 400 `bad` words for the JSON sent instead.
+fn field<T>(
+    f: &Option<Field<T>>,
+    bad: impl FnOnce(&Value) -> ApiError,
+) -> Result<Option<&T>, ApiError> {
+    match f {
         None => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .filter(|x| x.is_finite())
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a number, got {v}"))),
+        Some(Field::Ok(t)) => Ok(Some(t)),
+        Some(Field::Invalid { value, .. }) => Err(bad(value)),
     }
 }
 
-fn u64_field(o: &Map<String, Value>, k: &str) -> Result<Option<u64>, ApiError> {
-    match opt(o, k) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            ApiError::invalid(k, format!("`{k}` must be a non-negative integer, got {v}"))
-        }),
-    }
+fn f32_field(f: &Option<Field<f64>>, k: &str) -> Result<Option<f32>, ApiError> {
+    Ok(field(f, |v| {
+        ApiError::invalid(k, format!("`{k}` must be a number, got {v}"))
+    })?
+    .map(|x| *x as f32))
 }
 
-fn u32_field(o: &Map<String, Value>, k: &str) -> Result<Option<u32>, ApiError> {
-    u64_field(o, k)?
-        .map(|x| {
-            u32::try_from(x).map_err(|_| ApiError::invalid(k, format!("`{k}` is too large: {x}")))
-        })
-        .transpose()
+fn u64_field(f: &Option<Field<u64>>, k: &str) -> Result<Option<u64>, ApiError> {
+    Ok(field(f, |v| {
+        ApiError::invalid(k, format!("`{k}` must be a non-negative integer, got {v}"))
+    })?
+    .copied())
 }
 
-fn bool_field(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
-    match opt(o, k) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(ApiError::invalid(
-            k,
-            format!("`{k}` must be true or false, got {v}"),
-        )),
-    }
+fn u32_of(x: u64, k: &str) -> Result<u32, ApiError> {
+    u32::try_from(x).map_err(|_| ApiError::invalid(k, format!("`{k}` is too large: {x}")))
+}
+
+fn u32_field(f: &Option<Field<u64>>, k: &str) -> Result<Option<u32>, ApiError> {
+    u64_field(f, k)?.map(|x| u32_of(x, k)).transpose()
+}
+
+fn bool_field(f: &Option<Field<bool>>, k: &str) -> Result<Option<bool>, ApiError> {
+    Ok(field(f, |v| {
+        ApiError::invalid(k, format!("`{k}` must be true or false, got {v}"))
+    })?
+    .copied())
 }
 
 /// Reads the body of either endpoint, within `limits`.
 pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed, ApiError> {
-    let Some(o) = body.as_object() else {
+    if !body.is_object() {
         return Err(ApiError::invalid(
             "body",
             "the request body must be a JSON object",
         ));
-    };
+    }
+    // every field of the wire type reads any JSON, so an object always deserializes
+    let b = oa::ChatCompletionRequest::deserialize(body)
+        .map_err(|e| ApiError::invalid("body", format!("the request body cannot be read: {e}")))?;
+    parse_request(endpoint, &b, limits)
+}
+
+/// [`parse`] of a body already read into the wire type.
+pub fn parse_request(
+    endpoint: Endpoint,
+    b: &oa::ChatCompletionRequest,
+    limits: &Limits,
+) -> Result<Parsed, ApiError> {
     let mut request = match endpoint {
-        Endpoint::Chat => chat_request(o, limits)?,
-        Endpoint::Completion | Endpoint::Native => completion_request(o)?,
+        Endpoint::Chat => chat_request(b, limits)?,
+        Endpoint::Completion | Endpoint::Native => completion_request(b)?,
     };
     request.max_output_tokens = match (
-        u32_field(o, "max_completion_tokens")?,
-        u32_field(o, "max_tokens")?,
+        u32_field(&b.max_completion_tokens, "max_completion_tokens")?,
+        u32_field(&b.max_tokens, "max_tokens")?,
     ) {
         (Some(n), _) | (None, Some(n)) => Some(n),
         (None, None) => None,
     };
     if endpoint == Endpoint::Native {
         // llama-server: n_predict -1 is "until the context is full"
-        match opt(o, "n_predict") {
+        let bad = |v: &dyn std::fmt::Display| {
+            ApiError::invalid(
+                "n_predict",
+                format!("`n_predict` must be a non-negative integer, got {v}"),
+            )
+        };
+        match field(&b.n_predict, |v| bad(v))? {
             None => {}
-            Some(v) if v.as_i64() == Some(-1) => request.max_output_tokens = None,
-            Some(_) => request.max_output_tokens = u32_field(o, "n_predict")?,
+            Some(n) if n.as_i64() == Some(-1) => request.max_output_tokens = None,
+            Some(n) => {
+                let x = n.as_u64().ok_or_else(|| bad(n))?;
+                request.max_output_tokens = Some(u32_of(x, "n_predict")?);
+            }
         }
     }
-    request.sampling = sampling(o)?;
-    request.stop = match opt(o, "stop") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) if a.len() > limits.max_stop => {
-            return Err(ApiError::over_limit(
-                "stop",
-                "stop strings",
-                a.len(),
-                limits.max_stop,
-                "--max-stop",
-            ))
-        }
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|s| {
-                s.as_str().map(str::to_string).ok_or_else(|| {
-                    ApiError::invalid("stop", format!("stop sequences must be strings, got {s}"))
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "stop",
-                format!("`stop` must be a string or a list of strings, got {v}"),
-            ))
-        }
-    };
+    request.sampling = sampling(b)?;
+    request.stop = stop(b, limits)?;
     if let Some(long) = request
         .stop
         .iter()
@@ -203,8 +203,8 @@ pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed
             "--max-stop-bytes",
         ));
     }
-    request.speculation = speculation(o)?;
-    if let Some(n) = u64_field(o, "n")? {
+    request.speculation = speculation(b)?;
+    if let Some(n) = u64_field(&b.n, "n")? {
         if n != 1 {
             return Err(ApiError::unsupported(
                 "n",
@@ -212,47 +212,39 @@ pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed
             ));
         }
     }
-    if bool_field(o, "logprobs")? == Some(true) || opt(o, "top_logprobs").is_some() {
+    if bool_field(&b.logprobs, "logprobs")? == Some(true) || b.top_logprobs.is_some() {
         return Err(ApiError::unsupported(
             "logprobs",
             "log probabilities are not returned by this server",
         ));
     }
-    if bool_field(o, "echo")? == Some(true) {
+    if bool_field(&b.echo, "echo")? == Some(true) {
         return Err(ApiError::unsupported(
             "echo",
             "`echo` is not supported; the prompt is not repeated in the answer",
         ));
     }
-    request.response_format = response_format(o)?;
+    request.response_format = response_format(b)?;
     // the contract's extension: a runtime behind the server that cannot enforce the
     // constraint asks for it in the prompt instead of refusing (its warnings say so)
-    request.prompted_fallback = match opt(o, "prompted_fallback") {
+    request.prompted_fallback =
+        bool_field(&b.prompted_fallback, "prompted_fallback")?.unwrap_or(false);
+    let stream = bool_field(&b.stream, "stream")?.unwrap_or(false);
+    let include_usage = match field(&b.stream_options, |v| {
+        ApiError::invalid(
+            "stream_options",
+            format!("`stream_options` must be an object, got {v}"),
+        )
+    })? {
         None => false,
-        Some(v) => v.as_bool().ok_or_else(|| {
-            ApiError::invalid(
-                "prompted_fallback",
-                format!("`prompted_fallback` must be true or false, got {v}"),
-            )
-        })?,
-    };
-    let stream = bool_field(o, "stream")?.unwrap_or(false);
-    let include_usage = match opt(o, "stream_options") {
-        None => false,
-        Some(Value::Object(so)) => bool_field(so, "include_usage")
+        Some(so) => bool_field(&so.include_usage, "include_usage")
             .map_err(|e| ApiError {
                 param: Some("stream_options.include_usage".into()),
                 ..e
             })?
             .unwrap_or(false),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "stream_options",
-                format!("`stream_options` must be an object, got {v}"),
-            ))
-        }
     };
-    let return_tokens = bool_field(o, "return_tokens")?.unwrap_or(false);
+    let return_tokens = bool_field(&b.return_tokens, "return_tokens")?.unwrap_or(false);
     request
         .validate()
         .map_err(|e| ApiError::from_provider(&e))?;
@@ -264,6 +256,35 @@ pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed
     })
 }
 
+/// `stop`: a string or a list of strings, within the cap on their number.
+fn stop(b: &oa::ChatCompletionRequest, limits: &Limits) -> Result<Vec<String>, ApiError> {
+    let over =
+        |n: usize| ApiError::over_limit("stop", "stop strings", n, limits.max_stop, "--max-stop");
+    match &b.stop {
+        None => Ok(Vec::new()),
+        Some(Field::Ok(oa::Stop::One(s))) => Ok(vec![s.clone()]),
+        Some(Field::Ok(oa::Stop::Many(a))) if a.len() > limits.max_stop => Err(over(a.len())),
+        Some(Field::Ok(oa::Stop::Many(a))) => Ok(a.clone()),
+        Some(Field::Invalid {
+            value: Value::Array(a),
+            ..
+        }) => {
+            if a.len() > limits.max_stop {
+                return Err(over(a.len()));
+            }
+            let s = a.iter().find(|s| !s.is_string()).unwrap_or(&Value::Null);
+            Err(ApiError::invalid(
+                "stop",
+                format!("stop sequences must be strings, got {s}"),
+            ))
+        }
+        Some(Field::Invalid { value, .. }) => Err(ApiError::invalid(
+            "stop",
+            format!("`stop` must be a string or a list of strings, got {value}"),
+        )),
+    }
+}
+
 /// The reply's constraint: OpenAI's `response_format` (with our `regex` and `grammar` types),
 /// llama-server's `json_schema`, vLLM's `structured_outputs` (`json`, `regex`, `choice`, Lark
 /// `grammar`) or its older `guided_json` / `guided_regex` / `guided_choice`. A request naming
@@ -271,23 +292,24 @@ pub fn parse(endpoint: Endpoint, body: &Value, limits: &Limits) -> Result<Parsed
 /// a Lark grammar goes in `response_format` or `structured_outputs.grammar`) and the
 /// `structured_outputs` keys that would change the answer and are not taken; nothing is
 /// dropped.
-fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, ApiError> {
-    const FIELDS: [&str; 6] = [
-        "response_format",
-        "json_schema",
-        "structured_outputs",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-    ];
-    let given: Vec<&str> = FIELDS
-        .into_iter()
-        .filter(|k| {
-            // `response_format: {"type": "text"}` asks for no constraint
-            opt(o, k)
-                .is_some_and(|v| *k != "response_format" || v.get("type") != Some(&json!("text")))
-        })
-        .collect();
+fn response_format(b: &oa::ChatCompletionRequest) -> Result<Option<ResponseFormat>, ApiError> {
+    let given: Vec<&str> = [
+        // `response_format: {"type": "text"}` asks for no constraint
+        (
+            "response_format",
+            b.response_format.is_some()
+                && !matches!(b.response_format, Some(Field::Ok(ResponseFormat::Text))),
+        ),
+        ("json_schema", b.json_schema.is_some()),
+        ("structured_outputs", b.structured_outputs.is_some()),
+        ("guided_json", b.guided_json.is_some()),
+        ("guided_regex", b.guided_regex.is_some()),
+        ("guided_choice", b.guided_choice.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(k, _)| k)
+    .collect();
     if given.len() > 1 {
         return Err(ApiError::invalid(
             given[1],
@@ -297,8 +319,11 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, Api
             ),
         ));
     }
-    for field in ["grammar", "guided_grammar"] {
-        if opt(o, field).is_some() {
+    for (field, set) in [
+        ("grammar", b.grammar.is_some()),
+        ("guided_grammar", b.guided_grammar.is_some()),
+    ] {
+        if set {
             return Err(ApiError::unsupported(
                 field,
                 "GBNF/EBNF grammars are not taken; send a Lark grammar as \
@@ -312,84 +337,112 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<ResponseFormat>, Api
             .map_err(|e| ApiError::from_provider(&e))
             .map(|()| Some(f))
     };
-    let text = |field: &str, v: &Value| -> Result<String, ApiError> {
-        v.as_str()
-            .map(str::to_string)
-            .ok_or_else(|| ApiError::invalid(field, format!("`{field}` must be a string, got {v}")))
+    let text = |at: &str, f: &Option<Field<String>>| -> Result<String, ApiError> {
+        Ok(field(f, |v| {
+            ApiError::invalid(at, format!("`{at}` must be a string, got {v}"))
+        })?
+        .cloned()
+        .unwrap_or_default())
     };
-    let Some(&field) = given.first() else {
+    let Some(&which) = given.first() else {
         return Ok(None);
     };
-    let v = &o[field];
-    match field {
-        "response_format" => ResponseFormat::from_json(v)
-            .map(Some)
-            .map_err(|e| ApiError::from_provider(&e)),
-        "json_schema" | "guided_json" => checked(ResponseFormat::json_schema(v.clone())),
-        "guided_regex" => checked(ResponseFormat::regex(text(field, v)?)),
-        "guided_choice" => checked(choice_regex(field, v)?),
+    match which {
+        "response_format" => match &b.response_format {
+            Some(Field::Ok(f)) => checked(f.clone()),
+            // the contract's reading of it, for its message
+            Some(Field::Invalid { value, .. }) => ResponseFormat::from_json(value)
+                .map(Some)
+                .map_err(|e| ApiError::from_provider(&e)),
+            None => Ok(None),
+        },
+        "json_schema" => checked(ResponseFormat::json_schema(
+            b.json_schema.clone().unwrap_or_default(),
+        )),
+        "guided_json" => checked(ResponseFormat::json_schema(
+            b.guided_json.clone().unwrap_or_default(),
+        )),
+        "guided_regex" => checked(ResponseFormat::regex(text(which, &b.guided_regex)?)),
+        "guided_choice" => checked(choice_regex(which, &b.guided_choice)?),
         _ => {
-            let Some(so) = v.as_object() else {
-                return Err(ApiError::invalid(
-                    field,
+            let so = field(&b.structured_outputs, |v| {
+                ApiError::invalid(
+                    which,
                     format!("`structured_outputs` must be an object, got {v}"),
-                ));
-            };
-            let set: Vec<(&String, &Value)> = so.iter().filter(|(_, v)| !v.is_null()).collect();
-            let [(key, v)] = set.as_slice() else {
-                return Err(ApiError::invalid(
-                    field,
-                    format!(
-                        "`structured_outputs` takes exactly one of `json`, `regex`, `choice`, \
-                         `grammar`; got {}",
-                        if set.is_empty() {
-                            "none".to_string()
-                        } else {
-                            set.iter()
-                                .map(|(k, _)| format!("`{k}`"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        }
-                    ),
-                ));
-            };
-            let at = format!("structured_outputs.{key}");
-            match key.as_str() {
-                "json" => checked(ResponseFormat::json_schema(match v {
-                    // vLLM also takes the schema as a JSON string
-                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
-                        ApiError::invalid(&at, format!("`{at}` is not a JSON schema: {e}"))
-                    })?,
-                    other => (*other).clone(),
-                })),
-                "json_object" if **v == json!(true) => checked(ResponseFormat::json_object()),
-                "regex" => checked(ResponseFormat::regex(text(&at, v)?)),
-                "grammar" => checked(ResponseFormat::grammar(text(&at, v)?)),
-                "choice" => checked(choice_regex(&at, v)?),
-                _ => Err(ApiError::unsupported(
-                    &at,
-                    format!(
-                        "`{at}` is not taken (the constraints taken are `json`, `regex`, \
-                         `choice` and Lark `grammar`)"
-                    ),
-                )),
-            }
+                )
+            })?
+            .cloned()
+            .unwrap_or_default();
+            structured_outputs(&so, checked, text)
         }
     }
 }
 
+/// vLLM's `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar` (and
+/// `json_object: true`); its other keys would change the answer and are refused by name.
+fn structured_outputs(
+    so: &oa::StructuredOutputs,
+    checked: impl Fn(ResponseFormat) -> Result<Option<ResponseFormat>, ApiError>,
+    text: impl Fn(&str, &Option<Field<String>>) -> Result<String, ApiError>,
+) -> Result<Option<ResponseFormat>, ApiError> {
+    const FIELD: &str = "structured_outputs";
+    let set = so.keys_set();
+    let [key] = set.as_slice() else {
+        return Err(ApiError::invalid(
+            FIELD,
+            format!(
+                "`structured_outputs` takes exactly one of `json`, `regex`, `choice`, \
+                 `grammar`; got {}",
+                if set.is_empty() {
+                    "none".to_string()
+                } else {
+                    set.iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        ));
+    };
+    let at = format!("structured_outputs.{key}");
+    match *key {
+        "json" => checked(ResponseFormat::json_schema(match &so.json {
+            // vLLM also takes the schema as a JSON string
+            Some(Value::String(s)) => serde_json::from_str(s)
+                .map_err(|e| ApiError::invalid(&at, format!("`{at}` is not a JSON schema: {e}")))?,
+            other => other.clone().unwrap_or_default(),
+        })),
+        "json_object" if matches!(so.json_object, Some(Field::Ok(true))) => {
+            checked(ResponseFormat::json_object())
+        }
+        "regex" => checked(ResponseFormat::regex(text(&at, &so.regex)?)),
+        "grammar" => checked(ResponseFormat::grammar(text(&at, &so.grammar)?)),
+        "choice" => checked(choice_regex(&at, &so.choice)?),
+        _ => Err(ApiError::unsupported(
+            &at,
+            format!(
+                "`{at}` is not taken (the constraints taken are `json`, `regex`, \
+                 `choice` and Lark `grammar`)"
+            ),
+        )),
+    }
+}
+
 /// vLLM's `choice` (a list of strings) as the regex matching exactly one of them.
-fn choice_regex(field: &str, v: &Value) -> Result<ResponseFormat, ApiError> {
-    let bad = || {
+fn choice_regex(field: &str, f: &Option<Field<Vec<String>>>) -> Result<ResponseFormat, ApiError> {
+    let bad = |v: &dyn std::fmt::Display| {
         ApiError::invalid(
             field,
             format!("`{field}` must be a non-empty list of strings, got {v}"),
         )
     };
-    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
+    let items = match f {
+        Some(Field::Ok(items)) if !items.is_empty() => items,
+        Some(Field::Invalid { value, .. }) => return Err(bad(value)),
+        _ => return Err(bad(&"[]")),
+    };
     let mut alts = Vec::with_capacity(items.len());
-    for item in items {
-        let s = item.as_str().ok_or_else(bad)?;
+    for s in items {
         let mut escaped = String::with_capacity(s.len());
         for c in s.chars() {
             if "\\.+*?()|[]{}^$#&-~".contains(c) {
@@ -404,14 +457,19 @@ fn choice_regex(field: &str, v: &Value) -> Result<ResponseFormat, ApiError> {
 
 /// The per-request speculation: our `speculation` block (the contract's, same validation), or
 /// llama-server's `speculative.n_max` (0: off; n: depth n) so llama-server clients keep working.
-fn speculation(o: &Map<String, Value>) -> Result<Option<Speculation>, ApiError> {
-    if let Some(v) = opt(o, "speculation") {
-        return Speculation::from_json(v).map(Some).map_err(|e| ApiError {
-            code: Some("invalid_speculation".into()),
-            ..ApiError::invalid("speculation", format!("invalid speculation block: {e}"))
-        });
+fn speculation(b: &oa::ChatCompletionRequest) -> Result<Option<Speculation>, ApiError> {
+    match &b.speculation {
+        Some(Field::Ok(s)) => return Ok(Some(s.clone())),
+        // the contract's own message (`Speculation::from_json`'s)
+        Some(Field::Invalid { error, .. }) => {
+            return Err(ApiError {
+                code: Some("invalid_speculation".into()),
+                ..ApiError::invalid("speculation", format!("invalid speculation block: {error}"))
+            })
+        }
+        None => {}
     }
-    match u32_field(o, "speculative.n_max")? {
+    match u32_field(&b.speculative_n_max, "speculative.n_max")? {
         None => Ok(None),
         Some(0) => Ok(Some(Speculation::off())),
         Some(n) => Speculation::depth(n).map(Some).map_err(|e| {
@@ -423,51 +481,49 @@ fn speculation(o: &Map<String, Value>) -> Result<Option<Speculation>, ApiError> 
     }
 }
 
-fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
-    let logit_bias = match opt(o, "logit_bias") {
+fn sampling(b: &oa::ChatCompletionRequest) -> Result<Sampling, ApiError> {
+    let logit_bias = match field(&b.logit_bias, |v| {
+        ApiError::invalid(
+            "logit_bias",
+            format!("`logit_bias` must be an object of token id to bias, got {v}"),
+        )
+    })? {
         None => Default::default(),
-        Some(Value::Object(m)) => m
+        Some(bias) => bias
+            .0
             .iter()
             .map(|(k, v)| {
                 let id = k.parse::<u32>().map_err(|_| {
                     ApiError::invalid("logit_bias", format!("`{k}` is not a token id"))
                 })?;
-                let b = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                let b = v.ok().filter(|x| x.is_finite()).ok_or_else(|| {
                     ApiError::invalid("logit_bias", format!("the bias of {k} is not a number"))
                 })?;
-                Ok((id, b as f32))
+                Ok((id, *b as f32))
             })
             .collect::<Result<_, ApiError>>()?,
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                format!("`logit_bias` must be an object of token id to bias, got {v}"),
-            ))
-        }
     };
     Ok(Sampling {
-        temperature: f32_field(o, "temperature")?,
-        top_p: f32_field(o, "top_p")?,
-        top_k: u32_field(o, "top_k")?,
-        min_p: f32_field(o, "min_p")?,
-        seed: u64_field(o, "seed")?,
-        repetition_penalty: match f32_field(o, "repetition_penalty")? {
+        temperature: f32_field(&b.temperature, "temperature")?,
+        top_p: f32_field(&b.top_p, "top_p")?,
+        top_k: u32_field(&b.top_k, "top_k")?,
+        min_p: f32_field(&b.min_p, "min_p")?,
+        seed: u64_field(&b.seed, "seed")?,
+        repetition_penalty: match f32_field(&b.repetition_penalty, "repetition_penalty")? {
             Some(x) => Some(x),
-            None => f32_field(o, "repeat_penalty")?,
+            None => f32_field(&b.repeat_penalty, "repeat_penalty")?,
         },
-        presence_penalty: f32_field(o, "presence_penalty")?,
-        frequency_penalty: f32_field(o, "frequency_penalty")?,
+        presence_penalty: f32_field(&b.presence_penalty, "presence_penalty")?,
+        frequency_penalty: f32_field(&b.frequency_penalty, "frequency_penalty")?,
         logit_bias,
     })
 }
 
-fn completion_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiError> {
-    let prompt = match opt(o, "prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
-        }
-        Some(Value::Array(_)) => {
+fn completion_request(b: &oa::ChatCompletionRequest) -> Result<GenerateRequest, ApiError> {
+    let prompt = match &b.prompt {
+        Some(Field::Ok(oa::Prompt::Text(s))) => s.clone(),
+        Some(Field::Ok(oa::Prompt::Texts(a))) if a.len() == 1 => a[0].clone(),
+        Some(Field::Ok(oa::Prompt::Texts(_) | oa::Prompt::List(_))) => {
             return Err(ApiError::unsupported(
                 "prompt",
                 "one prompt per request: a string, or a list holding one string (token-id \
@@ -475,14 +531,14 @@ fn completion_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiErro
             ))
         }
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(v) => {
+        Some(Field::Invalid { value, .. }) => {
             return Err(ApiError::invalid(
                 "prompt",
-                format!("`prompt` must be a string, got {v}"),
+                format!("`prompt` must be a string, got {value}"),
             ))
         }
     };
-    if opt(o, "suffix").is_some() {
+    if b.suffix.is_some() {
         return Err(ApiError::unsupported(
             "suffix",
             "fill-in-the-middle (`suffix`) is not supported",
@@ -491,8 +547,11 @@ fn completion_request(o: &Map<String, Value>) -> Result<GenerateRequest, ApiErro
     Ok(GenerateRequest::new(prompt).raw())
 }
 
-fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateRequest, ApiError> {
-    let Some(Value::Array(raw)) = opt(o, "messages") else {
+fn chat_request(
+    b: &oa::ChatCompletionRequest,
+    limits: &Limits,
+) -> Result<GenerateRequest, ApiError> {
+    let Some(Field::Ok(raw)) = &b.messages else {
         return Err(ApiError::invalid(
             "messages",
             "`messages` is required: a list of {\"role\", \"content\"} objects",
@@ -518,23 +577,26 @@ fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateReque
     // the whole conversation is the history; the contract renders system, history, then a
     // non-empty prompt, so an empty prompt leaves the conversation exactly as sent
     let mut r = GenerateRequest::new("").messages(messages);
-    if let Some(v) = opt(o, "tool_choice") {
-        r.tool_choice =
-            ToolChoice::from_openai(v).map_err(|m| ApiError::invalid("tool_choice", m))?;
-    }
-    match opt(o, "parallel_tool_calls") {
+    match &b.tool_choice {
         None => {}
-        Some(Value::Bool(b)) => r.parallel_tool_calls = Some(*b),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "parallel_tool_calls",
-                format!("`parallel_tool_calls` must be a boolean, got {v}"),
-            ))
+        Some(Field::Ok(c)) => r.tool_choice = c.0.clone(),
+        // the contract's message (`ToolChoice::from_openai`'s)
+        Some(Field::Invalid { error, .. }) => {
+            return Err(ApiError::invalid("tool_choice", error.clone()))
         }
     }
-    match opt(o, "tools") {
+    r.parallel_tool_calls = field(&b.parallel_tool_calls, |v| {
+        ApiError::invalid(
+            "parallel_tool_calls",
+            format!("`parallel_tool_calls` must be a boolean, got {v}"),
+        )
+    })?
+    .copied();
+    match field(&b.tools, |v| {
+        ApiError::invalid("tools", format!("`tools` must be a list, got {v}"))
+    })? {
         None => {}
-        Some(Value::Array(t)) if t.len() > limits.max_tools => {
+        Some(t) if t.len() > limits.max_tools => {
             return Err(ApiError::over_limit(
                 "tools",
                 "tools",
@@ -543,55 +605,42 @@ fn chat_request(o: &Map<String, Value>, limits: &Limits) -> Result<GenerateReque
                 "--max-tools",
             ))
         }
-        Some(Value::Array(t)) => r.tools = t.clone(),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "tools",
-                format!("`tools` must be a list, got {v}"),
-            ))
+        Some(t) => r.tools = t.clone(),
+    }
+    let kwargs = field(&b.chat_template_kwargs, |v| {
+        ApiError::invalid(
+            "chat_template_kwargs",
+            format!("`chat_template_kwargs` must be an object, got {v}"),
+        )
+    })?;
+    for (k, v) in kwargs.into_iter().flatten() {
+        if k == "enable_thinking" {
+            r.thinking = Some(v.as_bool().ok_or_else(|| {
+                ApiError::invalid(
+                    "chat_template_kwargs",
+                    format!("`enable_thinking` must be true or false, got {v}"),
+                )
+            })?);
+        } else {
+            r.chat_template_kwargs.insert(k.clone(), v.clone());
         }
     }
-    match opt(o, "chat_template_kwargs") {
-        None => {}
-        Some(Value::Object(kw)) => {
-            for (k, v) in kw {
-                if k == "enable_thinking" {
-                    r.thinking = Some(v.as_bool().ok_or_else(|| {
-                        ApiError::invalid(
-                            "chat_template_kwargs",
-                            format!("`enable_thinking` must be true or false, got {v}"),
-                        )
-                    })?);
-                } else {
-                    r.chat_template_kwargs.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "chat_template_kwargs",
-                format!("`chat_template_kwargs` must be an object, got {v}"),
-            ))
-        }
-    }
-    if let Some(k) = opt(o, "prompt_cache_key") {
-        r.prompt_cache_key = Some(
-            k.as_str()
-                .ok_or_else(|| ApiError::invalid("prompt_cache_key", "must be a string"))?
-                .to_string(),
-        );
-    }
+    r.prompt_cache_key = field(&b.prompt_cache_key, |_| {
+        ApiError::invalid("prompt_cache_key", "must be a string")
+    })?
+    .cloned();
     Ok(r)
 }
 
 /// One OpenAI message: `content` as a string, `null` or a list of parts (`text`, `image_url`).
-fn message(i: usize, m: &Value, limits: &Limits) -> Result<Message, ApiError> {
+fn message(i: usize, m: &Field<oa::ChatMessage>, limits: &Limits) -> Result<Message, ApiError> {
     let param = format!("messages[{i}]");
     let bad = |what: String| ApiError::invalid(&param, format!("message {i}: {what}"));
-    let Some(o) = m.as_object() else {
-        return Err(bad(format!("must be an object, got {m}")));
+    let o = match m {
+        Field::Ok(o) => o,
+        Field::Invalid { value, .. } => return Err(bad(format!("must be an object, got {value}"))),
     };
-    let role = match o.get("role").and_then(Value::as_str) {
+    let role = match o.role_str() {
         Some("system") | Some("developer") => Role::System,
         Some("user") => Role::User,
         Some("assistant") => Role::Assistant,
@@ -600,10 +649,10 @@ fn message(i: usize, m: &Value, limits: &Limits) -> Result<Message, ApiError> {
         None => return Err(bad("`role` is missing".into())),
     };
     let mut images = Vec::new();
-    let content = match opt(o, "content") {
+    let content = match &o.content {
         None => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) if parts.len() > limits.max_content_parts => {
+        Some(Field::Ok(oa::Content::Text(s))) => s.clone(),
+        Some(Field::Ok(oa::Content::Parts(parts))) if parts.len() > limits.max_content_parts => {
             return Err(ApiError::over_limit(
                 &param,
                 "content parts in one message",
@@ -612,20 +661,19 @@ fn message(i: usize, m: &Value, limits: &Limits) -> Result<Message, ApiError> {
                 "--max-content-parts",
             ))
         }
-        Some(Value::Array(parts)) => {
+        Some(Field::Ok(oa::Content::Parts(parts))) => {
             let mut text = String::new();
             for p in parts {
-                match p.get("type").and_then(Value::as_str) {
+                let p = p.ok();
+                match p.and_then(oa::ContentPart::kind_str) {
                     Some("text") => text.push_str(
-                        p.get("text")
-                            .and_then(Value::as_str)
+                        p.and_then(|p| p.text.as_ref()?.ok())
                             .ok_or_else(|| bad("a text part has no `text`".into()))?,
                     ),
                     Some("image_url") => {
                         let url = p
-                            .pointer("/image_url/url")
-                            .or_else(|| p.get("image_url"))
-                            .and_then(Value::as_str)
+                            .and_then(|p| p.image_url.as_ref()?.ok())
+                            .map(oa::ImageUrl::url)
                             .ok_or_else(|| bad("an image part has no `image_url.url`".into()))?;
                         // a path or file:// URL would read the server's own files, and an
                         // http(s) URL would make it fetch for the client: only inline images
@@ -649,167 +697,123 @@ fn message(i: usize, m: &Value, limits: &Limits) -> Result<Message, ApiError> {
             }
             text
         }
-        Some(v) => return Err(bad(format!("`content` must be a string or parts, got {v}"))),
+        Some(Field::Invalid { value, .. }) => {
+            return Err(bad(format!(
+                "`content` must be a string or parts, got {value}"
+            )))
+        }
     };
     let mut msg = Message::new(role, content);
     msg.images = images;
-    if let Some(r) = opt(o, "reasoning_content").or_else(|| opt(o, "reasoning")) {
+    let reasoning = o.reasoning_content.as_ref().or(o.reasoning.as_ref());
+    if let Some(r) = reasoning {
         msg.reasoning_content = Some(
-            r.as_str()
+            r.ok()
                 .ok_or_else(|| bad("`reasoning_content` must be a string".into()))?
-                .to_string(),
+                .clone(),
         );
     }
-    if let Some(calls) = opt(o, "tool_calls") {
-        let calls: Vec<ToolCall> = serde_json::from_value(calls.clone())
-            .map_err(|e| bad(format!("`tool_calls` is malformed: {e}")))?;
-        msg.tool_calls = calls;
+    if let Some(calls) = &o.tool_calls {
+        let malformed = |e: String| bad(format!("`tool_calls` is malformed: {e}"));
+        let calls = match calls {
+            Field::Ok(calls) => calls,
+            Field::Invalid { error, .. } => return Err(malformed(error.clone())),
+        };
+        msg.tool_calls = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| match c {
+                Field::Ok(c) => c
+                    .to_contract()
+                    .map_err(|e| malformed(format!("entry {k}: {e}"))),
+                Field::Invalid { error, .. } => Err(malformed(format!("entry {k}: {error}"))),
+            })
+            .collect::<Result<_, _>>()?;
     }
-    for (k, slot) in [
-        ("tool_call_id", &mut msg.tool_call_id),
-        ("name", &mut msg.name),
+    for (k, f, slot) in [
+        ("tool_call_id", &o.tool_call_id, &mut msg.tool_call_id),
+        ("name", &o.name, &mut msg.name),
     ] {
-        if let Some(v) = opt(o, k) {
-            *slot = Some(
-                v.as_str()
-                    .ok_or_else(|| bad(format!("`{k}` must be a string")))?
-                    .to_string(),
-            );
-        }
+        *slot = field(f, |_| bad(format!("`{k}` must be a string")))?.cloned();
     }
     Ok(msg)
 }
 
-/// OpenAI's `finish_reason`.
-pub fn finish_reason(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::ToolCalls => "tool_calls",
-        // a stream that broke off or was cancelled: OpenAI has no code; vLLM says "abort"
-        FinishReason::Cancelled | FinishReason::Error => "abort",
-    }
-}
-
 /// A reply's tool calls as OpenAI's `message.tool_calls`: `id`, `type: "function"`, and
 /// `function.arguments` a JSON object as a string.
-pub fn tool_calls(calls: &[ToolCall]) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let args = match &c.function.arguments {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                // clients answer a call by its id: one a runtime did not give gets one
-                let id = c.id.clone().unwrap_or_else(|| format!("call_{i}"));
-                json!({"id": id, "type": "function",
-                       "function": {"name": c.function.name, "arguments": args}})
-            })
-            .collect(),
-    )
+pub fn tool_calls(calls: &[ToolCall]) -> Vec<oa::ToolCall> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let args = match &c.function.arguments {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            // clients answer a call by its id: one a runtime did not give gets one
+            let id = c.id.clone().unwrap_or_else(|| format!("call_{i}"));
+            oa::ToolCall::whole(id, "function", c.function.name.clone(), args)
+        })
+        .collect()
 }
 
 /// A piece of a streamed tool call as OpenAI's `delta.tool_calls[i]`: the first piece of a
 /// call carries `id`, `type` and `function.name`; every piece its `index` and argument text.
-pub fn tool_call_delta(d: &ToolCallDelta) -> Value {
-    let mut f = json!({"arguments": d.arguments});
-    if let Some(n) = &d.name {
-        f["name"] = n.clone().into();
-    }
-    let mut v = json!({"index": d.index, "function": f});
+pub fn tool_call_delta(d: &ToolCallDelta) -> oa::ToolCall {
     // a call's first piece (its name) carries its id; one a runtime did not give gets the one
     // the whole answer gives it (`tool_calls`)
     let id =
         d.id.clone()
             .or_else(|| d.name.as_ref().map(|_| format!("call_{}", d.index)));
-    if let Some(id) = id {
-        v["id"] = id.into();
-        v["type"] = "function".into();
-    }
-    v
-}
-
-/// llama-server's `stop_type` for a finish reason (`eos` also for a stop string: the answer
-/// does not say which ended it).
-pub fn stop_type(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop | FinishReason::ToolCalls => "eos",
-        FinishReason::Length => "limit",
-        FinishReason::Cancelled | FinishReason::Error => "none",
-    }
+    oa::ToolCall::piece(d.index as u64, id, d.name.clone(), d.arguments.clone())
 }
 
 /// The last object of llama-server's `/completion` (whole, or the last event of a stream,
 /// with an empty `content`): `stop`, `stop_type`, token counts and `timings`.
-pub fn native_final(r: &GenerateResponse, model: &str, content: &str, tokens: bool) -> Value {
-    let mut v = json!({
-        "content": content,
-        "model": model,
-        "stop": true,
-        "stop_type": stop_type(r.finish_reason),
-        "stopping_word": "",
-        "tokens_predicted": r.usage.output_tokens,
-        "tokens_evaluated": r.usage.input_tokens,
-        "truncated": false,
-        "timings": timings(r),
-        "speculation": serde_json::to_value(&r.metadata.speculation).unwrap_or(Value::Null),
-    });
-    if tokens {
-        v["tokens"] = json!(r.token_ids.clone().unwrap_or_default());
+pub fn native_final(
+    r: &GenerateResponse,
+    model: &str,
+    content: &str,
+    tokens: bool,
+) -> oa::Completion {
+    oa::Completion {
+        content: Some(content.to_string()),
+        model: Some(model.to_string()),
+        stop: Some(true),
+        stop_type: Some(stop_type(r.finish_reason).to_string()),
+        stopping_word: Some(String::new()),
+        tokens_predicted: Some(r.usage.output_tokens),
+        tokens_evaluated: Some(r.usage.input_tokens),
+        truncated: Some(false),
+        timings: Some(timings(r)),
+        speculation: Some(r.metadata.speculation.clone()),
+        tokens: tokens.then(|| {
+            r.token_ids
+                .iter()
+                .flatten()
+                .map(|&t| u64::from(t))
+                .collect()
+        }),
+        ..Default::default()
     }
-    v
 }
 
 /// The `usage` object.
-pub fn usage(r: &GenerateResponse) -> Value {
-    json!({
-        "prompt_tokens": r.usage.input_tokens,
-        "completion_tokens": r.usage.output_tokens,
-        "total_tokens": r.usage.input_tokens + r.usage.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": r.usage.cached_input_tokens},
-    })
+pub fn usage(r: &GenerateResponse) -> oa::Usage {
+    oa::Usage::of(&r.usage)
 }
 
 /// llama-server's `timings` (what its clients, and our own `llama-server` adapter, read):
 /// prompt and predicted counts and rates, and `draft_n` / `draft_n_accepted` when drafting ran.
-pub fn timings(r: &GenerateResponse) -> Value {
-    let t = &r.metadata.timings;
-    let mut o = Map::new();
-    o.insert("cache_n".into(), json!(r.usage.cached_input_tokens));
-    o.insert(
-        "prompt_n".into(),
-        json!(r
-            .usage
-            .input_tokens
-            .saturating_sub(r.usage.cached_input_tokens)),
-    );
-    if let Some(ms) = t.prefill_ms {
-        o.insert("prompt_ms".into(), json!(ms));
-    }
-    if let Some(x) = t.prefill_tokens_per_s {
-        o.insert("prompt_per_second".into(), json!(x));
-    }
-    o.insert("predicted_n".into(), json!(r.usage.output_tokens));
-    if let Some(ms) = t.decode_ms {
-        o.insert("predicted_ms".into(), json!(ms));
-    }
-    if let Some(x) = t.decode_tokens_per_s {
-        o.insert("predicted_per_second".into(), json!(x));
-    }
-    let s: &SpeculationReport = &r.metadata.speculation;
-    if let Some(d) = s.drafted {
-        o.insert("draft_n".into(), json!(d));
-        o.insert("draft_n_accepted".into(), json!(s.accepted.unwrap_or(0)));
-    }
-    Value::Object(o)
+pub fn timings(r: &GenerateResponse) -> oa::Timings {
+    oa::Timings::of(r)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mtp_contract::{FinishReason, ToolChoice};
+    use serde_json::json;
 
     fn chat(v: Value) -> Result<Parsed, ApiError> {
         parse(Endpoint::Chat, &v, &Limits::default())
@@ -1025,7 +1029,7 @@ mod tests {
             },
         };
         assert_eq!(
-            tool_calls(&[call]),
+            serde_json::to_value(tool_calls(&[call])).unwrap(),
             json!([{"id": "call_0", "type": "function",
                     "function": {"name": "f", "arguments": "{\"a\": 1}"}}])
         );
@@ -1036,7 +1040,7 @@ mod tests {
             arguments: String::new(),
         };
         assert_eq!(
-            tool_call_delta(&first),
+            serde_json::to_value(tool_call_delta(&first)).unwrap(),
             json!({"index": 1, "id": "call_1", "type": "function",
                    "function": {"name": "f", "arguments": ""}})
         );
@@ -1046,7 +1050,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            tool_call_delta(&more),
+            serde_json::to_value(tool_call_delta(&more)).unwrap(),
             json!({"index": 1, "function": {"arguments": "{\"a\""}})
         );
         assert_eq!(finish_reason(FinishReason::ToolCalls), "tool_calls");
