@@ -9,11 +9,13 @@
 //! `used` is true only when the evidence shows proposals for this call.
 
 use mtp_contract::{DraftKind, ResolvedSpeculation, SpeculationReport, Timings};
+use mtp_openai as oa;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::options::ServerKind;
 use crate::prometheus::Metrics;
-use crate::wire::{f64_at, u64_at, Accum};
+use crate::wire::Accum;
 
 /// The MTP speculative type name in llama-server (`--spec-type draft-mtp`).
 pub const LLAMA_MTP_TYPE: &str = "draft-mtp";
@@ -51,35 +53,14 @@ impl ServerSpec {
     /// assert_eq!(s.build.as_deref(), Some("b11434-abc"));
     /// ```
     pub fn from_llama_props(props: &Value) -> ServerSpec {
-        let params = props
-            .pointer("/default_generation_settings/params")
-            .or_else(|| props.pointer("/default_generation_settings"));
-        let (key, raw) = match params {
-            Some(p) => match (p.get("speculative.types"), p.get("speculative.type")) {
-                (Some(t), _) => ("speculative.types", Some(t)),
-                (None, Some(t)) => ("speculative.type", Some(t)),
-                _ => ("", None),
-            },
+        let props = oa::Props::deserialize(props).unwrap_or_default();
+        let params = props.speculative_params();
+        let (key, types) = match params.and_then(oa::SpeculativeParams::types) {
+            Some((key, t)) => (key, Some(t)),
             None => ("", None),
         };
-        let types: Option<Vec<String>> = raw.and_then(|t| match t {
-            Value::String(s) => Some(
-                s.split([',', ' '])
-                    .map(str::trim)
-                    .filter(|x| !x.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-            ),
-            Value::Array(a) => Some(
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect(),
-            ),
-            _ => None,
-        });
         let n_max = params
-            .and_then(|p| u64_at(p, "/speculative.n_max"))
+            .and_then(|p| p.n_max.flatten())
             .and_then(|n| u32::try_from(n).ok());
         let lane = types
             .as_ref()
@@ -91,16 +72,9 @@ impl ServerSpec {
             types,
             n_max,
             lane,
-            build: props
-                .get("build_info")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            build: props.build_info,
             detail,
-            model_path: props
-                .get("model_path")
-                .and_then(Value::as_str)
-                .filter(|p| !p.is_empty())
-                .map(str::to_string),
+            model_path: props.model_path.filter(|p| !p.is_empty()),
         }
     }
 
@@ -117,11 +91,8 @@ impl ServerSpec {
     /// assert_eq!(ServerSpec::lane_from_llama_slots(&serde_json::json!([{"id": 0}])), None);
     /// ```
     pub fn lane_from_llama_slots(slots: &Value) -> Option<bool> {
-        let flags: Vec<bool> = slots
-            .as_array()?
-            .iter()
-            .filter_map(|s| s.get("speculative").and_then(Value::as_bool))
-            .collect();
+        let slots = Vec::<oa::Field<oa::Slot>>::deserialize(slots).ok()?;
+        let flags: Vec<bool> = slots.iter().filter_map(|s| s.ok()?.speculative).collect();
         (!flags.is_empty()).then(|| flags.iter().any(|f| *f))
     }
 
@@ -158,13 +129,22 @@ pub(crate) fn per_request(kind: ServerKind, acc: &Accum, spec: &ServerSpec) -> O
     if let Some(m) = &acc.vllm_spec {
         return vllm_request_metrics(m);
     }
-    if let Some(e) = lmstudio_counters(acc.stats.as_ref())
-        .or_else(|| lmstudio_counters(acc.usage_drafts.as_ref()))
-    {
+    let stats = acc.stats.as_ref();
+    let usage = acc.usage_drafts.as_ref();
+    if let Some(e) = lmstudio_counters(
+        stats.and_then(|s| s.total_draft_tokens_count),
+        stats.and_then(|s| s.accepted_draft_tokens_count),
+    )
+    .or_else(|| {
+        lmstudio_counters(
+            usage.and_then(|u| u.total_draft_tokens_count),
+            usage.and_then(|u| u.accepted_draft_tokens_count),
+        )
+    }) {
         return Some(e);
     }
     let t = acc.timings.as_ref()?;
-    match (u64_at(t, "/draft_n"), u64_at(t, "/draft_n_accepted")) {
+    match (t.draft_n, t.draft_n_accepted) {
         (Some(drafted), accepted) => Some(Evidence {
             drafted,
             accepted: accepted.unwrap_or(0),
@@ -197,35 +177,31 @@ pub(crate) fn per_request(kind: ServerKind, acc: &Accum, spec: &ServerSpec) -> O
 /// vLLM `--per-request-spec-decode-metrics`: `num_draft_tokens`, `num_accepted_draft_tokens`,
 /// `num_spec_steps`, `num_spec_tokens`, `acceptance_histogram[j]` = steps that accepted
 /// exactly `j` proposals.
-fn vllm_request_metrics(m: &Value) -> Option<Evidence> {
-    let drafted = u64_at(m, "/num_draft_tokens")?;
-    let accepted = u64_at(m, "/num_accepted_draft_tokens").unwrap_or(0);
-    let per_pos = m
-        .get("acceptance_histogram")
-        .and_then(Value::as_array)
-        .map(|h| {
-            let h: Vec<u64> = h.iter().map(|x| x.as_u64().unwrap_or(0)).collect();
-            // position p (0-based) was accepted in every step that accepted more than p.
-            (0..h.len().saturating_sub(1))
-                .map(|p| h[p + 1..].iter().sum())
-                .collect::<Vec<u64>>()
-        });
+fn vllm_request_metrics(m: &oa::SpecDecodeMetrics) -> Option<Evidence> {
+    let drafted = m.num_draft_tokens?;
+    let accepted = m.num_accepted_draft_tokens.unwrap_or(0);
+    let per_pos = m.acceptance_histogram.as_ref().map(|h| {
+        // position p (0-based) was accepted in every step that accepted more than p.
+        (0..h.len().saturating_sub(1))
+            .map(|p| h[p + 1..].iter().sum())
+            .collect::<Vec<u64>>()
+    });
     Some(Evidence {
         drafted,
         accepted,
-        rounds: u64_at(m, "/num_spec_steps"),
+        rounds: m.num_spec_steps,
         accepted_per_position: per_pos,
-        depth: u64_at(m, "/num_spec_tokens").and_then(|n| u32::try_from(n).ok()),
+        depth: m.num_spec_tokens.and_then(|n| u32::try_from(n).ok()),
         approximate: false,
         source: "metrics.speculative_decoding",
     })
 }
 
-/// LM Studio's `total_draft_tokens_count` / `accepted_draft_tokens_count`.
-fn lmstudio_counters(v: Option<&Value>) -> Option<Evidence> {
-    let v = v?;
-    let drafted = u64_at(v, "/total_draft_tokens_count")?;
-    let accepted = u64_at(v, "/accepted_draft_tokens_count").unwrap_or(0);
+/// LM Studio's `total_draft_tokens_count` / `accepted_draft_tokens_count` (in `stats` or in
+/// `usage`).
+fn lmstudio_counters(total: Option<u64>, accepted: Option<u64>) -> Option<Evidence> {
+    let drafted = total?;
+    let accepted = accepted.unwrap_or(0);
     Some(Evidence {
         drafted,
         accepted,
@@ -497,19 +473,17 @@ pub(crate) fn unavailable_message(
 pub(crate) fn timings(acc: &Accum) -> Timings {
     let mut t = Timings::default();
     if let Some(v) = &acc.timings {
-        t.prefill_ms = f64_at(v, "/prompt_ms");
-        t.prefill_tokens_per_s = f64_at(v, "/prompt_per_second");
-        t.decode_ms = f64_at(v, "/predicted_ms");
-        t.decode_tokens_per_s = f64_at(v, "/predicted_per_second");
+        t.prefill_ms = v.prompt_ms;
+        t.prefill_tokens_per_s = v.prompt_per_second;
+        t.decode_ms = v.predicted_ms;
+        t.decode_tokens_per_s = v.predicted_per_second;
     }
     if let Some(s) = &acc.stats {
-        t.time_to_first_token_ms = f64_at(s, "/time_to_first_token").map(|x| x * 1000.0);
+        t.time_to_first_token_ms = s.time_to_first_token.map(|x| x * 1000.0);
         t.decode_ms = t
             .decode_ms
-            .or_else(|| f64_at(s, "/generation_time").map(|x| x * 1000.0));
-        t.decode_tokens_per_s = t
-            .decode_tokens_per_s
-            .or_else(|| f64_at(s, "/tokens_per_second"));
+            .or_else(|| s.generation_time.map(|x| x * 1000.0));
+        t.decode_tokens_per_s = t.decode_tokens_per_s.or(s.tokens_per_second);
     }
     t
 }
@@ -527,6 +501,11 @@ mod tests {
     use super::*;
     use mtp_contract::{resolve, Reason, Speculation};
     use serde_json::json;
+
+    /// vLLM's `metrics.speculative_decoding` as the answer holds it.
+    fn metrics(v: Value) -> oa::SpecDecodeMetrics {
+        serde_json::from_value(v).unwrap()
+    }
 
     fn acc_with(v: Value) -> Accum {
         let mut a = Accum::default();
@@ -571,11 +550,11 @@ mod tests {
 
     #[test]
     fn vllm_histogram_to_positions() {
-        let e = vllm_request_metrics(&json!({
+        let e = vllm_request_metrics(&metrics(json!({
             "mean_acceptance_length": 1.23, "draft_acceptance_rate": 0.0775,
             "acceptance_histogram": [39, 1, 0, 3], "num_spec_steps": 43,
             "num_accepted_draft_tokens": 10, "num_draft_tokens": 129, "num_spec_tokens": 3
-        }))
+        })))
         .unwrap();
         assert_eq!(e.accepted_per_position, Some(vec![4, 3, 3]));
         assert_eq!(

@@ -149,7 +149,7 @@ impl Transport {
     pub(crate) async fn post_json(
         &self,
         path: &str,
-        body: &Value,
+        body: &impl serde::Serialize,
     ) -> Result<reqwest::Response, ProviderError> {
         let url = self.url(path);
         tracing::debug!(server = %self.server(), path, "POST");

@@ -65,7 +65,7 @@ struct Prepared {
     spec: ServerSpec,
     metrics_before: Option<Metrics>,
     endpoint: Endpoint,
-    body: Value,
+    body: mtp_openai::ChatCompletionRequest,
     started: Instant,
     /// The request's constraint, checked against the finished reply.
     format: Option<mtp_contract::ResponseFormat>,
@@ -244,13 +244,10 @@ impl Inner {
         let mut body = wire::build_body(kind, endpoint, &self.t.model, req, stream, depth);
         // LM Studio takes a draft model per request (`draft_model`, LM Studio 0.3.10+): the
         // one server here where the block's `drafter` can act.
-        if let (ServerKind::LmStudio, true, Some(d), Some(obj)) = (
-            kind,
-            resolved.requested,
-            resolved.drafter.as_ref(),
-            body.as_object_mut(),
-        ) {
-            obj.insert("draft_model".into(), Value::String(d.clone()));
+        if let (ServerKind::LmStudio, true, Some(d)) =
+            (kind, resolved.requested, resolved.drafter.as_ref())
+        {
+            body.draft_model = Some(d.clone().into());
         }
         Ok(Prepared {
             resolved,

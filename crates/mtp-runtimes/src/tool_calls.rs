@@ -15,7 +15,11 @@
 //! without a name, arguments that are not text) is an error naming the field.
 
 use mtp_contract::{FunctionCall, ToolCall, ToolCallDelta};
+use mtp_openai::{self as oa, Field};
 use serde_json::Value;
+
+/// A `tool_calls` list as an answer holds it: each entry kept as sent when it is not a call.
+pub(crate) type WireCalls = Field<Vec<Field<oa::ToolCall>>>;
 
 /// Default of `max_tool_calls`: far above what a model writes in one reply.
 pub const DEFAULT_MAX_TOOL_CALLS: usize = 128;
@@ -82,30 +86,26 @@ impl ToolCalls {
         self.bytes
     }
 
-    /// Reads `choices[0].message.tool_calls` of a whole answer (`null` is none). Each entry
-    /// is one call; `function.arguments` is kept as the server's string, an object is written
-    /// as JSON text, `null` or none is empty. Returns each kept call as one piece, for a
-    /// caller that streams them.
-    pub(crate) fn absorb_message(&mut self, calls: &Value) -> Result<Vec<ToolCallDelta>, String> {
+    /// Reads `choices[0].message.tool_calls` of a whole answer. Each entry is one call;
+    /// `function.arguments` is kept as the server's string, an object is written as JSON
+    /// text, `null` or none is empty. Returns each kept call as one piece, for a caller that
+    /// streams them.
+    pub(crate) fn read_message(&mut self, calls: &WireCalls) -> Result<Vec<ToolCallDelta>, String> {
         const AT: &str = "choices[0].message.tool_calls";
-        let Some(list) = list_of(calls, AT)? else {
-            return Ok(Vec::new());
-        };
+        let list = list_of(calls, AT)?;
         let mut out = Vec::new();
         for (i, call) in list.iter().enumerate() {
             let at = format!("{AT}[{i}]");
-            let obj = call
-                .as_object()
-                .ok_or_else(|| format!("`{at}` is {}, not a tool call object", kind_of(call)))?;
-            let function = obj
-                .get("function")
-                .filter(|f| f.is_object())
-                .ok_or_else(|| format!("`{at}.function` is missing or not an object"))?;
+            let call = object(call, &at, "a tool call object")?;
+            let function = match &call.function {
+                Some(Field::Ok(f)) => f,
+                _ => return Err(format!("`{at}.function` is missing or not an object")),
+            };
             let name = name_of(function, &at)?.ok_or_else(|| {
                 format!("`{at}.function.name` is missing: a tool call names its function")
             })?;
-            let arguments = match function.get("arguments") {
-                None | Some(Value::Null) => String::new(),
+            let arguments = match &function.arguments {
+                None => String::new(),
                 Some(Value::String(s)) => s.clone(),
                 Some(v @ Value::Object(_)) => v.to_string(),
                 Some(v) => {
@@ -118,43 +118,47 @@ impl ToolCalls {
             };
             // a whole answer's calls are its entries in order (an `index` there, as Ollama
             // writes it, says the same)
-            let piece = self.open(i as u64, obj, name, arguments, &at)?;
+            let piece = self.open(i as u64, call, name, arguments, &at)?;
             out.extend(piece);
         }
         Ok(out)
     }
 
-    /// Reads `choices[0].delta.tool_calls` of one stream chunk (`null` is none): the pieces
-    /// to pass on, numbered by the reply's call order.
-    pub(crate) fn absorb_delta(&mut self, calls: &Value) -> Result<Vec<ToolCallDelta>, String> {
+    /// Reads `choices[0].delta.tool_calls` of one stream chunk: the pieces to pass on,
+    /// numbered by the reply's call order.
+    pub(crate) fn read_delta(&mut self, calls: &WireCalls) -> Result<Vec<ToolCallDelta>, String> {
         const AT: &str = "choices[0].delta.tool_calls";
-        let Some(list) = list_of(calls, AT)? else {
-            return Ok(Vec::new());
-        };
+        let list = list_of(calls, AT)?;
         let mut out = Vec::new();
         for (k, piece) in list.iter().enumerate() {
             let at = format!("{AT}[{k}]");
-            let obj = piece
-                .as_object()
-                .ok_or_else(|| format!("`{at}` is {}, not a tool call piece", kind_of(piece)))?;
-            let index = match obj.get("index") {
-                None | Some(Value::Null) => {
+            let piece = object(piece, &at, "a tool call piece")?;
+            let index = match &piece.index {
+                None => {
                     return Err(format!(
                         "`{at}.index` is missing: every streamed tool-call piece names the call \
                          it belongs to"
                     ))
                 }
-                Some(v) => v
-                    .as_u64()
-                    .ok_or_else(|| format!("`{at}.index` is {v}, not a non-negative integer"))?,
+                Some(Field::Ok(i)) => *i,
+                Some(Field::Invalid { value, .. }) => {
+                    return Err(format!(
+                        "`{at}.index` is {value}, not a non-negative integer"
+                    ))
+                }
             };
-            let function = match obj.get("function") {
-                None | Some(Value::Null) => None,
-                Some(f @ Value::Object(_)) => Some(f),
-                Some(f) => return Err(format!("`{at}.function` is {}, not an object", kind_of(f))),
+            let function = match &piece.function {
+                None => None,
+                Some(Field::Ok(f)) => Some(f),
+                Some(Field::Invalid { value, .. }) => {
+                    return Err(format!(
+                        "`{at}.function` is {}, not an object",
+                        kind_of(value)
+                    ))
+                }
             };
-            let fragment = match function.and_then(|f| f.get("arguments")) {
-                None | Some(Value::Null) => String::new(),
+            let fragment = match function.and_then(|f| f.arguments.as_ref()) {
+                None => String::new(),
                 Some(Value::String(s)) => s.clone(),
                 Some(v) => {
                     return Err(format!(
@@ -191,11 +195,29 @@ impl ToolCalls {
                              a streamed call's first piece names its function"
                         )
                     })?;
-                    out.extend(self.open(index, obj, name, fragment, &at)?);
+                    out.extend(self.open(index, piece, name, fragment, &at)?);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// [`ToolCalls::read_message`] of a `tool_calls` value as JSON (`null` is none).
+    #[cfg(test)]
+    pub(crate) fn absorb_message(&mut self, calls: &Value) -> Result<Vec<ToolCallDelta>, String> {
+        if calls.is_null() {
+            return Ok(Vec::new());
+        }
+        self.read_message(&Field::from_value(calls.clone()))
+    }
+
+    /// [`ToolCalls::read_delta`] of a `tool_calls` value as JSON (`null` is none).
+    #[cfg(test)]
+    pub(crate) fn absorb_delta(&mut self, calls: &Value) -> Result<Vec<ToolCallDelta>, String> {
+        if calls.is_null() {
+            return Ok(Vec::new());
+        }
+        self.read_delta(&Field::from_value(calls.clone()))
     }
 
     /// Starts the call the server numbers `index`: kept (its first piece returned), or
@@ -203,7 +225,7 @@ impl ToolCalls {
     fn open(
         &mut self,
         index: u64,
-        obj: &serde_json::Map<String, Value>,
+        call: &oa::ToolCall,
         name: String,
         arguments: String,
         at: &str,
@@ -224,13 +246,15 @@ impl ToolCalls {
             }
             return Ok(None);
         }
-        let id = match obj.get("id") {
-            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            None | Some(Value::Null) | Some(Value::String(_)) => None,
-            Some(v) => return Err(format!("`{at}.id` is {}, not a string", kind_of(v))),
+        let id = match &call.id {
+            Some(Field::Ok(s)) if !s.is_empty() => Some(s.clone()),
+            None | Some(Field::Ok(_)) => None,
+            Some(Field::Invalid { value, .. }) => {
+                return Err(format!("`{at}.id` is {}, not a string", kind_of(value)))
+            }
         };
-        let kind = match obj.get("type") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        let kind = match &call.kind {
+            Some(Field::Ok(s)) if !s.is_empty() => s.clone(),
             _ => "function".to_string(),
         };
         let n = self.calls.len();
@@ -310,24 +334,35 @@ impl ToolCalls {
     }
 }
 
-/// The entries of a `tool_calls` value: `None` for `null`, an error for what is not a list.
-fn list_of<'a>(v: &'a Value, at: &str) -> Result<Option<&'a Vec<Value>>, String> {
+/// The entries of a `tool_calls` value; an error for what is not a list.
+fn list_of<'a>(v: &'a WireCalls, at: &str) -> Result<&'a [Field<oa::ToolCall>], String> {
     match v {
-        Value::Null => Ok(None),
-        Value::Array(a) => Ok(Some(a)),
-        other => Err(format!("`{at}` is {}, not a list", kind_of(other))),
+        Field::Ok(a) => Ok(a),
+        Field::Invalid { value, .. } => Err(format!("`{at}` is {}, not a list", kind_of(value))),
+    }
+}
+
+/// An entry of the list, when it is an object.
+fn object<'a>(
+    entry: &'a Field<oa::ToolCall>,
+    at: &str,
+    what: &str,
+) -> Result<&'a oa::ToolCall, String> {
+    match entry {
+        Field::Ok(c) => Ok(c),
+        Field::Invalid { value, .. } => Err(format!("`{at}` is {}, not {what}", kind_of(value))),
     }
 }
 
 /// `function.name`: `None` when absent, null or empty; an error when not a string.
-fn name_of(function: &Value, at: &str) -> Result<Option<String>, String> {
-    match function.get("name") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(format!(
+fn name_of(function: &oa::FunctionCall, at: &str) -> Result<Option<String>, String> {
+    match &function.name {
+        None => Ok(None),
+        Some(Field::Ok(s)) if s.is_empty() => Ok(None),
+        Some(Field::Ok(s)) => Ok(Some(s.clone())),
+        Some(Field::Invalid { value, .. }) => Err(format!(
             "`{at}.function.name` is {}, not a string",
-            kind_of(v)
+            kind_of(value)
         )),
     }
 }

@@ -6,7 +6,9 @@ use mtp_contract::{
     tool_name, FinishReason, GenerateRequest, Message, ProviderError, ResolvedSpeculation,
     ResponseFormat, ToolCallDelta, ToolChoice,
 };
-use serde_json::{json, Map, Value};
+use mtp_openai::{self as oa, Field, OpenAiToolChoice};
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use crate::options::ServerKind;
 use crate::tool_calls::ToolCalls;
@@ -43,16 +45,14 @@ impl Endpoint {
 /// server's order; what is not such a list is an error saying what it is.
 pub(crate) fn model_ids(body: &[u8]) -> Result<Vec<String>, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON ({e})"))?;
-    let data = v
-        .get("data")
-        .and_then(Value::as_array)
-        .ok_or("no `data` list")?;
-    data.iter()
+    let list = oa::ModelList::deserialize(&v).unwrap_or_default();
+    if list.data.is_none() {
+        return Err("no `data` list".into());
+    }
+    list.ids()
         .enumerate()
-        .map(|(i, m)| {
-            m.get("id")
-                .and_then(Value::as_str)
-                .filter(|id| !id.trim().is_empty())
+        .map(|(i, id)| {
+            id.filter(|id| !id.trim().is_empty())
                 .map(str::to_string)
                 .ok_or_else(|| format!("`data[{i}]` has no `id` string"))
         })
@@ -166,7 +166,7 @@ fn check_tools(kind: ServerKind, req: &GenerateRequest) -> Result<(), ProviderEr
 fn tool_fields(
     kind: ServerKind,
     req: &GenerateRequest,
-) -> Option<(Value, Option<Value>, Option<bool>)> {
+) -> Option<(Vec<Value>, Option<ToolChoice>, Option<bool>)> {
     let offered = req.offered_tools();
     if offered.is_empty() {
         return None;
@@ -179,16 +179,16 @@ fn tool_fields(
                 .filter(|t| tool_name(t) == Some(n.as_str()))
                 .cloned()
                 .collect(),
-            Some(json!("required")),
+            Some(ToolChoice::Required),
         ),
         ToolChoice::Auto => (offered.to_vec(), None),
-        c => (offered.to_vec(), Some(c.to_openai())),
+        c => (offered.to_vec(), Some(c.clone())),
     };
     let parallel = match kind {
         ServerKind::LlamaServer => Some(req.parallel_tool_calls != Some(false)),
         _ => req.parallel_tool_calls,
     };
-    Some((Value::Array(tools), choice, parallel))
+    Some((tools, choice, parallel))
 }
 
 /// Whether the server's API takes `f` (JSON everywhere; a regex and a Lark grammar only in
@@ -208,7 +208,7 @@ pub(crate) fn prompted(kind: ServerKind, req: &GenerateRequest) -> Option<&Respo
         .filter(|f| req.prompted_fallback && !can_enforce(kind, f))
 }
 
-/// Builds the JSON body. `depth` is the per-request depth to ask llama-server for (0 pins
+/// Builds the request body. `depth` is the per-request depth to ask llama-server for (0 pins
 /// drafting off), `None` to leave the server's setting alone.
 pub(crate) fn build_body(
     kind: ServerKind,
@@ -217,15 +217,20 @@ pub(crate) fn build_body(
     req: &GenerateRequest,
     stream: bool,
     depth: Option<u32>,
-) -> Value {
-    let mut b = Map::new();
+) -> oa::ChatCompletionRequest {
+    // numbers go out as the JSON of their f64 value (an f32 0.7 is 0.699999988079071), as
+    // they always have
+    fn num(x: f32) -> Option<Field<f64>> {
+        Some(f64::from(x).into())
+    }
+    let mut b = oa::ChatCompletionRequest::default();
     let s = &req.sampling;
     match endpoint {
         Endpoint::Chat => {
-            b.insert("model".into(), model.into());
+            b.model = Some(model.to_string().into());
             let mut msgs = Vec::new();
             if let Some(sys) = &req.system_prompt {
-                msgs.push(json!({"role": "system", "content": sys}));
+                msgs.push(oa::ChatMessage::text("system", sys.clone()));
             }
             for m in req.messages.iter().flatten() {
                 msgs.push(openai_message(m));
@@ -234,79 +239,79 @@ pub(crate) fn build_body(
             // the one there is: many templates refuse a second or a late system message)
             if let Some(ask) = prompted(kind, req).and_then(ResponseFormat::instruction) {
                 match msgs.first_mut() {
-                    Some(Value::Object(m)) if m.get("role") == Some(&json!("system")) => {
-                        let text = match m.get("content") {
-                            Some(Value::String(t)) if !t.is_empty() => format!("{t}\n\n{ask}"),
+                    Some(m) if m.role_str() == Some("system") => {
+                        let text = match m.content_text() {
+                            Some(t) if !t.is_empty() => format!("{t}\n\n{ask}"),
                             _ => ask,
                         };
-                        m.insert("content".into(), text.into());
+                        m.content = Some(oa::Content::Text(text).into());
                     }
-                    _ => msgs.insert(0, json!({"role": "system", "content": ask})),
+                    _ => msgs.insert(0, oa::ChatMessage::text("system", ask)),
                 }
             }
             if !req.prompt.is_empty() || !req.images.is_empty() {
-                msgs.push(json!({"role": "user", "content": content(&req.prompt, &req.images)}));
+                msgs.push(oa::ChatMessage {
+                    role: Some("user".to_string().into()),
+                    content: Some(content(&req.prompt, &req.images).into()),
+                    ..Default::default()
+                });
             }
-            b.insert("messages".into(), Value::Array(msgs));
+            b.messages = Some(msgs.into_iter().map(Field::Ok).collect::<Vec<_>>().into());
             if let Some((tools, choice, parallel)) = tool_fields(kind, req) {
-                b.insert("tools".into(), tools);
-                if let Some(c) = choice {
-                    b.insert("tool_choice".into(), c);
-                }
-                if let Some(p) = parallel {
-                    b.insert("parallel_tool_calls".into(), p.into());
-                }
+                b.tools = Some(tools.into());
+                b.tool_choice = choice.map(|c| OpenAiToolChoice(c).into());
+                b.parallel_tool_calls = parallel.map(Field::Ok);
             }
         }
         Endpoint::Completion => {
-            b.insert("model".into(), model.into());
-            b.insert("prompt".into(), req.prompt.clone().into());
+            b.model = Some(model.to_string().into());
+            b.prompt = Some(oa::Prompt::Text(req.prompt.clone()).into());
         }
         Endpoint::Native => {
-            b.insert("prompt".into(), req.prompt.clone().into());
-            b.insert("return_tokens".into(), true.into());
+            b.prompt = Some(oa::Prompt::Text(req.prompt.clone()).into());
+            b.return_tokens = Some(true.into());
         }
     }
-    b.insert("stream".into(), stream.into());
+    b.stream = Some(stream.into());
     if stream && endpoint != Endpoint::Native {
-        b.insert("stream_options".into(), json!({"include_usage": true}));
+        b.stream_options = Some(
+            oa::StreamOptions {
+                include_usage: Some(true.into()),
+                ..Default::default()
+            }
+            .into(),
+        );
     }
     if let Some(n) = req.max_output_tokens {
-        let key = if endpoint == Endpoint::Native {
-            "n_predict"
+        if endpoint == Endpoint::Native {
+            b.n_predict = Some(serde_json::Number::from(n).into());
         } else {
-            "max_tokens"
-        };
-        b.insert(key.into(), n.into());
+            b.max_tokens = Some(u64::from(n).into());
+        }
     }
     // The contract's unset temperature means greedy; servers default to sampling otherwise.
-    b.insert("temperature".into(), json!(s.temperature.unwrap_or(0.0)));
-    let mut put = |k: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            b.insert(k.into(), v);
-        }
-    };
-    put("top_p", s.top_p.map(|v| json!(v)));
-    put("top_k", s.top_k.map(|v| json!(v)));
-    put("min_p", s.min_p.map(|v| json!(v)));
-    put("seed", s.seed.map(|v| json!(v)));
-    put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
-    put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
-    let rep_key = match kind {
-        ServerKind::LlamaServer | ServerKind::LmStudio => "repeat_penalty",
-        _ => "repetition_penalty",
-    };
-    put(rep_key, s.repetition_penalty.map(|v| json!(v)));
+    b.temperature = num(s.temperature.unwrap_or(0.0));
+    b.top_p = s.top_p.and_then(num);
+    b.top_k = s.top_k.map(|k| u64::from(k).into());
+    b.min_p = s.min_p.and_then(num);
+    b.seed = s.seed.map(Field::Ok);
+    b.presence_penalty = s.presence_penalty.and_then(num);
+    b.frequency_penalty = s.frequency_penalty.and_then(num);
+    let repetition = s.repetition_penalty.and_then(num);
+    match kind {
+        ServerKind::LlamaServer | ServerKind::LmStudio => b.repeat_penalty = repetition,
+        _ => b.repetition_penalty = repetition,
+    }
     if !s.logit_bias.is_empty() {
-        let map: Map<String, Value> = s
+        let bias = s
             .logit_bias
             .iter()
-            .map(|(t, v)| (t.to_string(), json!(v)))
+            .map(|(t, v)| (t.to_string(), Field::Ok(f64::from(*v))))
             .collect();
-        put("logit_bias", Some(Value::Object(map)));
+        b.logit_bias = Some(oa::LogitBias(bias).into());
     }
     if !req.stop.is_empty() {
-        put("stop", Some(json!(req.stop)));
+        b.stop = Some(oa::Stop::Many(req.stop.clone()).into());
     }
     if endpoint == Endpoint::Chat
         && (req.thinking.is_some() || !req.chat_template_kwargs.is_empty())
@@ -317,7 +322,7 @@ pub(crate) fn build_body(
                 if let Some(on) = req.thinking {
                     kw.insert("enable_thinking".into(), on.into());
                 }
-                put("chat_template_kwargs", Some(Value::Object(kw)));
+                b.chat_template_kwargs = Some(kw.into());
             }
             other => {
                 tracing::warn!(provider = %other, "`thinking` and chat_template_kwargs have no portable request field on this server; they are not sent");
@@ -333,39 +338,65 @@ pub(crate) fn build_body(
     let sent = req.constraint().filter(|_| prompted(kind, req).is_none());
     match (sent, endpoint) {
         (Some(ResponseFormat::Regex { regex }), _) => {
-            put("structured_outputs", Some(json!({"regex": regex})))
+            b.structured_outputs = Some(
+                oa::StructuredOutputs {
+                    regex: Some(regex.clone().into()),
+                    ..Default::default()
+                }
+                .into(),
+            )
         }
         (Some(ResponseFormat::Grammar { grammar }), _) => {
-            put("structured_outputs", Some(json!({"grammar": grammar})))
+            b.structured_outputs = Some(
+                oa::StructuredOutputs {
+                    grammar: Some(grammar.clone().into()),
+                    ..Default::default()
+                }
+                .into(),
+            )
         }
-        (Some(f), Endpoint::Native) => put("json_schema", Some(json_schema_of(f))),
+        (Some(f), Endpoint::Native) => b.json_schema = Some(json_schema_of(f)),
         (Some(ResponseFormat::JsonObject { .. }), _) => {
-            put("response_format", Some(json!({"type": "json_object"})))
+            b.response_format = Some(ResponseFormat::json_object().into())
         }
-        (Some(ResponseFormat::JsonSchema { json_schema, .. }), _) => put(
-            "response_format",
-            Some(json!({"type": "json_schema", "json_schema": {
-                "name": json_schema.name.clone().unwrap_or_else(|| "response".into()),
-                "schema": json_schema.schema,
-                "strict": true,
-            }})),
-        ),
+        (Some(ResponseFormat::JsonSchema { json_schema, .. }), _) => {
+            b.response_format = Some(
+                ResponseFormat::JsonSchema {
+                    json_schema: mtp_contract::JsonSchemaFormat {
+                        name: Some(
+                            json_schema
+                                .name
+                                .clone()
+                                .unwrap_or_else(|| "response".into()),
+                        ),
+                        schema: json_schema.schema.clone(),
+                        strict: Some(true),
+                    },
+                    // the servers choose their own whitespace; nothing of ours is sent
+                    flexible_whitespace: false,
+                }
+                .into(),
+            )
+        }
         _ => {}
     }
     if kind == ServerKind::LlamaServer {
-        if let Some(d) = depth {
-            put("speculative.n_max", Some(json!(d)));
-        }
+        b.speculative_n_max = depth.map(|d| u64::from(d).into());
     }
-    Value::Object(b)
+    b
 }
 
 /// The JSON Schema a JSON constraint stands for (`json_object`: any object).
 fn json_schema_of(f: &ResponseFormat) -> Value {
     match f {
         ResponseFormat::JsonSchema { json_schema, .. } => json_schema.schema.clone(),
-        _ => json!({"type": "object"}),
+        _ => any_object(),
     }
+}
+
+/// The JSON Schema of any object.
+fn any_object() -> Value {
+    Value::Object(Map::from_iter([("type".to_string(), "object".into())]))
 }
 
 /// A warning when a constrained reply that finished does not follow its constraint: the
@@ -414,7 +445,7 @@ pub(crate) fn constraint_warning(
     let follows = || prompted.then(|| format!("{}: the finished reply follows it", asked()));
     let schema = match f {
         ResponseFormat::JsonSchema { json_schema, .. } => Some(json_schema.schema.clone()),
-        ResponseFormat::JsonObject { .. } => Some(json!({"type": "object"})),
+        ResponseFormat::JsonObject { .. } => Some(any_object()),
         _ => None,
     };
     if let Some(schema) = schema {
@@ -463,61 +494,39 @@ fn is_sendable_image(u: &str) -> bool {
 
 /// A message's `content`: the text, or with images OpenAI's parts (the images first, as the
 /// native lane renders them).
-fn content(text: &str, images: &[String]) -> Value {
+fn content(text: &str, images: &[String]) -> oa::Content {
     if images.is_empty() {
-        return text.into();
+        return oa::Content::Text(text.to_string());
     }
-    let mut parts: Vec<Value> = images
+    let mut parts: Vec<Field<oa::ContentPart>> = images
         .iter()
-        .map(|u| json!({"type": "image_url", "image_url": {"url": u}}))
+        .map(|u| oa::ContentPart::image(u.clone()).into())
         .collect();
     if !text.is_empty() {
-        parts.push(json!({"type": "text", "text": text}));
+        parts.push(oa::ContentPart::text(text).into());
     }
-    Value::Array(parts)
+    oa::Content::Parts(parts)
 }
 
 /// One history message in the OpenAI chat shape: tool-call arguments as the JSON string the
 /// API specifies, reasoning as `reasoning_content` (llama-server and vLLM read it back into
 /// their templates).
-fn openai_message(m: &Message) -> Value {
-    let mut o = Map::new();
-    o.insert("role".into(), m.role.as_str().into());
-    o.insert("content".into(), content(&m.content, &m.images));
-    if let Some(r) = &m.reasoning_content {
-        o.insert("reasoning_content".into(), r.clone().into());
+fn openai_message(m: &Message) -> oa::ChatMessage {
+    oa::ChatMessage {
+        role: Some(m.role.as_str().to_string().into()),
+        content: Some(content(&m.content, &m.images).into()),
+        reasoning_content: m.reasoning_content.clone().map(Field::Ok),
+        tool_calls: (!m.tool_calls.is_empty()).then(|| {
+            m.tool_calls
+                .iter()
+                .map(|c| oa::ToolCall::from_contract(c).into())
+                .collect::<Vec<_>>()
+                .into()
+        }),
+        tool_call_id: m.tool_call_id.clone().map(Field::Ok),
+        name: m.name.clone().map(Field::Ok),
+        ..Default::default()
     }
-    if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| {
-                let args = match &c.function.arguments {
-                    Value::String(s) => s.clone(),
-                    Value::Null => "{}".to_string(),
-                    v => v.to_string(),
-                };
-                let mut call = Map::new();
-                if let Some(id) = &c.id {
-                    call.insert("id".into(), id.clone().into());
-                }
-                call.insert("type".into(), c.kind.clone().into());
-                call.insert(
-                    "function".into(),
-                    json!({"name": c.function.name, "arguments": args}),
-                );
-                Value::Object(call)
-            })
-            .collect();
-        o.insert("tool_calls".into(), Value::Array(calls));
-    }
-    if let Some(id) = &m.tool_call_id {
-        o.insert("tool_call_id".into(), id.clone().into());
-    }
-    if let Some(n) = &m.name {
-        o.insert("name".into(), n.clone().into());
-    }
-    Value::Object(o)
 }
 
 /// The depth to ask llama-server for: the request's explicit depth, 0 when speculation is
@@ -546,13 +555,13 @@ pub(crate) struct Accum {
     pub output_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     /// llama-server's `timings` (the latest one seen).
-    pub timings: Option<Value>,
+    pub timings: Option<oa::Timings>,
     /// LM Studio's `stats`.
-    pub stats: Option<Value>,
-    /// LM Studio draft counters found in `usage`.
-    pub usage_drafts: Option<Value>,
+    pub stats: Option<oa::LmStudioStats>,
+    /// A `usage` holding LM Studio's draft counters.
+    pub usage_drafts: Option<oa::Usage>,
     /// vLLM's `metrics.speculative_decoding`.
-    pub vllm_spec: Option<Value>,
+    pub vllm_spec: Option<oa::SpecDecodeMetrics>,
     /// llama-server native stream: the final chunk (`"stop": true`) arrived.
     pub native_stop: bool,
     /// The tool calls the server parsed (`message.tool_calls`, `delta.tool_calls`).
@@ -589,108 +598,95 @@ impl Accum {
     }
 
     /// Reads one JSON object (a full response or one stream chunk). An `error` object is
-    /// returned as the server's message, a tool call that cannot be read as what is wrong.
+    /// returned as the server's message, a tool call that cannot be read as what is wrong;
+    /// any other field that is not what it should be is ignored (what is not an object at
+    /// all is read as empty).
     pub(crate) fn absorb(&mut self, v: &Value) -> Result<Piece, Absorb> {
-        if let Some(e) = v.get("error") {
-            let msg = e
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .or_else(|| e.as_str().map(str::to_string))
-                .unwrap_or_else(|| e.to_string());
+        let c = oa::Completion::deserialize(v).unwrap_or_default();
+        if let Some(msg) = c.error_message() {
             return Err(Absorb::Server(msg));
         }
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut ids = Vec::new();
         let mut tool_calls = Vec::new();
-        if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
-            if let Some(calls) = choice.pointer("/delta/tool_calls") {
-                tool_calls = self.tools.absorb_delta(calls).map_err(Absorb::Malformed)?;
-            } else if let Some(calls) = choice.pointer("/message/tool_calls") {
-                tool_calls = self
-                    .tools
-                    .absorb_message(calls)
-                    .map_err(Absorb::Malformed)?;
+        if let Some(choice) = c.first_choice() {
+            let delta = choice.delta.as_ref();
+            let message = choice.message.as_ref();
+            if let Some(calls) = delta.and_then(|d| d.tool_calls.as_ref()) {
+                tool_calls = self.tools.read_delta(calls).map_err(Absorb::Malformed)?;
+            } else if let Some(calls) = message.and_then(|m| m.tool_calls.as_ref()) {
+                tool_calls = self.tools.read_message(calls).map_err(Absorb::Malformed)?;
             }
-            let t = choice
-                .pointer("/delta/content")
-                .or_else(|| choice.pointer("/message/content"))
-                .or_else(|| choice.get("text"))
-                .and_then(Value::as_str);
+            let t = delta
+                .and_then(|d| d.content.as_deref())
+                .or_else(|| message.and_then(oa::ChatMessage::content_text))
+                .or(choice.text.as_deref());
             if let Some(t) = t {
                 text.push_str(t);
             }
-            let r = [
-                "/delta/reasoning_content",
-                "/message/reasoning_content",
-                "/delta/reasoning",
-                "/message/reasoning",
-            ]
-            .iter()
-            .find_map(|p| choice.pointer(p).and_then(Value::as_str));
+            let r = delta
+                .and_then(|d| d.reasoning_content.as_deref())
+                .or_else(|| message.and_then(|m| text_of(&m.reasoning_content)))
+                .or_else(|| delta.and_then(|d| d.reasoning.as_deref()))
+                .or_else(|| message.and_then(|m| text_of(&m.reasoning)));
             if let Some(r) = r {
                 reasoning.push_str(r);
             }
-            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+            if let Some(fr) = &choice.finish_reason {
                 self.finish = Some(map_finish(fr));
             }
-        } else if let Some(t) = v.get("content").and_then(Value::as_str) {
+        } else if let Some(t) = &c.content {
             // llama-server native /completion
             text.push_str(t);
-            if let Some(toks) = v.get("tokens").and_then(Value::as_array) {
+            if let Some(toks) = &c.tokens {
                 self.saw_token_ids = true;
-                ids.extend(toks.iter().filter_map(|t| t.as_u64()).map(|t| t as u32));
+                ids.extend(toks.iter().map(|&t| t as u32));
             }
-            if v.get("stop").and_then(Value::as_bool) == Some(true) {
+            if c.stop == Some(true) {
                 self.native_stop = true;
-                let st = v.get("stop_type").and_then(Value::as_str).unwrap_or("eos");
+                let st = c.stop_type.as_deref().unwrap_or("eos");
                 self.finish = Some(map_finish(st));
             }
             // `tokens_evaluated` is the whole prompt; `tokens_cached` is NOT the prompt tokens
             // reused from the cache but every position in the slot's cache at the end (prompt
             // and reply: 35 for a 20-token prompt and 16 tokens), so the cached count comes
             // from `timings.cache_n` below
-            self.input_tokens = u64_at(v, "/tokens_evaluated").or(self.input_tokens);
-            self.output_tokens = u64_at(v, "/tokens_predicted").or(self.output_tokens);
+            self.input_tokens = c.tokens_evaluated.or(self.input_tokens);
+            self.output_tokens = c.tokens_predicted.or(self.output_tokens);
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.input_tokens = u64_at(u, "/prompt_tokens").or(self.input_tokens);
-            self.output_tokens = u64_at(u, "/completion_tokens").or(self.output_tokens);
-            self.cached_tokens =
-                u64_at(u, "/prompt_tokens_details/cached_tokens").or(self.cached_tokens);
-            if u.get("total_draft_tokens_count").is_some() {
-                self.usage_drafts = Some(u.clone());
+        if let Some(u) = c.usage.flatten() {
+            self.input_tokens = u.prompt_tokens.or(self.input_tokens);
+            self.output_tokens = u.completion_tokens.or(self.output_tokens);
+            self.cached_tokens = u.cached_tokens().or(self.cached_tokens);
+            if u.total_draft_tokens_count.is_some() {
+                self.usage_drafts = Some(u);
             }
         }
-        if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
+        if let Some(t) = c.timings {
             // llama-server: `prompt_n` prompt tokens computed, `cache_n` reused from the
             // cache, `predicted_n` generated
-            let (prompt_n, cache_n) = (u64_at(t, "/prompt_n"), u64_at(t, "/cache_n"));
             if self.cached_tokens.is_none() {
-                self.cached_tokens = cache_n;
+                self.cached_tokens = t.cache_n;
             }
             if self.input_tokens.is_none() {
-                self.input_tokens = prompt_n.map(|p| p + cache_n.unwrap_or(0));
+                self.input_tokens = t.prompt_n.map(|p| p + t.cache_n.unwrap_or(0));
             }
             if self.output_tokens.is_none() {
-                self.output_tokens = u64_at(t, "/predicted_n");
+                self.output_tokens = t.predicted_n;
             }
-            self.timings = Some(t.clone());
+            self.timings = Some(t);
         }
-        if let Some(s) = v.get("stats").filter(|s| s.is_object()) {
-            if let Some(reason) = s.get("stop_reason").and_then(Value::as_str) {
+        if let Some(s) = c.stats {
+            if let Some(reason) = &s.stop_reason {
                 if self.finish.is_none() {
                     self.finish = Some(map_finish(reason));
                 }
             }
-            self.stats = Some(s.clone());
+            self.stats = Some(s);
         }
-        if let Some(m) = v
-            .pointer("/metrics/speculative_decoding")
-            .filter(|m| m.is_object())
-        {
-            self.vllm_spec = Some(m.clone());
+        if let Some(m) = c.metrics.and_then(|m| m.speculative_decoding) {
+            self.vllm_spec = Some(m);
         }
         self.content.push_str(&text);
         self.reasoning.push_str(&reasoning);
@@ -704,38 +700,33 @@ impl Accum {
     }
 }
 
-/// Maps every server's stop spelling to the contract's reason.
+/// The text of a string field, when it is one.
+fn text_of(f: &Option<Field<String>>) -> Option<&str> {
+    f.as_ref()?.ok().map(String::as_str)
+}
+
+/// Maps every server's stop spelling to the contract's reason (`mtp_openai`'s one table).
 pub(crate) fn map_finish(s: &str) -> FinishReason {
-    match s {
-        "length" | "limit" | "maxPredictedTokensReached" | "max_tokens" => FinishReason::Length,
-        "tool_calls" => FinishReason::ToolCalls,
-        "error" => FinishReason::Error,
-        "cancelled" | "userStopped" | "abort" => FinishReason::Cancelled,
-        _ => FinishReason::Stop,
-    }
-}
-
-/// A non-negative integer at a JSON pointer (floats such as `12.0` included).
-pub(crate) fn u64_at(v: &Value, ptr: &str) -> Option<u64> {
-    let x = v.pointer(ptr)?;
-    x.as_u64().or_else(|| {
-        x.as_f64()
-            .filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0)
-            .map(|f| f as u64)
-    })
-}
-
-/// A finite, non-negative number at a JSON pointer.
-pub(crate) fn f64_at(v: &Value, ptr: &str) -> Option<f64> {
-    v.pointer(ptr)?
-        .as_f64()
-        .filter(|f| f.is_finite() && *f >= 0.0)
+    oa::read_finish_reason(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use mtp_contract::{resolve, Message, Sampling, Speculation};
+    use serde_json::json;
+
+    /// The body as the server receives it.
+    fn build_body(
+        kind: ServerKind,
+        endpoint: Endpoint,
+        model: &str,
+        req: &GenerateRequest,
+        stream: bool,
+        depth: Option<u32>,
+    ) -> Value {
+        serde_json::to_value(super::build_body(kind, endpoint, model, req, stream, depth)).unwrap()
+    }
 
     #[test]
     fn images_go_inline_as_image_url_parts() {
