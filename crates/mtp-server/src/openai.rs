@@ -1115,4 +1115,96 @@ mod tests {
         assert!(parse(Endpoint::Completion, &json!({"prompt": [1, 2]}), &l).is_err());
         assert!(parse(Endpoint::Completion, &json!({}), &l).is_err());
     }
+
+    /// Random bodies made of the protocol's own field names (every field given values of
+    /// every type) are answered, never a panic: a request or a 400.
+    #[test]
+    fn random_bodies_never_panic() {
+        const KEYS: &[&str] = &[
+            "messages",
+            "role",
+            "content",
+            "type",
+            "text",
+            "image_url",
+            "url",
+            "tool_calls",
+            "function",
+            "name",
+            "arguments",
+            "id",
+            "tools",
+            "tool_choice",
+            "stop",
+            "prompt",
+            "n_predict",
+            "max_tokens",
+            "temperature",
+            "top_k",
+            "logit_bias",
+            "stream",
+            "stream_options",
+            "include_usage",
+            "response_format",
+            "json_schema",
+            "schema",
+            "structured_outputs",
+            "json",
+            "regex",
+            "choice",
+            "grammar",
+            "guided_choice",
+            "speculation",
+            "num_draft_tokens",
+            "speculative.n_max",
+            "chat_template_kwargs",
+            "enable_thinking",
+            "reasoning_content",
+            "n",
+            "logprobs",
+            "suffix",
+            "x",
+        ];
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        fn value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
+            match next(if depth == 0 { 6 } else { 8 }) {
+                0 => Value::Null,
+                1 => Value::Bool(next(2) == 0),
+                2 => [json!(-1), json!(0), json!(1.5), json!(u64::MAX), json!(3)][next(5) as usize]
+                    .clone(),
+                3 => json!(KEYS[next(KEYS.len() as u64) as usize]),
+                4 => json!("data:image/png;base64,iVBORw0KGgo="),
+                5 => json!([]),
+                6 => Value::Array((0..next(4)).map(|_| value(next, depth - 1)).collect()),
+                _ => {
+                    let mut m = serde_json::Map::new();
+                    for _ in 0..next(6) {
+                        let k = KEYS[next(KEYS.len() as u64) as usize];
+                        m.insert(k.into(), value(next, depth - 1));
+                    }
+                    Value::Object(m)
+                }
+            }
+        }
+        let limits = Limits::default();
+        for _ in 0..3000 {
+            let mut body = serde_json::Map::new();
+            for _ in 0..next(8) {
+                let k = KEYS[next(KEYS.len() as u64) as usize];
+                body.insert(k.into(), value(&mut next, 4));
+            }
+            let body = Value::Object(body);
+            for endpoint in [Endpoint::Chat, Endpoint::Completion, Endpoint::Native] {
+                if let Err(e) = parse(endpoint, &body, &limits) {
+                    assert!(e.status.is_client_error(), "{body}: {e:?}");
+                }
+            }
+        }
+    }
 }
