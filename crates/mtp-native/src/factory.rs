@@ -36,21 +36,114 @@ pub const EXTRA_KEYS: [&str; 11] = [
     "parse_special",
 ];
 
-/// What `parse_extra` read.
-struct Extra {
-    device: Device,
-    dtype: WeightDtype,
-    runtime: String,
-    cache_bytes: usize,
-    checkpoints: usize,
-    /// The prefix cache's disk tier: folder and byte budget.
-    cache_dir: Option<(PathBuf, u64)>,
-    ctx_size: Option<usize>,
-    threads: Option<usize>,
-    max_batch: Option<usize>,
-    prefill_chunk: Option<usize>,
+/// Where the native engine runs. This version of the engine runs on the CPU only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NativeDevice {
+    /// The CPU (the engine's own kernels).
+    #[default]
+    Cpu,
+}
+
+impl std::str::FromStr for NativeDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(NativeDevice::Cpu),
+            other => Err(format!(
+                "device `{other}` is not available: this version of the native engine runs on the CPU only (`cpu`)"
+            )),
+        }
+    }
+}
+
+/// The precision the weights are held in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NativeDtype {
+    /// As the checkpoint stores them (MLX-quantized weights stay packed).
+    #[default]
+    Auto,
+    /// f32.
+    F32,
+    /// bf16.
+    Bf16,
+    /// f16.
+    F16,
+}
+
+impl std::str::FromStr for NativeDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(NativeDtype::Auto),
+            "f32" => Ok(NativeDtype::F32),
+            "bf16" => Ok(NativeDtype::Bf16),
+            "f16" => Ok(NativeDtype::F16),
+            other => Err(format!(
+                "dtype `{other}` is not known; use auto (weights as the checkpoint stores them), f32, bf16 or f16"
+            )),
+        }
+    }
+}
+
+impl NativeDtype {
+    fn weight_dtype(self) -> WeightDtype {
+        match self {
+            NativeDtype::Auto => WeightDtype::Stored,
+            NativeDtype::F32 => WeightDtype::Convert(DType::F32),
+            NativeDtype::Bf16 => WeightDtype::Convert(DType::BF16),
+            NativeDtype::F16 => WeightDtype::Convert(DType::F16),
+        }
+    }
+}
+
+/// The native provider's own options, typed. The command line and `mtp serve` build them from
+/// their flags and call [`create_with`]; a library caller that names the provider by string
+/// (`create_llm("native", …)`) gives them as [`ProviderOptions::extra`] strings, which
+/// [`NativeOptions::from_extra`] reads once, at that edge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NativeOptions {
+    /// Where the engine runs.
+    pub device: NativeDevice,
+    /// The weights' precision.
+    pub dtype: NativeDtype,
+    /// The prefix cache's memory budget.
+    pub prompt_cache_bytes: usize,
+    /// Checkpoints kept per prompt in the prefix cache.
+    pub prompt_cache_checkpoints: usize,
+    /// The prefix cache's disk tier: its folder, when there is one.
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// The disk tier's byte budget.
+    pub prompt_cache_disk_bytes: u64,
+    /// The context length (positive).
+    pub ctx_size: Option<usize>,
+    /// The engine's threads (positive; set once per process).
+    pub threads: Option<usize>,
+    /// Continuous batching of up to this many sequences (positive).
+    pub max_batch: Option<usize>,
+    /// Prompt tokens per prefill slice while other sequences decode (positive).
+    pub prefill_chunk: Option<usize>,
     /// Special-token strings in client text become special tokens (default: plain text).
-    parse_special: bool,
+    pub parse_special: bool,
+}
+
+impl Default for NativeOptions {
+    fn default() -> Self {
+        NativeOptions {
+            device: NativeDevice::Cpu,
+            dtype: NativeDtype::Auto,
+            prompt_cache_bytes: DEFAULT_BUDGET_BYTES,
+            prompt_cache_checkpoints: DEFAULT_CHECKPOINTS_PER_KEY,
+            prompt_cache_dir: None,
+            prompt_cache_disk_bytes: DEFAULT_DISK_BUDGET_BYTES,
+            ctx_size: None,
+            threads: None,
+            max_batch: None,
+            prefill_chunk: None,
+            parse_special: false,
+        }
+    }
 }
 
 fn shared() -> &'static SharedModels<Loaded<EngineBackend>> {
@@ -116,79 +209,65 @@ fn max_batch(opts: &ProviderOptions, given: Option<usize>) -> Result<Option<usiz
     }
 }
 
-fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderError> {
-    if let Some(v) = opts.extra.get("mlx_ple_offload") {
-        flag("mlx_ple_offload", v)?;
-        return Err(ProviderError::InvalidRequest {
-            field: "extra",
-            message: "`mlx_ple_offload` is not applicable to this engine: it offloads the \
-                      per-layer embedding (n-gram) tables of the models that have them, and the \
-                      Qwen3.5-family models this engine runs have none; leave it out"
-                .into(),
-        });
-    }
-    for k in opts.extra.keys() {
-        if !EXTRA_KEYS.contains(&k.as_str()) && !SEED_ALIASES.contains(&k.as_str()) {
+impl NativeOptions {
+    /// Reads [`ProviderOptions::extra`] (keys [`EXTRA_KEYS`], and the seed's names in
+    /// [`SEED_ALIASES`]): the one place the native options' strings are parsed. An unknown
+    /// key, a value that does not parse, or a contradiction is an error naming it.
+    pub fn from_extra(model: &str, opts: &ProviderOptions) -> Result<NativeOptions, ProviderError> {
+        if let Some(v) = opts.extra.get("mlx_ple_offload") {
+            flag("mlx_ple_offload", v)?;
             return Err(ProviderError::InvalidRequest {
                 field: "extra",
-                message: format!(
-                    "unknown native option `{k}`; known: {}",
-                    EXTRA_KEYS.join(", ")
-                ),
+                message: "`mlx_ple_offload` is not applicable to this engine: it offloads the \
+                          per-layer embedding (n-gram) tables of the models that have them, and the \
+                          Qwen3.5-family models this engine runs have none; leave it out"
+                    .into(),
             });
         }
-    }
-    let (device, runtime) = match opts.extra.get("device").map(String::as_str) {
-        None | Some("cpu") => (Device::Cpu, "mtp-engine-cpu".to_string()),
-        Some(other) => {
-            return Err(load_err(
-                model,
-                format!("device `{other}` is not available: this version of the native engine runs on the CPU only (`cpu`)"),
-            ))
-        }
-    };
-    let dtype = match opts.extra.get("dtype").map(String::as_str) {
-        None | Some("auto") => WeightDtype::Stored,
-        Some("f32") => WeightDtype::Convert(DType::F32),
-        Some("bf16") => WeightDtype::Convert(DType::BF16),
-        Some("f16") => WeightDtype::Convert(DType::F16),
-        Some(other) => {
-            return Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!(
-                    "dtype `{other}` is not known; use auto (weights as the checkpoint stores them), f32, bf16 or f16"
-                ),
-            })
-        }
-    };
-    let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
-        match opts.extra.get(key) {
-            None => Ok(default),
-            Some(v) => v.parse().map_err(|_| ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!("`{key}` must be a non-negative integer, got `{v}`"),
-            }),
-        }
-    };
-    let positive = |key: &'static str| -> Result<Option<usize>, ProviderError> {
-        match opts.extra.get(key) {
-            None => Ok(None),
-            Some(v) => match v.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(Some(n)),
-                _ => Err(ProviderError::InvalidRequest {
+        for k in opts.extra.keys() {
+            if !EXTRA_KEYS.contains(&k.as_str()) && !SEED_ALIASES.contains(&k.as_str()) {
+                return Err(ProviderError::InvalidRequest {
                     field: "extra",
-                    message: format!("`{key}` must be a positive integer, got `{v}`"),
-                }),
-            },
+                    message: format!(
+                        "unknown native option `{k}`; known: {}",
+                        EXTRA_KEYS.join(", ")
+                    ),
+                });
+            }
         }
-    };
-    Ok(Extra {
-        device,
-        dtype,
-        runtime,
-        cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
-        checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
-        cache_dir: match (
+        let device = match opts.extra.get("device") {
+            None => NativeDevice::Cpu,
+            Some(d) => d.parse().map_err(|m: String| load_err(model, m))?,
+        };
+        let dtype = match opts.extra.get("dtype") {
+            None => NativeDtype::Auto,
+            Some(d) => d.parse().map_err(|message| ProviderError::InvalidRequest {
+                field: "extra",
+                message,
+            })?,
+        };
+        let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
+            match opts.extra.get(key) {
+                None => Ok(default),
+                Some(v) => v.parse().map_err(|_| ProviderError::InvalidRequest {
+                    field: "extra",
+                    message: format!("`{key}` must be a non-negative integer, got `{v}`"),
+                }),
+            }
+        };
+        let positive = |key: &'static str| -> Result<Option<usize>, ProviderError> {
+            match opts.extra.get(key) {
+                None => Ok(None),
+                Some(v) => match v.parse::<usize>() {
+                    Ok(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(ProviderError::InvalidRequest {
+                        field: "extra",
+                        message: format!("`{key}` must be a positive integer, got `{v}`"),
+                    }),
+                },
+            }
+        };
+        let prompt_cache_dir = match (
             opts.extra.get("prompt_cache_dir"),
             opts.extra.get("prompt_cache_disk_bytes"),
         ) {
@@ -207,29 +286,64 @@ fn parse_extra(model: &str, opts: &ProviderOptions) -> Result<Extra, ProviderErr
                     message: "`prompt_cache_dir` is empty".into(),
                 })
             }
-            (Some(d), _) => Some((
-                PathBuf::from(d),
-                num(
-                    "prompt_cache_disk_bytes",
-                    DEFAULT_DISK_BUDGET_BYTES as usize,
-                )? as u64,
-            )),
-        },
-        ctx_size: positive("ctx_size")?,
-        threads: positive("threads")?,
-        max_batch: max_batch(opts, positive("max_batch")?)?,
-        prefill_chunk: positive("prefill_chunk")?,
-        parse_special: match opts.extra.get("parse_special").map(String::as_str) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
+            (Some(d), _) => Some(PathBuf::from(d)),
+        };
+        Ok(NativeOptions {
+            device,
+            dtype,
+            prompt_cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
+            prompt_cache_checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
+            prompt_cache_dir,
+            prompt_cache_disk_bytes: num(
+                "prompt_cache_disk_bytes",
+                DEFAULT_DISK_BUDGET_BYTES as usize,
+            )? as u64,
+            ctx_size: positive("ctx_size")?,
+            threads: positive("threads")?,
+            max_batch: max_batch(opts, positive("max_batch")?)?,
+            prefill_chunk: positive("prefill_chunk")?,
+            parse_special: match opts.extra.get("parse_special").map(String::as_str) {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(other) => {
+                    return Err(ProviderError::InvalidRequest {
+                        field: "extra",
+                        message: format!("`parse_special` must be true or false, got `{other}`"),
+                    })
+                }
+            },
+        })
+    }
+
+    /// Refuses values no engine could use (the typed path's checks; `from_extra` makes the same
+    /// ones as it parses).
+    fn check(&self) -> Result<(), ProviderError> {
+        let zero = [
+            ("ctx_size", self.ctx_size),
+            ("threads", self.threads),
+            ("max_batch", self.max_batch),
+            ("prefill_chunk", self.prefill_chunk),
+        ];
+        for (key, v) in zero {
+            if v == Some(0) {
                 return Err(ProviderError::InvalidRequest {
                     field: "extra",
-                    message: format!("`parse_special` must be true or false, got `{other}`"),
-                })
+                    message: format!("`{key}` must be a positive integer, got `0`"),
+                });
             }
-        },
-    })
+        }
+        if self
+            .prompt_cache_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: "`prompt_cache_dir` is empty".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 fn local_dir(spec: &str, cache: &CacheConfig) -> Result<PathBuf, ProviderError> {
@@ -275,25 +389,63 @@ fn local_dir(spec: &str, cache: &CacheConfig) -> Result<PathBuf, ProviderError> 
     }
 }
 
-/// Builds the native provider (registered as `native` and `mlx`).
+/// Builds the native provider (registered as `native` and `mlx`) from string options: the
+/// [`ProviderOptions::extra`] keys are read once by [`NativeOptions::from_extra`].
 pub fn create(
     name: &str,
     model: &str,
     opts: &ProviderOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let Extra {
+    let native = NativeOptions::from_extra(model, opts)?;
+    build(name, model, opts, native)
+}
+
+/// Builds the native provider from typed options. `opts` carries what every provider shares
+/// (the speculation block); an `extra` key there would be ignored beside typed options, so it
+/// is refused.
+pub fn create_with(
+    name: &str,
+    model: &str,
+    opts: &ProviderOptions,
+    native: NativeOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    if let Some(k) = opts.extra.keys().next() {
+        return Err(ProviderError::InvalidRequest {
+            field: "extra",
+            message: format!(
+                "`{k}` is given as a string option beside typed NativeOptions, which would ignore \
+                 it; set it in NativeOptions"
+            ),
+        });
+    }
+    native.check()?;
+    build(name, model, opts, native)
+}
+
+fn build(
+    name: &str,
+    model: &str,
+    opts: &ProviderOptions,
+    native: NativeOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let NativeOptions {
         device,
         dtype,
-        runtime,
-        cache_bytes,
-        checkpoints,
-        cache_dir,
+        prompt_cache_bytes: cache_bytes,
+        prompt_cache_checkpoints: checkpoints,
+        prompt_cache_dir,
+        prompt_cache_disk_bytes,
         ctx_size,
         threads,
         max_batch,
         prefill_chunk,
         parse_special,
-    } = parse_extra(model, opts)?;
+    } = native;
+    let (device, runtime) = match device {
+        NativeDevice::Cpu => (Device::Cpu, "mtp-engine-cpu".to_string()),
+    };
+    let dtype = dtype.weight_dtype();
+    let cache_dir = prompt_cache_dir.map(|d| (d, prompt_cache_disk_bytes));
     if let Some(n) = threads {
         let running = mtp_engine::team::set_threads(n);
         if running != n {
@@ -474,4 +626,61 @@ pub fn create(
             .with_ctx_size(ctx_size)
             .with_max_batch(max_batch),
     ))
+}
+
+#[cfg(test)]
+mod options_tests {
+    use super::*;
+
+    #[test]
+    fn the_strings_are_read_once_into_typed_options() {
+        let opts = ProviderOptions::default()
+            .extra("dtype", "bf16")
+            .extra("ctx_size", "4096")
+            .extra("prompt_cache_dir", "/tmp/x")
+            .extra("parse_special", "true")
+            .extra("mlx_batching", "true");
+        let n = NativeOptions::from_extra("m", &opts).unwrap();
+        assert_eq!(n.dtype, NativeDtype::Bf16);
+        assert_eq!(n.ctx_size, Some(4096));
+        assert_eq!(n.prompt_cache_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(n.prompt_cache_disk_bytes, DEFAULT_DISK_BUDGET_BYTES);
+        assert!(n.parse_special);
+        assert_eq!(n.max_batch, Some(SEED_BATCHING_MAX_BATCH));
+        assert_eq!(
+            NativeOptions::from_extra("m", &ProviderOptions::default()).unwrap(),
+            NativeOptions::default()
+        );
+        let bad = ProviderOptions::default().extra("dtype", "f8");
+        let e = NativeOptions::from_extra("m", &bad).unwrap_err();
+        assert!(e.to_string().contains("dtype `f8` is not known"), "{e}");
+        let e = NativeOptions::from_extra("m", &ProviderOptions::default().extra("device", "cuda"))
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::ModelLoad { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn typed_options_refuse_what_they_would_ignore_or_cannot_use() {
+        let with_extra = ProviderOptions::default().extra("ctx_size", "8");
+        let Err(e) = create_with("native", "m", &with_extra, NativeOptions::default()) else {
+            panic!("an extra key beside typed options was accepted")
+        };
+        assert!(
+            e.to_string()
+                .contains("`ctx_size` is given as a string option"),
+            "{e}"
+        );
+        let zero = NativeOptions {
+            prefill_chunk: Some(0),
+            ..NativeOptions::default()
+        };
+        let Err(e) = create_with("native", "m", &ProviderOptions::default(), zero) else {
+            panic!("a zero prefill chunk was accepted")
+        };
+        assert!(
+            e.to_string()
+                .contains("`prefill_chunk` must be a positive integer"),
+            "{e}"
+        );
+    }
 }

@@ -17,7 +17,8 @@ pub use backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDeco
 pub use disk_cache::{DiskCache, DiskCacheError, DEFAULT_DISK_BUDGET_BYTES};
 pub use engine_backend::{EngineBackend, EngineState};
 pub use factory::{
-    create, loaded_checkpoints, loaded_copies, EXTRA_KEYS, SEED_ALIASES, SEED_BATCHING_MAX_BATCH,
+    create, create_with, loaded_checkpoints, loaded_copies, NativeDevice, NativeDtype,
+    NativeOptions, EXTRA_KEYS, SEED_ALIASES, SEED_BATCHING_MAX_BATCH,
 };
 pub use prefix_cache::{
     CacheState, Hit, PrefixCache, DEFAULT_BUDGET_BYTES, DEFAULT_CHECKPOINTS_PER_KEY,

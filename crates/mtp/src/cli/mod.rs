@@ -281,14 +281,16 @@ async fn open_provider(
     m: &ModelArgs,
     out: &mut Out,
 ) -> Result<(Arc<dyn Provider>, String), CliError> {
-    open_provider_with(m, out, &[]).await
+    open_provider_with(m, out, crate::native::NativeOptions::default()).await
 }
 
-/// [`open_provider`] with extra provider options (e.g. `max_batch` for `mtp serve`).
+/// [`open_provider`] with the native engine's options set by the command (e.g. `max_batch`
+/// for `mtp serve`). The native provider gets its options typed ([`crate::native::create_with`]);
+/// the flags that apply to the in-process `gguf` lane travel as its option strings.
 async fn open_provider_with(
     m: &ModelArgs,
     out: &mut Out,
-    extra: &[(&str, String)],
+    mut native: crate::native::NativeOptions,
 ) -> Result<(Arc<dyn Provider>, String), CliError> {
     let known = crate::providers();
     if !known.contains(&m.provider) {
@@ -309,14 +311,27 @@ async fn open_provider_with(
     if let Some(k) = &m.api_key {
         opts = opts.api_key(k.clone());
     }
-    opts = runtime_options(m, opts)?;
-    for (k, v) in extra {
-        opts = opts.extra(*k, v.clone());
+    let is_native = ProviderKind::from_name(&m.provider).is_some_and(ProviderKind::is_native);
+    if is_native {
+        native.ctx_size = m.ctx_size.map(|n| n as usize);
+        native.threads = m.threads.map(|n| n as usize);
+        if let Some(d) = &m.dtype {
+            native.dtype = d.parse().map_err(|message| CliError::InvalidFlag {
+                flag: "--dtype",
+                message,
+            })?;
+        }
+    } else {
+        opts = runtime_options(m, opts)?;
     }
     let model = model_name(m, &opts, out).await?;
     tracing::debug!(provider = %m.provider, model = %model, speculation = %opts.speculation.as_ref().map(|s| s.to_json()).unwrap_or_default(), "creating provider");
     let spinner = out.spinner(&format!("loading {model} ({})", m.provider));
-    let llm = crate::create_llm(&m.provider, &model, opts);
+    let llm = if is_native {
+        crate::native::create_with(&m.provider, &model, &opts, native).map_err(crate::Error::from)
+    } else {
+        crate::create_llm(&m.provider, &model, opts)
+    };
     spinner.finish_and_clear();
     let llm = llm.map_err(|source| CliError::Start {
         provider: m.provider.clone(),

@@ -37,26 +37,24 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
             ),
         });
     }
-    let mut extra: Vec<(&str, String)> = Vec::new();
+    let mut native_opts = crate::native::NativeOptions::default();
     if native {
         // the native engine batches the sequences in flight (continuous batching)
         if a.max_batch > 1 {
-            extra.push(("max_batch", a.max_batch.to_string()));
+            native_opts.max_batch = Some(a.max_batch as usize);
         }
-        extra.push(("prefill_chunk", a.prefill_chunk.to_string()));
-        if a.parse_special {
-            extra.push(("parse_special", "true".into()));
-        }
-        extra.push(("prompt_cache_bytes", a.cache_bytes.to_string()));
+        native_opts.prefill_chunk = Some(a.prefill_chunk as usize);
+        native_opts.parse_special = a.parse_special;
+        native_opts.prompt_cache_bytes = usize::try_from(a.cache_bytes).unwrap_or(usize::MAX);
         if let Some(dir) = &a.cache_dir {
-            extra.push(("prompt_cache_dir", dir.display().to_string()));
-            extra.push(("prompt_cache_disk_bytes", a.cache_disk_bytes.to_string()));
+            native_opts.prompt_cache_dir = Some(dir.clone());
+            native_opts.prompt_cache_disk_bytes = a.cache_disk_bytes;
         }
     }
     // the key protects this server; it is not the upstream runtime's
     let mut model_args = a.model.clone();
     let api_key = model_args.api_key.take();
-    let (llm, model) = open_provider_with(&model_args, out, &extra).await?;
+    let (llm, model) = open_provider_with(&model_args, out, native_opts).await?;
     let status = llm.speculation_status();
     let lane = if status.lane_loaded {
         format!(
