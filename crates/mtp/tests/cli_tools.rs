@@ -4,7 +4,7 @@
 
 #[path = "cli_fake_provider.rs"]
 mod fake;
-#[path = "cli_support.rs"]
+#[path = "support/cli.rs"]
 mod support;
 
 use std::process::ExitCode;
