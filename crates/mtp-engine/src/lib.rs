@@ -37,6 +37,7 @@ pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
 pub(crate) mod scratch;
+pub mod seeded;
 pub mod speculative;
 #[allow(unsafe_code)] // a loop borrowed by the workers, disjoint chunks of one slice
 pub mod team;
