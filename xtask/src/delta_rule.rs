@@ -325,18 +325,18 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let (b, t, h, d) = (2, 9, 3, 8);
         let qkv: Vec<f32> = (0..b * t * h * 3 * d)
-            .map(|_| rng.gen_range(-0.6..0.6))
+            .map(|_| rng.random_range(-0.6..0.6))
             .collect();
         // g in (0, 1), beta in (0, 1), as the layer feeds them
         let gb: Vec<f32> = (0..b * t * h * 2)
-            .map(|_| rng.gen_range(0.2..0.99))
+            .map(|_| rng.random_range(0.2..0.99))
             .collect();
         let dev = Device::Cpu;
         let qkv = Var::from_tensor(&Tensor::from_vec(qkv, (b, t, h, 3, d), &dev).unwrap()).unwrap();
         let gb = Var::from_tensor(&Tensor::from_vec(gb, (b, t, h, 2), &dev).unwrap()).unwrap();
         // a loss that weighs every output differently, so every gradient path is exercised
         let w: Vec<f32> = (0..b * t * h * d)
-            .map(|_| rng.gen_range(-1.0..1.0))
+            .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         let w = Tensor::from_vec(w, (b, t, h, d), &dev).unwrap();
         let ours = delta_rule(qkv.as_tensor(), gb.as_tensor()).unwrap();

@@ -101,8 +101,8 @@ impl Gen {
         }
         (0..n)
             .map(|_| {
-                let u1: f32 = self.rng.gen_range(1e-7f32..1.0);
-                let u2: f32 = self.rng.gen();
+                let u1: f32 = self.rng.random_range(1e-7f32..1.0);
+                let u2: f32 = self.rng.random();
                 std * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
             })
             .collect()
@@ -204,7 +204,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
                         // ln of 1..16 spans 0..2.77: eighths in that range, exact in f32
                         (g.rng.next_u32() % 23) as f32 * 0.125
                     } else {
-                        g.rng.gen_range(1.0f32..16.0).ln()
+                        g.rng.random_range(1.0f32..16.0).ln()
                     }
                 })
                 .collect();

@@ -143,8 +143,8 @@ fn init(arch: &Arch, seed: u64) -> Result<Params> {
     let mut normal = |n: usize, std: f32| -> Vec<f32> {
         (0..n)
             .map(|_| {
-                let u1: f32 = rng.gen_range(1e-7f32..1.0);
-                let u2: f32 = rng.gen();
+                let u1: f32 = rng.random_range(1e-7f32..1.0);
+                let u2: f32 = rng.random();
                 std * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
             })
             .collect()

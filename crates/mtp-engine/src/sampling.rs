@@ -67,7 +67,7 @@ impl Sampler {
     pub fn new(params: &Sampling) -> Self {
         Sampler {
             params: params.clone(),
-            rng: rand::rngs::StdRng::from_entropy(),
+            rng: rand::rngs::StdRng::from_os_rng(),
             constraint: None,
         }
     }
@@ -252,7 +252,7 @@ impl Sampler {
     pub fn uniform(&mut self, stream: u64, position: usize) -> f64 {
         match self.params.seed {
             Some(seed) => position_uniform(seed, stream, position as u64),
-            None => self.rng.gen::<f64>(),
+            None => self.rng.random::<f64>(),
         }
     }
 

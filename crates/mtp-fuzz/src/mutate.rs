@@ -33,9 +33,9 @@ pub fn mutate(
     dictionary: &[&[u8]],
     max_len: usize,
 ) -> Vec<u8> {
-    if seeds.is_empty() || rng.gen_ratio(1, 64) {
+    if seeds.is_empty() || rng.random_ratio(1, 64) {
         let n = int_range(rng, 0..256);
-        return (0..n).map(|_| rng.gen()).collect();
+        return (0..n).map(|_| rng.random()).collect();
     }
     let mut v = seeds[int_range(rng, 0..seeds.len())].clone();
     let edits = 1 + int_range(rng, 0..8);
@@ -64,7 +64,7 @@ fn edit(rng: &mut StdRng, v: &mut Vec<u8>, seeds: &[Vec<u8>], dictionary: &[&[u8
         // set a random byte
         1 if !v.is_empty() => {
             let i = int_range(rng, 0..v.len());
-            v[i] = rng.gen();
+            v[i] = rng.random();
         }
         // a boundary integer, 1/2/4/8 bytes little-endian
         2 if !v.is_empty() => {
@@ -81,7 +81,7 @@ fn edit(rng: &mut StdRng, v: &mut Vec<u8>, seeds: &[Vec<u8>], dictionary: &[&[u8
         3 => {
             let i = pos(rng, v);
             let n = int_range(rng, 1..17);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
             v.splice(i..i, bytes);
         }
         // delete a range
@@ -125,7 +125,7 @@ fn edit(rng: &mut StdRng, v: &mut Vec<u8>, seeds: &[Vec<u8>], dictionary: &[&[u8
         10 => {
             let i = pos(rng, v);
             let b = if v.is_empty() {
-                rng.gen()
+                rng.random()
             } else {
                 v[int_range(rng, 0..v.len())]
             };
@@ -134,7 +134,7 @@ fn edit(rng: &mut StdRng, v: &mut Vec<u8>, seeds: &[Vec<u8>], dictionary: &[&[u8
         }
         _ => {
             let i = pos(rng, v);
-            v.insert(i, rng.gen());
+            v.insert(i, rng.random());
         }
     }
 }
