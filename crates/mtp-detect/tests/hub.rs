@@ -282,14 +282,8 @@ fn corrupt_bytes_are_refused_and_nothing_is_installed() {
         folder.incomplete_blobs().is_empty(),
         "the bad bytes are discarded"
     );
-    assert!(!folder
-        .pointer(&folder_commit(&hub), "model.safetensors")
-        .exists());
+    assert!(!folder.pointer(&repo().commit, "model.safetensors").exists());
     assert!(!folder.root().join("refs/main").exists());
-}
-
-fn folder_commit(_hub: &FakeHub) -> String {
-    repo().commit
 }
 
 #[test]

@@ -41,9 +41,9 @@ fn fake_repo(id: &str, commit: &str, files: Vec<(&str, Vec<u8>)>) -> FakeRepo {
     r
 }
 
-/// The Hub of these tests: a target without a head, its companion, a gated copy, one whose
-/// files fail, a registry-listed pair, and repos whose listings name hostile paths.
-fn serve() -> FakeHub {
+/// The repositories of these tests' Hub: a target without a head, its companion, a gated copy,
+/// one whose files fail, a registry-listed pair, and repos whose listings name hostile paths.
+fn repos() -> Vec<FakeRepo> {
     let target_cfg = br#"{"model_type":"qwen3_5","text_config":{"hidden_size":64,"num_hidden_layers":2,"vocab_size":32}}"#;
     let drafter_cfg = br#"{"model_type":"qwen3_5_mtp","text_config":{"hidden_size":64,"num_hidden_layers":1,"vocab_size":32}}"#;
     let target = |id: &str, commit: &str| {
@@ -115,7 +115,12 @@ fn serve() -> FakeHub {
             ],
         ));
     }
-    let hub = FakeHub::start(repos);
+    repos
+}
+
+/// The Hub of these tests, serving [`repos`].
+fn serve() -> FakeHub {
+    let hub = FakeHub::start(repos());
     // Every file of org/broken fails (a 403, which no retry can mend).
     for f in ["config.json", "model.safetensors", "tokenizer/vocab.txt"] {
         hub.fault("org/broken", f, Fault::Status(403), 100);
@@ -861,8 +866,8 @@ fn hf_hub_finds_offline_what_mtp_downloaded() {
         ])
         .assert()
         .success();
-    let model = serve_repo_files(&h, "org/model");
-    let drafter = serve_repo_files(&h, "org/model-MTP");
+    let model = served_files("org/model");
+    let drafter = served_files("org/model-MTP");
     let expected = json!({
         "org/model": {
             "snapshot": cache.path().join("models--org--model/snapshots/0123456789abcdef0123456789abcdef01234567"),
@@ -880,30 +885,13 @@ fn hf_hub_finds_offline_what_mtp_downloaded() {
 }
 
 /// `name -> sha256` of a repo the test Hub serves.
-fn serve_repo_files(_h: &FakeHub, id: &str) -> Value {
-    let target_cfg = br#"{"model_type":"qwen3_5","text_config":{"hidden_size":64,"num_hidden_layers":2,"vocab_size":32}}"#;
-    let files: Vec<FakeFile> = match id {
-        "org/model" => vec![
-            FakeFile::new("config.json", target_cfg.to_vec()),
-            FakeFile::new(
-                "model.safetensors",
-                safetensors(&["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"]),
-            ),
-            FakeFile::new("tokenizer/vocab.txt", b"a\nb\n".to_vec()),
-        ],
-        _ => vec![
-            FakeFile::new(
-                "config.json",
-                br#"{"model_type":"qwen3_5_mtp","text_config":{"hidden_size":64,"num_hidden_layers":1,"vocab_size":32}}"#.to_vec(),
-            ),
-            FakeFile::new(
-                "model.safetensors",
-                safetensors(&["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight", "mtp.norm.weight"]),
-            ),
-        ],
-    };
+fn served_files(id: &str) -> Value {
+    let repo = repos()
+        .into_iter()
+        .find(|r| r.id == id)
+        .expect("a served repo");
     Value::Object(
-        files
+        repo.files
             .iter()
             .map(|f| (f.path.clone(), json!(f.sha256_hex())))
             .collect(),

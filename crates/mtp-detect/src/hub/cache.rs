@@ -198,25 +198,33 @@ impl CachedRepo {
     }
 }
 
-/// Files under `dir` whose symlink leads nowhere, as `/`-separated relative paths.
-fn broken_links(dir: &Path, rel: &str, depth: usize, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let relname = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
+/// Every file under a snapshot folder, as sorted `/`-separated relative paths, each with
+/// whether it leads to its bytes (a snapshot's files are symlinks into `blobs/`; `false` is a
+/// broken one). Folders are followed 16 deep at most.
+pub(crate) fn snapshot_files(dir: &Path) -> Vec<(String, bool)> {
+    fn walk(dir: &Path, rel: &str, depth: usize, out: &mut Vec<(String, bool)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
         };
-        let p = e.path();
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() && depth < 16 => broken_links(&p, &relname, depth + 1, out),
-            Ok(_) => {}
-            Err(_) => out.push(relname),
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let relname = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let p = e.path();
+            match std::fs::metadata(&p) {
+                Ok(m) if m.is_dir() && depth < 16 => walk(&p, &relname, depth + 1, out),
+                Ok(_) => out.push((relname, true)),
+                Err(_) => out.push((relname, false)),
+            }
         }
     }
+    let mut out = Vec::new();
+    walk(dir, "", 0, &mut out);
+    out.sort();
+    out
 }
 
 /// What the cache holds of `repo`; `None` when it has no folder for it.
@@ -251,11 +259,14 @@ pub fn cached_repo(cache: &Path, repo: &RepoId) -> Option<CachedRepo> {
         None => None,
     };
     let snapshot = commit.as_ref().map(|c| folder.snapshot(c));
-    let mut missing = Vec::new();
-    if let Some(s) = &snapshot {
-        broken_links(s, "", 0, &mut missing);
-        missing.sort();
-    }
+    let missing = snapshot
+        .as_deref()
+        .map(snapshot_files)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(f, _)| f)
+        .collect();
     Some(CachedRepo {
         repo: repo.clone(),
         refs,

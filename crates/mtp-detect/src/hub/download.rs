@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
-use crate::hub::cache::{tag_cache, RepoFolder};
+use crate::hub::cache::{snapshot_files, tag_cache, RepoFolder};
 use crate::hub::client::{transport_message, Subject};
 use crate::hub::{HubClient, HubError};
 use crate::repo::RepoId;
@@ -131,16 +131,11 @@ fn offline_snapshot(folder: &RepoFolder, revision: &str) -> Result<Snapshot, Hub
         cache: Some(folder.cache.clone()),
     };
     let (commit, dir) = folder.resolve(revision).ok_or_else(offline)?;
-    let mut files = Vec::new();
-    list_files(&dir, "", 0, &mut files);
-    if files
-        .iter()
-        .any(|f| std::fs::metadata(dir.join(f)).is_err())
-        || files.is_empty()
-    {
+    let listed = snapshot_files(&dir);
+    if listed.is_empty() || listed.iter().any(|(_, ok)| !ok) {
         return Err(offline());
     }
-    files.sort();
+    let files = listed.into_iter().map(|(f, _)| f).collect();
     Ok(Snapshot {
         repo: folder.repo.clone(),
         revision: revision.to_string(),
@@ -149,26 +144,6 @@ fn offline_snapshot(folder: &RepoFolder, revision: &str) -> Result<Snapshot, Hub
         files,
         downloaded: 0,
     })
-}
-
-fn list_files(dir: &Path, rel: &str, depth: usize, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let relname = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        let p = e.path();
-        if p.is_dir() && depth < 16 {
-            list_files(&p, &relname, depth + 1, out);
-        } else {
-            out.push(relname);
-        }
-    }
 }
 
 fn is_hex(s: &str, len: usize) -> bool {
