@@ -76,6 +76,56 @@ impl Default for Shape {
     }
 }
 
+/// The sparse MLP of a Qwen3.5-MoE (`qwen3_5_moe`) checkpoint: routed experts in the fused
+/// Hugging Face layout (`mlp.experts.gate_up_proj` `[E, 2I, D]`, `mlp.experts.down_proj`
+/// `[E, D, I]`), a router (`mlp.gate`), one shared expert and its sigmoid gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoeShape {
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    pub shared_intermediate: usize,
+}
+
+impl MoeShape {
+    /// Qwen3.5-35B-A3B's experts as published (256 routed, 8 per token, one shared expert,
+    /// expert and shared widths a quarter of the hidden size: 512 at hidden 2048), at `hidden`.
+    pub fn qwen3_5_35b_a3b(hidden: usize) -> Self {
+        MoeShape {
+            experts: 256,
+            top_k: 8,
+            expert_intermediate: hidden / 4,
+            shared_intermediate: hidden / 4,
+        }
+    }
+}
+
+/// The MoE benchmark shape (`--moe`): Qwen3.5-35B-A3B's published config (hidden 2048, 40
+/// layers at 3 linear : 1 full, 16 query / 2 KV heads of 256, linear attention 16 key / 32 value
+/// heads of 128, 256 experts with 8 routed per token and one shared expert of 512, vocab
+/// 248320) with the hidden size and the widths that follow it divided by 4 and the layers cut
+/// to 8: hidden 512, 4 query / 2 KV heads of 256, linear 4 / 8 heads of 128, experts of 128,
+/// the real vocabulary. 0.68B parameters in the trunk (0.73B with the MTP head), 0.29B of
+/// them used per token (0.25B embeddings and LM head).
+pub fn moe_bench_shape() -> (Shape, MoeShape) {
+    let hidden = 512;
+    let s = Shape {
+        hidden,
+        layers: 8,
+        interval: 4,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 256,
+        intermediate: 0,
+        vocab: 248_320,
+        linear_k_heads: 4,
+        linear_v_heads: 8,
+        linear_dim: 128,
+        ..Shape::default()
+    };
+    (s, MoeShape::qwen3_5_35b_a3b(hidden))
+}
+
 struct Gen {
     rng: rand::rngs::StdRng,
     dtype: DType,
@@ -149,12 +199,41 @@ impl Gen {
         self.norm(&format!("{p}.self_attn.k_norm.weight"), hd)
     }
 
-    fn common(&mut self, p: &str, s: &Shape) -> Result<()> {
+    fn common(&mut self, p: &str, s: &Shape, moe: Option<&MoeShape>) -> Result<()> {
         self.norm(&format!("{p}.input_layernorm.weight"), s.hidden)?;
         self.norm(&format!("{p}.post_attention_layernorm.weight"), s.hidden)?;
+        if let Some(m) = moe {
+            return self.moe(p, s.hidden, m);
+        }
         self.linear(&format!("{p}.mlp.gate_proj"), s.intermediate, s.hidden)?;
         self.linear(&format!("{p}.mlp.up_proj"), s.intermediate, s.hidden)?;
         self.output(&format!("{p}.mlp.down_proj"), s.hidden, s.intermediate)
+    }
+}
+
+impl Gen {
+    /// The sparse MLP (see [`MoeShape`]); the oracle shape zeroes the experts' and the shared
+    /// expert's down projections, as it zeroes every other layer output.
+    fn moe(&mut self, p: &str, d: usize, m: &MoeShape) -> Result<()> {
+        let (e, i) = (m.experts, m.expert_intermediate);
+        self.linear(&format!("{p}.mlp.gate"), e, d)?;
+        let gate_up = self.normal(e * 2 * i * d, 1.0 / (d as f32).sqrt());
+        self.put(
+            &format!("{p}.mlp.experts.gate_up_proj"),
+            gate_up,
+            &[e, 2 * i, d],
+        )?;
+        let down = if self.oracle {
+            vec![0.0; e * d * i]
+        } else {
+            self.normal(e * d * i, 1.0 / (i as f32).sqrt())
+        };
+        self.put(&format!("{p}.mlp.experts.down_proj"), down, &[e, d, i])?;
+        let si = m.shared_intermediate;
+        self.linear(&format!("{p}.mlp.shared_expert.gate_proj"), si, d)?;
+        self.linear(&format!("{p}.mlp.shared_expert.up_proj"), si, d)?;
+        self.output(&format!("{p}.mlp.shared_expert.down_proj"), d, si)?;
+        self.linear(&format!("{p}.mlp.shared_expert_gate"), 1, d)
     }
 }
 
@@ -168,6 +247,12 @@ impl Gen {
 /// step is that of the shape, and greedy acceptance is ~100% (ties aside): efficiency is then
 /// measured without the head's quality in the way.
 pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
+    write_checkpoint_with(out, s, None)
+}
+
+/// [`write_checkpoint`] with a sparse MLP in every layer (the MTP head's too) when `moe` is
+/// given: a `qwen3_5_moe` checkpoint.
+pub fn write_checkpoint_with(out: &Path, s: &Shape, moe: Option<&MoeShape>) -> Result<usize> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut g = Gen {
         rng: rand::rngs::StdRng::seed_from_u64(s.seed),
@@ -221,7 +306,7 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
                 .collect();
             g.put(&format!("{a}.norm.weight"), nw, &[s.linear_dim])?;
         }
-        g.common(&p, s)?;
+        g.common(&p, s, moe)?;
     }
     g.norm("model.language_model.norm.weight", d)?;
     if !s.tied {
@@ -242,14 +327,14 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         g.norm("mtp.pre_fc_norm_hidden.weight", d)?;
         g.norm("mtp.norm.weight", d)?;
         g.attention_layer("mtp.layers.0", s)?;
-        g.common("mtp.layers.0", s)?;
+        g.common("mtp.layers.0", s, moe)?;
     }
     let n: usize = g.out.values().map(|t| t.elem_count()).sum();
     match s.shard_bytes {
         None => candle_core::safetensors::save(&g.out, out.join("model.safetensors"))?,
         Some(limit) => write_shards(out, g.out, limit)?,
     }
-    let text = serde_json::json!({
+    let mut text = serde_json::json!({
         "model_type": "qwen3_5_text",
         "hidden_size": d,
         "intermediate_size": s.intermediate,
@@ -277,11 +362,31 @@ pub fn write_checkpoint(out: &Path, s: &Shape) -> Result<usize> {
         "eos_token_id": 0,
         "dtype": match s.dtype { DType::BF16 => "bfloat16", DType::F16 => "float16", _ => "float32" },
     });
+    let (arch, model_type) = match moe {
+        None => ("Qwen3_5ForConditionalGeneration", "qwen3_5"),
+        Some(m) => {
+            let t = text.as_object_mut().expect("an object");
+            t.remove("intermediate_size");
+            t.insert("model_type".into(), "qwen3_5_moe_text".into());
+            t.insert("num_experts".into(), m.experts.into());
+            t.insert("num_experts_per_tok".into(), m.top_k.into());
+            t.insert("moe_intermediate_size".into(), m.expert_intermediate.into());
+            t.insert(
+                "shared_expert_intermediate_size".into(),
+                m.shared_intermediate.into(),
+            );
+            t.insert("norm_topk_prob".into(), true.into());
+            // as published (the long-context rows prefill 32k tokens)
+            t.insert("max_position_embeddings".into(), 262_144.into());
+            t.insert("router_aux_loss_coef".into(), 0.001.into());
+            ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+        }
+    };
     let cfg = serde_json::json!({
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "architectures": [arch],
+        "model_type": model_type,
         "text_config": text,
-        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+        "vision_config": {"model_type": model_type, "depth": 1, "hidden_size": 32, "intermediate_size": 64,
             "out_hidden_size": d, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
             "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
             "deepstack_visual_indexes": []},
@@ -360,6 +465,9 @@ cargo xtask fixtures [options]   a random-weight Qwen3.5 checkpoint (Hugging Fac
   --no-mtp               no MTP head
   --oracle-head          zero layer outputs and an MTP head that drafts the target's own choice
                          (acceptance ~100%: the draft/verify machinery's cost alone)
+  --moe                  the MoE benchmark shape instead (Qwen3.5-35B-A3B scaled down, see
+                         `moe_bench_shape`; the flags above still apply), with the real Qwen
+                         tokenizer of llama.cpp's ggml-vocab-qwen35.gguf
   --real-vocab           instead: the tiny checkpoint at a real Qwen vocabulary (only --out)
 ";
 
@@ -368,8 +476,18 @@ pub fn run(args: &[String]) -> Result<()> {
     if crate::print_help_if_asked(args, HELP) {
         return Ok(());
     }
-    let mut s = Shape::default();
-    let mut out = PathBuf::from("target/fixtures/bench-qwen3_5");
+    let moe_flag = args.iter().any(|a| a == "--moe");
+    let (mut s, moe) = if moe_flag {
+        let (s, m) = moe_bench_shape();
+        (s, Some(m))
+    } else {
+        (Shape::default(), None)
+    };
+    let mut out = PathBuf::from(if moe_flag {
+        "target/fixtures/bench-qwen3_5_moe"
+    } else {
+        "target/fixtures/bench-qwen3_5"
+    });
     if args.iter().any(|a| a == "--real-vocab") {
         let mut out = PathBuf::from("target/fixtures/real-vocab");
         let mut it = args.iter();
@@ -397,6 +515,7 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         match a.as_str() {
             "--out" => out = PathBuf::from(val()?),
+            "--moe" => {}
             "--hidden" => s.hidden = num(val()?)?,
             "--layers" => s.layers = num(val()?)?,
             "--interval" => s.interval = num(val()?)?,
@@ -428,7 +547,17 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("unknown fixtures flag `{other}`\n\n{HELP}"),
         }
     }
-    let n = write_checkpoint(&out, &s)?;
+    let n = write_checkpoint_with(&out, &s, moe.as_ref())?;
+    if moe.is_some() {
+        let gguf = crate::llama::source_dir()?
+            .join("models")
+            .join("ggml-vocab-qwen35.gguf");
+        let opts = crate::tokenizer::Options {
+            nfc: Some(true),
+            qwen3_special_tokens: true,
+        };
+        crate::tokenizer::write_tokenizer_files(&gguf, &out, &opts)?;
+    }
     println!("wrote {} ({n} parameters, {:?})", out.display(), s.dtype);
     Ok(())
 }

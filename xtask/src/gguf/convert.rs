@@ -1,10 +1,13 @@
 //! Hugging Face Qwen3.5 checkpoint (with its MTP head) to a GGUF file that llama.cpp b11434
-//! loads as `qwen35` with `qwen35.nextn_predict_layers` and `blk.{n_layer + i}.nextn.*` tensors.
+//! loads as `qwen35` (dense) or `qwen35moe` (Qwen3.5-MoE) with `<arch>.nextn_predict_layers` and
+//! `blk.{n_layer + i}.nextn.*` tensors.
 //!
 //! This is a Rust transcription of what llama.cpp's `convert_hf_to_gguf.py` does for
 //! `Qwen3_5ForConditionalGeneration` / `Qwen3_5ForCausalLM` (classes `Qwen3_5TextModel`,
 //! `_LinearAttentionVReorderBase`, `Qwen3NextModel`, `_QwenMtpMixin`, `TextModel` in
-//! `conversion/qwen.py` and `conversion/base.py` of that release), without torch:
+//! `conversion/qwen.py` and `conversion/base.py` of that release) and for
+//! `Qwen3_5MoeForConditionalGeneration` / `Qwen3_5MoeForCausalLM` (`Qwen3_5MoeTextModel`, the
+//! same classes over `Qwen2MoeModel`), without torch:
 //!
 //! - names: `model.language_model.*` → `model.*`; `mtp.layers.{i}.*` → layer `n_layer + i`;
 //!   `mtp.fc` → `nextn.eh_proj`, `mtp.pre_fc_norm_embedding` → `nextn.enorm`,
@@ -18,7 +21,16 @@
 //!   when `linear_num_key_heads < linear_num_value_heads` the V heads of the linear-attention
 //!   tensors are reordered from grouped to tiled order (ggml broadcasts tiled);
 //! - the full-attention `q_proj` keeps its interleaved query/gate rows (llama.cpp loads it as
-//!   `n_head * head_dim * 2` rows and splits it itself).
+//!   `n_head * head_dim * 2` rows and splits it itself);
+//! - MoE (`Qwen2MoeModel.modify_tensors`): the fused `mlp.experts.gate_up_proj` `[E, 2I, D]` is
+//!   split on its middle axis into `ffn_gate_exps` (first `I` rows of each expert) and
+//!   `ffn_up_exps`, `mlp.experts.down_proj` `[E, D, I]` becomes `ffn_down_exps`, the router
+//!   `mlp.gate` `ffn_gate_inp`, the shared expert `ffn_{gate,up,down}_shexp` and its gate
+//!   `mlp.shared_expert_gate` `ffn_gate_inp_shexp` (kept `[1, D]`); the routers stay F32 at
+//!   every out type, as `ModelBase.prepare_tensors` keeps them; metadata adds
+//!   `expert_count`, `expert_used_count`, `expert_feed_forward_length` and
+//!   `expert_shared_feed_forward_length` (and no `feed_forward_length`: the config has no
+//!   `intermediate_size`).
 //!
 //! Vision tensors are skipped (llama.cpp puts them in a separate mmproj file). The tokenizer is
 //! written as `gpt2` BPE from `tokenizer.json` (tokens, token types, merges), with the special
@@ -39,8 +51,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// The GGUF architecture name written.
+/// The GGUF architecture name written for a dense checkpoint.
 pub const ARCH: &str = "qwen35";
+/// The GGUF architecture name written for a Qwen3.5-MoE checkpoint.
+pub const ARCH_MOE: &str = "qwen35moe";
 
 /// What can go wrong converting a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -603,8 +617,8 @@ fn filter_name(
     Ok(Some((name, mtp_idx)))
 }
 
-/// The `gguf-py` tensor map for the `qwen35` architecture (the entries a Qwen3.5 dense
-/// checkpoint uses).
+/// The `gguf-py` tensor map for the `qwen35` / `qwen35moe` architectures (the entries a Qwen3.5
+/// dense or MoE checkpoint uses).
 fn map_name(name: &str) -> Option<String> {
     match name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
@@ -630,6 +644,14 @@ fn map_name(name: &str) -> Option<String> {
         "mlp.down_proj.weight" => "ffn_down.weight",
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.experts.gate_proj.weight" => "ffn_gate_exps.weight",
+        "mlp.experts.up_proj.weight" => "ffn_up_exps.weight",
+        "mlp.experts.down_proj.weight" => "ffn_down_exps.weight",
+        "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
         "self_attn.q_proj.weight" => "attn_q.weight",
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
@@ -645,6 +667,31 @@ fn map_name(name: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("blk.{bid}.{mapped}"))
+}
+
+/// Which part of a stored tensor a GGUF tensor is: all of it, or one half of a fused
+/// `experts.gate_up_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Whole,
+    Gate,
+    Up,
+}
+
+/// `gate_up[..., :I, :]` (gate) or `gate_up[..., I:, :]` (up) of an `[E, 2I, D]` tensor.
+fn split_gate_up(t: &Tensor, part: Part) -> Tensor {
+    let (e, two_i, d) = (t.shape[0], t.shape[1], t.shape[2]);
+    let i = two_i / 2;
+    let skip = if part == Part::Up { i * d } else { 0 };
+    let mut data = Vec::with_capacity(e * i * d);
+    for x in 0..e {
+        let start = x * two_i * d + skip;
+        data.extend_from_slice(&t.data[start..start + i * d]);
+    }
+    Tensor {
+        shape: vec![e, i, d],
+        data,
+    }
 }
 
 struct LinearDims {
@@ -701,7 +748,10 @@ fn transform(name: &str, t: &mut Tensor, lin: &LinearDims) -> Result<String, Con
             reorder_cols(t, lin.num_k, per_k, lin.head_v);
         }
     }
-    if name.ends_with(".A_log") {
+    if name.ends_with(".mlp.experts.down_proj") {
+        // `Qwen2MoeModel.modify_tensors`: the fused expert tensor gets a `.weight` suffix
+        name.push_str(".weight");
+    } else if name.ends_with(".A_log") {
         for x in &mut t.data {
             *x = -x.exp();
         }
@@ -722,6 +772,7 @@ fn transform(name: &str, t: &mut Tensor, lin: &LinearDims) -> Result<String, Con
 fn ggml_type(name: &str, shape: &[usize], out: OutType) -> (u32, usize) {
     let keep_f32 = shape.len() <= 1
         || name.ends_with("_norm.weight")
+        || name.contains("ffn_gate_inp")
         || name.contains("ssm_conv1d")
         || !name.ends_with(".weight");
     if out == OutType::F16 && !keep_f32 {
@@ -753,6 +804,12 @@ fn encode_into(t: &Tensor, ggml_type: u32, w: &mut dyn Write) -> std::io::Result
 /// The name and shape [`transform`] gives a tensor, without its data: the header is written
 /// before any tensor is read.
 fn planned(name: &str, shape: &[usize]) -> (String, Vec<usize>) {
+    if let Some(base) = name.strip_suffix(".mlp.experts.down_proj") {
+        return (
+            format!("{base}.mlp.experts.down_proj.weight"),
+            shape.to_vec(),
+        );
+    }
     let mut shape = shape.to_vec();
     if name.contains("conv1d") {
         shape.retain(|&d| d != 1);
@@ -957,17 +1014,22 @@ pub fn convert(
         .and_then(|a| a.first())
         .and_then(Value::as_str)
         .unwrap_or("");
-    if !matches!(
-        arch,
-        "Qwen3_5ForConditionalGeneration" | "Qwen3_5ForCausalLM"
-    ) {
+    let moe = match arch {
+        "Qwen3_5ForConditionalGeneration" | "Qwen3_5ForCausalLM" => false,
+        "Qwen3_5MoeForConditionalGeneration" | "Qwen3_5MoeForCausalLM" => true,
+        _ => {
+            return Err(unsupported(format!(
+                "architecture `{arch}` is not converted (only Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM and their Moe variants)"
+            )))
+        }
+    };
+    if moe != hp.get("num_experts").is_some() {
         return Err(unsupported(format!(
-            "architecture `{arch}` is not converted (only Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM, dense)"
+            "`{arch}` with{} `num_experts` in its config",
+            if moe { "out" } else { "" }
         )));
     }
-    if hp.get("num_experts").is_some() {
-        return Err(unsupported("MoE Qwen3.5 checkpoints are not converted"));
-    }
+    let arch_name = if moe { ARCH_MOE } else { ARCH };
     let n_layer = hp.usize("num_hidden_layers")?;
     let lin = LinearDims {
         num_k: hp.usize("linear_num_key_heads")?,
@@ -982,7 +1044,7 @@ pub fn convert(
     }
 
     // the plan: every tensor's GGUF entry, from the headers alone
-    let mut plan: Vec<(Stored, String, TensorEntry)> = Vec::new();
+    let mut plan: Vec<(Stored, String, Part, TensorEntry)> = Vec::new();
     let mut n_mtp = 0usize;
     for stored in read_checkpoint(dir)? {
         let Some((name, mtp_idx)) = filter_name(&stored.name, n_layer, opts.no_mtp)? else {
@@ -991,22 +1053,52 @@ pub fn convert(
         if let Some(i) = mtp_idx {
             n_mtp = n_mtp.max(i + 1);
         }
-        let (renamed, shape) = planned(&name, &stored.shape);
-        let gguf_name = map_name(&renamed).ok_or_else(|| {
-            unsupported(format!(
-                "cannot map tensor `{}` (as `{renamed}`)",
-                stored.name
-            ))
-        })?;
-        let (ty, width) = ggml_type(&gguf_name, &shape, opts.out_type);
-        let count: usize = shape.iter().product();
-        let entry = TensorEntry {
-            dims: shape.iter().rev().map(|&d| d as u64).collect(),
-            name: gguf_name,
-            ggml_type: ty,
-            bytes: (count * width) as u64,
+        let parts = match name.strip_suffix(".mlp.experts.gate_up_proj") {
+            Some(base) => {
+                let [e, two_i, d] = stored.shape[..] else {
+                    return Err(unsupported(format!(
+                        "{}: shape {:?}, expected [experts, 2 * intermediate, hidden]",
+                        stored.name, stored.shape
+                    )));
+                };
+                if two_i % 2 != 0 {
+                    return Err(unsupported(format!(
+                        "{}: odd fused gate/up width {two_i}",
+                        stored.name
+                    )));
+                }
+                let half = vec![e, two_i / 2, d];
+                vec![
+                    (
+                        Part::Gate,
+                        format!("{base}.mlp.experts.gate_proj.weight"),
+                        half.clone(),
+                    ),
+                    (Part::Up, format!("{base}.mlp.experts.up_proj.weight"), half),
+                ]
+            }
+            None => {
+                let (renamed, shape) = planned(&name, &stored.shape);
+                vec![(Part::Whole, renamed, shape)]
+            }
         };
-        plan.push((stored, name, entry));
+        for (part, renamed, shape) in parts {
+            let gguf_name = map_name(&renamed).ok_or_else(|| {
+                unsupported(format!(
+                    "cannot map tensor `{}` (as `{renamed}`)",
+                    stored.name
+                ))
+            })?;
+            let (ty, width) = ggml_type(&gguf_name, &shape, opts.out_type);
+            let count: usize = shape.iter().product();
+            let entry = TensorEntry {
+                dims: shape.iter().rev().map(|&d| d as u64).collect(),
+                name: gguf_name,
+                ggml_type: ty,
+                bytes: (count * width) as u64,
+            };
+            plan.push((stored.clone(), name.clone(), part, entry));
+        }
     }
     if let Some(declared) = hp.opt_usize("mtp_num_hidden_layers") {
         if !opts.no_mtp && declared != n_mtp {
@@ -1022,9 +1114,9 @@ pub fn convert(
         .ok()
         .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "model".into());
-    let k = |s: &str| format!("{ARCH}.{s}");
+    let k = |s: &str| format!("{arch_name}.{s}");
     let mut kvs: Vec<(String, Kv)> = vec![
-        ("general.architecture".into(), Kv::Str(ARCH.into())),
+        ("general.architecture".into(), Kv::Str(arch_name.into())),
         ("general.type".into(), Kv::Str("model".into())),
         ("general.name".into(), Kv::Str(name)),
         (
@@ -1042,10 +1134,13 @@ pub fn convert(
         k("embedding_length"),
         Kv::U32(u32_of(hp.usize("hidden_size")?, "hidden_size")?),
     ));
-    kvs.push((
-        k("feed_forward_length"),
-        Kv::U32(u32_of(hp.usize("intermediate_size")?, "intermediate_size")?),
-    ));
+    // TextModel writes it when the config has it (a Qwen3.5-MoE config does not)
+    if !moe || hp.get("intermediate_size").is_some() {
+        kvs.push((
+            k("feed_forward_length"),
+            Kv::U32(u32_of(hp.usize("intermediate_size")?, "intermediate_size")?),
+        ));
+    }
     let n_head = hp.usize("num_attention_heads")?;
     kvs.push((
         k("attention.head_count"),
@@ -1078,6 +1173,20 @@ pub fn convert(
     }
     if let Some(eps) = hp.get("rms_norm_eps").and_then(Value::as_f64) {
         kvs.push((k("attention.layer_norm_rms_epsilon"), Kv::F32(eps as f32)));
+    }
+    if moe {
+        // TextModel (expert counts), then Qwen2MoeModel (the experts' widths)
+        for (key, hf) in [
+            ("expert_count", "num_experts"),
+            ("expert_used_count", "num_experts_per_tok"),
+            ("expert_feed_forward_length", "moe_intermediate_size"),
+            (
+                "expert_shared_feed_forward_length",
+                "shared_expert_intermediate_size",
+            ),
+        ] {
+            kvs.push((k(key), Kv::U32(u32_of(hp.usize(hf)?, hf)?)));
+        }
     }
     let head_dim = hp
         .opt_usize("head_dim")
@@ -1155,11 +1264,18 @@ pub fn convert(
     let (tok_kvs, vocab) = tokenizer_kvs(dir, &hp, opts)?;
     kvs.extend(tok_kvs);
 
-    let entries: Vec<TensorEntry> = plan.iter().map(|(_, _, e)| e.clone()).collect();
+    let entries: Vec<TensorEntry> = plan.iter().map(|(_, _, _, e)| e.clone()).collect();
     let mut shards = HashMap::new();
     let bytes = write_gguf_streamed(out, &kvs, &entries, |i, w| {
-        let (stored, name, entry) = &plan[i];
+        let (stored, name, part, entry) = &plan[i];
         let mut t = load(stored, &mut shards)?;
+        if *part != Part::Whole {
+            let t = split_gate_up(&t, *part);
+            return encode_into(&t, entry.ggml_type, w).map_err(|source| ConvertError::Io {
+                path: out.to_path_buf(),
+                source,
+            });
+        }
         let renamed = transform(name, &mut t, &lin)?;
         if (renamed.clone(), t.shape.clone()) != planned(name, &stored.shape) {
             return Err(unsupported(format!(
@@ -1307,6 +1423,65 @@ mod tests {
             Some("blk.0.ssm_dt.bias")
         );
         assert_eq!(filter_name("mtp.fc.weight", 4, true).unwrap(), None);
+    }
+
+    /// Qwen3.5-MoE: the fused expert tensors split as `Qwen2MoeModel.modify_tensors` splits
+    /// them, every MoE tensor named as gguf-py names it, the routers kept F32.
+    #[test]
+    fn moe_tensors_follow_llama_cpp() {
+        // 2 experts, intermediate 2 (fused 4 rows), hidden 3: values are their flat index
+        let x = t(&[2, 4, 3]);
+        let gate = split_gate_up(&x, Part::Gate);
+        let up = split_gate_up(&x, Part::Up);
+        assert_eq!(gate.shape, vec![2, 2, 3]);
+        assert_eq!(
+            gate.data,
+            vec![0., 1., 2., 3., 4., 5., 12., 13., 14., 15., 16., 17.]
+        );
+        assert_eq!(
+            up.data,
+            vec![6., 7., 8., 9., 10., 11., 18., 19., 20., 21., 22., 23.]
+        );
+        assert_eq!(
+            planned("model.layers.1.mlp.experts.down_proj", &[2, 3, 2]),
+            (
+                "model.layers.1.mlp.experts.down_proj.weight".to_string(),
+                vec![2, 3, 2]
+            )
+        );
+        for (hf, gguf) in [
+            ("mlp.gate.weight", "ffn_gate_inp.weight"),
+            ("mlp.experts.gate_proj.weight", "ffn_gate_exps.weight"),
+            ("mlp.experts.up_proj.weight", "ffn_up_exps.weight"),
+            ("mlp.experts.down_proj.weight", "ffn_down_exps.weight"),
+            (
+                "mlp.shared_expert.gate_proj.weight",
+                "ffn_gate_shexp.weight",
+            ),
+            ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+            (
+                "mlp.shared_expert.down_proj.weight",
+                "ffn_down_shexp.weight",
+            ),
+            ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+        ] {
+            assert_eq!(
+                map_name(&format!("model.layers.4.{hf}")),
+                Some(format!("blk.4.{gguf}"))
+            );
+        }
+        assert_eq!(
+            ggml_type("blk.0.ffn_gate_inp.weight", &[8, 64], OutType::F16),
+            (0, 4)
+        );
+        assert_eq!(
+            ggml_type("blk.0.ffn_gate_inp_shexp.weight", &[1, 64], OutType::F16),
+            (0, 4)
+        );
+        assert_eq!(
+            ggml_type("blk.0.ffn_gate_exps.weight", &[8, 32, 64], OutType::F16),
+            (1, 2)
+        );
     }
 
     #[test]
