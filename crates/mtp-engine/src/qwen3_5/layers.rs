@@ -672,23 +672,33 @@ fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
 }
 
 impl Moe {
+    /// Routes every row to its `top_k` experts, then runs each chosen expert once over all of
+    /// its rows (a verify's or a batch step's rows read each expert's weights once) and the
+    /// shared expert, as one parallel loop whose tasks are whole experts: a decode step starts
+    /// the team once for all its experts instead of twice per expert. Each expert's products
+    /// run inside its task exactly as they would alone (a loop inside a loop runs in order on
+    /// its thread, and no product's result depends on the thread that computes it), and the
+    /// outputs are summed per row in ascending expert order, then the shared expert: the same
+    /// bits as one expert after another.
     fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let d = x.len() / n.max(1);
         let e = self.router.out_features();
         let logits = self.router.forward(x, n)?;
-        // per expert: (token, weight)
+        // per expert: (row, weight)
         let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+        let mut probs = vec![0f32; e];
+        let mut taken = vec![false; e];
+        let mut top = Vec::with_capacity(self.top_k.min(e));
         for t in 0..n {
-            let row = &logits[t * e..(t + 1) * e];
-            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
-            let sum: f32 = exps.iter().sum();
-            let probs: Vec<f32> = exps.iter().map(|v| v / sum).collect();
-            let mut idx: Vec<usize> = (0..e).collect();
-            idx.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]));
-            let top = &idx[..self.top_k.min(e)];
+            top_k(
+                &logits[t * e..(t + 1) * e],
+                self.top_k.min(e),
+                &mut probs,
+                &mut taken,
+                &mut top,
+            );
             let tot: f32 = top.iter().map(|i| probs[*i]).sum();
-            for &ei in top {
+            for &ei in &top {
                 let w = if self.norm_topk {
                     probs[ei] / tot
                 } else {
@@ -697,33 +707,52 @@ impl Moe {
                 routes[ei].push((t, w));
             }
         }
+        let active: Vec<usize> = (0..e).filter(|&ei| !routes[ei].is_empty()).collect();
+        let shared = match (&self.shared_gate_up, &self.shared_down, &self.shared_gate) {
+            (Some(gu), Some(down), Some(gate)) => Some((gu, down, gate)),
+            _ => None,
+        };
+        // task 0 is the shared expert (the largest: every row), then the routed experts
+        let first = usize::from(shared.is_some());
+        let tasks = first + active.len();
+        let slots: Vec<std::sync::Mutex<Option<Result<Vec<f32>>>>> =
+            (0..tasks).map(|_| std::sync::Mutex::new(None)).collect();
+        let work = |task: usize| {
+            let r = match (task.checked_sub(first), shared) {
+                (Some(j), _) => self.expert(active[j], &routes[active[j]], x, d),
+                (None, Some((gu, down, gate))) => shared_expert(gu, down, gate, x, n),
+                (None, None) => unreachable!("task 0 is the shared expert when there is one"),
+            };
+            *slots[task].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        };
+        if tasks > 1 {
+            crate::team::run(tasks, &work);
+        } else {
+            (0..tasks).for_each(work);
+        }
+        let mut ys = slots.into_iter().map(|s| {
+            s.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| Err(Error::Unsupported("an MoE task did not run".into())))
+        });
+        let shared_y = if shared.is_some() {
+            ys.next().transpose()?
+        } else {
+            None
+        };
         let mut out = vec![0f32; n * d];
-        for (ei, toks) in routes.iter().enumerate() {
-            if toks.is_empty() {
-                continue;
-            }
-            let m = toks.len();
-            let mut xs = Vec::with_capacity(m * d);
-            for (t, _) in toks {
-                xs.extend_from_slice(&x[t * d..(t + 1) * d]);
-            }
-            let gu = self.gate_up[ei].forward(&xs, m)?;
-            let act = swiglu_rows(&gu, m, self.inter);
-            let y = self.down[ei].forward(&act, m)?;
-            for (j, (t, w)) in toks.iter().enumerate() {
+        for (&ei, y) in active.iter().zip(ys) {
+            let y = y?;
+            for (j, (t, w)) in routes[ei].iter().enumerate() {
                 out[t * d..(t + 1) * d]
                     .iter_mut()
                     .zip(&y[j * d..(j + 1) * d])
                     .for_each(|(o, v)| *o += w * v);
             }
+            scratch::recycle(y);
         }
-        if let (Some(gu), Some(down), Some(gate)) =
-            (&self.shared_gate_up, &self.shared_down, &self.shared_gate)
-        {
-            let si = gu.out_features() / 2;
-            let act = swiglu_rows(&gu.forward(x, n)?, n, si);
-            let y = down.forward(&act, n)?;
-            let gs = gate.forward(x, n)?;
+        if let Some(y) = shared_y {
+            let (y, gs) = y.split_at(n * d);
             for t in 0..n {
                 let s = kernels::sigmoid(gs[t]);
                 out[t * d..(t + 1) * d]
@@ -733,5 +762,68 @@ impl Moe {
             }
         }
         Ok(out)
+    }
+
+    /// Expert `ei` over its rows `toks` of `x`: `[toks.len(), d]`.
+    fn expert(&self, ei: usize, toks: &[(usize, f32)], x: &[f32], d: usize) -> Result<Vec<f32>> {
+        let m = toks.len();
+        let mut xs = scratch::zeroed(m * d);
+        for (dst, (t, _)) in xs.chunks_exact_mut(d).zip(toks) {
+            dst.copy_from_slice(&x[t * d..(t + 1) * d]);
+        }
+        let gu = self.gate_up[ei].forward(&xs, m)?;
+        scratch::recycle(xs);
+        let act = swiglu_rows(&gu, m, self.inter);
+        scratch::recycle(gu);
+        let y = self.down[ei].forward(&act, m);
+        scratch::recycle(act);
+        y
+    }
+}
+
+/// The shared expert over all `n` rows, then its gate's `n` logits: `[n * d + n]`.
+fn shared_expert(
+    gu: &Linear,
+    down: &Linear,
+    gate: &Linear,
+    x: &[f32],
+    n: usize,
+) -> Result<Vec<f32>> {
+    let si = gu.out_features() / 2;
+    let g = gu.forward(x, n)?;
+    let act = swiglu_rows(&g, n, si);
+    scratch::recycle(g);
+    let mut y = down.forward(&act, n)?;
+    scratch::recycle(act);
+    y.extend_from_slice(&gate.forward(x, n)?);
+    Ok(y)
+}
+
+/// The softmax of one row of router logits into `probs`, and in `top` the indices of its `k`
+/// largest probabilities, largest first, ties to the lower index (a stable sort of the indices
+/// by descending probability, without sorting or allocating): the arithmetic of mlx-vlm's
+/// routing, reduced left to right.
+fn top_k(row: &[f32], k: usize, probs: &mut [f32], taken: &mut [bool], top: &mut Vec<usize>) {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    for (p, v) in probs.iter_mut().zip(row) {
+        *p = (v - max).exp();
+    }
+    let sum: f32 = probs.iter().sum();
+    for p in probs.iter_mut() {
+        *p /= sum;
+    }
+    taken.fill(false);
+    top.clear();
+    for _ in 0..k {
+        let mut best: Option<usize> = None;
+        for (i, p) in probs.iter().enumerate() {
+            if !taken[i] && best.is_none_or(|b| p.total_cmp(&probs[b]).is_gt()) {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            taken[b] = true;
+            top.push(b);
+        }
     }
 }
