@@ -127,11 +127,124 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn peak_rss_mib() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+pub(crate) fn peak_rss_mib() -> Option<f64> {
+    peak_rss_mib_of("self")
+}
+
+/// The peak resident memory (`VmHWM`) of process `pid` (`self` for this one), MiB.
+pub(crate) fn peak_rss_mib_of(pid: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+/// Resets this process's peak resident memory to what it holds now (Linux: `5` into
+/// `/proc/self/clear_refs`), so that a measurement's own buffers (the copy bandwidth's) do not
+/// count as the engine's peak.
+pub(crate) fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The machine's copy bandwidth (GB/s, bytes read plus written), from the best of a few copies
+/// of 256 MiB on the engine's team.
+pub(crate) fn copy_bandwidth() -> f64 {
+    let n = 64 << 20;
+    let src = vec![1f32; n];
+    let mut dst = vec![0f32; n];
+    let threads = mtp_engine::team::threads().max(1);
+    let chunk = n.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    (2 * 4 * n) as f64 / best / 1e9
+}
+
+/// Bytes of weights one target-only decode step reads, from the checkpoint's safetensors
+/// headers: every tensor (packed words, scales and biases as stored) except the token
+/// embedding (a step reads one row of it; all of it when it is also the LM head), the MTP
+/// head's and the vision tower's, with each layer's routed experts (`switch_mlp`, `experts`)
+/// counted for the `num_experts_per_tok` of `num_experts` that a token uses.
+pub(crate) fn step_read_bytes(dir: &Path) -> Result<u64> {
+    let read = |p: &Path| -> Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    };
+    let cfg = read(&dir.join("config.json"))?;
+    let text = if cfg["text_config"].is_object() {
+        &cfg["text_config"]
+    } else {
+        &cfg
+    };
+    let tied = cfg["tie_word_embeddings"]
+        .as_bool()
+        .or(text["tie_word_embeddings"].as_bool())
+        .unwrap_or(false);
+    let experts = text["num_experts"].as_u64().unwrap_or(0);
+    let used = text["num_experts_per_tok"].as_u64().unwrap_or(0);
+    let index = dir.join("model.safetensors.index.json");
+    let mut files: Vec<PathBuf> = if index.is_file() {
+        let v = read(&index)?;
+        let mut f: Vec<PathBuf> = v["weight_map"]
+            .as_object()
+            .context("weight_map")?
+            .values()
+            .filter_map(|f| f.as_str().map(|f| dir.join(f)))
+            .collect();
+        f.sort();
+        f.dedup();
+        f
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    files.retain(|f| f.is_file());
+    let (mut dense, mut routed) = (0u64, 0u64);
+    for f in files {
+        use std::io::Read;
+        let mut file = std::fs::File::open(&f).with_context(|| format!("{}", f.display()))?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)?;
+        let len = u64::from_le_bytes(len);
+        if len > 1 << 30 {
+            bail!("{}: a header of {len} bytes", f.display());
+        }
+        let mut header = vec![0u8; len as usize];
+        file.read_exact(&mut header)?;
+        let header: serde_json::Value = serde_json::from_slice(&header)?;
+        for (name, t) in header.as_object().context("safetensors header")? {
+            let offsets: Vec<u64> = t["data_offsets"]
+                .as_array()
+                .map(|o| o.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default();
+            let [start, end] = offsets[..] else {
+                continue;
+            };
+            let bytes = end.saturating_sub(start);
+            let head = name.starts_with("mtp.") || name.contains(".mtp.");
+            let vision = name.contains("visual.") || name.contains("vision_tower");
+            let embedding = name.contains("embed_tokens") && !tied;
+            if head || vision || embedding {
+                continue;
+            }
+            let expert = (name.contains(".switch_mlp.") || name.contains(".experts."))
+                && !name.contains("shared_expert");
+            if expert && experts > 0 {
+                routed += bytes;
+            } else {
+                dense += bytes;
+            }
+        }
+    }
+    Ok(dense + routed * used / experts.max(1))
 }
 
 /// A short greedy generation on `prompt` before anything is timed (caches, the worker team,
@@ -300,6 +413,7 @@ pub fn run(args: &[String]) -> Result<()> {
         dec.push(o.timings.decode_tokens_per_s.unwrap_or(f64::NAN));
     }
     let (pf, dec) = (median(pf), median(dec));
+    let peak = peak_rss_mib();
     println!(
         "\n## target-only ({} prompt tokens, {} generated, median of {})\n",
         a.prompt_len, a.tokens, a.reps
@@ -317,10 +431,22 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("| --- | --- | --- | --- |");
     println!(
         "| mtp-engine (candle, {held} weights, f32 arithmetic) | {pf:.1} | {dec:.2} | {:.0} |",
-        peak_rss_mib().unwrap_or(f64::NAN)
+        peak.unwrap_or(f64::NAN)
+    );
+    let step_bytes = step_read_bytes(&model_dir)?;
+    let bandwidth = copy_bandwidth();
+    let step_bw = step_bytes as f64 * dec / 1e9;
+    println!(
+        "\nweights read per decode step: {:.1} MiB; at {dec:.1} tok/s {step_bw:.1} GB/s, {:.0}% of \
+         this machine's copy bandwidth ({bandwidth:.1} GB/s, read + write), whose rate would \
+         allow {:.0} tok/s",
+        step_bytes as f64 / (1 << 20) as f64,
+        100.0 * step_bw / bandwidth,
+        bandwidth * 1e9 / step_bytes as f64
     );
     let mut report = serde_json::json!({
-        "model": model_dir, "weights_held_bytes": engine.weights_held(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak_rss_mib()},
+        "model": model_dir, "weights_held_bytes": engine.weights_held(), "target_only": {"prefill_tps": pf, "decode_tps": dec, "peak_rss_mib": peak,
+            "step_read_bytes": step_bytes, "weights_gb_per_s": step_bw, "copy_gb_per_s": bandwidth},
     });
     let speculate = !a.target_only && engine.drafter().is_some();
     let depths: Vec<usize> = if speculate { a.depths.clone() } else { vec![] };

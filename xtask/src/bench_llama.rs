@@ -26,14 +26,16 @@
 //! machine's copy bandwidth measured in the same run. Writes `bench-llama.json`.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 use serde_json::{json, Value};
 
-use crate::bench::{median, synthetic_prompt, Args};
+use crate::bench::{
+    copy_bandwidth, median, peak_rss_mib, peak_rss_mib_of, reset_peak_rss, step_read_bytes,
+    synthetic_prompt, Args,
+};
 use crate::llama::{quantize_tool, start_llama, Server};
 
 /// The GGUF type that matches the checkpoint's own weights, from the config as the engine
@@ -117,28 +119,6 @@ async fn llama_once(
     ))
 }
 
-/// The machine's copy bandwidth (GB/s, bytes read plus written), from the best of a few copies
-/// of 256 MiB on the engine's team.
-fn copy_bandwidth() -> f64 {
-    let n = 64 << 20;
-    let src = vec![1f32; n];
-    let mut dst = vec![0f32; n];
-    let threads = mtp_engine::team::threads().max(1);
-    let chunk = n.div_ceil(threads);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                s.spawn(move || d.copy_from_slice(c));
-            }
-        });
-        best = best.min(t.elapsed().as_secs_f64());
-        std::hint::black_box(&dst);
-    }
-    (2 * 4 * n) as f64 / best / 1e9
-}
-
 /// Runs the comparison (see the module docs).
 pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
     let ty = match &a.gguf_type {
@@ -156,6 +136,9 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         None => model.to_path_buf(),
     };
     let gguf = gguf_for(a, server, &source, &ty)?;
+    // before the engine's memory: the copy's buffers are freed and forgotten by the peak
+    let bandwidth = copy_bandwidth();
+    reset_peak_rss();
     let engine = Engine::load_with_drafter(
         model,
         a.drafter.as_deref(),
@@ -185,7 +168,6 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         gguf.display(),
         mtp_engine::team::threads()
     );
-    let bandwidth = copy_bandwidth();
     // warm-up: both engines, every lane
     let opts = GenerateOptions::greedy(a.tokens).ignore_eos(true);
     crate::bench::warm_up(&engine, &prompt)?;
@@ -258,16 +240,29 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
             "mtp_acceptance": m[4], "llama_acceptance": m[5],
         }));
     }
-    let step_bw = held as f64 * med[0][1] / 1e9;
+    let step_bytes = step_read_bytes(model)?;
+    let step_bw = step_bytes as f64 * med[0][1] / 1e9;
     println!(
-        "\nweights read per target-only step over its time: {step_bw:.1} GB/s ({:.0} MiB a step); \
-         this machine's copy bandwidth: {bandwidth:.1} GB/s (read + write)",
-        held as f64 / (1 << 20) as f64
+        "\nweights read per target-only step over its time: {step_bw:.1} GB/s ({:.1} MiB a step), \
+         {:.0}% of this machine's copy bandwidth: {bandwidth:.1} GB/s (read + write), which \
+         would allow {:.0} tok/s",
+        step_bytes as f64 / (1 << 20) as f64,
+        100.0 * step_bw / bandwidth,
+        bandwidth * 1e9 / step_bytes as f64
+    );
+    let engine_peak = peak_rss_mib();
+    let server_peak = peak_rss_mib_of(&servers[0].1.child.id().to_string());
+    println!(
+        "peak RSS: mtp-engine {:.0} MiB (every lane), llama-server (target-only) {:.0} MiB",
+        engine_peak.unwrap_or(f64::NAN),
+        server_peak.unwrap_or(f64::NAN)
     );
     let report = json!({
         "model": model, "gguf": gguf, "gguf_type": ty, "prompt_len": a.prompt_len,
         "tokens": a.tokens, "reps": a.reps, "threads": mtp_engine::team::threads(),
-        "weights_held_bytes": held, "weights_gb_per_s": step_bw, "copy_gb_per_s": bandwidth,
+        "weights_held_bytes": held, "step_read_bytes": step_bytes, "weights_gb_per_s": step_bw,
+        "copy_gb_per_s": bandwidth, "mtp_peak_rss_mib": engine_peak,
+        "llama_peak_rss_mib": server_peak,
         "lanes": rows,
     });
     let path = a.out_dir.join("bench-llama.json");
