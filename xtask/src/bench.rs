@@ -139,13 +139,6 @@ pub(crate) fn peak_rss_mib_of(pid: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// Resets this process's peak resident memory to what it holds now (Linux: `5` into
-/// `/proc/self/clear_refs`), so that a measurement's own buffers (the copy bandwidth's) do not
-/// count as the engine's peak.
-pub(crate) fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
 /// The machine's copy bandwidth (GB/s, bytes read plus written), from the best of a few copies
 /// of 256 MiB on the engine's team.
 pub(crate) fn copy_bandwidth() -> f64 {

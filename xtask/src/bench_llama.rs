@@ -33,8 +33,7 @@ use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 use serde_json::{json, Value};
 
 use crate::bench::{
-    copy_bandwidth, median, peak_rss_mib, peak_rss_mib_of, reset_peak_rss, step_read_bytes,
-    synthetic_prompt, Args,
+    copy_bandwidth, median, peak_rss_mib, peak_rss_mib_of, step_read_bytes, synthetic_prompt, Args,
 };
 use crate::llama::{quantize_tool, start_llama, Server};
 
@@ -136,9 +135,6 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         None => model.to_path_buf(),
     };
     let gguf = gguf_for(a, server, &source, &ty)?;
-    // before the engine's memory: the copy's buffers are freed and forgotten by the peak
-    let bandwidth = copy_bandwidth();
-    reset_peak_rss();
     let engine = Engine::load_with_drafter(
         model,
         a.drafter.as_deref(),
@@ -240,6 +236,10 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
             "mtp_acceptance": m[4], "llama_acceptance": m[5],
         }));
     }
+    // the peaks before the copy's buffers (which the allocator may keep) are counted
+    let engine_peak = peak_rss_mib();
+    let server_peak = peak_rss_mib_of(&servers[0].1.child.id().to_string());
+    let bandwidth = copy_bandwidth();
     let step_bytes = step_read_bytes(model)?;
     let step_bw = step_bytes as f64 * med[0][1] / 1e9;
     println!(
@@ -250,10 +250,10 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         100.0 * step_bw / bandwidth,
         bandwidth * 1e9 / step_bytes as f64
     );
-    let engine_peak = peak_rss_mib();
-    let server_peak = peak_rss_mib_of(&servers[0].1.child.id().to_string());
     println!(
-        "peak RSS: mtp-engine {:.0} MiB (every lane), llama-server (target-only) {:.0} MiB",
+        "peak RSS: mtp-engine {:.0} MiB (this process: every lane, and the GGUF conversion before them; \
+         `--target-only` without `--llama-server` measures the engine alone), llama-server \
+         (target-only) {:.0} MiB",
         engine_peak.unwrap_or(f64::NAN),
         server_peak.unwrap_or(f64::NAN)
     );
