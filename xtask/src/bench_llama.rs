@@ -22,8 +22,10 @@
 //! `--spec-type draft-mtp --spec-draft-n-max D`). Both run greedy with `ignore_eos` for exactly
 //! `--tokens` tokens, on as many threads as the engine's team. llama-server's figures are its
 //! own `timings` (`prompt_per_second`, `predicted_per_second`); the engine's are its report's.
-//! Next to decode, the table prints the weight bytes a step reads over the step time, with the
-//! machine's copy bandwidth measured in the same run. Writes `bench-llama.json`.
+//! Next to decode, the table prints the weight bytes a step reads over the step time (routed
+//! experts counted for the ones a token uses, see `bench::step_read_bytes`), with the machine's
+//! copy bandwidth measured in the same run, and both engines' peak RSS. Writes
+//! `bench-llama.json`.
 
 use std::path::{Path, PathBuf};
 

@@ -8,6 +8,8 @@
 //! cargo xtask fixtures --out /tmp/t --hidden 64 --layers 4 --interval 2 --heads 4 --kv-heads 2 \
 //!     --head-dim 16 --intermediate 128 --vocab 256 --linear-heads 2,4 --linear-dim 16
 //! cargo xtask fixtures --out /tmp/oracle --oracle-head   # MTP machinery benchmark (see below)
+//! cargo xtask fixtures --moe --out /tmp/moe [--oracle-head]
+//!                        # Qwen3.5-35B-A3B scaled down (`moe_bench_shape`), real tokenizer
 //! cargo xtask fixtures --out /tmp/big --dtype bf16 --hidden 2048 --layers 16 --shard-mib 512
 //!                                                        # sharded, as published checkpoints are
 //! ```
