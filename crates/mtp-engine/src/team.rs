@@ -250,20 +250,29 @@ pub(crate) fn chunks_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize,
     });
 }
 
-/// `f(i, a_chunk, b_chunk, c_chunk)` for `n` chunk triples: `a` in chunks of `sa` elements,
-/// `b` of `sb`, `c` of `sc` (any may be short or empty past its end, however large `i * sa`),
-/// in parallel through [`run`].
-#[allow(clippy::too_many_arguments)]
+/// A slice that [`chunks_mut3`] hands out in chunks of `size` elements.
+pub(crate) struct Chunked<'a, T> {
+    /// The elements.
+    pub(crate) data: &'a mut [T],
+    /// Elements per chunk.
+    pub(crate) size: usize,
+}
+
+/// `f(i, a_chunk, b_chunk, c_chunk)` for `n` chunk triples: chunk `i` of each of `a`, `b`, `c`
+/// (any may be short or empty past its end, however large `i * size`), in parallel through
+/// [`run`].
 pub(crate) fn chunks_mut3<A: Send, B: Send, C: Send>(
     n: usize,
-    a: &mut [A],
-    sa: usize,
-    b: &mut [B],
-    sb: usize,
-    c: &mut [C],
-    sc: usize,
+    a: Chunked<'_, A>,
+    b: Chunked<'_, B>,
+    c: Chunked<'_, C>,
     f: impl Fn(usize, &mut [A], &mut [B], &mut [C]) + Sync,
 ) {
+    let (
+        Chunked { data: a, size: sa },
+        Chunked { data: b, size: sb },
+        Chunked { data: c, size: sc },
+    ) = (a, b, c);
     let (la, lb, lc) = (a.len(), b.len(), c.len());
     let (pa, pb, pc) = (
         Shared(a.as_mut_ptr()),
@@ -319,7 +328,21 @@ mod tests {
             assert_eq!(*x, (j / 64) as u32 + 1);
         }
         let (mut a, mut b, mut c) = (vec![0u8; 10], vec![0u8; 3], Vec::<u8>::new());
-        chunks_mut3(5, &mut a, 2, &mut b, 1, &mut c, 4, |i, ca, cb, cc| {
+        let (ka, kb, kc) = (
+            Chunked {
+                data: &mut a,
+                size: 2,
+            },
+            Chunked {
+                data: &mut b,
+                size: 1,
+            },
+            Chunked {
+                data: &mut c,
+                size: 4,
+            },
+        );
+        chunks_mut3(5, ka, kb, kc, |i, ca, cb, cc| {
             assert!(cc.is_empty());
             ca.fill(i as u8);
             cb.fill(i as u8);

@@ -396,9 +396,14 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let provider = self.name.clone();
         let model = self.model.clone();
         tokio::task::spawn_blocking(move || {
-            let result = run_job(
-                &loaded, &request, &prompt, decoding, ctx, &plan, &runtime, started, &tx, max_batch,
-            );
+            let setting = JobSetting {
+                plan: &plan,
+                runtime: &runtime,
+                ctx,
+                max_batch,
+                started,
+            };
+            let result = run_job(&loaded, &request, &prompt, decoding, setting, &tx);
             // Release the provider and this job's hold on the weights before the caller sees
             // the final event, so that its next call is never refused as busy and an
             // `unload` right after the call really frees the weights.
@@ -463,19 +468,32 @@ struct Decoding {
     tool_format: Option<mtp_chat::toolcall::ToolCallFormat>,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where a request runs, besides its prompt and decoding: its plan (speculative or not), the
+/// runtime its report names, the context it must fit (prompt and reply), the batch it may join
+/// (continuous batching of up to `max_batch` sequences), and when it arrived.
+struct JobSetting<'a> {
+    plan: &'a Plan,
+    runtime: &'a str,
+    ctx: Option<usize>,
+    max_batch: Option<usize>,
+    started: Instant,
+}
+
 fn run_job<B: Backend>(
     loaded: &Loaded<B>,
     request: &GenerateRequest,
     prompt: &RenderedPrompt,
     decoding: Decoding,
-    ctx: Option<usize>,
-    plan: &Plan,
-    runtime: &str,
-    started: Instant,
+    setting: JobSetting<'_>,
     tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
-    max_batch: Option<usize>,
 ) -> Result<GenerateResponse, ProviderError> {
+    let JobSetting {
+        plan,
+        runtime,
+        ctx,
+        max_batch,
+        started,
+    } = setting;
     let backend = &loaded.backend;
     let ids = prompt.ids.as_slice();
     let key = request.prompt_cache_key.as_deref();

@@ -5,13 +5,13 @@
 mod values;
 
 use super::aligned::Aligned;
-use super::cpu::{has_avx, has_avx512};
+use super::cpu::{self, Isa};
 use super::dot::dots;
 use super::elements;
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx, Avx512};
 use super::lanes::{Lanes, Portable};
-use values::{weighted_values, VALUE_BLOCK};
+use values::{weighted_values, Heads, ValueRows, VALUE_BLOCK};
 
 /// Causal attention of `l` new queries against a sequence's cached keys and values.
 ///
@@ -31,7 +31,7 @@ use values::{weighted_values, VALUE_BLOCK};
 /// When `h`, `hkv` or `hd` is zero, `h` is not a multiple of `hkv`, `q` is not `[l, h, hd]`,
 /// `keys` not whole `[hkv, hd]` positions, `values` not as long as `keys`, or fewer positions
 /// are cached than there are queries.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the published signature (`nn::attention`)
 pub fn attention(
     q: &[f32],
     keys: &[f32],
@@ -42,39 +42,81 @@ pub fn attention(
     hd: usize,
     scale: f32,
 ) -> Vec<f32> {
-    // the queries on a cache line, like the cache's keys and values ([`Aligned`])
-    let q = Aligned::copy(q);
-    attention_impl(
-        q.values(),
+    attention_shaped(
+        q,
         keys,
         values,
-        l,
-        h,
-        hkv,
-        hd,
-        scale,
-        has_avx(),
-        SCORE_BUDGET,
-        VALUE_BLOCK,
+        AttentionShape {
+            l,
+            h,
+            hkv,
+            hd,
+            scale,
+        },
     )
 }
 
-/// [`attention`] on AVX when `avx` (and detected) or the portable lanes, with tasks holding at
-/// most `budget` scores and the value rows taken in blocks of `value_block` keys (even).
-#[allow(clippy::too_many_arguments)]
+/// The shape of one [`attention`] call: `l` new queries of `h` heads over `hkv` KV heads, each
+/// `hd` wide, their scores scaled by `scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// New queries (positions).
+    pub l: usize,
+    /// Query heads (a multiple of `hkv`).
+    pub h: usize,
+    /// Key and value heads.
+    pub hkv: usize,
+    /// Head width.
+    pub hd: usize,
+    /// The factor on every score.
+    pub scale: f32,
+}
+
+/// [`attention`] with its shape in one value.
+pub fn attention_shaped(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    shape: AttentionShape,
+) -> Vec<f32> {
+    // the queries on a cache line, like the cache's keys and values ([`Aligned`])
+    let q = Aligned::copy(q);
+    attention_impl(q.values(), keys, values, shape, Tiling::DEFAULT)
+}
+
+/// How [`attention_impl`] runs: on which instruction set (no wider than detected), with tasks
+/// holding at most `budget` scores and the value rows taken in blocks of `value_block` keys.
+#[derive(Clone, Copy, Debug)]
+struct Tiling {
+    isa: Isa,
+    budget: usize,
+    /// Keys per block of value rows (even; see [`VALUE_BLOCK`]).
+    value_block: usize,
+}
+
+impl Tiling {
+    /// What [`attention`] uses: the detected instruction set, [`SCORE_BUDGET`], [`VALUE_BLOCK`].
+    const DEFAULT: Tiling = Tiling {
+        isa: Isa::Avx512,
+        budget: SCORE_BUDGET,
+        value_block: VALUE_BLOCK,
+    };
+}
+
+/// [`attention`] on `tiling.isa` (narrowed to what was detected).
 fn attention_impl(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
-    l: usize,
-    h: usize,
-    hkv: usize,
-    hd: usize,
-    scale: f32,
-    avx: bool,
-    budget: usize,
-    value_block: usize,
+    shape: AttentionShape,
+    tiling: Tiling,
 ) -> Vec<f32> {
+    let AttentionShape { l, h, hkv, hd, .. } = shape;
+    let Tiling {
+        budget,
+        value_block,
+        ..
+    } = tiling;
     assert!(
         h > 0 && hkv > 0 && hd > 0 && h.is_multiple_of(hkv) && value_block >= 2,
         "attention: {h} heads over {hkv} KV heads of width {hd}"
@@ -107,35 +149,25 @@ fn attention_impl(
         q,
         keys,
         values,
-        l,
-        h,
-        hkv,
-        hd,
-        scale,
+        shape,
         tile,
         value_block: value_block & !1,
         out: out.as_mut_ptr(),
     };
-    let avx = avx && has_avx();
-    let wide = avx && has_avx512();
+    let isa = tiling.isa.min(cpu::isa());
     let work = |task: usize| {
         let (kvh, ti) = (task / tiles, task % tiles);
-        #[cfg(target_arch = "x86_64")]
-        if wide {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2, FMA and AVX-512F were detected on this CPU; as below.
-            unsafe { attention_task_avx512(&job, kvh, ti) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx {
+            Isa::Avx512 => unsafe { attention_task_avx512(&job, kvh, ti) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX was detected on this CPU; task `(kvh, ti)` writes only its own
             // heads and positions of `out`, which outlives the loop.
-            unsafe { attention_task_avx(&job, kvh, ti) };
-            return;
+            Isa::Avx2 => unsafe { attention_task_avx(&job, kvh, ti) },
+            // SAFETY: the portable lanes need no particular instruction set; as above.
+            _ => unsafe { attention_task::<Portable>(&job, kvh, ti) },
         }
-        let _ = (avx, wide);
-        // SAFETY: the portable lanes need no particular instruction set; as above.
-        unsafe { attention_task::<Portable>(&job, kvh, ti) };
     };
     let tasks = hkv * tiles;
     // a few microseconds of work pay for a split (see `matmul_rows`)
@@ -155,11 +187,7 @@ struct AttentionJob<'a> {
     q: &'a [f32],
     keys: &'a [f32],
     values: &'a [f32],
-    l: usize,
-    h: usize,
-    hkv: usize,
-    hd: usize,
-    scale: f32,
+    shape: AttentionShape,
     /// Positions per task.
     tile: usize,
     /// Keys per block of value rows (even; see [`VALUE_BLOCK`]).
@@ -294,7 +322,13 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
         static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let (l, h, hkv, hd) = (job.l, job.h, job.hkv, job.hd);
+    let AttentionShape {
+        l,
+        h,
+        hkv,
+        hd,
+        scale,
+    } = job.shape;
     let t_total = job.keys.len() / (hkv * hd);
     let rep = h / hkv;
     // Keys before `shared` are visible to every query; key `shared + i` only to positions > i.
@@ -332,13 +366,13 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                 // two queries share each key load where the registers allow it
                 while L::WIDE && j + 2 <= nq {
                     let [s0, s1] = dots8::<L, 2>([qp(j), qp(j + 1)], ks, hd);
-                    L::store(sp.add(j * seen + t), L::mul(s0, L::splat(job.scale)));
-                    L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(job.scale)));
+                    L::store(sp.add(j * seen + t), L::mul(s0, L::splat(scale)));
+                    L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(scale)));
                     j += 2;
                 }
                 while j < nq {
                     let [s] = dots8::<L, 1>([qp(j)], ks, hd);
-                    L::store(sp.add(j * seen + t), L::mul(s, L::splat(job.scale)));
+                    L::store(sp.add(j * seen + t), L::mul(s, L::splat(scale)));
                     j += 1;
                 }
                 t += 8;
@@ -346,7 +380,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
             while t < seen {
                 for j in 0..nq {
                     let [[v]] = dots::<L, f32, 1, 1>([qp(j)], [key(t)], hd);
-                    *sp.add(j * seen + t) = v * job.scale;
+                    *sp.add(j * seen + t) = v * scale;
                 }
                 t += 1;
             }
@@ -376,6 +410,12 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                     continue;
                 }
                 let span = t0..t1.min(visible);
+                let rows = ValueRows {
+                    values: vals,
+                    stride,
+                    visible,
+                    hd,
+                };
                 let row = (i - i0) * rep;
                 // SAFETY (both): `(row + r) * seen + seen <= nq * seen`, the scores' length;
                 // `(i * h + head) * hd + hd <= l * h * hd`, the result's.
@@ -392,50 +432,38 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                 // that no other task writes these outputs.
                 unsafe {
                     while r + 4 <= rep {
-                        weighted_values::<L, 4>(
-                            [w(r), w(r + 1), w(r + 2), w(r + 3)],
-                            [
+                        let heads = Heads {
+                            ws: [w(r), w(r + 1), w(r + 2), w(r + 3)],
+                            inv: [
                                 inv[row + r],
                                 inv[row + r + 1],
                                 inv[row + r + 2],
                                 inv[row + r + 3],
                             ],
-                            vals,
-                            stride,
-                            span.clone(),
-                            visible,
-                            hd,
-                            p(r),
-                            [o(r), o(r + 1), o(r + 2), o(r + 3)],
-                        );
+                            part: p(r),
+                            outs: [o(r), o(r + 1), o(r + 2), o(r + 3)],
+                        };
+                        weighted_values::<L, 4>(heads, rows, span.clone());
                         r += 4;
                     }
                     if r + 2 <= rep {
-                        weighted_values::<L, 2>(
-                            [w(r), w(r + 1)],
-                            [inv[row + r], inv[row + r + 1]],
-                            vals,
-                            stride,
-                            span.clone(),
-                            visible,
-                            hd,
-                            p(r),
-                            [o(r), o(r + 1)],
-                        );
+                        let heads = Heads {
+                            ws: [w(r), w(r + 1)],
+                            inv: [inv[row + r], inv[row + r + 1]],
+                            part: p(r),
+                            outs: [o(r), o(r + 1)],
+                        };
+                        weighted_values::<L, 2>(heads, rows, span.clone());
                         r += 2;
                     }
                     if r < rep {
-                        weighted_values::<L, 1>(
-                            [w(r)],
-                            [inv[row + r]],
-                            vals,
-                            stride,
-                            span,
-                            visible,
-                            hd,
-                            p(r),
-                            [o(r)],
-                        );
+                        let heads = Heads {
+                            ws: [w(r)],
+                            inv: [inv[row + r]],
+                            part: p(r),
+                            outs: [o(r)],
+                        };
+                        weighted_values::<L, 1>(heads, rows, span);
                     }
                 }
             }
@@ -483,14 +511,18 @@ mod tests {
                             &q,
                             &keys,
                             &values,
-                            l,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                            avx,
-                            SCORE_BUDGET,
-                            block,
+                            AttentionShape {
+                                l,
+                                h,
+                                hkv,
+                                hd,
+                                scale,
+                            },
+                            Tiling {
+                                isa: if avx { Isa::Avx512 } else { Isa::Portable },
+                                budget: SCORE_BUDGET,
+                                value_block: block,
+                            },
                         )
                     };
                     let blocked = run(VALUE_BLOCK);
@@ -514,14 +546,18 @@ mod tests {
                             &q[i * h * hd..(i + 1) * h * hd],
                             &keys[..seen],
                             &values[..seen],
-                            1,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                            avx,
-                            SCORE_BUDGET,
-                            VALUE_BLOCK,
+                            AttentionShape {
+                                l: 1,
+                                h,
+                                hkv,
+                                hd,
+                                scale,
+                            },
+                            Tiling {
+                                isa: if avx { Isa::Avx512 } else { Isa::Portable },
+                                budget: SCORE_BUDGET,
+                                value_block: VALUE_BLOCK,
+                            },
                         );
                         assert_eq!(
                             testing::bits(&blocked[i * h * hd..(i + 1) * h * hd]),
@@ -556,14 +592,18 @@ mod tests {
                     &q,
                     &keys,
                     &values,
-                    l,
-                    h,
-                    hkv,
-                    hd,
-                    scale,
-                    false,
-                    SCORE_BUDGET,
-                    VALUE_BLOCK,
+                    AttentionShape {
+                        l,
+                        h,
+                        hkv,
+                        hd,
+                        scale,
+                    },
+                    Tiling {
+                        isa: Isa::Portable,
+                        budget: SCORE_BUDGET,
+                        value_block: VALUE_BLOCK,
+                    },
                 );
                 // one position per task: the same bits
                 for budget in [1, 2 * (h / hkv) * t_total] {
@@ -571,14 +611,18 @@ mod tests {
                         &q,
                         &keys,
                         &values,
-                        l,
-                        h,
-                        hkv,
-                        hd,
-                        scale,
-                        true,
-                        budget,
-                        VALUE_BLOCK,
+                        AttentionShape {
+                            l,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                        },
+                        Tiling {
+                            isa: Isa::Avx512,
+                            budget,
+                            value_block: VALUE_BLOCK,
+                        },
                     );
                     assert!(all
                         .iter()
@@ -606,14 +650,18 @@ mod tests {
                         &q[i * h * hd..(i + 1) * h * hd],
                         &keys[..seen * hkv * hd],
                         &values[..seen * hkv * hd],
-                        1,
-                        h,
-                        hkv,
-                        hd,
-                        scale,
-                        false,
-                        SCORE_BUDGET,
-                        VALUE_BLOCK,
+                        AttentionShape {
+                            l: 1,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                        },
+                        Tiling {
+                            isa: Isa::Portable,
+                            budget: SCORE_BUDGET,
+                            value_block: VALUE_BLOCK,
+                        },
                     );
                     let same = |a: &[f32], b: &[f32]| {
                         a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -716,7 +764,7 @@ mod tests {
                 let (all, tiled) = with_isa(isa, || {
                     let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
                     let tiled =
-                        attention_impl(&q, &keys, &values, l, h, hkv, hd, scale, true, 1, VALUE_BLOCK);
+                        attention_impl(&q, &keys, &values, AttentionShape { l, h, hkv, hd, scale }, Tiling { isa: Isa::Avx512, budget: 1, value_block: VALUE_BLOCK });
                     (all, tiled)
                 });
                 prop_assert_eq!(testing::bits(&all), testing::bits(&tiled));

@@ -2,11 +2,12 @@
 //! sequence's steps over its state, settling the steps an earlier verify kept, advancing the
 //! state or not and keeping a backup; the state rows run in blocks of steps held in L1.
 
-use super::cpu::has_avx;
+use super::cpu::{self, Isa};
 use super::elements;
 #[cfg(target_arch = "x86_64")]
 use super::lanes::Avx;
 use super::lanes::{madd, Lanes, Portable};
+use crate::team::Chunked;
 
 /// Shapes of the gated delta rule.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,7 +26,6 @@ pub struct DeltaDims {
 /// recurrence; see [`DeltaDims`] for the shapes): advances `state` by the steps and
 /// returns their outputs `[s, hv, dv]`. See [`gated_delta`].
 #[cfg(test)]
-#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_steps(
     d: DeltaDims,
     q: &[f32],
@@ -61,7 +61,7 @@ pub fn gated_delta_steps(
 /// When a dimension is zero, `hv` is not a multiple of `hk`, an input or the state does not
 /// have the shape above for `s = g.len() / hv` steps, `settle > s`, or a non-empty `backup` is
 /// not as long as the state.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the signature `qwen3_5::layers` calls
 pub fn gated_delta(
     d: DeltaDims,
     q: &[f32],
@@ -74,33 +74,7 @@ pub fn gated_delta(
     advance: bool,
     backup: &mut [f32],
 ) -> Vec<f32> {
-    let DeltaDims { hk, hv, dk, dv } = d;
-    assert!(
-        hk > 0 && hv > 0 && dk > 0 && dv > 0 && hv.is_multiple_of(hk),
-        "gated_delta: {hk} key heads, {hv} value heads, widths {dk} and {dv}"
-    );
-    let s = g.len() / hv;
-    let sized = |what: &str, len: usize, dims: &[usize]| {
-        assert!(
-            elements(dims) == Some(len),
-            "gated_delta: {what} holds {len} floats, expected {dims:?}"
-        )
-    };
-    sized("g", g.len(), &[s, hv]);
-    sized("beta", beta.len(), &[s, hv]);
-    sized("q", q.len(), &[s, hk, dk]);
-    sized("k", k.len(), &[s, hk, dk]);
-    sized("v", v.len(), &[s, hv, dv]);
-    sized("the state", state.len(), &[hv, dv, dk]);
-    assert!(settle <= s, "gated_delta: {settle} steps to settle of {s}");
-    assert!(
-        backup.is_empty() || backup.len() == state.len(),
-        "gated_delta: a backup of {} floats for a state of {}",
-        backup.len(),
-        state.len()
-    );
-    let head = dv * dk;
-    let inp = DeltaIn {
+    DeltaIn {
         d,
         q,
         k,
@@ -109,49 +83,107 @@ pub fn gated_delta(
         beta,
         settle,
         advance,
-    };
-    let avx = has_avx();
-    // one value head: its state rows `[dv, dk]`, its outputs `[s - settle, dv]` and its part
-    // of the backup (`[dv, dk]` or empty)
-    let run = |h: usize, st: &mut [f32], y: &mut [f32], b: &mut [f32]| {
-        #[cfg(target_arch = "x86_64")]
-        if avx {
-            // SAFETY: AVX2 and FMA were detected on this CPU.
-            unsafe { delta_head_avx(inp, h, st, y, b) };
-            return;
-        }
-        let _ = avx;
-        // SAFETY: the portable lanes need no particular instruction set.
-        unsafe { delta_head::<Portable>(inp, h, st, y, b) };
-    };
-    let out = s - settle;
-    // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
-    let mut yh = crate::scratch::zeroed(d.hv * out * d.dv);
-    let per_y = out * d.dv;
-    // split by head unless the whole call is a few microseconds of work (even the bundled
-    // demo model's 64 KiB state gains from it, measured)
-    let per_b = if backup.is_empty() { 0 } else { head };
-    if d.hv > 1 && state.len() * s >= 1 << 13 {
-        crate::team::chunks_mut3(d.hv, state, head, &mut yh, per_y, backup, per_b, run);
-    } else {
-        for (h, st) in state.chunks_mut(head).enumerate() {
-            let b = &mut backup[h * per_b..(h + 1) * per_b];
-            run(h, st, &mut yh[h * per_y..(h + 1) * per_y], b);
-        }
     }
-    // every element is copied in below
-    let mut y = crate::scratch::overwritten(out * d.hv * d.dv);
-    for h in 0..d.hv {
-        for t in 0..out {
-            y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv]
-                .copy_from_slice(&yh[(h * out + t) * d.dv..(h * out + t + 1) * d.dv]);
-        }
-    }
-    crate::scratch::recycle(yh);
-    y
+    .run(state, backup)
 }
 
-/// The inputs of a delta-rule call, shared by its per-head tasks.
+impl DeltaIn<'_> {
+    /// [`gated_delta`] over these operands.
+    fn run(self, state: &mut [f32], backup: &mut [f32]) -> Vec<f32> {
+        let inp = self;
+        let DeltaIn {
+            d,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            settle,
+            ..
+        } = inp;
+        let DeltaDims { hk, hv, dk, dv } = d;
+        assert!(
+            hk > 0 && hv > 0 && dk > 0 && dv > 0 && hv.is_multiple_of(hk),
+            "gated_delta: {hk} key heads, {hv} value heads, widths {dk} and {dv}"
+        );
+        let s = g.len() / hv;
+        let sized = |what: &str, len: usize, dims: &[usize]| {
+            assert!(
+                elements(dims) == Some(len),
+                "gated_delta: {what} holds {len} floats, expected {dims:?}"
+            )
+        };
+        sized("g", g.len(), &[s, hv]);
+        sized("beta", beta.len(), &[s, hv]);
+        sized("q", q.len(), &[s, hk, dk]);
+        sized("k", k.len(), &[s, hk, dk]);
+        sized("v", v.len(), &[s, hv, dv]);
+        sized("the state", state.len(), &[hv, dv, dk]);
+        assert!(settle <= s, "gated_delta: {settle} steps to settle of {s}");
+        assert!(
+            backup.is_empty() || backup.len() == state.len(),
+            "gated_delta: a backup of {} floats for a state of {}",
+            backup.len(),
+            state.len()
+        );
+        let head = dv * dk;
+        let isa = cpu::isa();
+        // one value head: its state rows `[dv, dk]`, its outputs `[s - settle, dv]` and its part
+        // of the backup (`[dv, dk]` or empty)
+        let run = |h: usize, st: &mut [f32], y: &mut [f32], b: &mut [f32]| {
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                unsafe { delta_head_avx(inp, h, st, y, b) };
+                return;
+            }
+            let _ = isa;
+            // SAFETY: the portable lanes need no particular instruction set.
+            unsafe { delta_head::<Portable>(inp, h, st, y, b) };
+        };
+        let out = s - settle;
+        // per head `[hv, out, dv]`, reordered to `[out, hv, dv]` at the end
+        let mut yh = crate::scratch::zeroed(d.hv * out * d.dv);
+        let per_y = out * d.dv;
+        // split by head unless the whole call is a few microseconds of work (even the bundled
+        // demo model's 64 KiB state gains from it, measured)
+        let per_b = if backup.is_empty() { 0 } else { head };
+        if d.hv > 1 && state.len() * s >= 1 << 13 {
+            let (st, ys, bs) = (
+                Chunked {
+                    data: state,
+                    size: head,
+                },
+                Chunked {
+                    data: &mut yh,
+                    size: per_y,
+                },
+                Chunked {
+                    data: backup,
+                    size: per_b,
+                },
+            );
+            crate::team::chunks_mut3(d.hv, st, ys, bs, run);
+        } else {
+            for (h, st) in state.chunks_mut(head).enumerate() {
+                let b = &mut backup[h * per_b..(h + 1) * per_b];
+                run(h, st, &mut yh[h * per_y..(h + 1) * per_y], b);
+            }
+        }
+        // every element is copied in below
+        let mut y = crate::scratch::overwritten(out * d.hv * d.dv);
+        for h in 0..d.hv {
+            for t in 0..out {
+                y[(t * d.hv + h) * d.dv..(t * d.hv + h + 1) * d.dv]
+                    .copy_from_slice(&yh[(h * out + t) * d.dv..(h * out + t + 1) * d.dv]);
+            }
+        }
+        crate::scratch::recycle(yh);
+        y
+    }
+}
+
+/// The operands of a delta-rule call ([`gated_delta`]), shared by its per-head tasks.
 #[derive(Clone, Copy)]
 struct DeltaIn<'a> {
     d: DeltaDims,
@@ -229,12 +261,18 @@ unsafe fn delta_head<L: Lanes>(
                 &mut scratch[at..at + r * dk]
             };
             let b = backup.map(|b| b.wrapping_add(i * dk));
+            let group = RowGroup {
+                rows,
+                i0: i,
+                scratch: copy,
+                backup: b,
+            };
             // SAFETY: forwarded from the caller; `b` has room for these rows.
             unsafe {
                 if r == DELTA_ROWS {
-                    delta_rows::<L, DELTA_ROWS>(inp, h, rows, i, y, copy, b, t0..t1);
+                    delta_rows::<L, DELTA_ROWS>(inp, h, group, y, t0..t1);
                 } else {
-                    delta_rows::<L, 1>(inp, h, rows, i, y, copy, b, t0..t1);
+                    delta_rows::<L, 1>(inp, h, group, y, t0..t1);
                 }
             }
             i += r;
@@ -246,7 +284,17 @@ unsafe fn delta_head<L: Lanes>(
     }
 }
 
-/// Steps `steps` of head `h` over its `R` state rows `rows` (`[R, dk]`, rows `i0..i0 + R` of
+/// A group of state rows that [`delta_rows`] steps side by side: `rows` (`[R, dk]`, rows
+/// `i0..i0 + R` of the head), the copies `scratch` the steps from `settle` on run on when they
+/// must not advance the state (`R * dk` floats, or empty), and where the rows' backup goes.
+struct RowGroup<'a> {
+    rows: &'a mut [f32],
+    i0: usize,
+    scratch: &'a mut [f32],
+    backup: Option<*mut f32>,
+}
+
+/// Steps `steps` of head `h` over its `R` state rows `group.rows` (`[R, dk]`, rows `i0..i0 + R` of
 /// the head), interleaved row by row within each pass. `scratch` (`R * dk` floats, or empty
 /// when `advance`) holds the rows' copies on which the steps from `settle` on run when they
 /// must not advance the state: they are taken at step `settle`, and later blocks of steps
@@ -255,18 +303,20 @@ unsafe fn delta_head<L: Lanes>(
 ///
 /// # Safety
 /// The CPU supports `L`; `backup` points at `R * dk` writable floats apart from `rows`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn delta_rows<L: Lanes, const R: usize>(
     inp: DeltaIn<'_>,
     h: usize,
-    rows: &mut [f32],
-    i0: usize,
+    group: RowGroup<'_>,
     y: &mut [f32],
-    scratch: &mut [f32],
-    backup: Option<*mut f32>,
     steps: std::ops::Range<usize>,
 ) {
+    let RowGroup {
+        rows,
+        i0,
+        scratch,
+        backup,
+    } = group;
     let DeltaIn {
         d,
         q,

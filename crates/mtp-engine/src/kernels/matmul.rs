@@ -4,7 +4,7 @@
 //! ([`matmul_rows`], [`matmul_rows_parts`]) and quantized matrices kept packed
 //! ([`matmul_quant`]; 4 and 8 bits through `crate::qdot`). More rows go to `crate::fgemm`.
 
-use super::cpu::{has_avx, has_avx512};
+use super::cpu::{self, Isa};
 use super::dot::{dots, dots_many, first};
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx, Avx512};
@@ -222,23 +222,22 @@ pub(crate) fn row_groups(lens: &[usize]) -> Vec<std::ops::Range<usize>> {
     groups
 }
 
-/// [`matmul_block`] on the path this CPU runs (`avx`, `avx512`: what was detected).
+/// [`matmul_block`] of the output features `feats` on the path `isa` (what was detected).
 ///
 /// # Safety
-/// As [`matmul_block`]; `avx` and `avx512` are [`has_avx`] and [`has_avx512`].
-#[allow(clippy::too_many_arguments)]
+/// As [`matmul_block`] (`o0` and `outs` being `feats`' start and length); `isa` is
+/// [`cpu::isa`].
 #[inline(always)]
 unsafe fn block<E: Weight>(
     x: &[f32],
     n: usize,
     w: &[E],
     inp: usize,
-    o0: usize,
-    outs: usize,
+    feats: std::ops::Range<usize>,
     dst: Dst,
-    avx: bool,
-    avx512: bool,
+    isa: Isa,
 ) {
+    let (o0, outs) = (feats.start, feats.len());
     // The 512-bit path takes f32 weights from three rows up: one or two (decode, a depth-1
     // verify) stream them at memory speed either way, and on a 615M-parameter shape the
     // paired 256-bit path was 3% faster for two (`verify_cost`: 1.07-1.08 steps against
@@ -247,18 +246,18 @@ unsafe fn block<E: Weight>(
     // one or two rows instead of 16.1-17.3 (`examples/matmul_rows`, 512 MiB, interleaved).
     // SAFETY (all three): forwarded from the caller.
     #[cfg(target_arch = "x86_64")]
-    if avx512 && (n > 2 || E::WIDE_FOR_FEW) {
+    if isa >= Isa::Avx512 && (n > 2 || E::WIDE_FOR_FEW) {
         // (and AVX2, FMA and AVX-512F were detected on this CPU)
         unsafe { matmul_block_avx512(x, n, w, inp, o0, outs, dst) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if avx {
+    if isa >= Isa::Avx2 {
         // (and AVX was detected on this CPU)
         unsafe { matmul_block_avx(x, n, w, inp, o0, outs, dst) };
         return;
     }
-    let _ = (avx, avx512);
+    let _ = isa;
     // (and the portable lanes need no particular instruction set)
     unsafe { matmul_block::<Portable, E>(x, n, w, inp, o0, outs, dst) };
 }
@@ -296,7 +295,7 @@ pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
     thread_local! {
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let (avx, avx512) = (has_avx(), has_avx512());
+    let isa = cpu::isa();
     let mut y = vec![0f32; n * out];
     let dst = Dst {
         ptr: y.as_mut_ptr(),
@@ -317,7 +316,7 @@ pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
                 // SAFETY: block `bi` writes only its features `o..o + m` of the `n` rows of
                 // `y` (through `dst` moved to feature `o`), which outlives the loop; `unpacked`
                 // holds those `m` weight rows.
-                unsafe { block(x, n, unpacked, inp, 0, m, dst.from(o), avx, avx512) };
+                unsafe { block(x, n, unpacked, inp, 0..m, dst.from(o), isa) };
                 o += m;
             }
         });
@@ -351,7 +350,7 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
         w.len()
     );
     let out = w.len() / inp;
-    let (avx, avx512) = (has_avx(), has_avx512());
+    let isa = cpu::isa();
     let mut y = vec![0f32; n * out];
     let dst = Dst {
         ptr: y.as_mut_ptr(),
@@ -361,7 +360,7 @@ pub fn matmul_rows<E: Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Vec<f
         let o0 = bi * BLOCK;
         // SAFETY: block `bi` writes only its features `o0..o0 + outs` of the `n` rows of `y`,
         // which outlives the loop; `w` holds them.
-        unsafe { block(x, n, w, inp, o0, BLOCK.min(out - o0), dst, avx, avx512) };
+        unsafe { block(x, n, w, inp, o0..(o0 + BLOCK).min(out), dst, isa) };
     };
     let blocks = out.div_ceil(BLOCK);
     // the worker team makes a split pay from a few microseconds of work (measured on the demo
@@ -391,7 +390,7 @@ pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: us
     );
     let outs: Vec<usize> = parts.iter().map(|w| w.len() / inp).collect();
     let out: usize = outs.iter().sum();
-    let (avx, avx512) = (has_avx(), has_avx512());
+    let isa = cpu::isa();
     let mut y = vec![0f32; n * out];
     // (part, first feature in the part, first feature in the result) of every block
     let mut blocks = Vec::new();
@@ -413,17 +412,7 @@ pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: us
         // the block's weight rows.
         unsafe {
             let dst = dst.from(at - o0);
-            block(
-                x,
-                n,
-                parts[p],
-                inp,
-                o0,
-                BLOCK.min(outs[p] - o0),
-                dst,
-                avx,
-                avx512,
-            )
+            block(x, n, parts[p], inp, o0..(o0 + BLOCK).min(outs[p]), dst, isa)
         };
     };
     if out * inp >= 1 << 12 {
@@ -438,7 +427,7 @@ pub fn matmul_rows_parts<E: Weight>(x: &[f32], n: usize, parts: &[&[E]], inp: us
 mod tests {
     use super::*;
 
-    use crate::kernels::cpu::{isas, with_isa};
+    use crate::kernels::cpu::{has_avx, has_avx512, isas, with_isa};
     use crate::kernels::dot::lone;
     use crate::kernels::lanes::{detected_fused, fused};
     use crate::testing::{self, expect_panic, rng, CASES};

@@ -4,8 +4,30 @@
 
 use crate::kernels::lanes::Lanes;
 
-/// `out[q][c] = inv[q] * Σ_t w_q[t] v[t][c]` for `N` queries reading the same `visible` value
-/// rows (`v[t]` at `values + t * stride`, `hd` wide), the keys `span` of it: from zero when the
+/// The value rows of one KV head that a position's queries read: `visible` rows of `hd`
+/// floats, row `t` at `values + t * stride`.
+#[derive(Clone, Copy)]
+pub(super) struct ValueRows {
+    pub(super) values: *const f32,
+    pub(super) stride: usize,
+    pub(super) visible: usize,
+    pub(super) hd: usize,
+}
+
+/// `N` heads of one position that read the same [`ValueRows`]: their softmax weights `ws[q]`
+/// (`visible` floats), the weights' `1 / sum` `inv[q]`, their partial sums between blocks of
+/// keys `part` (`2 N hd` floats: even chains, then odd ones; only used when a span is not all
+/// the keys) and their outputs `outs[q]` (`hd` floats).
+#[derive(Clone, Copy)]
+pub(super) struct Heads<const N: usize> {
+    pub(super) ws: [*const f32; N],
+    pub(super) inv: [f32; N],
+    pub(super) part: *mut f32,
+    pub(super) outs: [*mut f32; N],
+}
+
+/// `out[q][c] = inv[q] * Σ_t w_q[t] v[t][c]` for `N` queries (`heads`) reading the same
+/// `visible` value rows (`rows`: `v[t]` at `values + t * stride`, `hd` wide), the keys `span` of it: from zero when the
 /// span starts at 0, else going on from the partial sums in `part`; written to `outs` when the
 /// span ends at `visible`, else back to `part`. Even and odd `t` accumulate apart and are added
 /// at the end: a fixed order per query and channel, whatever `N`, however the channels are
@@ -19,18 +41,23 @@ use crate::kernels::lanes::Lanes;
 /// holds `2 N hd` floats unless the span is all the keys; `span.start` is even and `span`
 /// inside `0..visible`; the CPU supports `L`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn weighted_values<L: Lanes, const N: usize>(
-    ws: [*const f32; N],
-    inv: [f32; N],
-    values: *const f32,
-    stride: usize,
+    heads: Heads<N>,
+    rows: ValueRows,
     span: std::ops::Range<usize>,
-    visible: usize,
-    hd: usize,
-    part: *mut f32,
-    outs: [*mut f32; N],
 ) {
+    let Heads {
+        ws,
+        inv,
+        part,
+        outs,
+    } = heads;
+    let ValueRows {
+        values,
+        stride,
+        visible,
+        hd,
+    } = rows;
     // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
         let mut c = 0;
@@ -38,18 +65,7 @@ pub(super) unsafe fn weighted_values<L: Lanes, const N: usize>(
         macro_rules! passes {
             ($chunk:ty, $g:literal) => {
                 while c + <$chunk as Chunk<L>>::WIDTH * $g <= hd {
-                    values_pass::<L, $chunk, N, $g>(
-                        ws,
-                        inv,
-                        values,
-                        stride,
-                        span.clone(),
-                        visible,
-                        c,
-                        hd,
-                        part,
-                        outs,
-                    );
+                    values_pass::<L, $chunk, N, $g>(heads, rows, span.clone(), c);
                     c += <$chunk as Chunk<L>>::WIDTH * $g;
                 }
             };
@@ -229,19 +245,24 @@ impl<L: Lanes> Chunk<L> for Wide {
 /// As [`weighted_values`], with `c + C::WIDTH * G <= hd`, `span` inside `0..visible`, and
 /// `part` holding `2 N hd` floats unless the span is all the keys.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn values_pass<L: Lanes, C: Chunk<L>, const N: usize, const G: usize>(
-    ws: [*const f32; N],
-    inv: [f32; N],
-    values: *const f32,
-    stride: usize,
+    heads: Heads<N>,
+    rows: ValueRows,
     span: std::ops::Range<usize>,
-    visible: usize,
     c: usize,
-    hd: usize,
-    part: *mut f32,
-    outs: [*mut f32; N],
 ) {
+    let Heads {
+        ws,
+        inv,
+        part,
+        outs,
+    } = heads;
+    let ValueRows {
+        values,
+        stride,
+        visible,
+        hd,
+    } = rows;
     let width = C::WIDTH;
     // SAFETY (all accesses): within the bounds the caller guarantees.
     unsafe {
