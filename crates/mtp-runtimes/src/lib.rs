@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 mod evidence;
+mod gguf_options;
 mod http;
 mod options;
 mod provider;
@@ -44,6 +45,7 @@ use std::sync::Arc;
 use mtp_contract::{Provider, ProviderError, ProviderKind, ProviderOptions};
 
 pub use evidence::{Evidence, ServerSpec, LLAMA_MTP_TYPE};
+pub use gguf_options::GgufOptions;
 pub use options::{
     ApiKey, HttpOptions, MetricsMode, ServerKind, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SSE_EVENT_BYTES, EXTRA_KEYS,

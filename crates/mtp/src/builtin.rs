@@ -27,6 +27,8 @@ pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
     }
 }
 
+/// The registry's `gguf` factory: its options as strings, read once
+/// ([`mtp_runtimes::GgufOptions::from_extra`]).
 #[cfg(feature = "gguf")]
 fn gguf(
     model: &str,
@@ -38,7 +40,27 @@ fn gguf(
 #[cfg(not(feature = "gguf"))]
 fn gguf(
     model: &str,
+    opts: &mtp_contract::ProviderOptions,
+) -> Result<Arc<dyn mtp_contract::Provider>, mtp_contract::ProviderError> {
+    gguf_with(model, opts, mtp_runtimes::GgufOptions::default())
+}
+
+/// The in-process `gguf` provider with its options typed (`opts.extra` must be empty).
+#[cfg(feature = "gguf")]
+pub(crate) fn gguf_with(
+    model: &str,
+    opts: &mtp_contract::ProviderOptions,
+    gguf: mtp_runtimes::GgufOptions,
+) -> Result<Arc<dyn mtp_contract::Provider>, mtp_contract::ProviderError> {
+    mtp_runtimes::gguf::create_with(model, opts, gguf)
+}
+
+/// Without the `gguf` cargo feature: an error saying how to build it.
+#[cfg(not(feature = "gguf"))]
+pub(crate) fn gguf_with(
+    model: &str,
     _opts: &mtp_contract::ProviderOptions,
+    _gguf: mtp_runtimes::GgufOptions,
 ) -> Result<Arc<dyn mtp_contract::Provider>, mtp_contract::ProviderError> {
     Err(mtp_contract::ProviderError::ModelLoad {
         model: model.to_string(),

@@ -51,6 +51,7 @@ use mtp_contract::{
     StreamEvent, Timings, Usage,
 };
 
+pub use crate::GgufOptions;
 pub use header::{read_head, HeadInfo, DEFAULT_DEPTH};
 
 /// The provider name.
@@ -59,8 +60,8 @@ pub const PROVIDER: &str = mtp_contract::ProviderKind::Gguf.name();
 pub const LLAMA_BUILD: &str = "b11434";
 /// `runtime` in reports.
 pub const RUNTIME: &str = "llama.cpp b11434";
-/// The `ProviderOptions.extra` keys this provider reads.
-pub const EXTRA_KEYS: [&str; 3] = ["n_ctx", "ctx_size", "threads"];
+/// The `ProviderOptions.extra` keys this provider reads ([`GgufOptions::EXTRA_KEYS`]).
+pub const EXTRA_KEYS: [&str; 3] = GgufOptions::EXTRA_KEYS;
 
 const DEFAULT_N_CTX: u32 = 4096;
 const DEFAULT_MAX_NEW: usize = 512;
@@ -231,60 +232,48 @@ impl std::fmt::Debug for GgufProvider {
 ///
 /// The header is read first: the MTP head is loaded only when the linked llama.cpp has an MTP
 /// graph for the architecture. `opts.extra` takes `n_ctx` (default 4096) and `threads`
-/// (default: the available cores); any other key is an `InvalidRequest` listing these.
+/// (default: the available cores), read once by [`GgufOptions::from_extra`]; any other key is
+/// an `InvalidRequest` listing these.
 pub fn create(model: &str, opts: &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> {
     Ok(Arc::new(GgufProvider::new(model, opts)?))
 }
 
-fn parse_extra<T: std::str::FromStr>(
+/// [`create`] with the provider's options typed. `opts` carries what every provider shares
+/// (the speculation block); an `extra` key there would be ignored beside typed options, so it
+/// is refused.
+pub fn create_with(
+    model: &str,
     opts: &ProviderOptions,
-    key: &'static str,
-) -> Result<Option<T>, ProviderError> {
-    opts.extra
-        .get(key)
-        .map(|v| {
-            v.parse::<T>().map_err(|_| ProviderError::InvalidRequest {
-                field: key,
-                message: format!("`{v}` is not a positive integer"),
-            })
-        })
-        .transpose()
+    gguf: GgufOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    if let Some(k) = opts.extra.keys().next() {
+        return Err(ProviderError::InvalidRequest {
+            field: "extra",
+            message: format!(
+                "`{k}` is given as a string option beside typed GgufOptions, which would ignore \
+                 it; set it in GgufOptions"
+            ),
+        });
+    }
+    Ok(Arc::new(GgufProvider::with_options(model, opts, gguf)?))
 }
 
 impl GgufProvider {
     /// See [`create`].
     pub fn new(model: &str, opts: &ProviderOptions) -> Result<GgufProvider, ProviderError> {
-        if let Some(k) = opts
-            .extra
-            .keys()
-            .find(|k| !EXTRA_KEYS.contains(&k.as_str()))
-        {
-            return Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!(
-                    "unknown option `{k}` for the gguf provider; known: {}",
-                    EXTRA_KEYS.join(", ")
-                ),
-            });
-        }
-        // `ctx_size` is the name the other in-process provider (and `mtp --ctx-size`) uses
-        let n_ctx = match (
-            parse_extra::<u32>(opts, "n_ctx")?,
-            parse_extra::<u32>(opts, "ctx_size")?,
-        ) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: format!(
-                        "n_ctx ({a}) and ctx_size ({b}) are the same option; give one"
-                    ),
-                })
-            }
-            (a, b) => a.or(b),
-        }
-        .filter(|n| *n >= 16)
-        .unwrap_or(DEFAULT_N_CTX);
-        let threads = parse_extra::<i32>(opts, "threads")?
+        Self::with_options(model, opts, GgufOptions::from_extra(opts)?)
+    }
+
+    /// See [`create_with`] (`opts.extra` is not read).
+    pub fn with_options(
+        model: &str,
+        opts: &ProviderOptions,
+        gguf: GgufOptions,
+    ) -> Result<GgufProvider, ProviderError> {
+        let n_ctx = gguf.n_ctx.filter(|n| *n >= 16).unwrap_or(DEFAULT_N_CTX);
+        let threads = gguf
+            .threads
+            .and_then(|n| i32::try_from(n).ok())
             .filter(|n| *n > 0)
             .unwrap_or_else(|| {
                 std::thread::available_parallelism()

@@ -285,8 +285,9 @@ async fn open_provider(
 }
 
 /// [`open_provider`] with the native engine's options set by the command (e.g. `max_batch`
-/// for `mtp serve`). The native provider gets its options typed ([`crate::native::create_with`]);
-/// the flags that apply to the in-process `gguf` lane travel as its option strings.
+/// for `mtp serve`). The in-process providers get their options typed
+/// ([`crate::native::create_with`], and [`mtp_runtimes::GgufOptions`] for `gguf`); only a
+/// provider registered by name gets the flags as option strings.
 async fn open_provider_with(
     m: &ModelArgs,
     out: &mut Out,
@@ -311,7 +312,12 @@ async fn open_provider_with(
     if let Some(k) = &m.api_key {
         opts = opts.api_key(k.clone());
     }
-    let is_native = ProviderKind::from_name(&m.provider).is_some_and(ProviderKind::is_native);
+    let kind = ProviderKind::from_name(&m.provider);
+    let is_native = kind.is_some_and(ProviderKind::is_native);
+    let gguf = (kind == Some(ProviderKind::Gguf)).then_some(mtp_runtimes::GgufOptions {
+        n_ctx: m.ctx_size,
+        threads: m.threads,
+    });
     if is_native {
         native.ctx_size = m.ctx_size.map(|n| n as usize);
         native.threads = m.threads.map(|n| n as usize);
@@ -321,6 +327,15 @@ async fn open_provider_with(
                 message,
             })?;
         }
+    } else if gguf.is_some() {
+        if m.dtype.is_some() {
+            return Err(CliError::InvalidFlag {
+                flag: "--dtype",
+                message: "applies to the native engine; a GGUF file's precision is its \
+                          quantization type"
+                    .into(),
+            });
+        }
     } else {
         opts = runtime_options(m, opts)?;
     }
@@ -329,6 +344,8 @@ async fn open_provider_with(
     let spinner = out.spinner(&format!("loading {model} ({})", m.provider));
     let llm = if is_native {
         crate::native::create_with(&m.provider, &model, &opts, native).map_err(crate::Error::from)
+    } else if let Some(g) = gguf {
+        crate::builtin::gguf_with(&model, &opts, g).map_err(crate::Error::from)
     } else {
         crate::create_llm(&m.provider, &model, opts)
     };
@@ -357,9 +374,10 @@ async fn open_provider_with(
     Ok((llm, model))
 }
 
-/// `--ctx-size`, `--threads` and `--dtype` as the in-process providers' options (`ctx_size`,
-/// `threads`, `dtype`); an HTTP server's context, threads and precision are its launch
-/// settings, so there they are usage errors that say so.
+/// `--ctx-size`, `--threads` and `--dtype` as a registered provider's option strings
+/// (`ctx_size`, `threads`, `dtype`); an HTTP server's context, threads and precision are its
+/// launch settings, so there they are usage errors that say so. (The in-process providers get
+/// them typed: see [`open_provider_with`].)
 fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderOptions, CliError> {
     let http = is_http(&m.provider);
     let given = [
@@ -380,14 +398,6 @@ fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderO
                      when it starts (e.g. llama-server -c N -t N)",
                     m.provider
                 ),
-            });
-        }
-        if flag == "--dtype" && m.provider == "gguf" {
-            return Err(CliError::InvalidFlag {
-                flag,
-                message: "applies to the native engine; a GGUF file's precision is its \
-                          quantization type"
-                    .into(),
             });
         }
         opts = opts.extra(key, value);
