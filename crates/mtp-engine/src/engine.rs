@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::Device;
 use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 
+use crate::batch::Batch;
 use crate::cache::SeqCache;
 use crate::config::GenerationConfig;
 use crate::constraint::{compiler, Constraint, ConstraintCompiler};
@@ -15,9 +15,8 @@ use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::MtpHead;
-use crate::resume::{PromptState, ResumableOutput};
+use crate::resume::{Keep, KeptStates, PrefillKept, PromptState};
 use crate::sampling::Sampler;
-use crate::speculative::{self, SpecTimings};
 use crate::tokenizer::TextTokenizer;
 use crate::vision::preprocess::{self, ImageLimits, ImageProcessorConfig};
 use crate::vision::{EncodedImage, MultimodalPrompt, VisionTower};
@@ -53,10 +52,20 @@ pub struct GenerateOptions {
     pub stop_token_ids: Vec<u32>,
     /// Do not stop at EOS (parity tests, benchmarks).
     pub ignore_eos: bool,
-    /// With a checkpoint asked of [`Engine::generate_resumable`], also keep the state after
-    /// this many prompt tokens (a chat's conversation before its generation prompt: the next
-    /// turn renders the same tokens there and can resume from it). Ignored when it is not inside
-    /// the part of the prompt this call computes.
+    /// A prefix-cache state to resume from: one taken after a prefix of the prompt (by an
+    /// earlier call's [`GenerationOutput::states`], or read back with [`crate::persist`]).
+    /// One that covers the whole prompt, holds other images or, when this call speculates,
+    /// lacks the drafter's cache is not used (the prompt is computed in full);
+    /// [`GenerationOutput::computed_prompt_tokens`] says what was computed. Output is the same
+    /// with or without a resumed state.
+    pub resume: Option<Arc<PromptState>>,
+    /// Keep the prefix-cache states after the prompt and after the last token fed (and after
+    /// `checkpoint_at`), returned in [`GenerationOutput::states`].
+    pub checkpoint: bool,
+    /// With `checkpoint`, also keep the state after this many prompt tokens (a chat's
+    /// conversation before its generation prompt: the next turn renders the same tokens there
+    /// and can resume from it). Ignored when it is not inside the part of the prompt this call
+    /// computes.
     pub checkpoint_at: Option<usize>,
     /// The shape the reply must take (JSON Schema, regex, Lark grammar), enforced on every
     /// pick, drafts included; compiled before any model work.
@@ -79,6 +88,8 @@ impl Default for GenerateOptions {
             auto_depth: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            resume: None,
+            checkpoint: false,
             checkpoint_at: None,
             response_format: None,
             constraint: None,
@@ -132,6 +143,26 @@ impl GenerateOptions {
         self.ignore_eos = yes;
         self
     }
+
+    /// Resumes from a prefix-cache state (see [`GenerateOptions::resume`]).
+    pub fn resume_from(mut self, state: Arc<PromptState>) -> Self {
+        self.resume = Some(state);
+        self
+    }
+
+    /// Keeps the prefix-cache states (see [`GenerateOptions::checkpoint`]).
+    pub fn checkpoint(mut self, yes: bool) -> Self {
+        self.checkpoint = yes;
+        self
+    }
+
+    /// The prefix-cache states this call keeps.
+    pub(crate) fn keep(&self) -> Keep {
+        Keep {
+            on: self.checkpoint,
+            at: self.checkpoint_at.filter(|_| self.checkpoint),
+        }
+    }
 }
 
 /// What speculation did in one call.
@@ -163,6 +194,10 @@ pub struct GenerationOutput {
     pub speculation: Option<SpeculationOutcome>,
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
+    /// Prompt tokens computed by this call (the rest came from the resumed state).
+    pub computed_prompt_tokens: usize,
+    /// The prefix-cache states kept, when [`GenerateOptions::checkpoint`] asked for them.
+    pub states: KeptStates,
 }
 
 /// A loaded model ready to generate.
@@ -617,234 +652,26 @@ impl Engine {
 
     /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
     /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
+    ///
+    /// A solo call is a batch of one ([`Batch`]): the same sequence, stepped alone, with the
+    /// whole prompt computed at once. With [`GenerateOptions::resume`] and
+    /// [`GenerateOptions::checkpoint`] it resumes from and keeps prefix-cache states.
     pub fn generate(
         &self,
         prompt: &[u32],
         opts: &GenerateOptions,
         mut on_tokens: impl FnMut(&[u32]) -> bool,
     ) -> Result<GenerationOutput> {
-        Ok(self
-            .generate_resumable(prompt, None, false, opts, &mut on_tokens)?
-            .output)
-    }
-
-    /// [`Engine::generate`] for a prefix cache: resumes from `resume` (a state taken after a
-    /// prefix of `prompt`) and, with `checkpoint`, returns the state after the whole prompt.
-    /// A state that covers the whole prompt, or one without the drafter's cache when this call
-    /// speculates, is not used (the prompt is computed in full); `computed_prompt_tokens` says
-    /// what was computed. Output is the same with or without a resumed state.
-    pub fn generate_resumable(
-        &self,
-        prompt: &[u32],
-        resume: Option<&PromptState>,
-        checkpoint: bool,
-        opts: &GenerateOptions,
-        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
-    ) -> Result<ResumableOutput> {
-        self.check(prompt, opts)?;
-        let mut prompt_state = None;
-        let mut final_state = None;
-        let mut history_state = None;
-        let mut computed = prompt.len();
-        let stops = self.stop_ids(opts);
-        let (mut outcome, spec_ok) = self.speculation_plan(opts);
-        let depth = opts.num_draft_tokens.unwrap_or(0);
-        let mut sampler = self.sampler(opts)?;
-        let mut emitter = Emitter {
-            tokens: Vec::new(),
-            stops: &stops,
-            max: opts.max_tokens,
-            finish: None,
-            on_tokens,
-        };
-        let start = Instant::now();
-        let mut timings = Timings::default();
-        let mut first_at = None;
-        if let (true, Some(head), Some(o)) = (spec_ok, &self.drafter, outcome.as_mut()) {
-            let mut st = SpecTimings::default();
-            speculative::run(
-                &self.model,
-                head,
-                prompt,
-                opts.images.as_ref(),
-                depth,
-                &self.depths,
-                opts.auto_depth,
-                &mut sampler,
-                &mut emitter,
-                &mut o.stats,
-                &mut st,
-                &mut first_at,
-                resume,
-                checkpoint,
-                checkpoint.then_some(opts.checkpoint_at).flatten(),
-                &mut prompt_state,
-                &mut final_state,
-                &mut history_state,
-                &mut computed,
-            )?;
-            o.used = true;
-            timings.draft_ms = Some(st.draft_ms);
-            timings.verify_ms = Some(st.verify_ms);
-            timings.rollback_ms = Some(st.rollback_ms);
-            timings.prefill_ms = Some(st.prefill_ms);
-        } else {
-            let t0 = Instant::now();
-            let pre = prefill_target(
-                &self.model,
-                prompt,
-                opts.images.as_ref(),
-                resume,
-                checkpoint,
-                opts.checkpoint_at,
-            )?;
-            computed = pre.computed;
-            prompt_state = pre.prompt_state;
-            history_state = pre.history_state;
-            let mut cache = [pre.cache];
-            timings.prefill_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
-            let mut history = prompt.to_vec();
-            let mut logits = pre.logits;
-            let mut last_hidden = Vec::new();
-            while emitter.finish.is_none() && opts.max_tokens > 0 {
-                sampler.apply_penalties(&mut logits, &history);
-                let tok = sampler.pick(&logits, emitter.tokens.len())?;
-                history.push(tok);
-                if first_at.is_none() {
-                    first_at = Some(Instant::now());
-                }
-                if !emitter.emit(&[tok]) || emitter.constraint_done(&sampler) {
-                    break;
-                }
-                let model = &self.model;
-                let step = crate::sampling::masks_beside(vec![(&mut sampler, &[])], || {
-                    model.forward(&[vec![tok]], &mut cache, LogitsAt::Last)
-                })?;
-                logits = step.logits;
-                if checkpoint {
-                    last_hidden = step.hidden;
-                }
-            }
-            // Every fed token was emitted: the state after them extends the prompt's.
-            let fed = (history.len() - prompt.len())
-                .saturating_sub(usize::from(emitter.finish.is_some()));
-            if checkpoint && fed > 0 && !last_hidden.is_empty() {
-                let [cache] = cache;
-                final_state = Some(PromptState {
-                    cache,
-                    mcache: None,
-                    last_hidden,
-                    tokens: prompt.len() + fed,
-                });
-            }
+        let mut batch = Batch::new(self).with_prefill_chunk(usize::MAX);
+        let mut on = |_: u64, t: &[u32]| on_tokens(t);
+        batch.join(0, prompt, opts, &mut on);
+        while batch.active() > 0 {
+            batch.step(&mut on);
         }
-        close_timings(
-            &mut timings,
-            start,
-            first_at,
-            emitter.tokens.len(),
-            computed,
-        );
-        timings.constraint_ms = sampler.constraint().map(|c| c.mask_cost().0);
-        let finish = emitter.finish.unwrap_or(FinishReason::Length);
-        Ok(ResumableOutput {
-            output: GenerationOutput {
-                tokens: emitter.tokens,
-                finish_reason: finish,
-                timings,
-                speculation: outcome,
-                prompt_tokens: prompt.len(),
-            },
-            computed_prompt_tokens: computed,
-            prompt_state,
-            final_state,
-            history_state,
-        })
-    }
-}
-
-/// Fills the rates of `timings` at the end of a generation: time to first token and decode
-/// figures from `first_at` (the first token) to now, prefill rate from its milliseconds.
-pub(crate) fn close_timings(
-    timings: &mut Timings,
-    start: Instant,
-    first_at: Option<Instant>,
-    n_tokens: usize,
-    computed: usize,
-) {
-    let end = Instant::now();
-    if let Some(f) = first_at {
-        timings.time_to_first_token_ms = Some((f - start).as_secs_f64() * 1e3);
-        let decode = (end - f).as_secs_f64();
-        timings.decode_ms = Some(decode * 1e3);
-        if n_tokens > 1 && decode > 0.0 {
-            timings.decode_tokens_per_s = Some((n_tokens - 1) as f64 / decode);
-        }
-    }
-    if let Some(p) = timings.prefill_ms {
-        if p > 0.0 {
-            timings.prefill_tokens_per_s = Some(computed as f64 / (p / 1e3));
-        }
-    }
-}
-
-/// Collects accepted tokens, applies stop ids and the token budget, and calls the user callback.
-pub(crate) struct Emitter<'a> {
-    pub(crate) tokens: Vec<u32>,
-    stops: &'a [u32],
-    max: usize,
-    pub(crate) finish: Option<FinishReason>,
-    on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
-}
-
-impl<'a> Emitter<'a> {
-    /// An emitter that goes on from `tokens` already emitted.
-    pub(crate) fn new(
-        tokens: Vec<u32>,
-        stops: &'a [u32],
-        max: usize,
-        on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
-    ) -> Self {
-        Emitter {
-            tokens,
-            stops,
-            max,
-            finish: None,
-            on_tokens,
-        }
-    }
-
-    /// Emits a chunk; returns false when generation must end.
-    pub(crate) fn emit(&mut self, chunk: &[u32]) -> bool {
-        let mut take = chunk.len().min(self.max.saturating_sub(self.tokens.len()));
-        if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
-            take = i;
-            self.finish = Some(FinishReason::Stop);
-        }
-        let part = &chunk[..take];
-        self.tokens.extend_from_slice(part);
-        if !part.is_empty() && !(self.on_tokens)(part) && self.finish.is_none() {
-            self.finish = Some(FinishReason::Cancelled);
-        }
-        if self.finish.is_none() && self.tokens.len() >= self.max {
-            self.finish = Some(FinishReason::Length);
-        }
-        self.finish.is_none()
-    }
-
-    /// Ends generation (finish `Stop`) when the reply's constraint is complete: nothing but
-    /// the end could follow. True when it ended it.
-    pub(crate) fn constraint_done(&mut self, s: &Sampler) -> bool {
-        if self.finish.is_none() && s.constraint_complete() {
-            self.finish = Some(FinishReason::Stop);
-            return true;
-        }
-        false
-    }
-
-    /// Tokens still allowed.
-    pub(crate) fn remaining(&self) -> usize {
-        self.max.saturating_sub(self.tokens.len())
+        batch.take_finished().pop().map_or_else(
+            || Err(Error::Batch("the sequence did not end".into())),
+            |(_, r)| r,
+        )
     }
 }
 
@@ -856,25 +683,20 @@ pub(crate) struct TargetPrefill {
     pub(crate) logits: Vec<f32>,
     /// The last prompt position's hidden row.
     pub(crate) hidden: Vec<f32>,
-    /// Prompt tokens computed (the rest came from the resumed state).
-    pub(crate) computed: usize,
-    /// The state after the whole prompt, when asked for.
-    pub(crate) prompt_state: Option<PromptState>,
-    /// The state after `checkpoint_at` prompt tokens, when asked for and computed here.
-    pub(crate) history_state: Option<PromptState>,
+    /// The states asked for, and the prompt tokens computed.
+    pub(crate) kept: PrefillKept,
 }
 
-/// The target-only prompt forward, alone or for a batch's sequence: from `resume` when it
-/// covers a proper prefix of `prompt` with the same images (else from the start), keeping the
-/// prefix-cache states asked for (`checkpoint`: the state after the prompt; `checkpoint_at`:
-/// also the state after that many tokens, computed as a part of its own).
+/// The target-only prompt forward of a sequence: from `resume` when it covers a proper prefix
+/// of `prompt` with the same images (else from the start), keeping the prefix-cache states
+/// `keep` asks for (the state after the prompt; also the state after `keep.at` tokens,
+/// computed as a part of its own).
 pub(crate) fn prefill_target(
     model: &crate::Qwen35Model,
     prompt: &[u32],
     images: Option<&std::sync::Arc<crate::vision::MultimodalPrompt>>,
     resume: Option<&PromptState>,
-    checkpoint: bool,
-    checkpoint_at: Option<usize>,
+    keep: Keep,
 ) -> Result<TargetPrefill> {
     let resume = resume.filter(|st| st.tokens < prompt.len() && st.same_images(images));
     let mut start = resume.map_or(0, |st| st.tokens);
@@ -887,7 +709,10 @@ pub(crate) fn prefill_target(
     let mut history_state = None;
     // The state after the conversation before the generation prompt: prefill in two parts,
     // keeping the cache between them.
-    if let Some(n) = checkpoint_at.filter(|&n| checkpoint && n > start && n < prompt.len()) {
+    if let Some(n) = keep
+        .at
+        .filter(|&n| keep.on && n > start && n < prompt.len())
+    {
         let out = model.forward(&[prompt[start..n].to_vec()], &mut cache, LogitsAt::None)?;
         history_state = Some(PromptState {
             cache: cache[0].clone(),
@@ -900,7 +725,7 @@ pub(crate) fn prefill_target(
     let out = model.forward(&[prompt[start..].to_vec()], &mut cache, LogitsAt::Last)?;
     let hidden = last_row(&out.hidden);
     let [cache] = cache;
-    let prompt_state = checkpoint.then(|| PromptState {
+    let prompt_state = keep.on.then(|| PromptState {
         cache: cache.clone(),
         mcache: None,
         last_hidden: hidden.clone(),
@@ -910,8 +735,10 @@ pub(crate) fn prefill_target(
         cache,
         logits: out.logits,
         hidden,
-        computed,
-        prompt_state,
-        history_state,
+        kept: PrefillKept {
+            prompt: prompt_state,
+            history: history_state,
+            computed,
+        },
     })
 }

@@ -36,8 +36,10 @@ pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod resume;
 pub mod sampling;
+pub mod scheduler;
 pub(crate) mod scratch;
 pub mod seeded;
+pub(crate) mod sequence;
 pub mod speculative;
 #[allow(unsafe_code)] // a loop borrowed by the workers, disjoint chunks of one slice
 pub mod team;
@@ -54,7 +56,7 @@ pub use loader::WeightDtype;
 pub use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
-pub use resume::{PromptState, ResumableOutput};
+pub use resume::{KeptStates, PromptState};
 pub use tokenizer::{TextTokenizer, TokenDecoder};
 
 /// The README's example, compiled as a doctest so that it cannot drift from the API.

@@ -54,22 +54,51 @@ impl PromptState {
     }
 }
 
-/// The result of [`Engine::generate_resumable`](crate::Engine::generate_resumable).
-#[derive(Debug, Clone)]
-pub struct ResumableOutput {
-    /// What `generate` returns.
-    pub output: crate::engine::GenerationOutput,
-    /// Prompt tokens computed by this call (the rest came from the resumed state).
-    pub computed_prompt_tokens: usize,
-    /// The state after the whole prompt, when a checkpoint was asked for.
-    pub prompt_state: Option<PromptState>,
+/// Which prefix-cache states a call keeps ([`GenerateOptions::checkpoint`] and
+/// [`GenerateOptions::checkpoint_at`](crate::GenerateOptions::checkpoint_at)).
+///
+/// [`GenerateOptions::checkpoint`]: crate::GenerateOptions::checkpoint
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Keep {
+    /// Keep the states after the prompt and after the last token fed.
+    pub(crate) on: bool,
+    /// Also keep the state after this many prompt tokens (only with `on`).
+    pub(crate) at: Option<usize>,
+}
+
+/// The prefix-cache states a generation kept, when [`GenerateOptions::checkpoint`] asked for
+/// them (see [`GenerationOutput::states`](crate::GenerationOutput::states)).
+///
+/// [`GenerateOptions::checkpoint`]: crate::GenerateOptions::checkpoint
+#[derive(Debug, Clone, Default)]
+pub struct KeptStates {
+    /// The state after the whole prompt.
+    pub after_prompt: Option<PromptState>,
     /// The state after the last generated token fed to the model (the prompt followed by the
-    /// first `tokens() - prompt_len` output tokens), when a checkpoint was asked for and
-    /// generation fed at least one token. A later call whose prompt extends the prompt and the
-    /// reply (the next chat turn) resumes from it.
-    pub final_state: Option<PromptState>,
-    /// The state after `checkpoint_at` prompt tokens, when a checkpoint was asked for with
-    /// [`GenerateOptions::checkpoint_at`](crate::GenerateOptions::checkpoint_at) inside the part
-    /// of the prompt this call computed.
-    pub history_state: Option<PromptState>,
+    /// first `tokens() - prompt_len` output tokens), when generation fed at least one token. A
+    /// later call whose prompt extends the prompt and the reply (the next chat turn) resumes
+    /// from it.
+    pub after_reply: Option<PromptState>,
+    /// The state after [`GenerateOptions::checkpoint_at`](crate::GenerateOptions::checkpoint_at)
+    /// prompt tokens, when that position is inside the part of the prompt this call computed.
+    pub after_history: Option<PromptState>,
+}
+
+impl KeptStates {
+    /// The states kept, the earliest first (history, prompt, reply).
+    pub fn into_vec(self) -> Vec<PromptState> {
+        [self.after_history, self.after_prompt, self.after_reply]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+/// What a prompt's computation kept besides the decoding state: the states [`Keep`] asked
+/// for and how many prompt tokens it computed (the rest came from the resumed state).
+#[derive(Debug, Default)]
+pub(crate) struct PrefillKept {
+    pub(crate) prompt: Option<PromptState>,
+    pub(crate) history: Option<PromptState>,
+    pub(crate) computed: usize,
 }

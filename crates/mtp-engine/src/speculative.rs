@@ -1,6 +1,7 @@
-//! Native MTP speculation as its own loop: `draft` → `verify` → `accept` → `rollback` →
-//! `update_drafter`, each a named step over [`Round`] state; statistics go to one
-//! [`DraftStats`].
+//! The steps of one native MTP round: `draft_batch` → the verify forward (run by the batch,
+//! [`verify_row`] makes a sequence's row) → `accept` → `rollback` → `update_drafter`
+//! ([`Round::finish`]), each a named step over [`Round`] state; statistics go to one
+//! [`DraftStats`]. A [`crate::sequence::Sequence`] runs them; a solo call is a batch of one.
 //!
 //! * Greedy: a draft is accepted when it equals the target's argmax; output is identical to
 //!   target-only greedy decoding (the verify forward's rows are computed exactly as single-token
@@ -26,20 +27,17 @@ use std::time::Instant;
 use mtp_contract::DraftStats;
 
 use crate::cache::SeqCache;
-use crate::depth::{self, Choice, DepthModel, Fixed};
-use crate::engine::Emitter;
+use crate::depth::DepthModel;
 use crate::error::{Error, Result};
 use crate::qwen3_5::{LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
-use crate::resume::PromptState;
+use crate::resume::{Keep, PrefillKept, PromptState};
 use crate::sampling::{argmax, Sampler};
 use crate::vision::MultimodalPrompt;
 
 /// Milliseconds spent in each step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SpecTimings {
-    /// Prompt forward (target + drafter prefill).
-    pub prefill_ms: f64,
     /// Drafting, including the drafter update after acceptance.
     pub draft_ms: f64,
     /// Verify forwards.
@@ -112,22 +110,6 @@ fn draft_pick(s: &mut Sampler, logits: &[f32], position: usize) -> Result<(u32, 
     })
 }
 
-/// Step 1: draft `k` tokens (the seed, made by feeding the drafter the last rounds' pairs,
-/// plus `k - 1` recurrent head forwards). `k = 0` drafts nothing: the round is a target step.
-pub(crate) fn draft(
-    model: &Qwen35Model,
-    head: &MtpHead,
-    r: &mut Round,
-    k: usize,
-    s: &mut Sampler,
-    pos: usize,
-) -> Result<Drafts> {
-    let mut one = [Drafting { r, k, s, pos }];
-    draft_batch(model, head, &mut one)
-        .pop()
-        .unwrap_or_else(|| Err(Error::Batch("no draft was made".into())))
-}
-
 /// One sequence's part in [`draft_batch`]: its round, depth, sampler and output position.
 pub(crate) struct Drafting<'a> {
     pub(crate) r: &'a mut Round,
@@ -147,7 +129,9 @@ struct DraftWalk {
     open: bool,
 }
 
-/// [`draft`] for several sequences at once: each head forward and each LM-head product serves
+/// Step 1, for every speculating sequence of a step at once: each drafts `k` tokens (the
+/// seed, made by feeding the drafter the last rounds' pairs, plus `k - 1` recurrent head
+/// forwards; `k = 0` drafts nothing: the round is a target step). Each head forward and each LM-head product serves
 /// every sequence still drafting ([`MtpHead::forward_ragged`]), so a batch reads the head's
 /// weights once per draft position instead of once per sequence. Each sequence gets the
 /// drafts (and bits) it gets alone; one that fails ends alone with its error.
@@ -368,15 +352,9 @@ fn heads_and_logits(
     })
 }
 
-/// Step 2: one target forward over `[bonus, d_1 .. d_k]`, recording per-position linear states.
-fn verify(model: &Qwen35Model, r: &mut Round, d: &Drafts) -> Result<(Vec<f32>, Vec<f32>)> {
-    let input = verify_row(r, d);
-    let out = model.forward(&[input], std::slice::from_mut(&mut r.cache), LogitsAt::All)?;
-    Ok((out.logits, out.hidden))
-}
-
-/// The verify forward's row `[bonus, d_1 .. d_k]`, with the cache set to record it (the row
-/// may be run alone, or next to other sequences' rows in a batch's forward).
+/// Step 2: the verify forward's row `[bonus, d_1 .. d_k]`, with the cache set to record
+/// per-position linear states (the row is run next to the other sequences' rows in a step's
+/// one forward, or alone in a batch of one).
 pub(crate) fn verify_row(r: &mut Round, d: &Drafts) -> Vec<u32> {
     let mut input = Vec::with_capacity(d.tokens.len() + 1);
     input.push(r.bonus);
@@ -496,101 +474,6 @@ fn update_drafter(
     r.bonus = bonus;
 }
 
-/// Runs prefill and MTP rounds until the emitter says stop. With `auto`, each round's depth is
-/// chosen up to `depth` (see [`crate::depth`]); the round costs are recorded either way.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run(
-    model: &Qwen35Model,
-    head: &MtpHead,
-    prompt: &[u32],
-    images: Option<&Arc<MultimodalPrompt>>,
-    depth: usize,
-    depths: &Mutex<DepthModel>,
-    auto: bool,
-    s: &mut Sampler,
-    em: &mut Emitter<'_>,
-    stats: &mut DraftStats,
-    t: &mut SpecTimings,
-    first_at: &mut Option<Instant>,
-    resume: Option<&PromptState>,
-    checkpoint: bool,
-    checkpoint_at: Option<usize>,
-    state_out: &mut Option<PromptState>,
-    final_out: &mut Option<PromptState>,
-    history_out: &mut Option<PromptState>,
-    computed: &mut usize,
-) -> Result<()> {
-    let mut r = prefill(
-        model,
-        head,
-        prompt,
-        images,
-        s,
-        t,
-        resume,
-        checkpoint,
-        checkpoint_at,
-        state_out,
-        history_out,
-        computed,
-    )?;
-    *first_at = Some(Instant::now());
-    if !em.emit(&[r.bonus]) || em.constraint_done(s) {
-        return Ok(());
-    }
-    let mut acceptance = auto.then(|| lock(depths).new_sequence());
-    loop {
-        let remaining = em.remaining();
-        if remaining == 0 {
-            break;
-        }
-        let k = match &acceptance {
-            Some(a) => {
-                let choice = Choice {
-                    acceptance: a,
-                    max: depth.min(remaining - 1),
-                };
-                depth::choose(&mut lock(depths).cost, Fixed::default(), &[choice])[0]
-            }
-            None => depth.min(remaining),
-        };
-        let pos = em.tokens.len();
-        let t1 = Instant::now();
-        let d = draft(model, head, &mut r, k, s, pos)?;
-        let t2 = Instant::now();
-        // the mask of the row after the last draft is computed while the verify runs
-        let (logits, hidden) = crate::sampling::masks_beside(vec![(&mut *s, &d.tokens)], || {
-            verify(model, &mut r, &d)
-        })?;
-        let verify_ms = t2.elapsed().as_secs_f64() * 1e3;
-        let draft_ms = (t2 - t1).as_secs_f64() * 1e3;
-        t.verify_ms += verify_ms;
-        t.draft_ms += draft_ms;
-        {
-            let mut m = lock(depths);
-            m.cost.record_forward(d.len() + 1, verify_ms);
-            m.cost.record_heads(d.heads, draft_ms);
-        }
-        let t3 = Instant::now();
-        let (accepted, new) = finish_round(model, &mut r, &d, &logits, &hidden, s, pos, stats, t)?;
-        {
-            let mut m = lock(depths);
-            m.cost
-                .record_after(d.len() > 0, t3.elapsed().as_secs_f64() * 1e3);
-            if let Some(a) = acceptance.as_mut() {
-                m.record_round(a, d.len(), accepted);
-            }
-        }
-        if !em.emit(&new) || em.constraint_done(s) {
-            break;
-        }
-    }
-    if checkpoint {
-        *final_out = end_state(model, head, r, prompt.len(), &em.tokens)?;
-    }
-    Ok(())
-}
-
 /// The engine's depth model, also after a panic elsewhere (it holds only estimates).
 pub(crate) fn lock(m: &Mutex<DepthModel>) -> std::sync::MutexGuard<'_, DepthModel> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -640,24 +523,20 @@ pub(crate) fn prefill_part(
 }
 
 /// The prompt forward of the target and the drafter's prefill: the round state whose `bonus`
-/// is the first generated token (not yet emitted).
-#[allow(clippy::too_many_arguments)]
+/// is the first generated token (not yet emitted), and the prefix-cache states `keep` asks
+/// for. Resumes from `resume` only when it carries the drafter's cache, leaves a token to
+/// compute and holds the same images.
 pub(crate) fn prefill(
     model: &Qwen35Model,
     head: &MtpHead,
     prompt: &[u32],
     images: Option<&Arc<MultimodalPrompt>>,
     s: &mut Sampler,
-    t: &mut SpecTimings,
     resume: Option<&PromptState>,
-    checkpoint: bool,
-    checkpoint_at: Option<usize>,
-    state_out: &mut Option<PromptState>,
-    history_out: &mut Option<PromptState>,
-    computed: &mut usize,
-) -> Result<Round> {
+    keep: Keep,
+) -> Result<(Round, PrefillKept)> {
     let dm = model.hidden_size();
-    let t0 = Instant::now();
+    let mut kept = PrefillKept::default();
     // Resume only from a state that carries the drafter's cache, leaves a token to compute and
     // holds the same images.
     let resume = resume
@@ -680,11 +559,14 @@ pub(crate) fn prefill(
             (cache, head.new_cache(), 0, Vec::new())
         }
     };
-    *computed = prompt.len() - start;
+    kept.computed = prompt.len() - start;
     let mut start = start;
     // The state after the conversation before the generation prompt (`checkpoint_at`): prefill
     // the target and the drafter up to there, keep both caches, then go on as if resumed there.
-    if let Some(n) = checkpoint_at.filter(|&n| n > start && n < prompt.len()) {
+    if let Some(n) = keep
+        .at
+        .filter(|&n| keep.on && n > start && n < prompt.len())
+    {
         let from = PromptState {
             cache,
             mcache: Some(mcache),
@@ -696,7 +578,7 @@ pub(crate) fn prefill(
         mcache = st.mcache.clone().unwrap_or_else(|| head.new_cache());
         hid_all = st.last_hidden.clone();
         start = n;
-        *history_out = Some(st);
+        kept.history = Some(st);
     }
     let out = model.forward(
         &[prompt[start..].to_vec()],
@@ -709,11 +591,11 @@ pub(crate) fn prefill(
     let pair_toks = &prompt[start.max(1)..];
     let n_pairs = pair_toks.len();
     let b = s.pick(&out.logits, 0)?;
-    let last = if checkpoint {
+    let last = if keep.on {
         if n_pairs > 0 {
             head.forward(model, pair_toks, &hid_all[..n_pairs * dm], &mut mcache)?;
         }
-        *state_out = Some(PromptState {
+        kept.prompt = Some(PromptState {
             cache: cache.clone(),
             mcache: Some(mcache.clone()),
             last_hidden: hid_all[n_pairs * dm..(n_pairs + 1) * dm].to_vec(),
@@ -731,8 +613,7 @@ pub(crate) fn prefill(
         head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?
     };
     let (seed, seed_q) = draft_pick(s, &model.logits(&last, 1)?, 1)?;
-    t.prefill_ms += t0.elapsed().as_secs_f64() * 1e3;
-    Ok(Round {
+    let round = Round {
         cache,
         mcache,
         bonus: b,
@@ -744,41 +625,65 @@ pub(crate) fn prefill(
         last_hidden: Vec::new(),
         pending: Vec::new(),
         pending_hidden: Vec::new(),
-    })
+    };
+    Ok((round, kept))
 }
 
-/// Steps 3 to 5 of a round whose verify ran (alone or batched with other sequences'): accept,
-/// roll back, record, update the drafter. Returns the drafts accepted and the round's new
-/// tokens (the accepted drafts and the target's own token, which a completed grammar leaves
-/// out).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn finish_round(
-    model: &Qwen35Model,
-    r: &mut Round,
-    d: &Drafts,
-    logits: &[f32],
-    hidden: &[f32],
-    s: &mut Sampler,
-    pos: usize,
-    stats: &mut DraftStats,
-    t: &mut SpecTimings,
-) -> Result<(usize, Vec<u32>)> {
-    let dm = model.hidden_size();
-    let t2 = Instant::now();
-    let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos)?;
-    let t3 = Instant::now();
-    rollback(r, accepted);
-    r.fed.push(r.bonus);
-    r.fed.extend_from_slice(&new[..accepted]);
-    r.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
-    let t4 = Instant::now();
-    stats.record_round(d.tokens.len(), accepted);
-    update_drafter(dm, r, d, accepted, &new, hidden);
-    let t5 = Instant::now();
-    t.draft_ms += (t5 - t4).as_secs_f64() * 1e3;
-    t.verify_ms += (t3 - t2).as_secs_f64() * 1e3;
-    t.rollback_ms += (t4 - t3).as_secs_f64() * 1e3;
-    Ok((accepted, new))
+/// What [`Round::finish`] did: the drafts accepted, the round's new tokens (the accepted
+/// drafts and the target's own token, which a completed grammar leaves out) and the
+/// milliseconds of its steps.
+pub(crate) struct Finished {
+    pub(crate) accepted: usize,
+    pub(crate) new: Vec<u32>,
+    /// The acceptance walk (counted as verifying).
+    pub(crate) verify_ms: f64,
+    pub(crate) rollback_ms: f64,
+    /// The drafter's update (counted as drafting).
+    pub(crate) draft_ms: f64,
+}
+
+impl Finished {
+    /// Adds the round to the draft statistics and its times to `t`.
+    pub(crate) fn record(&self, drafted: usize, stats: &mut DraftStats, t: &mut SpecTimings) {
+        stats.record_round(drafted, self.accepted);
+        t.draft_ms += self.draft_ms;
+        t.verify_ms += self.verify_ms;
+        t.rollback_ms += self.rollback_ms;
+    }
+}
+
+impl Round {
+    /// Steps 3 to 5 of a round whose verify ran (alone or batched with other sequences'):
+    /// accept, roll back, update the drafter; `logits` and `hidden` are the verify's rows,
+    /// `pos` the output position of the round's first new token.
+    pub(crate) fn finish(
+        &mut self,
+        model: &Qwen35Model,
+        d: &Drafts,
+        logits: &[f32],
+        hidden: &[f32],
+        s: &mut Sampler,
+        pos: usize,
+    ) -> Result<Finished> {
+        let dm = model.hidden_size();
+        let t2 = Instant::now();
+        let (accepted, new) = accept(logits, model.vocab_size(), d, s, pos)?;
+        let t3 = Instant::now();
+        rollback(self, accepted);
+        self.fed.push(self.bonus);
+        self.fed.extend_from_slice(&new[..accepted]);
+        self.last_hidden = hidden[accepted * dm..(accepted + 1) * dm].to_vec();
+        let t4 = Instant::now();
+        update_drafter(dm, self, d, accepted, &new, hidden);
+        let t5 = Instant::now();
+        Ok(Finished {
+            accepted,
+            new,
+            verify_ms: (t3 - t2).as_secs_f64() * 1e3,
+            rollback_ms: (t4 - t3).as_secs_f64() * 1e3,
+            draft_ms: (t5 - t4).as_secs_f64() * 1e3,
+        })
+    }
 }
 
 /// The state after the last fed token, for a prefix cache: only when the fed tokens are a

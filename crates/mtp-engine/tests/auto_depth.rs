@@ -5,6 +5,7 @@
 //! costs and acceptance is checked in `depth.rs`'s unit tests against a brute-force search.)
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtp_engine::batch::Batch;
@@ -175,18 +176,19 @@ fn a_state_after_an_auto_reply_resumes_to_the_same_output() {
     let engine = load("tiny-trained", None);
     let turn1 = ids(0);
     let first = engine
-        .generate_resumable(
+        .generate(
             &turn1,
-            None,
-            true,
-            &GenerateOptions::greedy(20).ignore_eos(true).auto_depth(4),
-            &mut |_| true,
+            &GenerateOptions::greedy(20)
+                .ignore_eos(true)
+                .auto_depth(4)
+                .checkpoint(true),
+            |_| true,
         )
         .unwrap();
-    let end = first.final_state.as_ref().expect("end-of-reply state");
+    let end = Arc::new(first.states.after_reply.expect("end-of-reply state"));
     assert!(end.has_drafter_cache());
     let mut turn2 = turn1.clone();
-    turn2.extend_from_slice(&first.output.tokens);
+    turn2.extend_from_slice(&first.tokens);
     turn2.extend("\nand then ".bytes().map(u32::from));
     for o in [
         GenerateOptions::greedy(16).ignore_eos(true),
@@ -197,9 +199,9 @@ fn a_state_after_an_auto_reply_resumes_to_the_same_output() {
     ] {
         let cold = engine.generate(&turn2, &o, |_| true).unwrap();
         let warm = engine
-            .generate_resumable(&turn2, Some(end), false, &o, &mut |_| true)
+            .generate(&turn2, &o.resume_from(Arc::clone(&end)), |_| true)
             .unwrap();
-        assert_eq!(warm.output.tokens, cold.tokens);
+        assert_eq!(warm.tokens, cold.tokens);
         assert_eq!(warm.computed_prompt_tokens, turn2.len() - end.tokens());
     }
 }
@@ -214,17 +216,17 @@ fn fixed_depth_statistics_are_the_same_after_resuming() {
         .ignore_eos(true)
         .num_draft_tokens(3);
     let first = engine
-        .generate_resumable(&turn1, None, true, &o, &mut |_| true)
+        .generate(&turn1, &o.clone().checkpoint(true), |_| true)
         .unwrap();
-    let end = first.final_state.as_ref().expect("end state");
+    let end = Arc::new(first.states.after_reply.expect("end state"));
     let mut turn2 = turn1.clone();
-    turn2.extend_from_slice(&first.output.tokens[..end.tokens() - turn1.len()]);
+    turn2.extend_from_slice(&first.tokens[..end.tokens() - turn1.len()]);
     turn2.extend(" x".bytes().map(u32::from));
     let cold = engine.generate(&turn2, &o, |_| true).unwrap();
     let warm = engine
-        .generate_resumable(&turn2, Some(end), false, &o, &mut |_| true)
+        .generate(&turn2, &o.clone().resume_from(Arc::clone(&end)), |_| true)
         .unwrap();
-    assert_eq!(warm.output.tokens, cold.tokens);
+    assert_eq!(warm.tokens, cold.tokens);
     let stats = |g: &GenerationOutput| {
         let s = &g.speculation.as_ref().unwrap().stats;
         (
@@ -234,5 +236,5 @@ fn fixed_depth_statistics_are_the_same_after_resuming() {
             s.accepted_per_position.clone(),
         )
     };
-    assert_eq!(stats(&warm.output), stats(&cold));
+    assert_eq!(stats(&warm), stats(&cold));
 }

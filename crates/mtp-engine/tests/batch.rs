@@ -9,11 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
-use mtp_engine::batch::{Batch, BatchEvent, Scheduler};
+use mtp_engine::batch::{Batch, BatchEvent, Scheduler, SchedulerConfig};
 use mtp_engine::cache::VerifyMode;
-use mtp_engine::{
-    Engine, FinishReason, GenerateOptions, GenerationOutput, PromptState, ResumableOutput, Sampling,
-};
+use mtp_engine::{Engine, FinishReason, GenerateOptions, GenerationOutput, PromptState, Sampling};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -372,7 +370,7 @@ fn a_bad_sequence_fails_alone_and_cancel_ends_one() {
 #[test]
 fn the_scheduler_serves_threads_and_a_dropped_receiver_cancels() {
     let e = Arc::new(load("tiny-trained", None));
-    let sched = Arc::new(Scheduler::spawn(Arc::clone(&e), 3));
+    let sched = Arc::new(Scheduler::spawn(Arc::clone(&e), SchedulerConfig::new(3)));
     let handles: Vec<_> = (0..6)
         .map(|i| {
             let sched = Arc::clone(&sched);
@@ -382,7 +380,7 @@ fn the_scheduler_serves_threads_and_a_dropped_receiver_cancels() {
                 loop {
                     match rx.recv().unwrap() {
                         BatchEvent::Tokens(t) => streamed.extend(t),
-                        BatchEvent::Done(out) => return (i, streamed, (*out).unwrap().output),
+                        BatchEvent::Done(out) => return (i, streamed, (*out).unwrap()),
                     }
                 }
             })
@@ -421,22 +419,29 @@ fn caller(got: &mut Vec<u32>, stop: Option<usize>, t: &[u32]) -> bool {
     stop.is_none_or(|n| got.len() < n)
 }
 
-/// What [`Engine::generate_resumable`] gives sequence `i` alone, with checkpoints and its
-/// caller stopping it at [`stop_after`].
+/// [`opts_kept`] with checkpoints on, resuming from `resume` when given.
+fn opts_resumed(i: usize, resume: Option<Arc<PromptState>>) -> GenerateOptions {
+    let o = opts_kept(i).checkpoint(true);
+    match resume {
+        Some(r) => o.resume_from(r),
+        None => o,
+    }
+}
+
+/// What [`Engine::generate`] gives sequence `i` alone, with checkpoints and its caller
+/// stopping it at [`stop_after`].
 fn solo_kept(
     engine: &Engine,
     i: usize,
-    resume: Option<&PromptState>,
+    resume: Option<Arc<PromptState>>,
     p: &[u32],
-) -> ResumableOutput {
+) -> GenerationOutput {
     let mut got = Vec::new();
     let stop = stop_after(i);
     let out = engine
-        .generate_resumable(p, resume, true, &opts_kept(i), &mut |t| {
-            caller(&mut got, stop, t)
-        })
+        .generate(p, &opts_resumed(i, resume), |t| caller(&mut got, stop, t))
         .unwrap();
-    assert_eq!(got, out.output.tokens, "solo {i}: streamed tokens");
+    assert_eq!(got, out.tokens, "solo {i}: streamed tokens");
     out
 }
 
@@ -445,8 +450,8 @@ fn state_bytes(s: &Option<PromptState>) -> Option<(usize, Vec<u8>)> {
 }
 
 /// A batched sequence's output, report and states are the ones it gets alone, bit for bit.
-fn same_resumable(tag: &str, got: &ResumableOutput, want: &ResumableOutput) {
-    let (g, w) = (&got.output, &want.output);
+fn same_resumable(tag: &str, got: &GenerationOutput, want: &GenerationOutput) {
+    let (g, w) = (got, want);
     assert_eq!(g.tokens, w.tokens, "{tag}: tokens");
     assert_eq!(g.finish_reason, w.finish_reason, "{tag}: finish");
     let (a, b) = (g.speculation.as_ref(), w.speculation.as_ref());
@@ -474,9 +479,17 @@ fn same_resumable(tag: &str, got: &ResumableOutput, want: &ResumableOutput) {
         "{tag}: computed prompt tokens"
     );
     for (what, a, b) in [
-        ("prompt", &got.prompt_state, &want.prompt_state),
-        ("history", &got.history_state, &want.history_state),
-        ("final", &got.final_state, &want.final_state),
+        (
+            "prompt",
+            &got.states.after_prompt,
+            &want.states.after_prompt,
+        ),
+        (
+            "history",
+            &got.states.after_history,
+            &want.states.after_history,
+        ),
+        ("final", &got.states.after_reply, &want.states.after_reply),
     ] {
         assert_eq!(state_bytes(a), state_bytes(b), "{tag}: {what} state");
     }
@@ -491,32 +504,31 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
     for (name, drafter) in [("tiny-trained", None), ("tiny-mlx4", Some("tiny-mlx4-mtp"))] {
         let e = load(name, drafter);
         let n = 8;
-        let solos: Vec<ResumableOutput> =
+        let solos: Vec<GenerationOutput> =
             (0..n).map(|i| solo_kept(&e, i, None, &prompt(i))).collect();
         assert!(
             solos
                 .iter()
-                .any(|s| s.output.finish_reason == FinishReason::Cancelled),
+                .any(|s| s.finish_reason == FinishReason::Cancelled),
             "some callers stop"
         );
-        assert!(solos.iter().all(|s| s.prompt_state.is_some()));
+        assert!(solos.iter().all(|s| s.states.after_prompt.is_some()));
         // the next turn: the prompt, the reply and more, from the state after the reply (or
         // after the prompt when nothing was fed)
         let next: Vec<Vec<u32>> = (0..n)
             .map(|i| {
                 let mut p = prompt(i);
-                p.extend_from_slice(&solos[i].output.tokens);
+                p.extend_from_slice(&solos[i].tokens);
                 p.extend(b" and then ".iter().map(|&b| u32::from(b)));
                 p
             })
             .collect();
         let resume = |i: usize| {
-            solos[i]
-                .final_state
-                .as_ref()
-                .or(solos[i].prompt_state.as_ref())
+            let kept = &solos[i].states;
+            let state = kept.after_reply.as_ref().or(kept.after_prompt.as_ref());
+            state.cloned().map(Arc::new)
         };
-        let solos2: Vec<ResumableOutput> = (0..n)
+        let solos2: Vec<GenerationOutput> = (0..n)
             .map(|i| solo_kept(&e, i, resume(i), &next[i]))
             .collect();
         for chunk in [None, Some(4)] {
@@ -538,7 +550,7 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
                         0 => (prompt(i), None),
                         _ => (later.clone(), resume(i)),
                     };
-                    batch.join_resumable(i as u64, &p, &opts_kept(i), r, true, &mut on);
+                    batch.join(i as u64, &p, &opts_resumed(i, r), &mut on);
                 }
                 let mut outs = BTreeMap::new();
                 let mut steps = 0;
@@ -547,7 +559,7 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
                     steps += 1;
                     assert!(steps < 1000, "the batch does not end");
                 }
-                for (id, out) in batch.take_finished_resumable() {
+                for (id, out) in batch.take_finished() {
                     outs.insert(id, out.unwrap());
                 }
                 assert_eq!(outs.len(), n);
@@ -556,7 +568,7 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
                     let want = if turn == 0 { &solos[i] } else { &solos2[i] };
                     let tag = format!("{name}: sequence {i}, turn {turn}, chunk {chunk:?}");
                     same_resumable(&tag, &out, want);
-                    assert_eq!(got.borrow()[&id], want.output.tokens, "{tag}: streamed");
+                    assert_eq!(got.borrow()[&id], want.tokens, "{tag}: streamed");
                 }
             }
         }
@@ -571,17 +583,18 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
 fn paced_requests_stopped_by_their_callers_equal_solo() {
     let e = Arc::new(load("tiny-trained", None));
     let n = 8;
-    let solos: Vec<ResumableOutput> = (0..n).map(|i| solo_kept(&e, i, None, &prompt(i))).collect();
+    let solos: Vec<GenerationOutput> = (0..n).map(|i| solo_kept(&e, i, None, &prompt(i))).collect();
     for chunk in [mtp_engine::batch::DEFAULT_PREFILL_CHUNK, 4] {
-        let sched = Arc::new(Scheduler::spawn_with_chunk(Arc::clone(&e), 3, chunk));
+        let config = SchedulerConfig::new(3).prefill_chunk(chunk);
+        let sched = Arc::new(Scheduler::spawn(Arc::clone(&e), config));
         // a request whose caller goes away at once, and one that goes after its first chunk
-        drop(sched.submit_paced(prompt(5), opts_kept(5), None, true));
+        drop(sched.submit_paced(prompt(5), opts_resumed(5, None)));
         let gone = sched
             .submit_paced(
                 prompt(6),
-                GenerateOptions::greedy(500).ignore_eos(true),
-                None,
-                true,
+                GenerateOptions::greedy(500)
+                    .ignore_eos(true)
+                    .checkpoint(true),
             )
             .unwrap();
         let handles: Vec<_> = (0..n)
@@ -589,7 +602,7 @@ fn paced_requests_stopped_by_their_callers_equal_solo() {
                 let sched = Arc::clone(&sched);
                 std::thread::spawn(move || {
                     let req = sched
-                        .submit_paced(prompt(i), opts_kept(i), None, true)
+                        .submit_paced(prompt(i), opts_resumed(i, None))
                         .unwrap();
                     let mut streamed = Vec::new();
                     loop {
@@ -609,7 +622,7 @@ fn paced_requests_stopped_by_their_callers_equal_solo() {
             let (i, streamed, out) = h.join().unwrap();
             let tag = format!("paced sequence {i}, chunk {chunk}");
             same_resumable(&tag, &out, &solos[i]);
-            assert_eq!(streamed, solos[i].output.tokens, "{tag}: streamed");
+            assert_eq!(streamed, solos[i].tokens, "{tag}: streamed");
         }
     }
 }

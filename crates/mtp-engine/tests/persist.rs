@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtp_engine::batch::Batch;
-use mtp_engine::{Engine, GenerateOptions, PromptState, ResumableOutput, WeightDtype};
+use mtp_engine::{Engine, GenerateOptions, GenerationOutput, PromptState, WeightDtype};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -51,11 +51,11 @@ fn engines() -> Vec<(&'static str, Engine)> {
     ]
 }
 
-fn states(out: &ResumableOutput) -> Vec<(&'static str, &PromptState)> {
+fn states(out: &GenerationOutput) -> Vec<(&'static str, &PromptState)> {
     [
-        ("history", out.history_state.as_ref()),
-        ("prompt", out.prompt_state.as_ref()),
-        ("final", out.final_state.as_ref()),
+        ("history", out.states.after_history.as_ref()),
+        ("prompt", out.states.after_prompt.as_ref()),
+        ("final", out.states.after_reply.as_ref()),
     ]
     .into_iter()
     .filter_map(|(n, s)| s.map(|s| (n, s)))
@@ -70,19 +70,19 @@ fn saved_states_resume_as_the_originals() {
             let mut o = opts(depth, 10);
             o.checkpoint_at = Some(first.len() - 6);
             let out = engine
-                .generate_resumable(&first, None, true, &o, &mut |_| true)
+                .generate(&first, &o.clone().checkpoint(true), |_| true)
                 .unwrap();
             let all = states(&out);
             assert_eq!(all.len(), 3, "{name} depth {depth}: every state kept");
             // the next turn: the prompt, the reply and more
             let mut next = first.clone();
-            next.extend_from_slice(&out.output.tokens);
+            next.extend_from_slice(&out.tokens);
             next.extend(ids(" and then"));
             let fresh = engine.generate(&next, &o, |_| true).unwrap();
             for (which, st) in all {
                 let tag = format!("{name} depth {depth} {which} state");
                 let bytes = st.to_bytes();
-                let back = engine.state_from_bytes(&bytes).expect(&tag);
+                let back = Arc::new(engine.state_from_bytes(&bytes).expect(&tag));
                 assert_eq!(
                     back.to_bytes(),
                     bytes,
@@ -91,14 +91,14 @@ fn saved_states_resume_as_the_originals() {
                 assert_eq!(back.tokens(), st.tokens(), "{tag}");
                 assert_eq!(back.has_drafter_cache(), st.has_drafter_cache(), "{tag}");
                 let resumed = engine
-                    .generate_resumable(&next, Some(&back), false, &o, &mut |_| true)
+                    .generate(&next, &o.clone().resume_from(Arc::clone(&back)), |_| true)
                     .unwrap();
                 assert_eq!(
                     resumed.computed_prompt_tokens,
                     next.len() - st.tokens(),
                     "{tag}: resumed where it was taken"
                 );
-                assert_eq!(resumed.output.tokens, fresh.tokens, "{tag}");
+                assert_eq!(resumed.tokens, fresh.tokens, "{tag}");
             }
         }
     }
@@ -111,9 +111,10 @@ fn bytes_that_do_not_fit_the_model_are_errors() {
     let moe = load("tiny-moe", None, DType::F32);
     let prompt = ids("hello there, ");
     let take = |e: &Engine, depth| {
-        e.generate_resumable(&prompt, None, true, &opts(depth, 4), &mut |_| true)
+        e.generate(&prompt, &opts(depth, 4).checkpoint(true), |_| true)
             .unwrap()
-            .prompt_state
+            .states
+            .after_prompt
             .unwrap()
             .to_bytes()
     };
@@ -246,14 +247,18 @@ type Seq = (Vec<u32>, GenerateOptions, Option<Arc<PromptState>>, bool);
 
 /// Runs `(prompt, opts, resume, checkpoint)` sequences in one batch (all joining at once,
 /// with a target-only neighbour that keeps nothing) and returns their outputs.
-fn batched(engine: &Engine, chunk: Option<usize>, seqs: &[Seq]) -> BTreeMap<u64, ResumableOutput> {
+fn batched(engine: &Engine, chunk: Option<usize>, seqs: &[Seq]) -> BTreeMap<u64, GenerationOutput> {
     let mut batch = match chunk {
         Some(c) => Batch::new(engine).with_prefill_chunk(c),
         None => Batch::new(engine),
     };
     let mut on = |_: u64, _: &[u32]| true;
     for (i, (p, o, r, c)) in seqs.iter().enumerate() {
-        batch.join_resumable(i as u64, p, o, r.as_deref(), *c, &mut on);
+        let mut o = o.clone().checkpoint(*c);
+        if let Some(r) = r {
+            o = o.resume_from(Arc::clone(r));
+        }
+        batch.join(i as u64, p, &o, &mut on);
     }
     batch.join(99, &ids("a neighbour "), &opts(0, 7), &mut on);
     let mut outs = BTreeMap::new();
@@ -263,7 +268,7 @@ fn batched(engine: &Engine, chunk: Option<usize>, seqs: &[Seq]) -> BTreeMap<u64,
         steps += 1;
         assert!(steps < 500, "the batch does not end");
     }
-    for (id, out) in batch.take_finished_resumable() {
+    for (id, out) in batch.take_finished() {
         outs.insert(id, out.unwrap());
     }
     outs.remove(&99).expect("the neighbour ends");
@@ -289,10 +294,10 @@ fn batched_sequences_keep_and_resume_states_as_solo_calls() {
         for (i, (p, o, _, _)) in turn1.iter().enumerate() {
             let tag = format!("{name} depth {}", depths[i]);
             let solo = engine
-                .generate_resumable(p, None, true, o, &mut |_| true)
+                .generate(p, &o.clone().checkpoint(true), |_| true)
                 .unwrap();
             let b = &got[&(i as u64)];
-            assert_eq!(b.output.tokens, solo.output.tokens, "{tag}");
+            assert_eq!(b.tokens, solo.tokens, "{tag}");
             assert_eq!(b.computed_prompt_tokens, p.len(), "{tag}");
             let (s, bs) = (states(&solo), states(b));
             assert_eq!(s.len(), 3, "{tag}");
@@ -305,9 +310,9 @@ fn batched_sequences_keep_and_resume_states_as_solo_calls() {
                 );
             }
             let mut next = p.clone();
-            next.extend_from_slice(&b.output.tokens);
+            next.extend_from_slice(&b.tokens);
             next.extend(ids("; y"));
-            finals.push((next, b.final_state.clone().map(Arc::new)));
+            finals.push((next, b.states.after_reply.clone().map(Arc::new)));
         }
         // turn 2: each resumes its final state in a batch, also when its prompt is filled a
         // chunk per step, and gets the tokens of a fresh solo run
@@ -326,16 +331,16 @@ fn batched_sequences_keep_and_resume_states_as_solo_calls() {
                 let tag = format!("{name} depth {} chunk {chunk:?}", depths[i]);
                 let fresh = engine.generate(p, o, |_| true).unwrap();
                 let b = &got[&(i as u64)];
-                assert_eq!(b.output.tokens, fresh.tokens, "{tag}");
+                assert_eq!(b.tokens, fresh.tokens, "{tag}");
                 let from = st.as_ref().expect("a final state").tokens();
                 assert_eq!(b.computed_prompt_tokens, p.len() - from, "{tag}");
-                let h = b.history_state.as_ref().expect("a history state");
+                let h = b.states.after_history.clone().expect("a history state");
                 assert_eq!(h.tokens(), p.len() - 2, "{tag}");
                 // and the history state taken in the batch resumes too
                 let again = engine
-                    .generate_resumable(p, Some(h), false, o, &mut |_| true)
+                    .generate(p, &o.clone().resume_from(Arc::new(h)), |_| true)
                     .unwrap();
-                assert_eq!(again.output.tokens, fresh.tokens, "{tag}");
+                assert_eq!(again.tokens, fresh.tokens, "{tag}");
                 assert_eq!(again.computed_prompt_tokens, 2, "{tag}");
             }
         }

@@ -4,6 +4,7 @@
 //! distribution.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtp_engine::cache::VerifyMode;
@@ -342,13 +343,13 @@ fn resuming_from_the_end_of_a_reply_gives_the_same_output() {
             opts = opts.num_draft_tokens(depth);
         }
         let first = engine
-            .generate_resumable(&turn1, None, true, &opts, &mut |_| true)
+            .generate(&turn1, &opts.clone().checkpoint(true), |_| true)
             .expect("turn 1");
-        let end = first.final_state.as_ref().expect("end-of-reply state");
-        let reply = &first.output.tokens;
+        let end = Arc::new(first.states.after_reply.expect("end-of-reply state"));
+        let reply = &first.tokens;
         assert!(end.tokens() > turn1.len() && end.tokens() < turn1.len() + reply.len() + 1);
         assert_eq!(end.has_drafter_cache(), depth > 0);
-        let prompt_state = first.prompt_state.as_ref().expect("prompt state");
+        let prompt_state = first.states.after_prompt.as_ref().expect("prompt state");
         assert_eq!(prompt_state.tokens(), turn1.len());
 
         // Turn 2: the whole history, then a new user message.
@@ -362,10 +363,10 @@ fn resuming_from_the_end_of_a_reply_gives_the_same_output() {
             }
             let cold = engine.generate(&turn2, &o2, |_| true).expect("cold");
             let warm = engine
-                .generate_resumable(&turn2, Some(end), false, &o2, &mut |_| true)
+                .generate(&turn2, &o2.clone().resume_from(Arc::clone(&end)), |_| true)
                 .expect("warm");
             assert_eq!(
-                warm.output.tokens, cold.tokens,
+                warm.tokens, cold.tokens,
                 "state taken at depth {depth}, resumed at depth {next_depth}"
             );
             // A speculative call needs the drafter's cache; without it the prompt is recomputed.
@@ -401,11 +402,11 @@ fn end_state_never_covers_unreturned_tokens() {
             opts = opts.num_draft_tokens(depth);
         }
         let out = engine
-            .generate_resumable(&prompt, None, true, &opts, &mut |_| true)
+            .generate(&prompt, &opts.checkpoint(true), |_| true)
             .expect("run");
-        if let Some(end) = &out.final_state {
+        if let Some(end) = &out.states.after_reply {
             assert!(
-                end.tokens() <= prompt.len() + out.output.tokens.len(),
+                end.tokens() <= prompt.len() + out.tokens.len(),
                 "depth {depth}"
             );
         }

@@ -6,6 +6,7 @@
 //! images in one prompt and a text-only prompt; with the weights as stored and in f32.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use mtp_engine::{Engine, GenerateOptions, WeightDtype};
 use serde_json::Value;
@@ -278,33 +279,41 @@ fn resumed_states_hold_their_pictures() {
             .num_draft_tokens(depth);
         opts.images = Some(mm.clone());
         let first = engine
-            .generate_resumable(&prompt, None, true, &opts, &mut |_| true)
+            .generate(&prompt, &opts.clone().checkpoint(true), |_| true)
             .unwrap();
-        let taken = first.prompt_state.expect("a state after the prompt");
+        let taken = first.states.after_prompt.expect("a state after the prompt");
         // also written as bytes and read back (a prefix cache on disk): it keeps its pictures
         let bytes = taken.to_bytes();
         let read = engine.state_from_bytes(&bytes).unwrap();
         assert_eq!(read.to_bytes(), bytes);
-        for state in [taken, read] {
+        for state in [taken, read].map(Arc::new) {
             opts.images = Some(mm.clone());
             let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
             let resumed = engine
-                .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+                .generate(
+                    &longer,
+                    &opts.clone().resume_from(Arc::clone(&state)),
+                    |_| true,
+                )
                 .unwrap();
             assert_eq!(resumed.computed_prompt_tokens, longer.len() - prompt.len());
-            assert_eq!(resumed.output.tokens, fresh.tokens, "depth {depth}");
+            assert_eq!(resumed.tokens, fresh.tokens, "depth {depth}");
             // the other picture: the state is not used
             opts.images = Some(mm_other.clone());
             let fresh = engine.generate(&longer, &opts, |_| true).unwrap();
             let refused = engine
-                .generate_resumable(&longer, Some(&state), false, &opts, &mut |_| true)
+                .generate(
+                    &longer,
+                    &opts.clone().resume_from(Arc::clone(&state)),
+                    |_| true,
+                )
                 .unwrap();
             assert_eq!(
                 refused.computed_prompt_tokens,
                 longer.len(),
                 "depth {depth}"
             );
-            assert_eq!(refused.output.tokens, fresh.tokens, "depth {depth}");
+            assert_eq!(refused.tokens, fresh.tokens, "depth {depth}");
         }
     }
 }

@@ -215,17 +215,16 @@ pub(crate) fn all() -> Vec<Target> {
                 let e = state_engine();
                 let mut seeds = Vec::new();
                 for depth in [0, 2] {
-                    let mut o = mtp_engine::GenerateOptions::greedy(4).ignore_eos(true);
+                    let mut o = mtp_engine::GenerateOptions::greedy(4)
+                        .ignore_eos(true)
+                        .checkpoint(true);
                     if depth > 0 {
                         o = o.num_draft_tokens(depth);
                     }
                     o.checkpoint_at = Some(3);
                     let prompt: Vec<u32> = b"the quick brown ".iter().map(|&b| b.into()).collect();
-                    if let Ok(out) = e.generate_resumable(&prompt, None, true, &o, &mut |_| true) {
-                        for st in [out.history_state, out.prompt_state, out.final_state]
-                            .into_iter()
-                            .flatten()
-                        {
+                    if let Ok(out) = e.generate(&prompt, &o, |_| true) {
+                        for st in out.states.into_vec() {
                             seeds.push(st.to_bytes());
                         }
                     }

@@ -165,6 +165,20 @@ fn engine_options(
     })
 }
 
+/// A job's options with its prefix-cache part: the state it resumes from and the states it
+/// keeps.
+fn job_options(
+    engine: &mtp_engine::Engine,
+    job: &Job<'_, EngineState>,
+) -> Result<mtp_engine::GenerateOptions, ProviderError> {
+    let mut opts = engine_options(engine, job)?.checkpoint(job.checkpoint);
+    opts.checkpoint_at = job.checkpoint_at;
+    if let Some((_, s)) = &job.resume {
+        opts = opts.resume_from(Arc::clone(&s.0));
+    }
+    Ok(opts)
+}
+
 /// The draft statistics of a generation that speculated (empty otherwise).
 fn draft_stats(out: &mtp_engine::GenerationOutput) -> mtp_contract::DraftStats {
     out.speculation
@@ -175,17 +189,18 @@ fn draft_stats(out: &mtp_engine::GenerationOutput) -> mtp_contract::DraftStats {
 }
 
 /// A finished generation as the provider takes it, solo or batched.
-fn run_output(out: mtp_engine::ResumableOutput) -> RunOutput<EngineState> {
-    let stats = draft_stats(&out.output);
+fn run_output(out: mtp_engine::GenerationOutput) -> RunOutput<EngineState> {
+    let stats = draft_stats(&out);
+    let states = out.states;
     RunOutput {
-        tokens: out.output.tokens,
-        finish: out.output.finish_reason,
+        tokens: out.tokens,
+        finish: out.finish_reason,
         stats,
-        timings: out.output.timings,
+        timings: out.timings,
         computed_prompt_tokens: out.computed_prompt_tokens,
-        prompt_state: out.prompt_state.map(EngineState::new),
-        final_state: out.final_state.map(EngineState::new),
-        history_state: out.history_state.map(EngineState::new),
+        prompt_state: states.after_prompt.map(EngineState::new),
+        final_state: states.after_reply.map(EngineState::new),
+        history_state: states.after_history.map(EngineState::new),
     }
 }
 
@@ -330,12 +345,10 @@ impl Backend for EngineBackend {
     }
 
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
-        let mut opts = engine_options(&self.engine, &job)?;
-        opts.checkpoint_at = job.checkpoint_at;
-        let resume = job.resume.as_ref().map(|(_, s)| &*s.0);
+        let opts = job_options(&self.engine, &job)?;
         let out = self
             .engine
-            .generate_resumable(job.prompt, resume, job.checkpoint, &opts, job.on_tokens)
+            .generate(job.prompt, &opts, job.on_tokens)
             .map_err(api)?;
         Ok(run_output(out))
     }
@@ -345,17 +358,16 @@ impl Backend for EngineBackend {
         max_batch: usize,
         job: Job<'_, EngineState>,
     ) -> Result<RunOutput<EngineState>, ProviderError> {
-        use mtp_engine::batch::{BatchEvent, Scheduler};
-        let mut opts = engine_options(&self.engine, &job)?;
-        opts.checkpoint_at = job.checkpoint_at;
+        use mtp_engine::scheduler::{BatchEvent, Scheduler, SchedulerConfig};
+        let opts = job_options(&self.engine, &job)?;
         let scheduler = self.scheduler.get_or_init(|| {
-            Scheduler::spawn_with_chunk(Arc::clone(&self.engine), max_batch, self.prefill_chunk)
+            let config = SchedulerConfig::new(max_batch).prefill_chunk(self.prefill_chunk);
+            Scheduler::spawn(Arc::clone(&self.engine), config)
         });
-        let resume = job.resume.as_ref().map(|(_, s)| Arc::clone(&s.0));
         // paced: the sequence waits for each chunk's answer, so a stop (a stop string, or the
         // client gone) ends it where a solo call ends, with its report and checkpoints
         let request = scheduler
-            .submit_paced(job.prompt.to_vec(), opts, resume, job.checkpoint)
+            .submit_paced(job.prompt.to_vec(), opts)
             .map_err(api)?;
         let out = loop {
             match request.recv() {
