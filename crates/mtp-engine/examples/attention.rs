@@ -32,7 +32,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sink = 0f32;
     for _ in 0..reps {
         let started = Instant::now();
-        let out = mtp_engine::nn::attention(&q, &keys, &values, l, h, hkv, hd, scale);
+        let out = mtp_engine::nn::attention(
+            &q,
+            &keys,
+            &values,
+            mtp_engine::nn::AttentionShape {
+                l,
+                h,
+                hkv,
+                hd,
+                scale,
+            },
+        );
         times.push(started.elapsed().as_secs_f64() * 1e6);
         sink += out[0];
     }

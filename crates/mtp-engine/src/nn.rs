@@ -17,7 +17,7 @@ pub use crate::qwen3_5::{Attention, DecoderLayer, DeltaNet, Mixer, Mlp, Moe};
 
 /// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
 /// example, which times it). It checks every length it reads, panicking otherwise.
-pub use crate::kernels::attention;
+pub use crate::kernels::{attention, AttentionShape};
 
 /// Where the new tokens of one sequence sit for the rotary embedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

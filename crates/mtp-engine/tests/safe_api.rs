@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use mtp_engine::config::ModelConfig;
 use mtp_engine::loader::{Checkpoint, Param};
 use mtp_engine::nn::Positions;
-use mtp_engine::nn::{attention, DecoderLayer, Linear, Store};
+use mtp_engine::nn::{attention, AttentionShape, DecoderLayer, Linear, Store};
 use mtp_engine::{Error, WeightDtype};
 
 fn fixture(name: &str) -> PathBuf {
@@ -203,7 +203,19 @@ fn attention_names_the_wrong_length() {
     let q = values(l * h * hd);
     let kv = values(t * hkv * hd);
     assert_eq!(
-        attention(&q, &kv, &kv, l, h, hkv, hd, 0.3).len(),
+        attention(
+            &q,
+            &kv,
+            &kv,
+            AttentionShape {
+                l,
+                h,
+                hkv,
+                hd,
+                scale: 0.3
+            }
+        )
+        .len(),
         l * h * hd
     );
     type Case<'a> = (&'a str, &'a [f32], &'a [f32], &'a [f32], usize, usize);
@@ -229,8 +241,21 @@ fn attention_names_the_wrong_length() {
         ("heads over", &q, &kv, &kv, l, 3),
     ];
     for (want, q, k, v, l, h) in cases {
-        let err = catch_unwind(AssertUnwindSafe(|| attention(q, k, v, l, h, hkv, hd, 0.3)))
-            .expect_err(want);
+        let err = catch_unwind(AssertUnwindSafe(|| {
+            attention(
+                q,
+                k,
+                v,
+                AttentionShape {
+                    l,
+                    h,
+                    hkv,
+                    hd,
+                    scale: 0.3,
+                },
+            )
+        }))
+        .expect_err(want);
         let msg = err
             .downcast_ref::<String>()
             .cloned()

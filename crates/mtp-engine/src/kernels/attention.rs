@@ -13,7 +13,23 @@ use super::lanes::{Avx, Avx512};
 use super::lanes::{Lanes, Portable};
 use values::{weighted_values, Heads, ValueRows, VALUE_BLOCK};
 
-/// Causal attention of `l` new queries against a sequence's cached keys and values.
+/// The shape of one [`attention`] call: `l` new queries of `h` heads over `hkv` KV heads, each
+/// `hd` wide, their scores scaled by `scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// New queries (positions).
+    pub l: usize,
+    /// Query heads (a multiple of `hkv`).
+    pub h: usize,
+    /// Key and value heads.
+    pub hkv: usize,
+    /// Head width.
+    pub hd: usize,
+    /// The factor on every score.
+    pub scale: f32,
+}
+
+/// Causal attention of `shape.l` new queries against a sequence's cached keys and values.
 ///
 /// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
 /// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. The work is split into tasks, one per KV
@@ -31,54 +47,7 @@ use values::{weighted_values, Heads, ValueRows, VALUE_BLOCK};
 /// When `h`, `hkv` or `hd` is zero, `h` is not a multiple of `hkv`, `q` is not `[l, h, hd]`,
 /// `keys` not whole `[hkv, hd]` positions, `values` not as long as `keys`, or fewer positions
 /// are cached than there are queries.
-#[allow(clippy::too_many_arguments)] // the published signature (`nn::attention`)
-pub fn attention(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    l: usize,
-    h: usize,
-    hkv: usize,
-    hd: usize,
-    scale: f32,
-) -> Vec<f32> {
-    attention_shaped(
-        q,
-        keys,
-        values,
-        AttentionShape {
-            l,
-            h,
-            hkv,
-            hd,
-            scale,
-        },
-    )
-}
-
-/// The shape of one [`attention`] call: `l` new queries of `h` heads over `hkv` KV heads, each
-/// `hd` wide, their scores scaled by `scale`.
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
-    /// New queries (positions).
-    pub l: usize,
-    /// Query heads (a multiple of `hkv`).
-    pub h: usize,
-    /// Key and value heads.
-    pub hkv: usize,
-    /// Head width.
-    pub hd: usize,
-    /// The factor on every score.
-    pub scale: f32,
-}
-
-/// [`attention`] with its shape in one value.
-pub fn attention_shaped(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    shape: AttentionShape,
-) -> Vec<f32> {
+pub fn attention(q: &[f32], keys: &[f32], values: &[f32], shape: AttentionShape) -> Vec<f32> {
     // the queries on a cache line, like the cache's keys and values ([`Aligned`])
     let q = Aligned::copy(q);
     attention_impl(q.values(), keys, values, shape, Tiling::DEFAULT)
@@ -586,7 +555,18 @@ mod tests {
                 let values: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
                 let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
                 let scale = 1.0 / (hd as f32).sqrt();
-                let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
+                let all = attention(
+                    &q,
+                    &keys,
+                    &values,
+                    AttentionShape {
+                        l,
+                        h,
+                        hkv,
+                        hd,
+                        scale,
+                    },
+                );
                 // SAFETY: no particular instruction set needed.
                 let portable = attention_impl(
                     &q,
@@ -635,11 +615,13 @@ mod tests {
                         &q[i * h * hd..(i + 1) * h * hd],
                         &keys[..seen * hkv * hd],
                         &values[..seen * hkv * hd],
-                        1,
-                        h,
-                        hkv,
-                        hd,
-                        scale,
+                        AttentionShape {
+                            l: 1,
+                            h,
+                            hkv,
+                            hd,
+                            scale,
+                        },
                     );
                     let row = &all[i * h * hd..(i + 1) * h * hd];
                     assert!(row
@@ -705,7 +687,18 @@ mod tests {
         let q = vec![0f32; l * h * hd];
         let kv = vec![0f32; t * hkv * hd];
         let att = |q: &[f32], k: &[f32], v: &[f32], l, h, hkv, hd| {
-            attention(q, k, v, l, h, hkv, hd, 1.0);
+            attention(
+                q,
+                k,
+                v,
+                AttentionShape {
+                    l,
+                    h,
+                    hkv,
+                    hd,
+                    scale: 1.0,
+                },
+            );
         };
         expect_panic(
             "attention: the queries hold 63 floats, expected [2, 4, 8]",
@@ -762,7 +755,7 @@ mod tests {
             let scale = 1.0 / (hd as f32).sqrt();
             for isa in isas() {
                 let (all, tiled) = with_isa(isa, || {
-                    let all = attention(&q, &keys, &values, l, h, hkv, hd, scale);
+                    let all = attention(&q, &keys, &values, AttentionShape { l, h, hkv, hd, scale });
                     let tiled =
                         attention_impl(&q, &keys, &values, AttentionShape { l, h, hkv, hd, scale }, Tiling { isa: Isa::Avx512, budget: 1, value_block: VALUE_BLOCK });
                     (all, tiled)

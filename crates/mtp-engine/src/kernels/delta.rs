@@ -35,10 +35,23 @@ pub fn gated_delta_steps(
     beta: &[f32],
     state: &mut [f32],
 ) -> Vec<f32> {
-    gated_delta(d, q, k, v, g, beta, state, 0, true, &mut [])
+    gated_delta(
+        DeltaIn {
+            d,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            settle: 0,
+            advance: true,
+        },
+        state,
+        &mut [],
+    )
 }
 
-/// Runs `s` steps of the gated delta rule over `state`: the first `settle` are written into
+/// Runs `s` steps of the gated delta rule ([`DeltaIn`]) over `state`: the first `settle` are written into
 /// the state and give no output (steps that an earlier verify forward kept), the others
 /// return their outputs `[s - settle, hv, dv]` and are written into the state only when
 /// `advance` (a verify forward leaves its own steps for the next call to settle, or advances
@@ -61,30 +74,8 @@ pub fn gated_delta_steps(
 /// When a dimension is zero, `hv` is not a multiple of `hk`, an input or the state does not
 /// have the shape above for `s = g.len() / hv` steps, `settle > s`, or a non-empty `backup` is
 /// not as long as the state.
-#[allow(clippy::too_many_arguments)] // the signature `qwen3_5::layers` calls
-pub fn gated_delta(
-    d: DeltaDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    settle: usize,
-    advance: bool,
-    backup: &mut [f32],
-) -> Vec<f32> {
-    DeltaIn {
-        d,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        settle,
-        advance,
-    }
-    .run(state, backup)
+pub fn gated_delta(inp: DeltaIn<'_>, state: &mut [f32], backup: &mut [f32]) -> Vec<f32> {
+    inp.run(state, backup)
 }
 
 impl DeltaIn<'_> {
@@ -184,16 +175,24 @@ impl DeltaIn<'_> {
 }
 
 /// The operands of a delta-rule call ([`gated_delta`]), shared by its per-head tasks.
-#[derive(Clone, Copy)]
-struct DeltaIn<'a> {
-    d: DeltaDims,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    g: &'a [f32],
-    beta: &'a [f32],
-    settle: usize,
-    advance: bool,
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaIn<'a> {
+    /// The heads and their widths.
+    pub d: DeltaDims,
+    /// Queries `[s, hk, dk]`, normalised and scaled.
+    pub q: &'a [f32],
+    /// Keys `[s, hk, dk]`, normalised.
+    pub k: &'a [f32],
+    /// Values `[s, hv, dv]`.
+    pub v: &'a [f32],
+    /// Decay gates `[s, hv]`.
+    pub g: &'a [f32],
+    /// Write strengths `[s, hv]`.
+    pub beta: &'a [f32],
+    /// The first steps, written into the state without output.
+    pub settle: usize,
+    /// Whether the other steps are written into the state too.
+    pub advance: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -459,15 +458,17 @@ mod tests {
                         let mut state = init.clone();
                         let mut backup = vec![0f32; if with_backup { init.len() } else { 0 }];
                         let y = gated_delta(
-                            d,
-                            &q,
-                            &k,
-                            &v,
-                            &g,
-                            &beta,
+                            DeltaIn {
+                                d,
+                                q: &q,
+                                k: &k,
+                                v: &v,
+                                g: &g,
+                                beta: &beta,
+                                settle,
+                                advance,
+                            },
                             &mut state,
-                            settle,
-                            advance,
                             &mut backup,
                         );
                         let case = format!("dims {dk}x{dv}, settle {settle}, advance {advance}");
@@ -504,7 +505,20 @@ mod tests {
             let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
             let mut untouched = init.clone();
-            let peeked = gated_delta(d, &q, &k, &v, &g, &beta, &mut untouched, 0, false, &mut []);
+            let peeked = gated_delta(
+                DeltaIn {
+                    d,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle: 0,
+                    advance: false,
+                },
+                &mut untouched,
+                &mut [],
+            );
             let mut all_state = init.clone();
             let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
             let mut portable_state = init.clone();
@@ -534,39 +548,82 @@ mod tests {
             assert!(bits(&peeked, &all) && bits(&untouched, &init));
             // settling: the first two steps as a verify left them, then two more
             let mut settled = init.clone();
-            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, 2, true, &mut []);
+            let y = gated_delta(
+                DeltaIn {
+                    d,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle: 2,
+                    advance: true,
+                },
+                &mut settled,
+                &mut [],
+            );
             assert!(bits(&y, &all[2 * hv * dv..]) && bits(&settled, &all_state));
             let mut settled = init.clone();
-            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut settled, s, false, &mut []);
+            let y = gated_delta(
+                DeltaIn {
+                    d,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle: s,
+                    advance: false,
+                },
+                &mut settled,
+                &mut [],
+            );
             assert!(y.is_empty() && bits(&settled, &all_state));
             // advancing with a backup: the state after the settled steps is kept aside
             let (mut two, mut after_two) = (init.clone(), init.clone());
             gated_delta(
-                d,
-                &q[..2 * hk * dk],
-                &k[..2 * hk * dk],
-                &v[..2 * hv * dv],
-                &g[..2 * hv],
-                &beta[..2 * hv],
+                DeltaIn {
+                    d,
+                    q: &q[..2 * hk * dk],
+                    k: &k[..2 * hk * dk],
+                    v: &v[..2 * hv * dv],
+                    g: &g[..2 * hv],
+                    beta: &beta[..2 * hv],
+                    settle: 2,
+                    advance: true,
+                },
                 &mut after_two,
-                2,
-                true,
                 &mut [],
             );
             let mut backup = vec![0f32; init.len()];
-            let y = gated_delta(d, &q, &k, &v, &g, &beta, &mut two, 2, true, &mut backup);
+            let y = gated_delta(
+                DeltaIn {
+                    d,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle: 2,
+                    advance: true,
+                },
+                &mut two,
+                &mut backup,
+            );
             assert!(bits(&y, &all[2 * hv * dv..]) && bits(&two, &all_state));
             assert!(bits(&backup, &after_two));
             let y = gated_delta(
-                d,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
+                DeltaIn {
+                    d,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle: s,
+                    advance: true,
+                },
                 &mut init.clone(),
-                s,
-                true,
                 &mut backup,
             );
             assert!(y.is_empty() && bits(&backup, &all_state));
@@ -702,15 +759,17 @@ mod tests {
             let mut backup = vec![0f32; lbackup];
             expect_panic(&format!("gated_delta: {want}"), || {
                 gated_delta(
-                    d,
-                    &q[..lq],
-                    &q[..lk],
-                    &v[..lv],
-                    &g[..lg],
-                    &g[..lb],
+                    DeltaIn {
+                        d,
+                        q: &q[..lq],
+                        k: &q[..lk],
+                        v: &v[..lv],
+                        g: &g[..lg],
+                        beta: &g[..lb],
+                        settle,
+                        advance: true,
+                    },
                     &mut st,
-                    settle,
-                    true,
                     &mut backup,
                 );
             });
@@ -767,7 +826,7 @@ mod tests {
                 let mut state = init.clone();
                 let mut kept = vec![0f32; if backup { init.len() } else { 0 }];
                 let y = with_isa(isa, || {
-                    gated_delta(d, &q, &k, &v, &g, &beta, &mut state, settle, advance, &mut kept)
+                    gated_delta(DeltaIn { d, q: &q, k: &k, v: &v, g: &g, beta: &beta, settle, advance }, &mut state, &mut kept)
                 });
                 prop_assert_eq!(y.len(), (s - settle) * hv * dv);
                 for (got, want) in y.iter().zip(&ys[settle * hv * dv..]) {

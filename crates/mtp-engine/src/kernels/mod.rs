@@ -38,9 +38,9 @@ mod weights;
 
 pub use act::{exp, sigmoid, sigmoid_mul, silu_mul, softplus};
 pub(crate) use aligned::Aligned;
-pub use attention::attention;
+pub use attention::{attention, AttentionShape};
 pub use conv::{causal_conv_silu, conv_window_push};
-pub use delta::{gated_delta, DeltaDims};
+pub use delta::{gated_delta, DeltaDims, DeltaIn};
 pub(crate) use matmul::row_groups;
 pub use matmul::{matmul_quant, matmul_rows, matmul_rows_parts, MAX_ROWS};
 pub use norm::rms_norm_rows;

@@ -6,7 +6,7 @@
 use crate::cache::LayerCache;
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
-use crate::kernels::{self, DeltaDims, Rope};
+use crate::kernels::{self, AttentionShape, DeltaDims, DeltaIn, Rope};
 use crate::nn::{tally, Linear, Positions, Store};
 use crate::scratch;
 
@@ -495,11 +495,13 @@ impl Attention {
                 &q[first..],
                 kv.k.values(),
                 kv.v.values(),
-                lq,
-                h,
-                kvh,
-                hd,
-                scale,
+                AttentionShape {
+                    l: lq,
+                    h,
+                    hkv: kvh,
+                    hd,
+                    scale,
+                },
             );
             let dst = &mut out[out_off * h * hd..(out_off + lq) * h * hd];
             kernels::sigmoid_mul(dst, &gate[first..], &o);
@@ -602,15 +604,17 @@ impl DeltaNet {
             }
             let backup: &mut [f32] = if in_place { &mut st.backup } else { &mut [] };
             let mut y = kernels::gated_delta(
-                dm,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
+                DeltaIn {
+                    d: dm,
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    g: &g,
+                    beta: &beta,
+                    settle,
+                    advance: !deferring || in_place,
+                },
                 &mut st.state,
-                settle,
-                !deferring || in_place,
                 backup,
             );
             let p = &mut st.pending;
