@@ -57,19 +57,19 @@ fn default_type(model: &Path) -> Result<String> {
 
 /// Writes the GGUF llama-server reads: the converter's F32, re-encoded to `ty` by
 /// llama-quantize unless `ty` is F32.
-fn gguf_for(a: &Args, server: &Path, source: &Path, ty: &str) -> Result<PathBuf> {
-    std::fs::create_dir_all(&a.out_dir)?;
+fn gguf_for(out_dir: &Path, server: &Path, source: &Path, ty: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(out_dir)?;
     let name = source
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let f32_path = a.out_dir.join(format!("{name}-F32.gguf"));
+    let f32_path = out_dir.join(format!("{name}-F32.gguf"));
     crate::gguf::convert::convert(source, &f32_path, &Default::default())
         .with_context(|| format!("converting {} to GGUF", source.display()))?;
     if ty == "F32" {
         return Ok(f32_path);
     }
-    let out = a.out_dir.join(format!("{name}-{ty}.gguf"));
+    let out = out_dir.join(format!("{name}-{ty}.gguf"));
     let tool = quantize_tool(server)?;
     let st = std::process::Command::new(&tool)
         .arg(&f32_path)
@@ -87,6 +87,35 @@ fn gguf_for(a: &Args, server: &Path, source: &Path, ty: &str) -> Result<PathBuf>
         );
     }
     Ok(out)
+}
+
+/// The GGUF llama-server reads for `model`, and its tensor type: converted from `gguf_from`
+/// (default: `model`, which must then be unquantized) and re-encoded by `llama-quantize` to
+/// `gguf_type` (default: the type matching `model`'s MLX quantization, F32 otherwise). Shared by
+/// `bench --llama-server` and `bench serve --llama-server`.
+pub(crate) fn same_weights_gguf(
+    out_dir: &Path,
+    server: &Path,
+    model: &Path,
+    gguf_from: Option<&Path>,
+    gguf_type: Option<&str>,
+) -> Result<(PathBuf, String)> {
+    let ty = match gguf_type {
+        Some(t) => t.to_ascii_uppercase(),
+        None => default_type(model)?,
+    };
+    let quantized = matches!(default_type(model).as_deref(), Ok("Q4_0" | "Q8_0"));
+    let source = match gguf_from {
+        Some(dir) => dir.to_path_buf(),
+        None if quantized => bail!(
+            "{} holds MLX-quantized weights, which the GGUF converter does not read: pass \
+             --gguf-from with the Hugging Face checkpoint it was made from",
+            model.display()
+        ),
+        None => model.to_path_buf(),
+    };
+    let gguf = gguf_for(out_dir, server, &source, &ty)?;
+    Ok((gguf, ty))
 }
 
 /// One llama-server completion: (prefill tok/s, decode tok/s, drafted, accepted).
@@ -122,21 +151,13 @@ async fn llama_once(
 
 /// Runs the comparison (see the module docs).
 pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
-    let ty = match &a.gguf_type {
-        Some(t) => t.to_ascii_uppercase(),
-        None => default_type(model)?,
-    };
-    let quantized = matches!(default_type(model).as_deref(), Ok("Q4_0" | "Q8_0"));
-    let source = match &a.gguf_from {
-        Some(dir) => dir.clone(),
-        None if quantized => bail!(
-            "{} holds MLX-quantized weights, which the GGUF converter does not read: pass \
-             --gguf-from with the Hugging Face checkpoint it was made from",
-            model.display()
-        ),
-        None => model.to_path_buf(),
-    };
-    let gguf = gguf_for(a, server, &source, &ty)?;
+    let (gguf, ty) = same_weights_gguf(
+        &a.out_dir,
+        server,
+        model,
+        a.gguf_from.as_deref(),
+        a.gguf_type.as_deref(),
+    )?;
     let engine = Engine::load_with_drafter(
         model,
         a.drafter.as_deref(),

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo xtask bench serve [--model models/tiny-code] [--concurrency 1,2,4,8,16]
-//!     [--requests 2] [--max-tokens 64] [--depth 3] [--llama-server PATH] [--out target/bench]
+//!     [--requests 2] [--max-tokens 64] [--depth 3] [--drafter DIR] [--llama-server PATH]
+//!     [--gguf-from DIR] [--gguf-type TYPE] [--out target/bench]
 //! ```
 //!
 //! The load generator (Rust, loopback only) keeps `c` requests in flight: each of `c` workers
@@ -46,6 +47,9 @@ struct Args {
     max_tokens: usize,
     depth: u32,
     llama: Option<PathBuf>,
+    drafter: Option<PathBuf>,
+    gguf_from: Option<PathBuf>,
+    gguf_type: Option<String>,
     out_dir: PathBuf,
 }
 
@@ -57,7 +61,12 @@ cargo xtask bench serve [options]   mtp serve under load, at each concurrency
   --requests N          requests per client at each level (2)
   --max-tokens N        tokens per reply (64)
   --depth N             drafted tokens per round, 1-16 (3)
+  --drafter DIR         a companion drafter (mlx_vlm.convert --mtp-output) for the model
   --llama-server PATH   the same load against llama-server on the same weights
+  --gguf-from DIR       the checkpoint llama-server's GGUF is converted from (default: the
+                        model, which must then be unquantized)
+  --gguf-type TYPE      llama-quantize's tensor type (default: from the model: Q4_0 for MLX
+                        4-bit, Q8_0 for 8-bit, F32 otherwise)
   --out DIR             where the results go (target/bench)
 ";
 
@@ -69,6 +78,9 @@ fn parse(args: &[String]) -> Result<Args> {
         max_tokens: 64,
         depth: 3,
         llama: None,
+        drafter: None,
+        gguf_from: None,
+        gguf_type: None,
         out_dir: PathBuf::from("target/bench"),
     };
     let mut it = args.iter();
@@ -87,6 +99,9 @@ fn parse(args: &[String]) -> Result<Args> {
             "--max-tokens" => a.max_tokens = num(v)?,
             "--depth" => a.depth = num(v)? as u32,
             "--llama-server" => a.llama = Some(PathBuf::from(v)),
+            "--drafter" => a.drafter = Some(PathBuf::from(v)),
+            "--gguf-from" => a.gguf_from = Some(PathBuf::from(v)),
+            "--gguf-type" => a.gguf_type = Some(v.clone()),
             "--out" => a.out_dir = PathBuf::from(v),
             other => bail!("unknown bench serve flag `{other}`\n\n{HELP}"),
         }
@@ -104,8 +119,11 @@ fn start_mtp(a: &Args, max_batch: usize) -> Result<Server> {
     let mut cmd = Command::new(build_mtp(true)?);
     cmd.args(["serve", "--port", "0", "--model"])
         .arg(&a.model)
-        .args(["--num-draft-tokens", &a.depth.to_string()])
-        .args(["--max-batch", &max_batch.to_string(), "--max-queue", "1024"]);
+        .args(["--num-draft-tokens", &a.depth.to_string()]);
+    if let Some(d) = &a.drafter {
+        cmd.arg("--drafter").arg(d);
+    }
+    cmd.args(["--max-batch", &max_batch.to_string(), "--max-queue", "1024"]);
     spawn_mtp_serve(cmd)
 }
 
@@ -335,14 +353,14 @@ pub fn run(args: &[String]) -> Result<()> {
     ];
     let mut _llama = Vec::new();
     if let Some(bin) = &a.llama {
-        let name = a
-            .model
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let gguf = a.out_dir.join(format!("{name}.gguf"));
-        crate::gguf::convert::convert(&a.model, &gguf, &Default::default())
-            .with_context(|| format!("converting {} to GGUF", a.model.display()))?;
+        let (gguf, ty) = crate::bench_llama::same_weights_gguf(
+            &a.out_dir,
+            bin,
+            &a.model,
+            a.gguf_from.as_deref(),
+            a.gguf_type.as_deref(),
+        )?;
+        println!("llama-server reads {} ({ty})", gguf.display());
         let off = start_llama(bin, &gguf, max_c, 1024, None)?;
         let on = start_llama(bin, &gguf, max_c, 1024, Some(d))?;
         println!(
