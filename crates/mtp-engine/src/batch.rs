@@ -12,7 +12,7 @@
 //! [`Batch`] is the synchronous core (the caller decides when to step); [`Scheduler`] is the
 //! thread that owns a batch and takes requests from any thread.
 //!
-//! Sequences asking for `auto` depths get them chosen jointly each step ([`crate::depth`]):
+//! Sequences asking for `auto` depths get them chosen jointly each step (`depth.rs`):
 //! one forward's rows are shared, so as the batch fills each draft buys less than the row it
 //! costs and depths fall, to plain target steps where drafting would cost more than it gains.
 //!
@@ -26,7 +26,7 @@
 //! ([`GenerateOptions::resume`], [`GenerateOptions::checkpoint`]: after the conversation
 //! before the generation prompt, after the prompt, after the last token fed), so a batched
 //! chat turn resumes the last one's state exactly as [`Engine::generate`] does. A solo call
-//! *is* a batch of one: each sequence ([`crate::sequence::Sequence`]) has one decode loop.
+//! *is* a batch of one: each sequence (`sequence::Sequence`) has one decode loop.
 //!
 //! The speculating sequences draft together: each draft position is one MTP-head forward and
 //! one LM-head product over every sequence still drafting (`speculative::draft_batch`), so the
@@ -38,6 +38,9 @@
 //! answer ([`Batch::answer`]) before it goes on or ends. Everything else is as with a callback
 //! that answers at once, so a sequence its caller stops (a stop string) ends with the output,
 //! the draft statistics, the timings and the prefix-cache states it gets alone.
+//!
+//! [`Scheduler`]: crate::scheduler::Scheduler
+//! [`Scheduler::submit_paced`]: crate::scheduler::Scheduler::submit_paced
 
 use std::borrow::Cow;
 use std::time::Instant;
@@ -52,8 +55,6 @@ use crate::qwen3_5::LogitsAt;
 use crate::sampling::Sampler;
 use crate::sequence::{Lane, OnTokens, Sequence};
 use crate::speculative::{self, Drafts};
-
-pub use crate::scheduler::{BatchEvent, Paced, Scheduler, SchedulerConfig};
 
 /// Prompt tokens a step computes for one joining sequence, by default.
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;

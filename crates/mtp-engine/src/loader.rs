@@ -19,7 +19,7 @@ use crate::quant::QuantMatrix;
 
 /// The precision weight matrices are kept in once loaded. On the CPU the arithmetic is f32
 /// whichever is chosen: the matrix products widen bf16 and f16 weights exactly as they read them
-/// (see [`crate::kernels::Weight`]).
+/// (see `kernels::Weight`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightDtype {
     /// As the checkpoint stores them: f32, bf16 and f16 matrices stay as they are, so a bf16

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
-use mtp_engine::batch::{Batch, BatchEvent, Scheduler, SchedulerConfig};
+use mtp_engine::batch::Batch;
 use mtp_engine::cache::VerifyMode;
+use mtp_engine::scheduler::{BatchEvent, Scheduler, SchedulerConfig};
 use mtp_engine::{Engine, FinishReason, GenerateOptions, GenerationOutput, PromptState, Sampling};
 
 fn fixture(name: &str) -> PathBuf {

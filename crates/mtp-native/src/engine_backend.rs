@@ -14,7 +14,7 @@ pub struct EngineBackend {
     engine: Arc<Engine>,
     /// The continuous-batching thread, started by the first batched job (its `max_batch` is
     /// that job's provider's).
-    scheduler: OnceLock<mtp_engine::batch::Scheduler>,
+    scheduler: OnceLock<mtp_engine::scheduler::Scheduler>,
     drafter: Option<DrafterLane>,
     runtime: String,
     weight_bytes: usize,

@@ -38,7 +38,7 @@ pub struct AttentionShape {
 /// are scored against eight keys at a time, each key block brought into L1 once for all of them,
 /// and the eight sums reduced together; the weighted values are summed a block of keys at a
 /// time, every position of the task through each block while it is in L1 (see
-/// [`VALUE_BLOCK`]). Each query's arithmetic is that of a lone query, whatever the tiling, so a
+/// `VALUE_BLOCK`). Each query's arithmetic is that of a lone query, whatever the tiling, so a
 /// verify row has the bits of a single-token step. A task's scores
 /// (its positions × queries per KV head × keys) stay within a budget (4 MiB), so a long prompt
 /// does not hold a full score matrix.
