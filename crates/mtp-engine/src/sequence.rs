@@ -1,5 +1,5 @@
-//! One sequence being generated: its caches, sampler (with its constraint), emitter, prompt
-//! states and timings, and the two halves of its step.
+//! One sequence being generated: its caches, sampler (with its constraint), emitted tokens,
+//! prompt states and timings, and the two halves of its step.
 //!
 //! A step is one target forward shared by every sequence of a [`crate::batch::Batch`]; a
 //! sequence's part of it is
@@ -77,45 +77,6 @@ pub(crate) enum Lane {
     },
     /// Its output has been taken.
     Ended,
-}
-
-/// Collects accepted tokens, applies stop ids and the token budget, and calls the user callback.
-struct Emitter<'a> {
-    tokens: Vec<u32>,
-    stops: &'a [u32],
-    max: usize,
-    finish: Option<FinishReason>,
-    on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
-}
-
-impl Emitter<'_> {
-    /// Emits a chunk; returns false when generation must end.
-    fn emit(&mut self, chunk: &[u32]) -> bool {
-        let mut take = chunk.len().min(self.max.saturating_sub(self.tokens.len()));
-        if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
-            take = i;
-            self.finish = Some(FinishReason::Stop);
-        }
-        let part = &chunk[..take];
-        self.tokens.extend_from_slice(part);
-        if !part.is_empty() && !(self.on_tokens)(part) && self.finish.is_none() {
-            self.finish = Some(FinishReason::Cancelled);
-        }
-        if self.finish.is_none() && self.tokens.len() >= self.max {
-            self.finish = Some(FinishReason::Length);
-        }
-        self.finish.is_none()
-    }
-
-    /// Ends generation (finish `Stop`) when the reply's constraint is complete: nothing but
-    /// the end could follow. True when it ended it.
-    fn constraint_done(&mut self, s: &Sampler) -> bool {
-        if self.finish.is_none() && s.constraint_complete() {
-            self.finish = Some(FinishReason::Stop);
-            return true;
-        }
-        false
-    }
 }
 
 /// Fills the rates of `timings` at the end of a generation: time to first token and decode
@@ -349,33 +310,12 @@ impl Sequence {
         self.finish.is_none() && !self.held
     }
 
-    /// Emits `chunk` under the one emission rule ([`Emitter`]: stop ids, budget, cancel).
-    /// A paced sequence is held after a chunk that does not end it (true: it may go on once
-    /// answered).
+    /// Emits `chunk`, the one emission rule for every sequence: the budget and the stop ids
+    /// cut it, the caller gets what is left, and its answer is taken by
+    /// [`Sequence::settle`]. A paced sequence whose chunk leaves it going is held until its
+    /// caller answers ([`crate::batch::Batch::answer`]); its callback here only says whether
+    /// the caller is still there. True when it may go on.
     fn emit(&mut self, chunk: &[u32], on: &mut OnTokens<'_>) -> bool {
-        if self.paced {
-            return self.emit_paced(chunk, on);
-        }
-        let id = self.id;
-        let mut cb = |t: &[u32]| on(id, t);
-        let mut em = Emitter {
-            tokens: std::mem::take(&mut self.tokens),
-            stops: &self.stops,
-            max: self.max,
-            finish: None,
-            on_tokens: &mut cb,
-        };
-        let going = em.emit(chunk) && !em.constraint_done(&self.sampler);
-        self.finish = em.finish;
-        self.tokens = std::mem::take(&mut em.tokens);
-        going
-    }
-
-    /// [`Emitter::emit`] split at the caller's answer: the stop ids and the budget cut the
-    /// chunk now, `on` only says whether the caller is still there, and what a callback's
-    /// answer decides (cancel, then the budget and a complete constraint) waits for
-    /// [`Sequence::settle`].
-    fn emit_paced(&mut self, chunk: &[u32], on: &mut OnTokens<'_>) -> bool {
         let mut take = chunk.len().min(self.remaining());
         if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
             take = i;
@@ -383,14 +323,15 @@ impl Sequence {
         }
         let part = &chunk[..take];
         self.tokens.extend_from_slice(part);
-        if part.is_empty() || self.finish.is_some() {
-            // nothing to answer, or an answer that changes nothing (a stop id ended it)
-            if !part.is_empty() {
-                on(self.id, part);
-            }
+        if part.is_empty() {
             return self.settle(true);
         }
-        if !on(self.id, part) {
+        let go = on(self.id, part);
+        if !self.paced || self.finish.is_some() {
+            // answered now (or an answer that changes nothing: a stop id ended it)
+            return self.settle(go);
+        }
+        if !go {
             // the caller is gone
             self.finish = Some(FinishReason::Cancelled);
             return false;
@@ -399,8 +340,8 @@ impl Sequence {
         true
     }
 
-    /// The caller's answer to a paced sequence's last chunk, as [`Emitter`] takes a callback's:
-    /// false cancels; then the budget and a complete constraint end it. True when it goes on.
+    /// The caller's answer to the last chunk (at once, or later for a paced sequence): false
+    /// cancels; then the budget and a complete constraint end it. True when it goes on.
     pub(crate) fn settle(&mut self, go: bool) -> bool {
         self.held = false;
         if !go && self.finish.is_none() {
