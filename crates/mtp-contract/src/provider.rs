@@ -57,6 +57,27 @@ impl ProviderOptions {
         self.extra.insert(key.into(), value.into());
         self
     }
+    /// For a provider given its own options typed (`typed` names their type): an `extra`
+    /// string beside them would be ignored, so any is an `InvalidRequest` naming it.
+    ///
+    /// ```
+    /// use mtp_contract::ProviderOptions;
+    /// assert!(ProviderOptions::default().refuse_extra("GgufOptions").is_ok());
+    /// let e = ProviderOptions::default().extra("threads", "2").refuse_extra("GgufOptions");
+    /// assert!(e.unwrap_err().to_string().contains("`threads`"));
+    /// ```
+    pub fn refuse_extra(&self, typed: &str) -> Result<(), ProviderError> {
+        match self.extra.keys().next() {
+            Some(k) => Err(ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!(
+                    "`{k}` is given as a string option beside typed {typed}, which would \
+                     ignore it; set it in {typed}"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a runtime can do with its loaded model.

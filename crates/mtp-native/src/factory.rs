@@ -409,15 +409,7 @@ pub fn create_with(
     opts: &ProviderOptions,
     native: NativeOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    if let Some(k) = opts.extra.keys().next() {
-        return Err(ProviderError::InvalidRequest {
-            field: "extra",
-            message: format!(
-                "`{k}` is given as a string option beside typed NativeOptions, which would ignore \
-                 it; set it in NativeOptions"
-            ),
-        });
-    }
+    opts.refuse_extra("NativeOptions")?;
     native.check()?;
     build(name, model, opts, native)
 }

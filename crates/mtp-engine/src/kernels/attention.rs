@@ -555,30 +555,22 @@ mod tests {
                 let values: Vec<f32> = (0..t_total * hkv * hd).map(|_| next()).collect();
                 let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
                 let scale = 1.0 / (hd as f32).sqrt();
-                let all = attention(
-                    &q,
-                    &keys,
-                    &values,
-                    AttentionShape {
-                        l,
-                        h,
-                        hkv,
-                        hd,
-                        scale,
-                    },
-                );
+                let shape = AttentionShape {
+                    l,
+                    h,
+                    hkv,
+                    hd,
+                    scale,
+                };
+                // each query alone
+                let lone = AttentionShape { l: 1, ..shape };
+                let all = attention(&q, &keys, &values, shape);
                 // SAFETY: no particular instruction set needed.
                 let portable = attention_impl(
                     &q,
                     &keys,
                     &values,
-                    AttentionShape {
-                        l,
-                        h,
-                        hkv,
-                        hd,
-                        scale,
-                    },
+                    shape,
                     Tiling {
                         isa: Isa::Portable,
                         budget: SCORE_BUDGET,
@@ -591,13 +583,7 @@ mod tests {
                         &q,
                         &keys,
                         &values,
-                        AttentionShape {
-                            l,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                        },
+                        shape,
                         Tiling {
                             isa: Isa::Avx512,
                             budget,
@@ -615,13 +601,7 @@ mod tests {
                         &q[i * h * hd..(i + 1) * h * hd],
                         &keys[..seen * hkv * hd],
                         &values[..seen * hkv * hd],
-                        AttentionShape {
-                            l: 1,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                        },
+                        lone,
                     );
                     let row = &all[i * h * hd..(i + 1) * h * hd];
                     assert!(row
@@ -632,13 +612,7 @@ mod tests {
                         &q[i * h * hd..(i + 1) * h * hd],
                         &keys[..seen * hkv * hd],
                         &values[..seen * hkv * hd],
-                        AttentionShape {
-                            l: 1,
-                            h,
-                            hkv,
-                            hd,
-                            scale,
-                        },
+                        lone,
                         Tiling {
                             isa: Isa::Portable,
                             budget: SCORE_BUDGET,
@@ -755,9 +729,10 @@ mod tests {
             let scale = 1.0 / (hd as f32).sqrt();
             for isa in isas() {
                 let (all, tiled) = with_isa(isa, || {
-                    let all = attention(&q, &keys, &values, AttentionShape { l, h, hkv, hd, scale });
-                    let tiled =
-                        attention_impl(&q, &keys, &values, AttentionShape { l, h, hkv, hd, scale }, Tiling { isa: Isa::Avx512, budget: 1, value_block: VALUE_BLOCK });
+                    let shape = AttentionShape { l, h, hkv, hd, scale };
+                    let all = attention(&q, &keys, &values, shape);
+                    let one_per_task = Tiling { isa: Isa::Avx512, budget: 1, value_block: VALUE_BLOCK };
+                    let tiled = attention_impl(&q, &keys, &values, shape, one_per_task);
                     (all, tiled)
                 });
                 prop_assert_eq!(testing::bits(&all), testing::bits(&tiled));

@@ -51,9 +51,9 @@ pub fn gated_delta_steps(
     )
 }
 
-/// Runs `s` steps of the gated delta rule ([`DeltaIn`]) over `state`: the first `settle` are written into
-/// the state and give no output (steps that an earlier verify forward kept), the others
-/// return their outputs `[s - settle, hv, dv]` and are written into the state only when
+/// Runs `s` steps of the gated delta rule ([`DeltaIn`]) over `state`: the first `settle` are
+/// written into the state and give no output (steps that an earlier verify forward kept), the
+/// others return their outputs `[s - settle, hv, dv]` and are written into the state only when
 /// `advance` (a verify forward leaves its own steps for the next call to settle, or advances
 /// and keeps a copy). A non-empty `backup` (`state.len()` floats) receives the state as it is
 /// after the settled steps, before the others.
@@ -504,25 +504,8 @@ mod tests {
             let g: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
             let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
-            let mut untouched = init.clone();
-            let peeked = gated_delta(
-                DeltaIn {
-                    d,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
-                    settle: 0,
-                    advance: false,
-                },
-                &mut untouched,
-                &mut [],
-            );
-            let mut all_state = init.clone();
-            let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
-            let mut portable_state = init.clone();
-            let mut portable = vec![0f32; s * hv * dv];
+            // the whole call's operands; the cases below change where it settles and whether it
+            // advances
             let inp = DeltaIn {
                 d,
                 q: &q,
@@ -533,6 +516,19 @@ mod tests {
                 settle: 0,
                 advance: true,
             };
+            let mut untouched = init.clone();
+            let peeked = gated_delta(
+                DeltaIn {
+                    advance: false,
+                    ..inp
+                },
+                &mut untouched,
+                &mut [],
+            );
+            let mut all_state = init.clone();
+            let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
+            let mut portable_state = init.clone();
+            let mut portable = vec![0f32; s * hv * dv];
             for h in 0..hv {
                 let mut yh = vec![0f32; s * dv];
                 let st = &mut portable_state[h * dv * dk..(h + 1) * dv * dk];
@@ -548,32 +544,14 @@ mod tests {
             assert!(bits(&peeked, &all) && bits(&untouched, &init));
             // settling: the first two steps as a verify left them, then two more
             let mut settled = init.clone();
-            let y = gated_delta(
-                DeltaIn {
-                    d,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
-                    settle: 2,
-                    advance: true,
-                },
-                &mut settled,
-                &mut [],
-            );
+            let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut settled, &mut []);
             assert!(bits(&y, &all[2 * hv * dv..]) && bits(&settled, &all_state));
             let mut settled = init.clone();
             let y = gated_delta(
                 DeltaIn {
-                    d,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
                     settle: s,
                     advance: false,
+                    ..inp
                 },
                 &mut settled,
                 &mut [],
@@ -596,36 +574,10 @@ mod tests {
                 &mut [],
             );
             let mut backup = vec![0f32; init.len()];
-            let y = gated_delta(
-                DeltaIn {
-                    d,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
-                    settle: 2,
-                    advance: true,
-                },
-                &mut two,
-                &mut backup,
-            );
+            let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut two, &mut backup);
             assert!(bits(&y, &all[2 * hv * dv..]) && bits(&two, &all_state));
             assert!(bits(&backup, &after_two));
-            let y = gated_delta(
-                DeltaIn {
-                    d,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
-                    settle: s,
-                    advance: true,
-                },
-                &mut init.clone(),
-                &mut backup,
-            );
+            let y = gated_delta(DeltaIn { settle: s, ..inp }, &mut init.clone(), &mut backup);
             assert!(y.is_empty() && bits(&backup, &all_state));
             if Portable::FUSED == detected_fused() {
                 assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
@@ -826,7 +778,8 @@ mod tests {
                 let mut state = init.clone();
                 let mut kept = vec![0f32; if backup { init.len() } else { 0 }];
                 let y = with_isa(isa, || {
-                    gated_delta(DeltaIn { d, q: &q, k: &k, v: &v, g: &g, beta: &beta, settle, advance }, &mut state, &mut kept)
+                    let inp = DeltaIn { d, q: &q, k: &k, v: &v, g: &g, beta: &beta, settle, advance };
+                    gated_delta(inp, &mut state, &mut kept)
                 });
                 prop_assert_eq!(y.len(), (s - settle) * hv * dv);
                 for (got, want) in y.iter().zip(&ys[settle * hv * dv..]) {

@@ -246,15 +246,7 @@ pub fn create_with(
     opts: &ProviderOptions,
     gguf: GgufOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    if let Some(k) = opts.extra.keys().next() {
-        return Err(ProviderError::InvalidRequest {
-            field: "extra",
-            message: format!(
-                "`{k}` is given as a string option beside typed GgufOptions, which would ignore \
-                 it; set it in GgufOptions"
-            ),
-        });
-    }
+    opts.refuse_extra("GgufOptions")?;
     Ok(Arc::new(GgufProvider::with_options(model, opts, gguf)?))
 }
 
