@@ -49,7 +49,7 @@ pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
 pub use request::{
     tool_name, FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message,
-    Metadata, Role, StreamEvent, ToolCall, ToolCallDelta, ToolChoice, Usage,
+    Metadata, PromptProgress, Role, StreamEvent, ToolCall, ToolCallDelta, ToolChoice, Usage,
     MAX_PROMPT_BYTES_PER_TOKEN, RESERVED_TEMPLATE_VARIABLES,
 };
 pub use sampling::Sampling;

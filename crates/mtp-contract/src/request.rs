@@ -730,6 +730,31 @@ pub struct ToolCallDelta {
     pub arguments: String,
 }
 
+/// How far a runtime has got through a request's prompt: llama-server's `prompt_progress`
+/// (the same fields, which its clients already read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptProgress {
+    /// The prompt's tokens.
+    pub total: usize,
+    /// Of them, the tokens taken from a prefix cache rather than computed.
+    pub cache: usize,
+    /// Tokens in the model so far, `cache` included (`total` when the prompt is in).
+    pub processed: usize,
+    /// Milliseconds since the prompt's computation began.
+    pub time_ms: u64,
+}
+
+impl PromptProgress {
+    /// The share of the tokens to compute that are computed (1 when there were none).
+    pub fn fraction(&self) -> f64 {
+        let todo = self.total.saturating_sub(self.cache);
+        if todo == 0 {
+            return 1.0;
+        }
+        self.processed.saturating_sub(self.cache).min(todo) as f64 / todo as f64
+    }
+}
+
 /// One item of a streamed generation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -746,6 +771,10 @@ pub enum StreamEvent {
     },
     /// A piece of a tool call, as the reply generates it (never raw markup in a `Delta`).
     ToolCall(ToolCallDelta),
+    /// How far the runtime has got through the prompt, before the first token: one when it
+    /// starts (with what came from its prefix cache), then as parts of a long prompt are
+    /// computed, then when the whole prompt is in. A runtime that cannot tell sends none.
+    PromptProgress(PromptProgress),
     /// The final response (content is the whole text).
     Done(Box<GenerateResponse>),
 }

@@ -73,6 +73,24 @@ impl KvCache {
         self.k.truncate(len * self.row);
         self.v.truncate(len * self.row);
     }
+
+    /// Makes room for `positions` in all, allocated but not written (see
+    /// [`crate::kernels::Aligned`]): appends up to there never move the cache.
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        let room = positions.saturating_mul(self.row);
+        self.k.reserve(room);
+        self.v.reserve(room);
+    }
+
+    /// A copy with room for `positions` in all.
+    pub(crate) fn clone_with_room(&self, positions: usize) -> KvCache {
+        let room = positions.saturating_mul(self.row);
+        KvCache {
+            k: crate::kernels::Aligned::copy_with_room(self.k.values(), room),
+            v: crate::kernels::Aligned::copy_with_room(self.v.values(), room),
+            row: self.row,
+        }
+    }
 }
 
 /// How a verify forward treats the recurrent state of linear-attention layers (see the module
@@ -306,6 +324,26 @@ impl SeqCache {
         }
     }
 
+    /// Makes room for `positions` in all in its KV caches, allocated but not written: a
+    /// sequence given room for its prompt and reply up front never moves its caches as they
+    /// grow (a move at a 32k-token prompt's end cost about a second, see
+    /// [`crate::kernels::Aligned`]).
+    pub fn reserve(&mut self, positions: usize) {
+        layers_reserve(&mut self.layers, positions);
+    }
+
+    /// A copy with room for `positions` in all in its KV caches ([`SeqCache::reserve`]
+    /// without a second copy).
+    pub fn clone_with_room(&self, positions: usize) -> SeqCache {
+        SeqCache {
+            layers: layers_clone_with_room(&self.layers, positions),
+            pos: self.pos,
+            verify_start: self.verify_start,
+            mode: self.mode,
+            images: self.images.clone(),
+        }
+    }
+
     /// Gives a fresh sequence the images of its prompt: the forward writes their features over
     /// the image tokens' embeddings and turns every token with its multimodal position ids.
     pub fn set_images(&mut self, images: Option<std::sync::Arc<crate::vision::MultimodalPrompt>>) {
@@ -418,6 +456,26 @@ impl SeqCache {
 }
 
 /// Bytes held by a list of layer caches (f32 elements).
+/// Makes room for `positions` in all in the KV caches of `layers` (see [`KvCache::reserve`]).
+pub(crate) fn layers_reserve(layers: &mut [LayerCache], positions: usize) {
+    for l in layers {
+        if let LayerCache::Attention(kv) = l {
+            kv.reserve(positions);
+        }
+    }
+}
+
+/// A copy of `layers` whose KV caches have room for `positions` in all.
+pub(crate) fn layers_clone_with_room(layers: &[LayerCache], positions: usize) -> Vec<LayerCache> {
+    layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Attention(kv) => LayerCache::Attention(kv.clone_with_room(positions)),
+            other => other.clone(),
+        })
+        .collect()
+}
+
 pub(crate) fn layers_bytes(layers: &[LayerCache]) -> usize {
     layers
         .iter()

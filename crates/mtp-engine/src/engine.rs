@@ -1,10 +1,11 @@
 //! The engine: a loaded target model, its optional MTP head and tokenizer, and `generate`.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::Device;
-use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
+use mtp_contract::{DraftStats, FinishReason, PromptProgress, ResponseFormat, Sampling, Timings};
 
 use crate::batch::Batch;
 use crate::cache::SeqCache;
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::MtpHead;
-use crate::resume::{Keep, KeptStates, PrefillKept, PromptState};
+use crate::resume::{Keep, KeptStates, PrefillKept, PromptIn, PromptState};
 use crate::sampling::Sampler;
 use crate::tokenizer::TextTokenizer;
 use crate::vision::preprocess::{self, ImageLimits, ImageProcessorConfig};
@@ -77,6 +78,31 @@ pub struct GenerateOptions {
     /// The images of the prompt, placed on its expanded `<|image_pad|>` runs (see
     /// [`Engine::multimodal_prompt`]).
     pub images: Option<Arc<MultimodalPrompt>>,
+    /// Told how far the prompt's computation has got: when it starts (with the tokens
+    /// resumed), after each part of a long prompt, and when the prompt is in (called on the
+    /// thread that computes it, so it must return at once).
+    pub on_prompt_progress: Option<ProgressSink>,
+}
+
+/// Where a generation reports its prompt's progress ([`GenerateOptions::on_prompt_progress`]).
+#[derive(Clone)]
+pub struct ProgressSink(Arc<dyn Fn(PromptProgress) + Send + Sync>);
+
+impl ProgressSink {
+    /// A sink calling `f` with each report.
+    pub fn new(f: impl Fn(PromptProgress) + Send + Sync + 'static) -> Self {
+        ProgressSink(Arc::new(f))
+    }
+
+    pub(crate) fn report(&self, p: PromptProgress) {
+        (self.0)(p)
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
 }
 
 impl Default for GenerateOptions {
@@ -94,6 +120,7 @@ impl Default for GenerateOptions {
             response_format: None,
             constraint: None,
             images: None,
+            on_prompt_progress: None,
         }
     }
 }
@@ -147,6 +174,15 @@ impl GenerateOptions {
     /// Resumes from a prefix-cache state (see [`GenerateOptions::resume`]).
     pub fn resume_from(mut self, state: Arc<PromptState>) -> Self {
         self.resume = Some(state);
+        self
+    }
+
+    /// Reports the prompt's progress to `f` (see [`GenerateOptions::on_prompt_progress`]).
+    pub fn on_prompt_progress(
+        mut self,
+        f: impl Fn(PromptProgress) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_prompt_progress = Some(ProgressSink::new(f));
         self
     }
 
@@ -653,8 +689,9 @@ impl Engine {
     /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
     /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
     ///
-    /// A solo call is a batch of one ([`Batch`]): the same sequence, stepped alone, with the
-    /// whole prompt computed at once. With [`GenerateOptions::resume`] and
+    /// A solo call is a batch of one ([`Batch`]): the same sequence, stepped alone, its prompt
+    /// computed in parts of [`qwen3_5::FORWARD_PART`] tokens (as one forward of it would be,
+    /// so that [`GenerateOptions::on_prompt_progress`] hears of each). With [`GenerateOptions::resume`] and
     /// [`GenerateOptions::checkpoint`] it resumes from and keeps prefix-cache states.
     pub fn generate(
         &self,
@@ -662,7 +699,7 @@ impl Engine {
         opts: &GenerateOptions,
         mut on_tokens: impl FnMut(&[u32]) -> bool,
     ) -> Result<GenerationOutput> {
-        let mut batch = Batch::new(self).with_prefill_chunk(usize::MAX);
+        let mut batch = Batch::new(self).with_prefill_chunk(qwen3_5::FORWARD_PART);
         let mut on = |_: u64, t: &[u32]| on_tokens(t);
         batch.join(0, prompt, opts, &mut on);
         while batch.active() > 0 {
@@ -693,16 +730,25 @@ pub(crate) struct TargetPrefill {
 /// computed as a part of its own).
 pub(crate) fn prefill_target(
     model: &crate::Qwen35Model,
-    prompt: &[u32],
-    images: Option<&std::sync::Arc<crate::vision::MultimodalPrompt>>,
-    resume: Option<&PromptState>,
+    p: PromptIn<'_>,
+    resume: Option<Cow<'_, PromptState>>,
     keep: Keep,
 ) -> Result<TargetPrefill> {
-    let resume = resume.filter(|st| st.tokens < prompt.len() && st.same_images(images));
-    let mut start = resume.map_or(0, |st| st.tokens);
-    let mut cache = [resume.map_or_else(|| model.new_cache(), |st| st.cache.clone())];
+    let prompt = p.ids;
+    let resume = resume
+        .filter(|st| st.tokens < prompt.len() && st.same_images(p.images))
+        .map(|st| PromptState::resumed(st, p.room));
+    let mut start = resume.as_ref().map_or(0, |st| st.tokens);
+    let mut cache = [resume.map_or_else(
+        || {
+            let mut c = model.new_cache();
+            c.reserve(p.room);
+            c
+        },
+        |st| st.cache,
+    )];
     // the images of this prompt (those of the resumed prefix are the same)
-    cache[0].set_images(images.cloned());
+    cache[0].set_images(p.images.cloned());
     let computed = prompt.len() - start;
     let dm = model.hidden_size();
     let last_row = |hidden: &[f32]| hidden[hidden.len().saturating_sub(dm)..].to_vec();

@@ -50,10 +50,14 @@ pub mod vision;
 
 pub use cache::{CacheSnapshot, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};
-pub use engine::{Engine, GenerateOptions, GenerationOutput, SpeculationOutcome, MAX_VERIFY_DEPTH};
+pub use engine::{
+    Engine, GenerateOptions, GenerationOutput, ProgressSink, SpeculationOutcome, MAX_VERIFY_DEPTH,
+};
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
-pub use mtp_contract::{DraftStats, FinishReason, ResponseFormat, Sampling, Timings};
+pub use mtp_contract::{
+    DraftStats, FinishReason, PromptProgress, ResponseFormat, Sampling, Timings,
+};
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
 pub use resume::{KeptStates, PromptState};

@@ -33,6 +33,19 @@ impl MtpCache {
         self.pos
     }
 
+    /// Makes room for `positions` in all in its KV caches ([`crate::SeqCache::reserve`]).
+    pub fn reserve(&mut self, positions: usize) {
+        crate::cache::layers_reserve(&mut self.layers, positions);
+    }
+
+    /// A copy with room for `positions` in all in its KV caches.
+    pub fn clone_with_room(&self, positions: usize) -> MtpCache {
+        MtpCache {
+            layers: crate::cache::layers_clone_with_room(&self.layers, positions),
+            pos: self.pos,
+        }
+    }
+
     /// Bytes held by the drafter's KV caches.
     pub fn bytes(&self) -> usize {
         crate::cache::layers_bytes(&self.layers)

@@ -7,11 +7,22 @@
 //! head pairs it with the next token), and, when it was taken by a speculative call, the
 //! drafter's cache over the same prefix.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::cache::SeqCache;
 use crate::qwen3_5_mtp::MtpCache;
 use crate::vision::MultimodalPrompt;
+
+/// A prompt as a sequence's prefill takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PromptIn<'a> {
+    pub(crate) ids: &'a [u32],
+    pub(crate) images: Option<&'a Arc<MultimodalPrompt>>,
+    /// The positions its caches get room for up front (prompt, reply and a verify's rows; see
+    /// [`SeqCache::reserve`]).
+    pub(crate) room: usize,
+}
 
 /// The decoding state after a prompt prefix.
 #[derive(Debug, Clone)]
@@ -35,6 +46,27 @@ impl PromptState {
         self.cache.bytes()
             + self.mcache.as_ref().map_or(0, MtpCache::bytes)
             + self.last_hidden.len() * std::mem::size_of::<f32>()
+    }
+
+    /// The state a call computes on from: moved when the call owns it (its own earlier
+    /// chunk), copied when kept elsewhere (a prefix cache's), its KV caches with room for
+    /// `positions` in all either way (see [`SeqCache::reserve`]).
+    pub(crate) fn resumed(st: Cow<'_, PromptState>, positions: usize) -> PromptState {
+        match st {
+            Cow::Owned(mut st) => {
+                st.cache.reserve(positions);
+                if let Some(m) = st.mcache.as_mut() {
+                    m.reserve(positions);
+                }
+                st
+            }
+            Cow::Borrowed(st) => PromptState {
+                cache: st.cache.clone_with_room(positions),
+                mcache: st.mcache.as_ref().map(|m| m.clone_with_room(positions)),
+                last_hidden: st.last_hidden.clone(),
+                tokens: st.tokens,
+            },
+        }
     }
 
     /// True when the state also carries the drafter's cache (taken by a speculative call).

@@ -16,13 +16,13 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mtp_contract::{FinishReason, Timings};
+use mtp_contract::{FinishReason, PromptProgress, Timings};
 
 use crate::cache::SeqCache;
 use crate::depth::Acceptance;
-use crate::engine::{prefill_target, Engine, GenerateOptions, GenerationOutput};
+use crate::engine::{prefill_target, Engine, GenerateOptions, GenerationOutput, ProgressSink};
 use crate::error::Result;
-use crate::resume::{Keep, KeptStates, PrefillKept, PromptState};
+use crate::resume::{Keep, KeptStates, PrefillKept, PromptIn, PromptState};
 use crate::sampling::Sampler;
 use crate::speculative::{self, Drafts, Round, SpecTimings};
 use crate::vision::MultimodalPrompt;
@@ -104,6 +104,13 @@ fn close_timings(
     }
 }
 
+/// The most reply positions a sequence's KV caches get room for up front, beyond its prompt
+/// (see [`crate::SeqCache::reserve`]): the room is address space, not memory, but a limit
+/// keeps a request for a huge `max_tokens` from reserving gigabytes of it (which a host that
+/// does not overcommit would refuse); a longer reply grows its caches as it goes, a doubling
+/// at a time.
+const REPLY_ROOM: usize = 8192;
+
 /// One sequence of a batch.
 pub(crate) struct Sequence {
     pub(crate) id: u64,
@@ -126,6 +133,11 @@ pub(crate) struct Sequence {
     paced: bool,
     /// A paced sequence waiting for the answer to its last chunk: it sits out the steps.
     pub(crate) held: bool,
+    /// Where its prompt's progress goes.
+    progress: Option<ProgressSink>,
+    /// The positions its caches get room for up front: prompt, reply (up to [`REPLY_ROOM`])
+    /// and a verify's rows.
+    room: usize,
 }
 
 impl Sequence {
@@ -178,7 +190,13 @@ impl Sequence {
             },
             paced,
             held: false,
+            progress: opts.on_prompt_progress.clone(),
+            room: prompt
+                .len()
+                .saturating_add(opts.max_tokens.min(REPLY_ROOM))
+                .saturating_add(crate::kernels::MAX_ROWS),
         };
+        seq.report_prompt(from, from);
         if prompt.len() - from > chunk {
             seq.lane = Lane::Filling(Box::new(Filling {
                 prompt: prompt.to_vec(),
@@ -187,8 +205,14 @@ impl Sequence {
                 ms: 0.0,
             }));
         } else {
-            seq.start_decoding(engine, prompt, opts.images.as_ref(), resume)?;
+            let p = PromptIn {
+                ids: prompt,
+                images: opts.images.as_ref(),
+                room: seq.room,
+            };
+            seq.start_decoding(engine, p, resume.map(Cow::Borrowed))?;
             seq.timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+            seq.report_prompt(from, prompt.len());
         }
         if seq.max == 0 {
             seq.finish = Some(FinishReason::Length);
@@ -221,24 +245,30 @@ impl Sequence {
                 Some(h) if h > done && h < done + chunk => h,
                 _ => done + chunk,
             };
-            let st = speculative::prefill_part(
-                engine.model(),
-                head,
-                &f.prompt,
-                f.images.as_ref(),
-                f.state.take(),
-                to,
-            )?;
+            let p = PromptIn {
+                ids: &f.prompt,
+                images: f.images.as_ref(),
+                room: self.room,
+            };
+            let st = speculative::prefill_part(engine.model(), head, p, f.state.take(), to)?;
             if self.keep.at == Some(to) {
                 self.kept.history = Some(st.clone());
             }
             f.state = Some(st);
             f.ms += t0.elapsed().as_secs_f64() * 1e3;
             self.lane = Lane::Filling(f);
+            self.report_prompt(self.prompt_len - self.kept.computed, to);
             return Ok(());
         }
-        self.start_decoding(engine, &f.prompt, f.images.as_ref(), f.state.as_ref())?;
+        // the state of the first chunks is this sequence's own: moved on, not copied
+        let p = PromptIn {
+            ids: &f.prompt,
+            images: f.images.as_ref(),
+            room: self.room,
+        };
+        self.start_decoding(engine, p, f.state.take().map(Cow::Owned))?;
         self.timings.prefill_ms = Some(f.ms + t0.elapsed().as_secs_f64() * 1e3);
+        self.report_prompt(self.prompt_len - self.kept.computed, self.prompt_len);
         self.first_speculative_token(on);
         Ok(())
     }
@@ -249,22 +279,14 @@ impl Sequence {
     fn start_decoding(
         &mut self,
         engine: &Engine,
-        prompt: &[u32],
-        images: Option<&Arc<MultimodalPrompt>>,
-        resume: Option<&PromptState>,
+        p: PromptIn<'_>,
+        resume: Option<Cow<'_, PromptState>>,
     ) -> Result<()> {
         let model = engine.model();
         let (lane, kept) = match (self.plan.speculate, engine.drafter()) {
             (true, Some(head)) => {
-                let (round, kept) = speculative::prefill(
-                    model,
-                    head,
-                    prompt,
-                    images,
-                    &mut self.sampler,
-                    resume,
-                    self.keep,
-                )?;
+                let (round, kept) =
+                    speculative::prefill(model, head, p, &mut self.sampler, resume, self.keep)?;
                 let lane = Lane::Mtp {
                     round: Box::new(round),
                     depth: self.plan.depth,
@@ -276,12 +298,12 @@ impl Sequence {
                 (lane, kept)
             }
             _ => {
-                let pre = prefill_target(model, prompt, images, resume, self.keep)?;
+                let pre = prefill_target(model, p, resume, self.keep)?;
                 let lane = Lane::Target {
                     cache: pre.cache,
                     logits: pre.logits,
                     hidden: if self.keep.on { pre.hidden } else { Vec::new() },
-                    history: prompt.to_vec(),
+                    history: p.ids.to_vec(),
                     fed: 0,
                     unfed: None,
                 };
@@ -294,6 +316,19 @@ impl Sequence {
             self.kept.history = kept.history;
         }
         Ok(())
+    }
+
+    /// Tells the progress sink that `processed` of the prompt's tokens are in, `cache` of them
+    /// resumed.
+    fn report_prompt(&self, cache: usize, processed: usize) {
+        if let Some(sink) = &self.progress {
+            sink.report(PromptProgress {
+                total: self.prompt_len,
+                cache,
+                processed,
+                time_ms: self.start.elapsed().as_millis() as u64,
+            });
+        }
     }
 
     /// A speculating sequence's prefill produced its first token: emit it.

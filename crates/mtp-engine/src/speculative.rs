@@ -21,7 +21,8 @@
 //! depth may choose) costs no drafter work and the last round's update is never computed; the
 //! drafter catches up with every pending pair in one forward.
 
-use std::sync::{Arc, Mutex};
+use std::borrow::Cow;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use mtp_contract::DraftStats;
@@ -31,9 +32,8 @@ use crate::depth::DepthModel;
 use crate::error::{Error, Result};
 use crate::qwen3_5::{LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
-use crate::resume::{Keep, PrefillKept, PromptState};
+use crate::resume::{Keep, PrefillKept, PromptIn, PromptState};
 use crate::sampling::{argmax, Sampler};
-use crate::vision::MultimodalPrompt;
 
 /// Milliseconds spent in each step.
 #[derive(Debug, Clone, Copy, Default)]
@@ -485,18 +485,27 @@ pub(crate) fn lock(m: &Mutex<DepthModel>) -> std::sync::MutexGuard<'_, DepthMode
 pub(crate) fn prefill_part(
     model: &Qwen35Model,
     head: Option<&MtpHead>,
-    prompt: &[u32],
-    images: Option<&Arc<MultimodalPrompt>>,
+    p: PromptIn<'_>,
     state: Option<PromptState>,
     to: usize,
 ) -> Result<PromptState> {
     let dm = model.hidden_size();
+    let prompt = p.ids;
     let (mut cache, mut mcache, start, mut hid) = match state {
-        Some(st) => (st.cache, st.mcache, st.tokens, st.last_hidden),
+        Some(st) => {
+            let st = PromptState::resumed(Cow::Owned(st), p.room);
+            (st.cache, st.mcache, st.tokens, st.last_hidden)
+        }
         None => {
             let mut cache = model.new_cache();
-            cache.set_images(images.cloned());
-            (cache, head.map(MtpHead::new_cache), 0, Vec::new())
+            cache.reserve(p.room);
+            cache.set_images(p.images.cloned());
+            let mcache = head.map(|h| {
+                let mut m = h.new_cache();
+                m.reserve(p.room);
+                m
+            });
+            (cache, mcache, 0, Vec::new())
         }
     };
     let to = to.clamp(start, prompt.len());
@@ -529,34 +538,38 @@ pub(crate) fn prefill_part(
 pub(crate) fn prefill(
     model: &Qwen35Model,
     head: &MtpHead,
-    prompt: &[u32],
-    images: Option<&Arc<MultimodalPrompt>>,
+    p: PromptIn<'_>,
     s: &mut Sampler,
-    resume: Option<&PromptState>,
+    resume: Option<Cow<'_, PromptState>>,
     keep: Keep,
 ) -> Result<(Round, PrefillKept)> {
     let dm = model.hidden_size();
+    let (prompt, images) = (p.ids, p.images);
     let mut kept = PrefillKept::default();
     // Resume only from a state that carries the drafter's cache, leaves a token to compute and
     // holds the same images.
     let resume = resume
-        .filter(|st| st.mcache.is_some() && st.tokens < prompt.len() && st.same_images(images));
+        .filter(|st| st.mcache.is_some() && st.tokens < prompt.len() && st.same_images(images))
+        .map(|st| PromptState::resumed(st, p.room));
     let (mut cache, mut mcache, start, mut hid_all) = match resume {
         Some(st) => {
+            let mut cache = st.cache;
             // the images of this prompt (those of the resumed prefix are the same)
-            let mut cache = st.cache.clone();
             cache.set_images(images.cloned());
             (
                 cache,
-                st.mcache.clone().unwrap_or_else(|| head.new_cache()),
+                st.mcache.unwrap_or_else(|| head.new_cache()),
                 st.tokens,
-                st.last_hidden.clone(),
+                st.last_hidden,
             )
         }
         None => {
             let mut cache = model.new_cache();
+            cache.reserve(p.room);
             cache.set_images(images.cloned());
-            (cache, head.new_cache(), 0, Vec::new())
+            let mut mcache = head.new_cache();
+            mcache.reserve(p.room);
+            (cache, mcache, 0, Vec::new())
         }
     };
     kept.computed = prompt.len() - start;
@@ -573,7 +586,7 @@ pub(crate) fn prefill(
             last_hidden: hid_all,
             tokens: start,
         };
-        let st = prefill_part(model, Some(head), prompt, images, Some(from), n)?;
+        let st = prefill_part(model, Some(head), p, Some(from), n)?;
         cache = st.cache.clone();
         mcache = st.mcache.clone().unwrap_or_else(|| head.new_cache());
         hid_all = st.last_hidden.clone();

@@ -81,6 +81,8 @@ pub struct Job<'a, S> {
     pub images: &'a [mtp_engine::vision::ImageInput],
     /// Called with each batch of accepted tokens; returning `false` stops generation.
     pub on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
+    /// Told how far the prompt's computation has got (from the thread that computes it).
+    pub on_prompt_progress: Option<mtp_engine::ProgressSink>,
 }
 
 /// What a finished job returns.

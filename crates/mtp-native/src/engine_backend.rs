@@ -173,6 +173,7 @@ fn job_options(
 ) -> Result<mtp_engine::GenerateOptions, ProviderError> {
     let mut opts = engine_options(engine, job)?.checkpoint(job.checkpoint);
     opts.checkpoint_at = job.checkpoint_at;
+    opts.on_prompt_progress = job.on_prompt_progress.clone();
     if let Some((_, s)) = &job.resume {
         opts = opts.resume_from(Arc::clone(&s.0));
     }

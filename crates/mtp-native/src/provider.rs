@@ -455,6 +455,17 @@ impl<B: Backend> Provider for NativeProvider<B> {
     }
 }
 
+/// Sends the prompt's progress into a job's stream, never waiting: a report that finds the
+/// stream full (its reader behind) is dropped, as the next one says more.
+fn progress_sink(
+    tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
+) -> mtp_engine::ProgressSink {
+    let tx = tx.clone();
+    mtp_engine::ProgressSink::new(move |p| {
+        let _ = tx.try_send(Ok(StreamEvent::PromptProgress(p)));
+    })
+}
+
 fn tokio_stream_from(mut rx: mpsc::Receiver<Result<StreamEvent, ProviderError>>) -> EventStream {
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
 }
@@ -554,6 +565,7 @@ fn run_job<B: Backend>(
         checkpoint_at: prompt.history_len,
         images: &prompt.images,
         on_tokens: &mut on_tokens,
+        on_prompt_progress: Some(progress_sink(tx)),
     };
     let out = match max_batch {
         Some(n) => backend.run_batched(n, job)?,

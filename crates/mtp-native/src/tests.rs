@@ -240,6 +240,7 @@ async fn stop_sequences_truncate_stream_and_content() {
         match ev.unwrap() {
             StreamEvent::Delta { text, .. } => streamed.push_str(&text),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(_) => {}
             StreamEvent::Done(r) => done = Some(r),
         }
     }
@@ -265,6 +266,7 @@ async fn collect(
                 content.push_str(&text);
             }
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(_) => {}
             StreamEvent::Done(r) => done = Some(*r),
         }
     }

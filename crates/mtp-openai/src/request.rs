@@ -63,6 +63,10 @@ pub struct ChatCompletionRequest {
     /// llama-server's native endpoint: token ids in the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_tokens: Option<Field<bool>>,
+    /// llama-server's `return_progress`: with `stream`, chunks with the prompt's progress
+    /// (`prompt_progress`) before the reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_progress: Option<Field<bool>>,
     /// Answer as server-sent events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<Field<bool>>,

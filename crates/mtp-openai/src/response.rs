@@ -128,6 +128,14 @@ pub struct Completion {
         deserialize_with = "nullable"
     )]
     pub usage: Option<Option<Usage>>,
+    /// llama-server's `prompt_progress` (a streamed chunk with no choices, under
+    /// `return_progress`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub prompt_progress: Option<mtp_contract::PromptProgress>,
     /// llama-server's timings (with its draft counts).
     #[serde(
         default,

@@ -527,6 +527,9 @@ impl StreamState {
                     return;
                 }
                 Ok(piece) => {
+                    if let Some(p) = piece.progress {
+                        self.queue.push_back(Ok(StreamEvent::PromptProgress(p)));
+                    }
                     let said = !piece.text.is_empty()
                         || !piece.reasoning.is_empty()
                         || !piece.token_ids.is_empty();

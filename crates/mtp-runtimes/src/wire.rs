@@ -273,6 +273,11 @@ pub(crate) fn build_body(
         }
     }
     b.stream = Some(stream.into());
+    // llama-server streams the prompt's progress when asked (its `prompt_progress` chunks),
+    // which the stream passes on; other servers are sent no llama-specific field
+    if stream && kind == ServerKind::LlamaServer {
+        b.return_progress = Some(true.into());
+    }
     if stream && endpoint != Endpoint::Native {
         b.stream_options = Some(
             oa::StreamOptions {
@@ -576,6 +581,8 @@ pub(crate) struct Piece {
     pub token_ids: Vec<u32>,
     /// Tool-call pieces, numbered by the reply's call order.
     pub tool_calls: Vec<ToolCallDelta>,
+    /// llama-server's `prompt_progress`, when the chunk carries one.
+    pub progress: Option<mtp_contract::PromptProgress>,
 }
 
 /// Why an object could not be absorbed.
@@ -696,6 +703,7 @@ impl Accum {
             reasoning,
             token_ids: ids,
             tool_calls,
+            progress: c.prompt_progress,
         })
     }
 }
@@ -798,12 +806,22 @@ mod tests {
         assert_eq!(b["seed"], 7);
         assert!(b["repeat_penalty"].is_number());
         assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!(b["return_progress"], true);
         assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
         assert_eq!(b["speculative.n_max"], 4);
         assert_eq!(b["stop"][0], "\n\n");
 
         let v = build_body(ServerKind::Vllm, Endpoint::Chat, "m", &req, false, Some(4));
         assert!(v.get("speculative.n_max").is_none());
+        // llama-server's progress field goes to llama-server only, and only when streaming
+        for (kind, stream) in [
+            (ServerKind::Vllm, true),
+            (ServerKind::OpenAiCompatible, true),
+            (ServerKind::LlamaServer, false),
+        ] {
+            let b = build_body(kind, Endpoint::Chat, "m", &req, stream, None);
+            assert!(b.get("return_progress").is_none(), "{kind:?} {stream}");
+        }
         assert!(v.get("stream_options").is_none());
         assert!(v["repetition_penalty"].is_number());
         let o = build_body(
@@ -1340,6 +1358,34 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(s.content, "Let me check.");
+    }
+
+    /// llama-server's `prompt_progress` chunks (no choices; the native endpoint's with empty
+    /// content) are read as the prompt's progress and add no text; a malformed one is
+    /// ignored like any other field that is not what it should be.
+    #[test]
+    fn absorbs_prompt_progress() {
+        let mut a = Accum::default();
+        let want = mtp_contract::PromptProgress {
+            total: 237,
+            cache: 230,
+            processed: 237,
+            time_ms: 30,
+        };
+        let progress = json!({"total": 237, "cache": 230, "processed": 237, "time_ms": 30});
+        for chunk in [
+            json!({"choices": [], "prompt_progress": progress.clone()}),
+            json!({"content": "", "stop": false, "prompt_progress": progress.clone()}),
+        ] {
+            let p = a.absorb(&chunk).unwrap();
+            assert_eq!(p.progress, Some(want));
+            assert!(p.text.is_empty() && p.token_ids.is_empty());
+        }
+        let p = a
+            .absorb(&json!({"choices": [], "prompt_progress": {"total": "many"}}))
+            .unwrap();
+        assert_eq!(p.progress, None);
+        assert_eq!(a.content, "");
     }
 
     #[test]

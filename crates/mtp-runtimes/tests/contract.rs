@@ -323,6 +323,7 @@ async fn llama_server_native_completion_returns_token_ids() {
         match ev.unwrap() {
             StreamEvent::Delta { token_ids, .. } => ids.extend(token_ids),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(_) => {}
             StreamEvent::Done(r) => done = Some(r),
         }
     }

@@ -164,6 +164,7 @@ async fn mtp_in_process_matches_target_only_and_the_reference() {
         match ev.expect("event") {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(_) => {}
             StreamEvent::Done(r) => done = Some(*r),
         }
     }
@@ -593,6 +594,7 @@ async fn forced_tool_calls_decode_under_the_templates_markup() {
             match ev.expect("event") {
                 StreamEvent::Delta { text: t, .. } => text.push_str(&t),
                 StreamEvent::ToolCall(d) => pieces.push(d),
+                StreamEvent::PromptProgress(_) => {}
                 StreamEvent::Done(r) => done = Some(*r),
             }
         }

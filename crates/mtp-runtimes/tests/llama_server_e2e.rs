@@ -193,14 +193,36 @@ async fn stream(base: &str, prompt: &str, n: u32) -> (String, GenerateResponse) 
         .expect("stream");
     let mut text = String::new();
     let mut done = None;
+    let mut progress = Vec::new();
     while let Some(ev) = s.next().await {
         match ev.expect("stream event") {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(p) => {
+                assert!(
+                    text.is_empty(),
+                    "prompt progress after the reply began: {p:?}"
+                );
+                progress.push(p);
+            }
             StreamEvent::Done(r) => done = Some(*r),
         }
     }
-    (text, done.expect("a Done event"))
+    let done = done.expect("a Done event");
+    // the adapter asks for `return_progress`; llama-server's `prompt_progress` chunks come
+    // through as the contract's events, counted over the whole prompt
+    let total = done.usage.input_tokens as usize;
+    assert!(!progress.is_empty(), "no prompt progress from llama-server");
+    assert!(
+        progress
+            .iter()
+            .all(|p| p.total == total && p.cache <= p.processed && p.processed <= total),
+        "{progress:?} for a {total}-token prompt"
+    );
+    assert!(progress
+        .windows(2)
+        .all(|w| w[0].processed <= w[1].processed));
+    (text, done)
 }
 
 /// The checkpoints to run: the trained fixture (with reference goldens) and the bundled demo

@@ -71,6 +71,7 @@ async fn recorded_b11434_bodies_give_the_servers_counts() {
             match ev.expect("event") {
                 StreamEvent::Delta { text: t, .. } => text.push_str(&t),
                 StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+                StreamEvent::PromptProgress(_) => {}
                 StreamEvent::Done(r) => done = Some(*r),
             }
         }

@@ -82,6 +82,7 @@ async fn stream(p: &Arc<dyn Provider>, r: GenerateRequest) -> Streamed {
                 out.text.push_str(&text);
             }
             Ok(StreamEvent::ToolCall(d)) => out.pieces.push(d),
+            Ok(StreamEvent::PromptProgress(_)) => {}
             Ok(StreamEvent::Done(r)) => out.done = Some(*r),
             Err(e) => out.err = Some(e),
         }

@@ -465,6 +465,7 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
         started,
         done: false,
         usage_nulls: parsed.stream && parsed.include_usage,
+        progress: parsed.return_progress,
         _permit: permit,
     };
     if parsed.stream {
@@ -569,6 +570,9 @@ struct Run {
     /// `stream_options.include_usage`: every chunk carries `"usage": null` until the last
     /// one's usage, as OpenAI and vLLM send it (clients read the key on every chunk).
     usage_nulls: bool,
+    /// `return_progress`: the prompt's progress goes out as chunks with no choices and a
+    /// `prompt_progress` object, as llama-server sends them.
+    progress: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -712,7 +716,11 @@ async fn whole_response(
 ) -> Response {
     while let Some(ev) = events.next().await {
         match ev {
-            Ok(StreamEvent::Delta { .. } | StreamEvent::ToolCall(_)) => {}
+            Ok(
+                StreamEvent::Delta { .. }
+                | StreamEvent::ToolCall(_)
+                | StreamEvent::PromptProgress(_),
+            ) => {}
             Ok(StreamEvent::Done(r)) => {
                 run.finish(&r);
                 return Json(run.whole(&r, tokens)).into_response();
@@ -773,6 +781,22 @@ fn stream_response(
                     } else {
                         run.delta_event(&text, &reasoning)
                     };
+                    Some((vec![data(&c)], (run, events, 1)))
+                }
+                Some(Ok(StreamEvent::PromptProgress(p))) => {
+                    if !run.progress {
+                        return Some((vec![], (run, events, 1)));
+                    }
+                    let mut c = match run.endpoint {
+                        // llama-server's native stream: an object with empty content
+                        Endpoint::Native => oa::Completion {
+                            content: Some(String::new()),
+                            stop: Some(false),
+                            ..Default::default()
+                        },
+                        Endpoint::Chat | Endpoint::Completion => run.chunk(None),
+                    };
+                    c.prompt_progress = Some(p);
                     Some((vec![data(&c)], (run, events, 1)))
                 }
                 Some(Ok(StreamEvent::ToolCall(d))) => {

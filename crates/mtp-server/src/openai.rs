@@ -36,6 +36,8 @@ pub struct Parsed {
     pub include_usage: bool,
     /// llama-server's `return_tokens`: token ids in its native answers.
     pub return_tokens: bool,
+    /// llama-server's `return_progress`: streamed chunks with the prompt's progress.
+    pub return_progress: bool,
 }
 
 /// Caps on what one request may hold. Each bounds work a client could otherwise make the
@@ -245,6 +247,7 @@ pub fn parse_request(
             .unwrap_or(false),
     };
     let return_tokens = bool_field(&b.return_tokens, "return_tokens")?.unwrap_or(false);
+    let return_progress = bool_field(&b.return_progress, "return_progress")?.unwrap_or(false);
     request
         .validate()
         .map_err(|e| ApiError::from_provider(&e))?;
@@ -253,6 +256,7 @@ pub fn parse_request(
         stream,
         include_usage,
         return_tokens,
+        return_progress,
     })
 }
 

@@ -183,7 +183,15 @@ impl Provider for Scripted {
     }
 }
 
-/// Deltas of `words`, then `Done(finish(content, count))`.
+/// What the fake runtimes report of their 5-token prompt before the reply.
+const PROGRESS: mtp_contract::PromptProgress = mtp_contract::PromptProgress {
+    total: 5,
+    cache: 2,
+    processed: 5,
+    time_ms: 3,
+};
+
+/// The prompt's progress, deltas of `words`, then `Done(finish(content, count))`.
 fn async_stream(
     words: Vec<String>,
     pause: Duration,
@@ -191,7 +199,7 @@ fn async_stream(
     mut finish: impl FnMut(String, u64) -> GenerateResponse + Send + 'static,
 ) -> EventStream {
     let state = (words.into_iter(), String::new(), 0u64, gate, false);
-    futures::stream::unfold(state, move |(mut it, mut content, n, gate, ended)| {
+    let events = futures::stream::unfold(state, move |(mut it, mut content, n, gate, ended)| {
         let r = if ended { None } else { Some(()) };
         let next = it.next();
         let done = next.is_none();
@@ -222,8 +230,10 @@ fn async_stream(
                 )),
             }
         }
-    })
-    .boxed()
+    });
+    futures::stream::once(async { Ok(StreamEvent::PromptProgress(PROGRESS)) })
+        .chain(events)
+        .boxed()
 }
 
 struct Running {
@@ -447,6 +457,86 @@ async fn streams_end_with_done_and_carry_usage_when_asked() {
             .unwrap()
             .get("usage")
             .is_none()));
+}
+
+/// `return_progress` (llama-server's field): with `stream`, the prompt's progress goes out as
+/// chunks with no choices and a `prompt_progress` object before the reply, on the chat, text
+/// and native endpoints; without it, none (the streams above carry none).
+#[tokio::test]
+async fn streamed_prompt_progress_when_asked() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let want = json!({"total": 5, "cache": 2, "processed": 5, "time_ms": 3});
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                   "return_progress": true}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stream": true, "return_progress": true}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "x", "stream": true, "return_progress": true}),
+        ),
+    ] {
+        let text = reqwest::Client::new()
+            .post(format!("{}{path}", srv.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let chunks: Vec<Value> = sse_data(&text)
+            .iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let at = chunks
+            .iter()
+            .position(|c| c.get("prompt_progress").is_some())
+            .unwrap_or_else(|| panic!("{path}: no prompt_progress in {chunks:?}"));
+        assert_eq!(chunks[at]["prompt_progress"], want, "{path}");
+        if path == "/completion" {
+            assert_eq!(chunks[at]["content"], "", "{path}");
+        } else {
+            assert_eq!(chunks[at]["choices"], json!([]), "{path}");
+        }
+        // before any text of the reply
+        let first_text = chunks.iter().position(|c| {
+            [
+                &c["choices"][0]["delta"]["content"],
+                &c["choices"][0]["text"],
+                &c["content"],
+            ]
+            .iter()
+            .any(|t| t.as_str().is_some_and(|t| !t.is_empty()))
+        });
+        assert!(first_text.is_some_and(|f| f > at), "{path}: {chunks:?}");
+    }
+    // not asked for: no progress chunk
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("prompt_progress"), "{text}");
+    // a `return_progress` that is not a boolean is the request's fault, named
+    let (status, body) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "return_progress": "yes"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("return_progress"), "{body}");
 }
 
 #[tokio::test]

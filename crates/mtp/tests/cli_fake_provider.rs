@@ -510,6 +510,7 @@ mod self_tests {
             match ev.unwrap() {
                 StreamEvent::Delta { text, .. } => assert!(text.is_empty()),
                 StreamEvent::ToolCall(d) => pieces.push(d),
+                StreamEvent::PromptProgress(_) => {}
                 StreamEvent::Done(r) => done = Some(r),
             }
         }

@@ -274,15 +274,32 @@ async fn streaming_gives_several_tokens_per_round_then_the_report() {
     let llm = create_llm("native", &fixture("tiny-trained"), on(3)).unwrap();
     let mut s = llm.generate_stream(req(40)).await.unwrap();
     let mut chunks = Vec::new();
+    let mut progress = Vec::new();
     let mut done = None;
     while let Some(ev) = s.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { token_ids, .. } => chunks.push(token_ids.len()),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            StreamEvent::PromptProgress(p) => {
+                assert!(
+                    chunks.is_empty(),
+                    "prompt progress after the reply began: {p:?}"
+                );
+                progress.push(p);
+            }
             StreamEvent::Done(r) => done = Some(r),
         }
     }
     let done = done.expect("final report");
+    // the prompt's progress: from nothing computed to the whole prompt, in order
+    let total = done.usage.input_tokens as usize;
+    assert!(progress.len() >= 2, "{progress:?}");
+    assert!(progress.iter().all(|p| p.total == total && p.cache == 0));
+    assert_eq!(progress[0].processed, 0);
+    assert_eq!(progress.last().map(|p| p.processed), Some(total));
+    assert!(progress
+        .windows(2)
+        .all(|w| w[0].processed <= w[1].processed));
     assert!(
         chunks.iter().any(|&n| n > 1),
         "no multi-token chunk in {chunks:?}"

@@ -110,15 +110,24 @@ async fn the_llama_server_adapter_reads_real_counts_and_the_engines_own_text() {
     let mut st = remote.generate_stream(chat_request()).await.unwrap();
     let mut text = String::new();
     let mut done = None;
+    let mut progress = Vec::new();
     while let Some(ev) = st.next().await {
         match ev.unwrap() {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
+            // llama-server's `return_progress`, asked for by the adapter, answered by the server
+            StreamEvent::PromptProgress(p) => progress.push(p),
             StreamEvent::Done(r) => done = Some(r),
         }
     }
     let done = done.unwrap();
     assert_eq!(text, direct.content);
+    let total = done.usage.input_tokens as usize;
+    assert_eq!(
+        progress.last().map(|p| (p.total, p.processed)),
+        Some((total, total)),
+        "{progress:?}"
+    );
     assert!(done.metadata.speculation.used);
     assert_eq!(done.metadata.speculation.drafted, d.drafted);
 

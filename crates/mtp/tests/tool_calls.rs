@@ -150,6 +150,7 @@ async fn a_forced_call_is_valid_and_the_same_with_mtp_on_and_off() {
         match ev.unwrap() {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::ToolCall(d) => pieces.push(d),
+            StreamEvent::PromptProgress(_) => {}
             StreamEvent::Done(r) => done = Some(r),
         }
     }

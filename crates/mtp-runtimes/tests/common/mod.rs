@@ -33,7 +33,7 @@ pub async fn collect(
         match item {
             Ok(StreamEvent::Delta { text: t, .. }) => text.push_str(&t),
             // (the calls are checked on the final response)
-            Ok(StreamEvent::ToolCall(_)) => {}
+            Ok(StreamEvent::ToolCall(_) | StreamEvent::PromptProgress(_)) => {}
             Ok(StreamEvent::Done(r)) => done = Some(*r),
             Err(e) => err = Some(e),
         }

@@ -707,6 +707,9 @@ async fn stream_answer(
                 }
                 // the calls are shown whole from the final response
                 Some(Ok(StreamEvent::ToolCall(_))) => {}
+                Some(Ok(StreamEvent::PromptProgress(p))) => {
+                    out.prompt_progress(&p).map_err(io_err)?;
+                }
                 Some(Ok(StreamEvent::Done(r))) => {
                     let streamed = !live.text.is_empty();
                     live.finish(out).map_err(io_err)?;

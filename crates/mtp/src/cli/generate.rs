@@ -213,6 +213,7 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
             }
             // the calls are printed whole from the final response
             StreamEvent::ToolCall(_) => {}
+            StreamEvent::PromptProgress(p) => out.prompt_progress(&p)?,
             StreamEvent::Done(r) => {
                 reasoning.end(out)?;
                 if wrote_any && !ended_newline {

@@ -138,6 +138,29 @@ impl Out {
         self.stderr.flush()
     }
 
+    /// The prompt's progress as a status line on stderr (`prompt 12288/32000 tokens (38%)
+    /// 24.1 s`), redrawn in place and cleared once the prompt is in; nothing unless live.
+    pub fn prompt_progress(&mut self, p: &crate::PromptProgress) -> std::io::Result<()> {
+        if !self.live {
+            return Ok(());
+        }
+        if p.processed >= p.total {
+            return self.status(CLEAR_LINE);
+        }
+        let cached = if p.cache > 0 {
+            format!(", {} from cache", p.cache)
+        } else {
+            String::new()
+        };
+        self.status(&format!(
+            "{CLEAR_LINE}\x1b[2mprompt {}/{} tokens ({:.0}%{cached}) {:.1} s\x1b[0m",
+            p.processed,
+            p.total,
+            p.fraction() * 100.0,
+            p.time_ms as f64 / 1e3
+        ))
+    }
+
     /// Prints an error as one line (what, why), plus the hint (what to do) on the same line.
     pub fn error(&mut self, e: &CliError) {
         let line = match e.hint() {
