@@ -327,7 +327,7 @@ impl SeqCache {
     /// Makes room for `positions` in all in its KV caches, allocated but not written: a
     /// sequence given room for its prompt and reply up front never moves its caches as they
     /// grow (a move at a 32k-token prompt's end cost about a second, see
-    /// [`crate::kernels::Aligned`]).
+    /// `kernels::Aligned`).
     pub fn reserve(&mut self, positions: usize) {
         layers_reserve(&mut self.layers, positions);
     }

@@ -690,7 +690,7 @@ impl Engine {
     /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
     ///
     /// A solo call is a batch of one ([`Batch`]): the same sequence, stepped alone, its prompt
-    /// computed in parts of [`qwen3_5::FORWARD_PART`] tokens (as one forward of it would be,
+    /// computed in parts of `FORWARD_PART` (1,024) tokens (as one forward of it would be,
     /// so that [`GenerateOptions::on_prompt_progress`] hears of each). With [`GenerateOptions::resume`] and
     /// [`GenerateOptions::checkpoint`] it resumes from and keeps prefix-cache states.
     pub fn generate(

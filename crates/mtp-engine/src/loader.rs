@@ -455,7 +455,7 @@ pub(crate) fn load_quantized(
 /// Dequantizes an MLX affine-quantized matrix: `w = scales * q + biases` per group of
 /// `group_size` input columns, with `bits`-wide unsigned values packed little-endian into `u32`
 /// words. `packed`: `[..., out, in * bits / 32]` (u32); `scales`, `biases`:
-/// `[..., out, in / group_size]`. Returns f32 `[..., out, in]` (see [`QuantMatrix`]).
+/// `[..., out, in / group_size]`. Returns f32 `[..., out, in]` (see `QuantMatrix`).
 pub fn dequantize_affine(
     name: &str,
     packed: &Tensor,

@@ -483,11 +483,11 @@ impl Linear {
 
     /// `x: [n, in]` (f32, row-major) → `[n, out]`.
     ///
-    /// On the CPU, weights in f32, bf16 or f16 go through [`kernels::matmul_rows`]: f32
+    /// On the CPU, weights in f32, bf16 or f16 go through `kernels::matmul_rows`: f32
     /// arithmetic whose result for a row does not depend on how many rows are computed together
     /// (so a verify forward of k + 1 tokens produces bit-identical logits to k + 1 single-token
     /// forwards), with half-precision weights widened exactly as they are read. Inputs of more
-    /// than [`kernels::MAX_ROWS`] rows (prefill) use the engine's f32 GEMM (`fgemm`), over panels
+    /// than `kernels::MAX_ROWS` (32) rows (prefill) use the engine's f32 GEMM (`fgemm`), over panels
     /// of rows widened or dequantized as they are packed (never a half-precision product). Other
     /// devices use candle in the weights' dtype.
     ///

@@ -329,7 +329,7 @@ impl Engine {
     }
 
     /// A digest (64 hex digits) of what a state of this engine depends on: its weights and
-    /// configuration (see [`checkpoint_identity`]), its drafter's, the precision its matrices
+    /// configuration (see `checkpoint_identity`), its drafter's, the precision its matrices
     /// are kept in, and [`STATE_FORMAT`]. Two engines with the same identity compute the same
     /// states. Computed on the first call (it reads samples of the weights files).
     pub fn state_identity(&self) -> Result<&str> {

@@ -253,7 +253,7 @@ impl MtpHead {
     /// [`MtpHead::forward`] for several sequences at once (`rows[i]`: sequence `i`'s tokens,
     /// at least one, and their target hidden states, with its cache): each one's last normed
     /// hidden state, the bits it gets alone. Sequences go through the head in groups of at
-    /// most [`crate::kernels::MAX_ROWS`] rows (one longer sequence alone), so each group reads the
+    /// most `kernels::MAX_ROWS` (32) rows (one longer sequence alone), so each group reads the
     /// weights once and every product takes the few-row arithmetic a single sequence takes.
     pub fn forward_ragged(
         &self,

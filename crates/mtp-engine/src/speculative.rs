@@ -1,7 +1,7 @@
 //! The steps of one native MTP round: `draft_batch` → the verify forward (run by the batch,
-//! [`verify_row`] makes a sequence's row) → `accept` → `rollback` → `update_drafter`
-//! ([`Round::finish`]), each a named step over [`Round`] state; statistics go to one
-//! [`DraftStats`]. A [`crate::sequence::Sequence`] runs them; a solo call is a batch of one.
+//! `verify_row` makes a sequence's row) → `accept` → `rollback` → `update_drafter`
+//! (`Round::finish`), each a named step over `Round` state; statistics go to one
+//! [`DraftStats`]. A `Sequence` runs them; a solo call is a batch of one.
 //!
 //! * Greedy: a draft is accepted when it equals the target's argmax; output is identical to
 //!   target-only greedy decoding (the verify forward's rows are computed exactly as single-token

@@ -1,6 +1,6 @@
 //! `cargo xtask gguf <hf-checkpoint-dir> <out.gguf> [--outtype f32|f16] [--pre NAME] [--no-mtp]`:
 //! converts a Qwen3.5 (dense or MoE) checkpoint with its MTP head to a `qwen35` / `qwen35moe`
-//! GGUF that llama.cpp b11434 loads with `--spec-type draft-mtp` (see [`convert`] for what is
+//! GGUF that llama.cpp b11434 loads with `--spec-type draft-mtp` (see [`mod@convert`] for what is
 //! transcribed from llama.cpp's `convert_hf_to_gguf.py`).
 
 use std::path::PathBuf;

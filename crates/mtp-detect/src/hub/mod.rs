@@ -331,7 +331,7 @@ impl HubError {
     }
 }
 
-/// Validates a repository id with [`RepoId::parse`]'s rules, as a [`HubError`].
+/// Validates a repository id with [`crate::RepoId::parse`]'s rules, as a [`HubError`].
 pub fn parse_repo(id: &str) -> Result<crate::RepoId, HubError> {
     crate::RepoId::parse(id).map_err(|e| match e {
         crate::DetectError::InvalidRepoId { id, why } => HubError::InvalidRepo { id, why },
