@@ -703,3 +703,37 @@ async fn the_speculation_block_is_honoured_through_the_server() {
         "{v}"
     );
 }
+
+/// The official `openai` Python client (`cargo xtask test` prepares it: `MTP_OPENAI_PYTHON`)
+/// streaming a long prompt from `mtp serve` with `return_progress` in `extra_body`: chunks with
+/// no choices and a `prompt_progress` object come before the reply, kept in the client's
+/// extras, from nothing to the whole prompt; without the field, none, and the same reply
+/// (`crates/mtp/tests/openai_sdk/progress.py` asserts the client's view; this checks its
+/// summary).
+#[test]
+#[ignore = "needs the official openai Python client (MTP_OPENAI_PYTHON); cargo xtask test prepares it"]
+fn openai_sdk_streams_prompt_progress() {
+    let python = std::env::var_os("MTP_OPENAI_PYTHON")
+        .expect("MTP_OPENAI_PYTHON: cargo xtask test prepares the openai client");
+    let srv = serve(&[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/progress.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(format!("{}/v1", srv.base))
+        .output()
+        .unwrap();
+    drop(srv);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total = v["prompt_tokens"].as_u64().unwrap();
+    let progress = v["progress"].as_array().unwrap();
+    // a start, a report per part of 1024 tokens, the end
+    assert!(total > 2048, "{v}");
+    assert!(progress.len() as u64 > total / 1024, "{v}");
+    assert_eq!(progress[0]["processed"], 0, "{v}");
+    assert_eq!(progress.last().unwrap()["processed"], total, "{v}");
+    assert!(progress
+        .iter()
+        .all(|p| p["total"] == total && p["cache"] == 0 && p["time_ms"].is_u64()));
+}
