@@ -159,18 +159,29 @@ async fn mtp_in_process_matches_target_only_and_the_reference() {
         )
         .await
         .expect("stream");
-    let (mut text, mut done) = (String::new(), None);
+    let (mut text, mut done, mut progress) = (String::new(), None, Vec::new());
     while let Some(ev) = s.next().await {
         match ev.expect("event") {
             StreamEvent::Delta { text: t, .. } => text.push_str(&t),
             StreamEvent::ToolCall(d) => panic!("no tools were offered: {d:?}"),
-            StreamEvent::PromptProgress(_) => {}
+            StreamEvent::PromptProgress(p) => {
+                assert!(
+                    text.is_empty(),
+                    "prompt progress after the reply began: {p:?}"
+                );
+                progress.push(p);
+            }
             StreamEvent::Done(r) => done = Some(*r),
         }
     }
     let done = done.expect("done");
     assert_eq!(text, done.content);
     assert!(done.metadata.speculation.used);
+    // the prompt's progress: its start, then all but the last token (which the first MTP
+    // round computes) in
+    let total = done.usage.input_tokens as usize;
+    let seen: Vec<(usize, usize)> = progress.iter().map(|p| (p.total, p.processed)).collect();
+    assert_eq!(seen, [(total, 0), (total, total - 1)]);
 
     // Penalties need target-only decoding; with require_acceleration they are refused.
     let pen = Sampling {

@@ -82,6 +82,21 @@ pub(crate) struct Outcome {
 /// Receives text and tool-call pieces as they are accepted; returns false to cancel.
 pub(crate) trait Sink {
     fn delta(&mut self, text: Split, ids: &[u32]) -> bool;
+    /// How far the prompt is: when its decode starts and when it is done (llama.cpp decodes
+    /// it in one batch, so there is nothing between).
+    fn prompt(&mut self, progress: mtp_contract::PromptProgress) {
+        let _ = progress;
+    }
+}
+
+/// The prompt's progress: `processed` of `job`'s tokens in, `started` milliseconds ago.
+fn prompt_progress(job: &Job, processed: usize, started: Instant) -> mtp_contract::PromptProgress {
+    mtp_contract::PromptProgress {
+        total: job.tokens.len(),
+        cache: 0,
+        processed,
+        time_ms: started.elapsed().as_millis() as u64,
+    }
 }
 
 /// Turns accepted tokens into text: complete UTF-8 only (a character split across tokens comes
@@ -357,6 +372,7 @@ fn run_plain(
     let mut out = Outcome::default();
     let mut text = Text::new(model, job);
 
+    sink.prompt(prompt_progress(job, 0, started));
     let mut batch = LlamaBatch::new(job.tokens.len().max(1), 1);
     let last = job.tokens.len() - 1;
     for (i, t) in job.tokens.iter().enumerate() {
@@ -367,6 +383,7 @@ fn run_plain(
     ctx.decode(&mut batch)
         .map_err(|e| err("prompt decode", e))?;
     out.prefill_ms = ms(started);
+    sink.prompt(prompt_progress(job, job.tokens.len(), started));
     let mut n_past = job.tokens.len() as i32;
     let mut idx = batch.n_tokens() - 1;
     let decode_start = Instant::now();
@@ -442,7 +459,8 @@ fn run_mtp(
     let mut out = Outcome::default();
     let mut text = Text::new(model, job);
 
-    // Prefill all but the last prompt token.
+    // Prefill all but the last prompt token (which the first round computes).
+    sink.prompt(prompt_progress(job, 0, started));
     let (head, last) = job.tokens.split_at(job.tokens.len() - 1);
     let mut batch = LlamaBatch::new(job.tokens.len().max(n_max as usize + 1), 1);
     if !head.is_empty() {
@@ -456,6 +474,7 @@ fn run_mtp(
             .map_err(|e| err("prompt decode", e))?;
         spec.process(&batch)
             .map_err(|e| err("MTP process (prompt)", e))?;
+        sink.prompt(prompt_progress(job, head.len(), started));
     }
     let mut prompt_tgt: Vec<LlamaToken> = head.to_vec();
     spec.begin(&prompt_tgt).map_err(|e| err("MTP begin", e))?;

@@ -572,6 +572,10 @@ struct ChannelSink {
 }
 
 impl engine::Sink for ChannelSink {
+    fn prompt(&mut self, progress: mtp_contract::PromptProgress) {
+        let _ = self.tx.send(Ok(StreamEvent::PromptProgress(progress)));
+    }
+
     /// The piece's text and reasoning (with the tokens behind them), then its tool-call
     /// pieces, as the native provider sends them.
     fn delta(&mut self, text: Split, ids: &[u32]) -> bool {
