@@ -196,7 +196,7 @@ impl Sequence {
                 .saturating_add(opts.max_tokens.min(REPLY_ROOM))
                 .saturating_add(crate::kernels::MAX_ROWS),
         };
-        seq.report_prompt(from, from);
+        seq.report_prompt(from);
         if prompt.len() - from > chunk {
             seq.lane = Lane::Filling(Box::new(Filling {
                 prompt: prompt.to_vec(),
@@ -212,7 +212,7 @@ impl Sequence {
             };
             seq.start_decoding(engine, p, resume.map(Cow::Borrowed))?;
             seq.timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-            seq.report_prompt(from, prompt.len());
+            seq.report_prompt(prompt.len());
         }
         if seq.max == 0 {
             seq.finish = Some(FinishReason::Length);
@@ -257,7 +257,7 @@ impl Sequence {
             f.state = Some(st);
             f.ms += t0.elapsed().as_secs_f64() * 1e3;
             self.lane = Lane::Filling(f);
-            self.report_prompt(self.prompt_len - self.kept.computed, to);
+            self.report_prompt(to);
             return Ok(());
         }
         // the state of the first chunks is this sequence's own: moved on, not copied
@@ -268,7 +268,7 @@ impl Sequence {
         };
         self.start_decoding(engine, p, f.state.take().map(Cow::Owned))?;
         self.timings.prefill_ms = Some(f.ms + t0.elapsed().as_secs_f64() * 1e3);
-        self.report_prompt(self.prompt_len - self.kept.computed, self.prompt_len);
+        self.report_prompt(self.prompt_len);
         self.first_speculative_token(on);
         Ok(())
     }
@@ -318,13 +318,13 @@ impl Sequence {
         Ok(())
     }
 
-    /// Tells the progress sink that `processed` of the prompt's tokens are in, `cache` of them
-    /// resumed.
-    fn report_prompt(&self, cache: usize, processed: usize) {
+    /// Tells the progress sink that `processed` of the prompt's tokens are in (those of a
+    /// resumed state among them).
+    fn report_prompt(&self, processed: usize) {
         if let Some(sink) = &self.progress {
             sink.report(PromptProgress {
                 total: self.prompt_len,
-                cache,
+                cache: self.prompt_len - self.kept.computed,
                 processed,
                 time_ms: self.start.elapsed().as_millis() as u64,
             });

@@ -267,6 +267,19 @@ async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// POSTs `body` to `path` and reads the answer as text (a stream's SSE body).
+async fn post_text(base: &str, path: &str, body: Value) -> String {
+    reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// The text of `/metrics`.
 async fn metrics(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))
@@ -392,18 +405,13 @@ async fn an_oversized_body_is_413() {
 #[tokio::test]
 async fn streams_end_with_done_and_carry_usage_when_asked() {
     let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", srv.base))
-        .json(
-            &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+    let text = post_text(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
                       "stream_options": {"include_usage": true}}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    )
+    .await;
     let data = sse_data(&text);
     assert_eq!(data.last().unwrap(), "[DONE]");
     let chunks: Vec<Value> = data[..data.len() - 1]
@@ -433,15 +441,12 @@ async fn streams_end_with_done_and_carry_usage_when_asked() {
     }
 
     // completions, streamed
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/completions", srv.base))
-        .json(&json!({"prompt": "x", "stream": true, "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(
+        &srv.base,
+        "/v1/completions",
+        json!({"prompt": "x", "stream": true, "max_tokens": 2}),
+    )
+    .await;
     let data = sse_data(&text);
     assert_eq!(data.last().unwrap(), "[DONE]");
     let text: String = data[..data.len() - 1]
@@ -481,15 +486,7 @@ async fn streamed_prompt_progress_when_asked() {
             json!({"prompt": "x", "stream": true, "return_progress": true}),
         ),
     ] {
-        let text = reqwest::Client::new()
-            .post(format!("{}{path}", srv.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = post_text(&srv.base, path, body).await;
         let chunks: Vec<Value> = sse_data(&text)
             .iter()
             .filter(|d| *d != "[DONE]")
@@ -518,15 +515,12 @@ async fn streamed_prompt_progress_when_asked() {
         assert!(first_text.is_some_and(|f| f > at), "{path}: {chunks:?}");
     }
     // not asked for: no progress chunk
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", srv.base))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(
+        &srv.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}),
+    )
+    .await;
     assert!(!text.contains("prompt_progress"), "{text}");
     // a `return_progress` that is not a boolean is the request's fault, named
     let (status, body) = post(
