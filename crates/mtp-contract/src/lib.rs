@@ -31,6 +31,7 @@
 mod error;
 mod format;
 mod kind;
+mod kv;
 mod provider;
 mod reason;
 mod report;
@@ -41,6 +42,7 @@ mod speculation;
 pub use error::ProviderError;
 pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use kind::ProviderKind;
+pub use kv::KvType;
 pub use provider::{
     plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
     ProviderOptions, SpeculationStatus,

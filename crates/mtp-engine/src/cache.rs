@@ -28,68 +28,177 @@ use crate::kernels::DeltaDims;
 pub(crate) const SECOND_VERIFY_FORWARD: &str =
     "a second forward inside one verify (begin_verify covers one forward; commit it first)";
 
-/// KV cache of one full-attention layer for one sequence; layout `[len, n_kv_heads, head_dim]`.
-#[derive(Debug, Clone, Default)]
+pub use mtp_contract::KvType;
+
+/// KV cache of one full-attention layer for one sequence; layout `[len, n_kv_heads, head_dim]`,
+/// in its [`KvType`].
+#[derive(Debug, Clone)]
 pub struct KvCache {
-    /// On a cache line ([`crate::kernels::Aligned`]), as attention reads them many times.
-    pub(crate) k: crate::kernels::Aligned,
-    pub(crate) v: crate::kernels::Aligned,
+    store: KvStore,
     row: usize,
 }
 
+/// Keys and values on a cache line ([`crate::kernels::Aligned`]), as attention reads them many
+/// times, in one of the [`KvType`]s.
+#[derive(Debug, Clone)]
+pub(crate) enum KvStore {
+    F32(KvPair<f32>),
+    F16(KvPair<half::f16>),
+    Bf16(KvPair<half::bf16>),
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KvPair<T: Copy + Default> {
+    pub(crate) k: crate::kernels::Aligned<T>,
+    pub(crate) v: crate::kernels::Aligned<T>,
+}
+
+impl<T: Copy + Default> KvPair<T> {
+    fn with_room(&self, room: usize) -> KvPair<T> {
+        KvPair {
+            k: crate::kernels::Aligned::copy_with_room(self.k.values(), room),
+            v: crate::kernels::Aligned::copy_with_room(self.v.values(), room),
+        }
+    }
+}
+
+/// `$body` with `$p` bound to the cache's [`KvPair`], whatever its element type.
+macro_rules! with_pair {
+    ($store:expr, $p:ident => $body:expr) => {
+        match $store {
+            KvStore::F32($p) => $body,
+            KvStore::F16($p) => $body,
+            KvStore::Bf16($p) => $body,
+        }
+    };
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        KvCache::new(0, 0)
+    }
+}
+
 impl KvCache {
-    /// An empty cache for `n_kv_heads * head_dim` features per position.
+    /// An empty f32 cache for `n_kv_heads * head_dim` features per position.
     pub fn new(n_kv_heads: usize, head_dim: usize) -> Self {
+        KvCache::with_type(n_kv_heads, head_dim, KvType::F32)
+    }
+
+    /// An empty cache of `ty` for `n_kv_heads * head_dim` features per position.
+    pub fn with_type(n_kv_heads: usize, head_dim: usize, ty: KvType) -> Self {
+        let store = match ty {
+            KvType::F32 => KvStore::F32(KvPair::default()),
+            KvType::F16 => KvStore::F16(KvPair::default()),
+            KvType::Bf16 => KvStore::Bf16(KvPair::default()),
+        };
         KvCache {
-            k: Default::default(),
-            v: Default::default(),
+            store,
             row: n_kv_heads * head_dim,
         }
     }
 
-    /// Cached positions.
-    pub fn len(&self) -> usize {
-        self.k.len() / self.row.max(1)
+    /// The element type of its keys and values.
+    pub fn kv_type(&self) -> KvType {
+        match self.store {
+            KvStore::F32(_) => KvType::F32,
+            KvStore::F16(_) => KvType::F16,
+            KvStore::Bf16(_) => KvType::Bf16,
+        }
     }
 
-    /// Floats per position in each of the keys and the values.
+    /// Values held in each of the keys and the values.
+    fn values(&self) -> usize {
+        with_pair!(&self.store, p => p.k.len())
+    }
+
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.values() / self.row.max(1)
+    }
+
+    /// Values per position in each of the keys and the values.
     pub(crate) fn row(&self) -> usize {
         self.row
     }
 
     /// True when nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.k.is_empty()
+        self.values() == 0
     }
 
-    /// Appends positions (`[l, n_kv_heads, head_dim]` each).
+    /// Bytes held by the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        2 * self.values() * self.kv_type().bytes()
+    }
+
+    /// Appends positions (`[l, n_kv_heads, head_dim]` each), rounded to the cache's type.
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
-        self.k.extend_from_slice(k);
-        self.v.extend_from_slice(v);
+        use half::slice::HalfFloatSliceExt;
+        match &mut self.store {
+            KvStore::F32(p) => {
+                p.k.extend_from_slice(k);
+                p.v.extend_from_slice(v);
+            }
+            KvStore::F16(p) => {
+                p.k.extend_with(k.len(), |o| o.convert_from_f32_slice(k));
+                p.v.extend_with(v.len(), |o| o.convert_from_f32_slice(v));
+            }
+            KvStore::Bf16(p) => {
+                p.k.extend_with(k.len(), |o| o.convert_from_f32_slice(k));
+                p.v.extend_with(v.len(), |o| o.convert_from_f32_slice(v));
+            }
+        }
+    }
+
+    /// Causal attention of `q` (`[shape.l, shape.h, shape.hd]`, the last positions cached)
+    /// over every cached key and value ([`crate::kernels::attention`]).
+    pub(crate) fn attend(&self, q: &[f32], shape: crate::kernels::AttentionShape) -> Vec<f32> {
+        with_pair!(&self.store, p => crate::kernels::attention(q, p.k.values(), p.v.values(), shape))
     }
 
     /// Keeps the first `len` positions.
     pub fn trim_to(&mut self, len: usize) {
-        self.k.truncate(len * self.row);
-        self.v.truncate(len * self.row);
+        let n = len.saturating_mul(self.row);
+        with_pair!(&mut self.store, p => {
+            p.k.truncate(n);
+            p.v.truncate(n);
+        })
     }
 
     /// Makes room for `positions` in all, allocated but not written (see
     /// [`crate::kernels::Aligned`]): appends up to there never move the cache.
     pub(crate) fn reserve(&mut self, positions: usize) {
         let room = positions.saturating_mul(self.row);
-        self.k.reserve(room);
-        self.v.reserve(room);
+        with_pair!(&mut self.store, p => {
+            p.k.reserve(room);
+            p.v.reserve(room);
+        })
     }
 
     /// A copy with room for `positions` in all.
     pub(crate) fn clone_with_room(&self, positions: usize) -> KvCache {
         let room = positions.saturating_mul(self.row);
+        let store = match &self.store {
+            KvStore::F32(p) => KvStore::F32(p.with_room(room)),
+            KvStore::F16(p) => KvStore::F16(p.with_room(room)),
+            KvStore::Bf16(p) => KvStore::Bf16(p.with_room(room)),
+        };
         KvCache {
-            k: crate::kernels::Aligned::copy_with_room(self.k.values(), room),
-            v: crate::kernels::Aligned::copy_with_room(self.v.values(), room),
+            store,
             row: self.row,
         }
+    }
+
+    /// The keys and values as stored (`persist` writes them out).
+    pub(crate) fn store(&self) -> &KvStore {
+        &self.store
+    }
+
+    /// Replaces the keys and values (`persist` reads them back, checked against this cache's
+    /// type and row).
+    pub(crate) fn set_store(&mut self, store: KvStore) {
+        self.store = store;
     }
 }
 
@@ -455,7 +564,6 @@ impl SeqCache {
     }
 }
 
-/// Bytes held by a list of layer caches (f32 elements).
 /// Makes room for `positions` in all in the KV caches of `layers` (see [`KvCache::reserve`]).
 pub(crate) fn layers_reserve(layers: &mut [LayerCache], positions: usize) {
     for l in layers {
@@ -476,13 +584,13 @@ pub(crate) fn layers_clone_with_room(layers: &[LayerCache], positions: usize) ->
         .collect()
 }
 
+/// Bytes held by a list of layer caches.
 pub(crate) fn layers_bytes(layers: &[LayerCache]) -> usize {
     layers
         .iter()
         .map(|l| match l {
-            LayerCache::Attention(kv) => kv.k.len() + kv.v.len(),
-            LayerCache::Linear(s) => s.conv.len() + s.state.len(),
+            LayerCache::Attention(kv) => kv.bytes(),
+            LayerCache::Linear(s) => (s.conv.len() + s.state.len()) * std::mem::size_of::<f32>(),
         })
         .sum::<usize>()
-        * std::mem::size_of::<f32>()
 }

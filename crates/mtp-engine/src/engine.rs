@@ -8,7 +8,7 @@ use candle_core::Device;
 use mtp_contract::{DraftStats, FinishReason, PromptProgress, ResponseFormat, Sampling, Timings};
 
 use crate::batch::Batch;
-use crate::cache::SeqCache;
+use crate::cache::{KvType, SeqCache};
 use crate::config::GenerationConfig;
 use crate::constraint::{compiler, Constraint, ConstraintCompiler};
 use crate::depth::DepthModel;
@@ -375,6 +375,23 @@ impl Engine {
     /// output is the same in every mode; this is for measuring and testing them.
     pub fn set_verify_mode(&mut self, mode: crate::cache::VerifyMode) {
         self.model.set_verify_mode(mode);
+    }
+
+    /// The element type of the KV caches of the sequences started from now on, the target's and
+    /// the drafter's (see [`KvType`]; the default, f32, keeps the reference's output; f16 and
+    /// bf16 halve the cache's memory and the bytes a long context reads per step). States
+    /// computed with one type are named apart from the others' ([`Engine::state_identity`]).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.model.set_kv_type(kv);
+        if let Some(d) = &mut self.drafter {
+            d.set_kv_type(kv);
+        }
+        self.identity = std::sync::OnceLock::new();
+    }
+
+    /// The element type of its KV caches.
+    pub fn kv_type(&self) -> KvType {
+        self.model.kv_type()
     }
 
     /// The checkpoint directory.

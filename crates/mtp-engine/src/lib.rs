@@ -48,7 +48,7 @@ mod testing;
 pub mod tokenizer;
 pub mod vision;
 
-pub use cache::{CacheSnapshot, SeqCache};
+pub use cache::{CacheSnapshot, KvType, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};
 pub use engine::{
     Engine, GenerateOptions, GenerationOutput, ProgressSink, SpeculationOutcome, MAX_VERIFY_DEPTH,

@@ -16,8 +16,9 @@ use crate::quant::QuantMatrix;
 pub use crate::qwen3_5::{Attention, DecoderLayer, DeltaNet, Mixer, Mlp, Moe};
 
 /// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
-/// example, which times it). It checks every length it reads, panicking otherwise.
-pub use crate::kernels::{attention, AttentionShape};
+/// example, which times it), and the element types it reads keys and values in (f32, `f16`,
+/// `bf16`). It checks every length it reads, panicking otherwise.
+pub use crate::kernels::{attention, AttentionShape, Weight};
 
 /// Where the new tokens of one sequence sit for the rotary embedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@
 //! configuration, the drafter, the precision the matrices are kept in and this format's
 //! version. A cache on disk keeps the states of one identity apart from any other's.
 //!
-//! The format is ours and small (little-endian lengths and `f32` arrays): a state is a few
+//! The format is ours and small (little-endian lengths, `f32` arrays, and the 16-bit values of
+//! a half-precision KV cache): a state is a few
 //! vectors of floats, and a general serializer would add a dependency for no gain.
 
 use std::io::{Read, Seek, SeekFrom};
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::cache::{LayerCache, LinearState};
+use crate::cache::{KvPair, KvStore, KvType, LayerCache, LinearState};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kernels::Aligned;
@@ -47,6 +48,14 @@ impl Writer {
     }
     pub(crate) fn bytes(&mut self, v: &[u8]) {
         self.0.extend_from_slice(v);
+    }
+    /// Half-precision values by their bits (a KV cache in f16 or bf16).
+    pub(crate) fn halves(&mut self, v: impl ExactSizeIterator<Item = u16>) {
+        self.u64(v.len());
+        self.0.reserve(v.len() * 2);
+        for x in v {
+            self.0.extend_from_slice(&x.to_le_bytes());
+        }
     }
     pub(crate) fn floats(&mut self, v: &[f32]) {
         self.u64(v.len());
@@ -111,6 +120,29 @@ impl<'a> Reader<'a> {
             }
         }))
     }
+    /// `want` half-precision values written by [`Writer::halves`], read straight into a buffer
+    /// on a cache line (an f16 or bf16 attention cache's) through `from_bits`; the length and
+    /// the bytes are checked before anything is allocated.
+    pub(crate) fn halves_aligned<T: Copy + Default>(
+        &mut self,
+        want: usize,
+        what: &str,
+        from_bits: fn(u16) -> T,
+    ) -> Result<Aligned<T>> {
+        let n = self.u64(what)?;
+        if n != want {
+            return Err(bad(format!("{what}: {n} values, this model has {want}")));
+        }
+        let bytes = n
+            .checked_mul(2)
+            .ok_or_else(|| bad(format!("{what}: length {n} overflows")))?;
+        let raw = self.take(bytes, what)?;
+        Ok(Aligned::filled(n, |out| {
+            for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = from_bits(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }))
+    }
     /// The little-endian bytes of a float array, checked as [`Reader::floats`] says.
     fn float_bytes(
         &mut self,
@@ -135,17 +167,45 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A layer's kind in the bytes: full attention with an f32 KV cache (as every cache was in the
+/// first version of the format), linear attention, full attention with an f16 or a bf16 cache.
+const KIND_KV_F32: u8 = 0;
+const KIND_LINEAR: u8 = 1;
+const KIND_KV_F16: u8 = 2;
+const KIND_KV_BF16: u8 = 3;
+
+/// The kind byte of a full-attention layer whose KV cache is of `kv`.
+fn kv_kind(kv: KvType) -> u8 {
+    match kv {
+        KvType::F32 => KIND_KV_F32,
+        KvType::F16 => KIND_KV_F16,
+        KvType::Bf16 => KIND_KV_BF16,
+    }
+}
+
 fn write_layers(w: &mut Writer, layers: &[LayerCache]) {
     w.u64(layers.len());
     for l in layers {
         match l {
-            LayerCache::Attention(kv) => {
-                w.u8(0);
-                w.floats(kv.k.values());
-                w.floats(kv.v.values());
-            }
+            LayerCache::Attention(kv) => match kv.store() {
+                KvStore::F32(p) => {
+                    w.u8(KIND_KV_F32);
+                    w.floats(p.k.values());
+                    w.floats(p.v.values());
+                }
+                KvStore::F16(p) => {
+                    w.u8(KIND_KV_F16);
+                    w.halves(p.k.values().iter().map(|x| x.to_bits()));
+                    w.halves(p.v.values().iter().map(|x| x.to_bits()));
+                }
+                KvStore::Bf16(p) => {
+                    w.u8(KIND_KV_BF16);
+                    w.halves(p.k.values().iter().map(|x| x.to_bits()));
+                    w.halves(p.v.values().iter().map(|x| x.to_bits()));
+                }
+            },
             LayerCache::Linear(s) => {
-                w.u8(1);
+                w.u8(KIND_LINEAR);
                 w.floats(&s.conv);
                 w.floats(&s.state);
                 let p = &s.pending;
@@ -177,14 +237,32 @@ fn read_layers(
     for (i, t) in template.iter().enumerate() {
         let kind = r.u8(what)?;
         let layer = match (kind, t) {
-            (0, LayerCache::Attention(kv)) => {
+            (KIND_KV_F32 | KIND_KV_F16 | KIND_KV_BF16, LayerCache::Attention(kv))
+                if kind == kv_kind(kv.kv_type()) =>
+            {
                 let mut c = kv.clone();
                 let want = pos.checked_mul(kv.row()).ok_or_else(|| bad("overflow"))?;
-                c.k = r.floats_aligned(Some(want), &format!("{what} layer {i} keys"))?;
-                c.v = r.floats_aligned(Some(want), &format!("{what} layer {i} values"))?;
+                let (keys, values) = (
+                    format!("{what} layer {i} keys"),
+                    format!("{what} layer {i} values"),
+                );
+                c.set_store(match kv.kv_type() {
+                    KvType::F32 => KvStore::F32(KvPair {
+                        k: r.floats_aligned(Some(want), &keys)?,
+                        v: r.floats_aligned(Some(want), &values)?,
+                    }),
+                    KvType::F16 => KvStore::F16(KvPair {
+                        k: r.halves_aligned(want, &keys, half::f16::from_bits)?,
+                        v: r.halves_aligned(want, &values, half::f16::from_bits)?,
+                    }),
+                    KvType::Bf16 => KvStore::Bf16(KvPair {
+                        k: r.halves_aligned(want, &keys, half::bf16::from_bits)?,
+                        v: r.halves_aligned(want, &values, half::bf16::from_bits)?,
+                    }),
+                });
                 LayerCache::Attention(c)
             }
-            (1, LayerCache::Linear(s)) => {
+            (KIND_LINEAR, LayerCache::Linear(s)) => {
                 let d = s.pending.dims;
                 let conv = r.floats(Some(s.conv.len()), &format!("{what} layer {i} conv"))?;
                 let state = r.floats(Some(s.state.len()), &format!("{what} layer {i} state"))?;
@@ -214,8 +292,12 @@ fn read_layers(
                 return Err(bad(format!(
                     "{what} layer {i}: kind {k} where this model has {}",
                     match t {
-                        LayerCache::Attention(_) => "full attention (0)",
-                        LayerCache::Linear(_) => "linear attention (1)",
+                        LayerCache::Attention(kv) => format!(
+                            "full attention, its KV cache in {} ({})",
+                            kv.kv_type(),
+                            kv_kind(kv.kv_type())
+                        ),
+                        LayerCache::Linear(_) => format!("linear attention ({KIND_LINEAR})"),
                     }
                 )))
             }
@@ -330,13 +412,14 @@ impl Engine {
 
     /// A digest (64 hex digits) of what a state of this engine depends on: its weights and
     /// configuration (see `checkpoint_identity`), its drafter's, the precision its matrices
-    /// are kept in, and [`STATE_FORMAT`]. Two engines with the same identity compute the same
+    /// are kept in, its KV caches' type and [`STATE_FORMAT`]. Two engines with the same identity compute the same
     /// states. Computed on the first call (it reads samples of the weights files).
     pub fn state_identity(&self) -> Result<&str> {
         let (drafter, head, dtype) = &self.identity_of;
         self.identity
             .get_or_init(|| {
-                engine_identity(self.dir(), drafter.as_deref(), *head, *dtype)
+                let kv = self.model().kv_type();
+                engine_identity(self.dir(), drafter.as_deref(), *head, *dtype, kv)
                     .map_err(|e| e.to_string())
             })
             .as_deref()
@@ -406,12 +489,13 @@ pub(crate) fn checkpoint_identity(dir: &Path, h: &mut Sha256) -> Result<()> {
 }
 
 /// The identity of an engine loaded from `dir` with `drafter` (a companion directory, or the
-/// embedded head / none, which `dir` covers) and matrices kept as `dtype`.
+/// embedded head / none, which `dir` covers), matrices kept as `dtype` and KV caches of `kv`.
 pub(crate) fn engine_identity(
     dir: &Path,
     drafter: Option<&Path>,
     head: bool,
     dtype: crate::loader::WeightDtype,
+    kv: KvType,
 ) -> Result<String> {
     let mut h = Sha256::new();
     h.update(MAGIC);
@@ -425,6 +509,11 @@ pub(crate) fn engine_identity(
         }
         (_, true) => h.update(b"embedded drafter"),
         (_, false) => h.update(b"no drafter"),
+    }
+    // (f32 caches add nothing: the identities of the states saved before the cache had a
+    // type stay the same)
+    if kv != KvType::F32 {
+        h.update(format!("KV cache {kv}").as_bytes());
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::cache::{SeqCache, VerifyMode};
+use crate::cache::{KvType, SeqCache, VerifyMode};
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -403,6 +403,7 @@ pub struct Qwen35Model {
     norm: Vec<f32>,
     lm_head: Linear,
     verify_mode: VerifyMode,
+    kv_type: KvType,
 }
 
 impl Qwen35Model {
@@ -434,6 +435,7 @@ impl Qwen35Model {
             norm,
             lm_head,
             verify_mode: VerifyMode::Auto,
+            kv_type: KvType::F32,
         })
     }
 
@@ -469,7 +471,12 @@ impl Qwen35Model {
 
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
-        let mut c = SeqCache::new(self.layers.iter().map(|l| l.new_cache()).collect());
+        let mut c = SeqCache::new(
+            self.layers
+                .iter()
+                .map(|l| l.new_cache(self.kv_type))
+                .collect(),
+        );
         c.set_verify_mode(self.verify_mode);
         c
     }
@@ -478,6 +485,16 @@ impl Qwen35Model {
     /// every mode gives the same bits, see `cache`).
     pub fn set_verify_mode(&mut self, mode: VerifyMode) {
         self.verify_mode = mode;
+    }
+
+    /// The [`KvType`] of the KV caches made from now on (the default is f32).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv_type = kv;
+    }
+
+    /// The [`KvType`] of the KV caches it makes.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Token embeddings `[n, hidden]`.

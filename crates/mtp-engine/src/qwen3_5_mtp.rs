@@ -10,7 +10,7 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use crate::cache::{KvCache, LayerCache};
+use crate::cache::{KvCache, KvType, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -85,6 +85,8 @@ pub struct MtpHead {
     hidden: usize,
     /// Draft tokens per round declared by a companion config (`block_size - 1`).
     pub default_depth: Option<usize>,
+    /// The element type of its KV caches.
+    kv_type: KvType,
 }
 
 /// Every checkpoint rule of a companion drafter directory (`model_type: qwen3_5_mtp`, written by
@@ -166,6 +168,7 @@ impl MtpHead {
             eps: t.rms_norm_eps as f32,
             hidden: d,
             default_depth: cfg.block_size.map(|b| b.saturating_sub(1).max(1)),
+            kv_type: KvType::F32,
         })
     }
 
@@ -215,13 +218,18 @@ impl MtpHead {
         held
     }
 
+    /// The [`KvType`] of the drafter caches made from now on (the default is f32).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv_type = kv;
+    }
+
     /// A fresh drafter cache.
     pub fn new_cache(&self) -> MtpCache {
         MtpCache {
             layers: self
                 .layers
                 .iter()
-                .map(|l| match l.new_cache() {
+                .map(|l| match l.new_cache(self.kv_type) {
                     LayerCache::Attention(kv) => LayerCache::Attention(kv),
                     LayerCache::Linear(_) => LayerCache::Attention(KvCache::default()),
                 })

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use mtp_engine::batch::Batch;
-use mtp_engine::{Engine, GenerateOptions, GenerationOutput, PromptState, WeightDtype};
+use mtp_engine::{Engine, GenerateOptions, GenerationOutput, KvType, PromptState, WeightDtype};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -39,7 +39,7 @@ fn opts(depth: usize, n: usize) -> GenerateOptions {
 }
 
 /// The models of these tests: dense f32, dense with an MLX 4-bit target and a companion
-/// drafter, MoE.
+/// drafter, MoE, and the last two with half-precision KV caches.
 fn engines() -> Vec<(&'static str, Engine)> {
     vec![
         ("tiny-trained", load("tiny-trained", None, DType::F32)),
@@ -48,6 +48,16 @@ fn engines() -> Vec<(&'static str, Engine)> {
             load("tiny-mlx4", Some("tiny-mlx4-mtp"), WeightDtype::Stored),
         ),
         ("tiny-moe", load("tiny-moe", None, DType::F32)),
+        ("tiny-mlx4, f16 KV cache", {
+            let mut e = load("tiny-mlx4", Some("tiny-mlx4-mtp"), WeightDtype::Stored);
+            e.set_kv_type(KvType::F16);
+            e
+        }),
+        ("tiny-moe, bf16 KV cache", {
+            let mut e = load("tiny-moe", None, DType::F32);
+            e.set_kv_type(KvType::Bf16);
+            e
+        }),
     ]
 }
 
@@ -166,6 +176,14 @@ fn bytes_that_do_not_fit_the_model_are_errors() {
         moe.state_identity().unwrap(),
         engine.state_identity().unwrap()
     );
+    // a state of another KV cache type, both ways: named by kind, never read as this one's
+    let mut f16 = load("tiny-trained", None, DType::F32);
+    f16.set_kv_type(KvType::F16);
+    let e = engine.state_from_bytes(&take(&f16, 1)).unwrap_err();
+    assert!(e.to_string().contains("KV cache in f32"), "{e}");
+    let e = f16.state_from_bytes(&good).unwrap_err();
+    assert!(e.to_string().contains("KV cache in f16"), "{e}");
+    assert!(f16.state_from_bytes(&take(&f16, 1)).is_ok());
     // a drafter cache for an engine without a drafter
     let target_only =
         Engine::load_target_only(&fixture("tiny-mlx4"), &Device::Cpu, WeightDtype::Stored).unwrap();
@@ -202,6 +220,21 @@ fn the_identity_names_weights_drafter_and_precision() {
         a.state_identity().unwrap(),
         target_only.state_identity().unwrap(),
         "drafter"
+    );
+    // the KV cache's type; set after a first identity was taken, the identity follows
+    let mut f16 = load("tiny-trained", None, DType::F32);
+    assert_eq!(a.state_identity().unwrap(), f16.state_identity().unwrap());
+    f16.set_kv_type(KvType::F16);
+    let mut bf16_kv = load("tiny-trained", None, DType::F32);
+    bf16_kv.set_kv_type(KvType::Bf16);
+    let ids = [
+        a.state_identity().unwrap(),
+        f16.state_identity().unwrap(),
+        bf16_kv.state_identity().unwrap(),
+    ];
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "KV cache type"
     );
     let hf = load("tiny-hf", None, DType::F32);
     assert_ne!(

@@ -11,7 +11,7 @@ use mtp_engine::config::ModelConfig;
 use mtp_engine::loader::{Checkpoint, Param};
 use mtp_engine::nn::Positions;
 use mtp_engine::nn::{attention, AttentionShape, DecoderLayer, Linear, Store};
-use mtp_engine::{Error, WeightDtype};
+use mtp_engine::{Error, KvType, WeightDtype};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -136,7 +136,9 @@ fn decoder_layer_forward_checks_its_inputs() {
             cfg.is_moe_layer(i),
         )
         .unwrap();
-        let mut cache = layer.new_cache();
+        // (every KV cache type checks the same)
+        let kv = [KvType::F32, KvType::F16, KvType::Bf16][i % 3];
+        let mut cache = layer.new_cache(kv);
         // three positions of one sequence work
         let y = layer
             .forward(

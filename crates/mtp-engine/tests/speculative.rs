@@ -142,6 +142,29 @@ fn greedy_identical_mlx_companion_drafter() {
     );
 }
 
+/// With a half-precision KV cache (target and drafter) speculation still gives exactly the
+/// target-only greedy output at depths 1-8: a verify's rows round their keys and values as
+/// single steps do, so the identity does not depend on the cache's type; and the trained head
+/// is still accepted as often.
+#[test]
+fn greedy_identical_with_half_precision_kv_caches() {
+    use mtp_engine::KvType;
+    for kv in [KvType::F16, KvType::Bf16] {
+        let mut engine = load("tiny-trained", None);
+        engine.set_kv_type(kv);
+        assert_eq!(engine.kv_type(), kv);
+        let rate = greedy_equivalence(&engine, &format!("tiny-trained ({kv} KV)"), 48);
+        assert!(rate > 0.4, "{kv}: acceptance {rate}");
+        let mut engine = load("tiny-mlx4", Some("tiny-mlx4-mtp"));
+        engine.set_kv_type(kv);
+        engine.set_verify_mode(VerifyMode::Deferred);
+        greedy_equivalence(&engine, &format!("tiny-mlx4 + drafter ({kv} KV)"), 32);
+    }
+    let mut engine = load("tiny-moe", None);
+    engine.set_kv_type(KvType::F16);
+    greedy_equivalence(&engine, "tiny-moe (f16 KV)", 32);
+}
+
 #[test]
 fn acceptance_close_to_mlx_vlm() {
     // mlx-vlm's acceptance at block size 3 (2 drafts) on the trained fixture, from golden.json.

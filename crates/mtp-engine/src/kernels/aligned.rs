@@ -1,4 +1,5 @@
-//! [`Aligned`]: f32 buffers that start on a cache line, for the values kernels read many times.
+//! [`Aligned`]: buffers (of f32, or of the KV cache's half-precision values) that start on a
+//! cache line, for the values kernels read many times.
 
 /// Values held from a 64-byte boundary on, for buffers that kernels read many times: the input
 /// rows of the packed products ([`crate::qdot`]), the keys and values of the attention cache
@@ -23,55 +24,61 @@
 /// first decoded token: four 65 MB buffers copied into fresh pages, each page faulted in
 /// (`cargo xtask bench --target-only --model /tmp/moe-oracle-q4 --prompt-len 32000 --tokens
 /// 32`: decode 16.8 tok/s against 43.7 without the copy).
-#[derive(Default)]
-pub(crate) struct Aligned {
+pub(crate) struct Aligned<T = f32> {
     /// `at` values before the first line boundary, then the `len` values; its capacity is the
     /// room.
-    buf: Vec<f32>,
+    buf: Vec<T>,
     at: usize,
     len: usize,
 }
 
-/// Values in a 64-byte line.
-const LINE: usize = 64 / std::mem::size_of::<f32>();
+impl<T> Default for Aligned<T> {
+    fn default() -> Self {
+        Aligned {
+            buf: Vec::new(),
+            at: 0,
+            len: 0,
+        }
+    }
+}
 
-impl Aligned {
+impl<T: Copy + Default> Aligned<T> {
+    /// Values in a 64-byte line.
+    const LINE: usize = 64 / std::mem::size_of::<T>();
+
     /// Room for `room` values (at least `len`), of which the first `len` are written by `fill`
     /// (given them zeroed).
-    fn with_room(len: usize, room: usize, fill: impl FnOnce(&mut [f32])) -> Aligned {
-        let mut buf: Vec<f32> = Vec::with_capacity(room.max(len) + LINE - 1);
-        // `buf` is f32-aligned, so the first line boundary is a whole number of values on
-        let at = (64 - buf.as_ptr() as usize % 64) % 64 / std::mem::size_of::<f32>();
-        buf.resize(at + len, 0.0);
+    fn with_room(len: usize, room: usize, fill: impl FnOnce(&mut [T])) -> Aligned<T> {
+        let mut buf: Vec<T> = Vec::with_capacity(room.max(len) + Self::LINE - 1);
+        // `buf` is aligned to its values (all of 1, 2 or 4 bytes, dividing 64), so the first
+        // line boundary is a whole number of values on
+        let at = (64 - buf.as_ptr() as usize % 64) % 64 / std::mem::size_of::<T>();
+        buf.resize(at + len, T::default());
         fill(&mut buf[at..]);
         Aligned { buf, at, len }
     }
 
     /// `len` values written by `fill` (given them zeroed).
-    pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> Aligned {
+    pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [T])) -> Aligned<T> {
         Aligned::with_room(len, len, fill)
     }
 
     /// A copy of `x`.
-    pub(crate) fn copy(x: &[f32]) -> Aligned {
+    pub(crate) fn copy(x: &[T]) -> Aligned<T> {
         Aligned::filled(x.len(), |out| out.copy_from_slice(x))
     }
 
     /// A copy of `x` with room for `room` values (see the type's docs).
-    pub(crate) fn copy_with_room(x: &[f32], room: usize) -> Aligned {
+    pub(crate) fn copy_with_room(x: &[T], room: usize) -> Aligned<T> {
         Aligned::with_room(x.len(), room, |out| out.copy_from_slice(x))
     }
 
-    pub(crate) fn values(&self) -> &[f32] {
+    pub(crate) fn values(&self) -> &[T] {
         &self.buf[self.at..self.at + self.len]
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Values it holds without moving.
@@ -87,13 +94,28 @@ impl Aligned {
     }
 
     /// Appends `x`.
-    pub(crate) fn extend_from_slice(&mut self, x: &[f32]) {
-        let need = self.len + x.len();
+    pub(crate) fn extend_from_slice(&mut self, x: &[T]) {
+        self.make_room(x.len());
+        self.buf.extend_from_slice(x);
+        self.len += x.len();
+    }
+
+    /// Appends `n` values written by `fill` (given them as `T::default()`): a KV cache converts
+    /// new f32 rows into its half-precision values in place.
+    pub(crate) fn extend_with(&mut self, n: usize, fill: impl FnOnce(&mut [T])) {
+        self.make_room(n);
+        let need = self.len + n;
+        self.buf.resize(self.at + need, T::default());
+        fill(&mut self.buf[self.at + self.len..]);
+        self.len = need;
+    }
+
+    /// Room for `n` more values: grows to twice its length at least when there is less.
+    fn make_room(&mut self, n: usize) {
+        let need = self.len + n;
         if need > self.room() {
             self.reserve(need.max(2 * self.len));
         }
-        self.buf.extend_from_slice(x);
-        self.len = need;
     }
 
     /// Keeps the first `len` values (all when there are fewer).
@@ -103,13 +125,13 @@ impl Aligned {
     }
 }
 
-impl Clone for Aligned {
-    fn clone(&self) -> Aligned {
+impl<T: Copy + Default> Clone for Aligned<T> {
+    fn clone(&self) -> Aligned<T> {
         Aligned::copy(self.values())
     }
 }
 
-impl std::fmt::Debug for Aligned {
+impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Aligned<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.values()).finish()
     }
@@ -132,9 +154,19 @@ mod tests {
                 let a = Aligned::copy(x);
                 assert_eq!(a.values().as_ptr() as usize % 64, 0, "{at} {len}");
                 assert_eq!(a.values(), x, "{at} {len}");
-                let r = Aligned::filled(len, |out| out.iter_mut().for_each(|v| *v += 2.0));
+                let r = Aligned::<f32>::filled(len, |out| out.iter_mut().for_each(|v| *v += 2.0));
                 assert_eq!(r.values().as_ptr() as usize % 64, 0, "{at} {len}");
                 assert!(r.values().iter().all(|&v| v == 2.0), "{at} {len}");
+                // half-precision values (a KV cache's) too, appended in place
+                let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let mut a = Aligned::copy(&h[..len / 2]);
+                a.extend_with(len - len / 2, |out| {
+                    out.iter_mut()
+                        .zip(&x[len / 2..])
+                        .for_each(|(o, &v)| *o = half::f16::from_f32(v))
+                });
+                assert_eq!(a.values().as_ptr() as usize % 64, 0, "{at} {len}");
+                assert_eq!(a.values(), &h[..], "{at} {len}");
             }
         }
     }
@@ -145,7 +177,7 @@ mod tests {
     fn aligned_buffers_grow_like_vecs() {
         let mut a = Aligned::default();
         let mut want: Vec<f32> = Vec::new();
-        assert!(a.is_empty() && a.values().is_empty());
+        assert!(a.len() == 0 && a.values().is_empty());
         let mut next = rng(5);
         for round in 0..200usize {
             let add: Vec<f32> = (0..(round * 7) % 37).map(|_| next()).collect();

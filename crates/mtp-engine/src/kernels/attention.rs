@@ -11,6 +11,7 @@ use super::elements;
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx, Avx512};
 use super::lanes::{Lanes, Portable};
+use super::weights::{wload, wload2, Weight};
 use values::{weighted_values, Heads, ValueRows, VALUE_BLOCK};
 
 /// The shape of one [`attention`] call: `l` new queries of `h` heads over `hkv` KV heads, each
@@ -32,7 +33,10 @@ pub struct AttentionShape {
 /// Causal attention of `shape.l` new queries against a sequence's cached keys and values.
 ///
 /// `q`: `[l, h, hd]`; `keys`, `values`: `[t, hkv, hd]` including the new positions, so query `i`
-/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. The work is split into tasks, one per KV
+/// sees keys `0..=t - l + i`. Returns `[l, h, hd]`. Keys and values are f32, or half precision
+/// (`f16`, `bf16`: a KV cache in half the memory and half the bytes read per step), widened to
+/// f32 as they are loaded: exact, so the result has the bits of the same call over the keys and
+/// values converted to f32 beforehand. The work is split into tasks, one per KV
 /// head and tile of positions, run in parallel on the worker team when there is enough of it
 /// (a decode step's KV heads run side by side). Within a task the queries that read the KV head
 /// are scored against eight keys at a time, each key block brought into L1 once for all of them,
@@ -47,7 +51,12 @@ pub struct AttentionShape {
 /// When `h`, `hkv` or `hd` is zero, `h` is not a multiple of `hkv`, `q` is not `[l, h, hd]`,
 /// `keys` not whole `[hkv, hd]` positions, `values` not as long as `keys`, or fewer positions
 /// are cached than there are queries.
-pub fn attention(q: &[f32], keys: &[f32], values: &[f32], shape: AttentionShape) -> Vec<f32> {
+pub fn attention<E: Weight>(
+    q: &[f32],
+    keys: &[E],
+    values: &[E],
+    shape: AttentionShape,
+) -> Vec<f32> {
     // the queries on a cache line, like the cache's keys and values ([`Aligned`])
     let q = Aligned::copy(q);
     attention_impl(q.values(), keys, values, shape, Tiling::DEFAULT)
@@ -73,10 +82,10 @@ impl Tiling {
 }
 
 /// [`attention`] on `tiling.isa` (narrowed to what was detected).
-fn attention_impl(
+fn attention_impl<E: Weight>(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     shape: AttentionShape,
     tiling: Tiling,
 ) -> Vec<f32> {
@@ -131,11 +140,11 @@ fn attention_impl(
             // SAFETY: AVX2, FMA and AVX-512F were detected on this CPU; as below.
             Isa::Avx512 => unsafe { attention_task_avx512(&job, kvh, ti) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX was detected on this CPU; task `(kvh, ti)` writes only its own
+            // SAFETY: AVX (with F16C) was detected on this CPU; task `(kvh, ti)` writes only its own
             // heads and positions of `out`, which outlives the loop.
             Isa::Avx2 => unsafe { attention_task_avx(&job, kvh, ti) },
             // SAFETY: the portable lanes need no particular instruction set; as above.
-            _ => unsafe { attention_task::<Portable>(&job, kvh, ti) },
+            _ => unsafe { attention_task::<Portable, E>(&job, kvh, ti) },
         }
     };
     let tasks = hkv * tiles;
@@ -152,10 +161,10 @@ fn attention_impl(
 const SCORE_BUDGET: usize = 1 << 20;
 
 /// One [`attention`] call, shared by its tasks.
-struct AttentionJob<'a> {
+struct AttentionJob<'a, E> {
     q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: &'a [E],
+    values: &'a [E],
     shape: AttentionShape,
     /// Positions per task.
     tile: usize,
@@ -166,24 +175,27 @@ struct AttentionJob<'a> {
 }
 
 // SAFETY: tasks write disjoint heads and positions of `out` (see `attention`).
-unsafe impl Sync for AttentionJob<'_> {}
+unsafe impl<E: Sync> Sync for AttentionJob<'_, E> {}
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma")]
-unsafe fn attention_task_avx(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
-    // SAFETY: this function is only called when AVX was detected; the rest is forwarded.
-    unsafe { attention_task::<Avx>(job, kvh, tile) }
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+unsafe fn attention_task_avx<E: Weight>(job: &AttentionJob<'_, E>, kvh: usize, tile: usize) {
+    // SAFETY: this function is only called when AVX and F16C were detected; the rest is
+    // forwarded.
+    unsafe { attention_task::<Avx, E>(job, kvh, tile) }
 }
 
 /// [`attention_task_avx`] with the score products' chunk pairs in 16-lane vectors (same bits).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma,avx512f")]
-unsafe fn attention_task_avx512(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
-    // SAFETY: this function is only called when AVX-512F was detected; the rest is forwarded.
-    unsafe { attention_task::<Avx512>(job, kvh, tile) }
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f")]
+unsafe fn attention_task_avx512<E: Weight>(job: &AttentionJob<'_, E>, kvh: usize, tile: usize) {
+    // SAFETY: this function is only called when AVX-512F (with F16C) was detected; the rest is
+    // forwarded.
+    unsafe { attention_task::<Avx512, E>(job, kvh, tile) }
 }
 
-/// The dot products of each of the `Q` rows `xs` with the eight rows `ks` (`len` floats each),
+/// The dot products of each of the `Q` rows `xs` with the eight key rows `ks` (`len` values
+/// each, widened to f32 as loaded),
 /// each summed exactly as [`dots`] sums one (even and odd 8-float chunks apart,
 /// [`Lanes::reduce`], then the tail), one vector per row of `xs`. Two rows of `xs` share each
 /// load of the keys (with [`Lanes::WIDE`]: eight pair accumulators of the 32 registers); every
@@ -191,11 +203,11 @@ unsafe fn attention_task_avx512(job: &AttentionJob<'_>, kvh: usize, tile: usize)
 /// closure is not compiled for the caller's instruction set.)
 ///
 /// # Safety
-/// Every row of `xs` and `ks` reads `len` floats; the CPU supports `L`.
+/// Every row of `xs` and `ks` reads `len` values; the CPU supports `L`.
 #[inline(always)]
-unsafe fn dots8<L: Lanes, const Q: usize>(
+unsafe fn dots8<L: Lanes, E: Weight, const Q: usize>(
     xs: [*const f32; Q],
-    ks: [*const f32; 8],
+    ks: [*const E; 8],
     len: usize,
 ) -> [L::V; Q] {
     let chunks = len / 8;
@@ -217,7 +229,7 @@ unsafe fn dots8<L: Lanes, const Q: usize>(
                     x[i] = L::load2(xs[i].add(c * 8));
                 }
                 for m in 0..4 {
-                    let km = L::load2(k[m].add(c * 8));
+                    let km = wload2::<L, E>(k[m].add(c * 8));
                     for i in 0..Q {
                         pair[i][m] = L::mul_add2(pair[i][m], x[i], km);
                     }
@@ -228,8 +240,11 @@ unsafe fn dots8<L: Lanes, const Q: usize>(
                 for m in 0..4 {
                     let (mut even, odd) = L::halves(pair[i][m]);
                     if c < chunks {
-                        even =
-                            L::mul_add(even, L::load(xs[i].add(c * 8)), L::load(k[m].add(c * 8)));
+                        even = L::mul_add(
+                            even,
+                            L::load(xs[i].add(c * 8)),
+                            wload::<L, E>(k[m].add(c * 8)),
+                        );
                     }
                     v[i][half * 4 + m] = L::add(even, odd);
                 }
@@ -240,7 +255,7 @@ unsafe fn dots8<L: Lanes, const Q: usize>(
             let mut tails = [0f32; 8];
             for (m, tail) in tails.iter_mut().enumerate() {
                 for j in chunks * 8..len {
-                    *tail += *xs[i].add(j) * *ks[m].add(j);
+                    *tail += *xs[i].add(j) * (*ks[m].add(j)).to_f32();
                 }
             }
             out[i] = L::add(L::reduce8(v[i]), L::load(tails.as_ptr()));
@@ -286,7 +301,7 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
 /// # Safety
 /// The CPU supports `L`; no other task writes the same heads and positions of `job.out`.
 #[inline(always)]
-unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usize) {
+unsafe fn attention_task<L: Lanes, E: Weight>(job: &AttentionJob<'_, E>, kvh: usize, tile: usize) {
     thread_local! {
         static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -334,13 +349,13 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                 let mut j = 0;
                 // two queries share each key load where the registers allow it
                 while L::WIDE && j + 2 <= nq {
-                    let [s0, s1] = dots8::<L, 2>([qp(j), qp(j + 1)], ks, hd);
+                    let [s0, s1] = dots8::<L, E, 2>([qp(j), qp(j + 1)], ks, hd);
                     L::store(sp.add(j * seen + t), L::mul(s0, L::splat(scale)));
                     L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(scale)));
                     j += 2;
                 }
                 while j < nq {
-                    let [s] = dots8::<L, 1>([qp(j)], ks, hd);
+                    let [s] = dots8::<L, E, 1>([qp(j)], ks, hd);
                     L::store(sp.add(j * seen + t), L::mul(s, L::splat(scale)));
                     j += 1;
                 }
@@ -348,7 +363,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
             }
             while t < seen {
                 for j in 0..nq {
-                    let [[v]] = dots::<L, f32, 1, 1>([qp(j)], [key(t)], hd);
+                    let [[v]] = dots::<L, E, 1, 1>([qp(j)], [key(t)], hd);
                     *sp.add(j * seen + t) = v * scale;
                 }
                 t += 1;
@@ -412,7 +427,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                             part: p(r),
                             outs: [o(r), o(r + 1), o(r + 2), o(r + 3)],
                         };
-                        weighted_values::<L, 4>(heads, rows, span.clone());
+                        weighted_values::<L, E, 4>(heads, rows, span.clone());
                         r += 4;
                     }
                     if r + 2 <= rep {
@@ -422,7 +437,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                             part: p(r),
                             outs: [o(r), o(r + 1)],
                         };
-                        weighted_values::<L, 2>(heads, rows, span.clone());
+                        weighted_values::<L, E, 2>(heads, rows, span.clone());
                         r += 2;
                     }
                     if r < rep {
@@ -432,7 +447,7 @@ unsafe fn attention_task<L: Lanes>(job: &AttentionJob<'_>, kvh: usize, tile: usi
                             part: p(r),
                             outs: [o(r)],
                         };
-                        weighted_values::<L, 1>(heads, rows, span);
+                        weighted_values::<L, E, 1>(heads, rows, span);
                     }
                 }
             }
@@ -650,6 +665,54 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Half-precision keys and values (a KV cache in f16 or bf16) give the bits of the same
+    /// call over them widened to f32 beforehand, on every path this CPU runs, for widths with
+    /// and without tails and caches across value blocks (the widening is exact and the
+    /// arithmetic after it the f32 path's).
+    #[test]
+    fn half_precision_caches_are_widened_exactly() {
+        let mut next = rng(43);
+        for (rep, hkv, hd, t_total, l) in [
+            (2usize, 2usize, 256usize, 3 * VALUE_BLOCK + 5, 1usize),
+            (1, 2, 16, 9, 3),
+            (3, 1, 13, VALUE_BLOCK + 1, 2),
+            (4, 2, 40, 70, 4),
+        ] {
+            let h = rep * hkv;
+            let keys: Vec<f32> = (0..t_total * hkv * hd).map(|_| next() * 3.0).collect();
+            let values: Vec<f32> = (0..t_total * hkv * hd).map(|_| next() * 3.0).collect();
+            let q: Vec<f32> = (0..l * h * hd).map(|_| next()).collect();
+            let shape = AttentionShape {
+                l,
+                h,
+                hkv,
+                hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let (k16, v16): (Vec<half::f16>, Vec<half::f16>) = (
+                keys.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                values.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            );
+            let (kb, vb): (Vec<half::bf16>, Vec<half::bf16>) = (
+                keys.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                values.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+            );
+            fn wide<E: Weight>(x: &[E]) -> Vec<f32> {
+                x.iter().map(|v| v.to_f32()).collect()
+            }
+            for isa in isas() {
+                with_isa(isa, || {
+                    let want = attention(&q, &wide(&k16), &wide(&v16), shape);
+                    let got = attention(&q, &k16, &v16, shape);
+                    assert_eq!(testing::bits(&got), testing::bits(&want), "f16 {isa:?}");
+                    let want = attention(&q, &wide(&kb), &wide(&vb), shape);
+                    let got = attention(&q, &kb, &vb, shape);
+                    assert_eq!(testing::bits(&got), testing::bits(&want), "bf16 {isa:?}");
+                });
             }
         }
     }

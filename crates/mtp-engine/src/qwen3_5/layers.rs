@@ -256,11 +256,11 @@ impl DecoderLayer {
         })
     }
 
-    /// A fresh cache for this layer.
-    pub fn new_cache(&self) -> LayerCache {
+    /// A fresh cache for this layer, a full-attention layer's keys and values in `kv`.
+    pub fn new_cache(&self, kv: crate::cache::KvType) -> LayerCache {
         match &self.mixer {
             Mixer::Attention(a) => {
-                LayerCache::Attention(crate::cache::KvCache::new(a.kv_heads, a.head_dim))
+                LayerCache::Attention(crate::cache::KvCache::with_type(a.kv_heads, a.head_dim, kv))
             }
             Mixer::Linear(n) => {
                 let conv_dim = 2 * n.dims.hk * n.dims.dk + n.dims.hv * n.dims.dv;
@@ -491,10 +491,8 @@ impl Attention {
             };
             kv.append(&k, &v);
             let first = (l - lq) * h * hd;
-            let o = kernels::attention(
+            let o = kv.attend(
                 &q[first..],
-                kv.k.values(),
-                kv.v.values(),
                 AttentionShape {
                     l: lq,
                     h,

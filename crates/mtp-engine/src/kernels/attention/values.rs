@@ -3,12 +3,13 @@
 //! 16-channel accumulators ([`Chunk`]).
 
 use crate::kernels::lanes::Lanes;
+use crate::kernels::weights::{wload, wload2, Weight};
 
 /// The value rows of one KV head that a position's queries read: `visible` rows of `hd`
-/// floats, row `t` at `values + t * stride`.
+/// values (f32 or half precision, widened as loaded), row `t` at `values + t * stride`.
 #[derive(Clone, Copy)]
-pub(super) struct ValueRows {
-    pub(super) values: *const f32,
+pub(super) struct ValueRows<E> {
+    pub(super) values: *const E,
     pub(super) stride: usize,
     pub(super) visible: usize,
     pub(super) hd: usize,
@@ -41,9 +42,9 @@ pub(super) struct Heads<const N: usize> {
 /// holds `2 N hd` floats unless the span is all the keys; `span.start` is even and `span`
 /// inside `0..visible`; the CPU supports `L`.
 #[inline(always)]
-pub(super) unsafe fn weighted_values<L: Lanes, const N: usize>(
+pub(super) unsafe fn weighted_values<L: Lanes, E: Weight, const N: usize>(
     heads: Heads<N>,
-    rows: ValueRows,
+    rows: ValueRows<E>,
     span: std::ops::Range<usize>,
 ) {
     let Heads {
@@ -65,7 +66,7 @@ pub(super) unsafe fn weighted_values<L: Lanes, const N: usize>(
         macro_rules! passes {
             ($chunk:ty, $g:literal) => {
                 while c + <$chunk as Chunk<L>>::WIDTH * $g <= hd {
-                    values_pass::<L, $chunk, N, $g>(heads, rows, span.clone(), c);
+                    values_pass::<L, E, $chunk, N, $g>(heads, rows, span.clone(), c);
                     c += <$chunk as Chunk<L>>::WIDTH * $g;
                 }
             };
@@ -102,12 +103,12 @@ pub(super) unsafe fn weighted_values<L: Lanes, const N: usize>(
                 };
                 let mut t = span.start;
                 while t + 2 <= span.end {
-                    even += *ws[q].add(t) * *values.add(t * stride + cc);
-                    odd += *ws[q].add(t + 1) * *values.add((t + 1) * stride + cc);
+                    even += *ws[q].add(t) * (*values.add(t * stride + cc)).to_f32();
+                    odd += *ws[q].add(t + 1) * (*values.add((t + 1) * stride + cc)).to_f32();
                     t += 2;
                 }
                 if t < span.end {
-                    even += *ws[q].add(t) * *values.add(t * stride + cc);
+                    even += *ws[q].add(t) * (*values.add(t * stride + cc)).to_f32();
                 }
                 if span.end == visible {
                     *outs[q].add(cc) = (even + odd) * inv[q];
@@ -141,6 +142,11 @@ trait Chunk<L: Lanes> {
     /// # Safety
     /// `p` reads [`Chunk::WIDTH`] floats; the CPU supports `L`.
     unsafe fn load(p: *const f32) -> Self::T;
+    /// [`Chunk::WIDTH`] values at `p` widened to f32 (exact).
+    ///
+    /// # Safety
+    /// `p` reads [`Chunk::WIDTH`] values; the CPU supports `L`.
+    unsafe fn load_e<E: Weight>(p: *const E) -> Self::T;
     /// # Safety
     /// The CPU supports `L`.
     unsafe fn splat(x: f32) -> Self::T;
@@ -175,6 +181,10 @@ impl<L: Lanes> Chunk<L> for Narrow {
         unsafe { L::load(p) }
     }
     #[inline(always)]
+    unsafe fn load_e<E: Weight>(p: *const E) -> L::V {
+        unsafe { wload::<L, E>(p) }
+    }
+    #[inline(always)]
     unsafe fn splat(x: f32) -> L::V {
         unsafe { L::splat(x) }
     }
@@ -207,6 +217,10 @@ impl<L: Lanes> Chunk<L> for Wide {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> L::W {
         unsafe { L::load2(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_e<E: Weight>(p: *const E) -> L::W {
+        unsafe { wload2::<L, E>(p) }
     }
     #[inline(always)]
     unsafe fn splat(x: f32) -> L::W {
@@ -245,9 +259,9 @@ impl<L: Lanes> Chunk<L> for Wide {
 /// As [`weighted_values`], with `c + C::WIDTH * G <= hd`, `span` inside `0..visible`, and
 /// `part` holding `2 N hd` floats unless the span is all the keys.
 #[inline(always)]
-unsafe fn values_pass<L: Lanes, C: Chunk<L>, const N: usize, const G: usize>(
+unsafe fn values_pass<L: Lanes, E: Weight, C: Chunk<L>, const N: usize, const G: usize>(
     heads: Heads<N>,
-    rows: ValueRows,
+    rows: ValueRows<E>,
     span: std::ops::Range<usize>,
     c: usize,
 ) {
@@ -282,8 +296,8 @@ unsafe fn values_pass<L: Lanes, C: Chunk<L>, const N: usize, const G: usize>(
             for q in 0..N {
                 let (w0, w1) = (C::splat(*ws[q].add(t)), C::splat(*ws[q].add(t + 1)));
                 for g in 0..G {
-                    even[q][g] = C::mul_add(even[q][g], w0, C::load(r0.add(g * width)));
-                    odd[q][g] = C::mul_add(odd[q][g], w1, C::load(r1.add(g * width)));
+                    even[q][g] = C::mul_add(even[q][g], w0, C::load_e(r0.add(g * width)));
+                    odd[q][g] = C::mul_add(odd[q][g], w1, C::load_e(r1.add(g * width)));
                 }
             }
             t += 2;
@@ -293,7 +307,7 @@ unsafe fn values_pass<L: Lanes, C: Chunk<L>, const N: usize, const G: usize>(
             for q in 0..N {
                 let w0 = C::splat(*ws[q].add(t));
                 for (g, e) in even[q].iter_mut().enumerate() {
-                    *e = C::mul_add(*e, w0, C::load(r0.add(g * width)));
+                    *e = C::mul_add(*e, w0, C::load_e(r0.add(g * width)));
                 }
             }
         }
