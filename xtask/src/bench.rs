@@ -48,6 +48,9 @@ pub(crate) struct Args {
     pub(crate) gguf_from: Option<PathBuf>,
     /// The GGUF tensor type (`llama-quantize`'s names); default from the model.
     pub(crate) gguf_type: Option<String>,
+    /// The KV cache's type, for the engine and llama-server alike (default: each one's own,
+    /// f32 for the engine, f16 for llama-server).
+    pub(crate) cache_type: Option<mtp_engine::KvType>,
 }
 
 const HELP: &str = "\
@@ -66,6 +69,8 @@ cargo xtask bench [options]     MTP off vs on, interleaved reps, medians
   --llama-server PATH  against llama-server on the same weights
   --gguf-from DIR      the checkpoint the GGUF is converted from (default: the model)
   --gguf-type TYPE     llama-quantize's tensor type (default: from the model)
+  --cache-type TYPE    the KV cache's type, f32, f16 or bf16, in the engine and in
+                       llama-server (-ctk/-ctv) alike (default: each one's own: f32, f16)
   --out DIR            where the JSON and the plot go (target/bench)
 ";
 
@@ -86,6 +91,7 @@ fn parse(args: &[String]) -> Result<Args> {
         llama: None,
         gguf_from: None,
         gguf_type: None,
+        cache_type: None,
     };
     let mut it = args.iter();
     while let Some(f) = it.next() {
@@ -113,6 +119,9 @@ fn parse(args: &[String]) -> Result<Args> {
             "--llama-server" => a.llama = Some(PathBuf::from(val()?)),
             "--gguf-from" => a.gguf_from = Some(PathBuf::from(val()?)),
             "--gguf-type" => a.gguf_type = Some(val()?.clone()),
+            "--cache-type" => {
+                a.cache_type = Some(val()?.parse().map_err(anyhow::Error::msg)?);
+            }
             other => bail!("unknown bench flag `{other}`\n\n{HELP}"),
         }
     }
@@ -378,16 +387,20 @@ pub fn run(args: &[String]) -> Result<()> {
         return crate::bench_llama::run(&a, server, &model_dir);
     }
     let t = std::time::Instant::now();
-    let engine = Engine::load_with_drafter(
+    let mut engine = Engine::load_with_drafter(
         &model_dir,
         a.drafter.as_deref(),
         &Device::Cpu,
         WeightDtype::Stored,
     )?;
+    if let Some(kv) = a.cache_type {
+        engine.set_kv_type(kv);
+    }
     println!(
-        "loaded {} in {:.1}s",
+        "loaded {} in {:.1}s ({} KV cache)",
         model_dir.display(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        engine.kv_type()
     );
     let vocab = engine.model().vocab_size();
     std::fs::create_dir_all(&a.out_dir)?;
@@ -423,7 +436,8 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("| runtime | prefill tok/s | decode tok/s | peak RSS MiB |");
     println!("| --- | --- | --- | --- |");
     println!(
-        "| mtp-engine (candle, {held} weights, f32 arithmetic) | {pf:.1} | {dec:.2} | {:.0} |",
+        "| mtp-engine (candle, {held} weights, f32 arithmetic, {} KV cache) | {pf:.1} | {dec:.2} | {:.0} |",
+        engine.kv_type(),
         peak.unwrap_or(f64::NAN)
     );
     let step_bytes = step_read_bytes(&model_dir)?;

@@ -158,12 +158,15 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
         a.gguf_from.as_deref(),
         a.gguf_type.as_deref(),
     )?;
-    let engine = Engine::load_with_drafter(
+    let mut engine = Engine::load_with_drafter(
         model,
         a.drafter.as_deref(),
         &Device::Cpu,
         WeightDtype::Stored,
     )?;
+    if let Some(kv) = a.cache_type {
+        engine.set_kv_type(kv);
+    }
     let depths: Vec<usize> = if a.target_only || engine.drafter().is_none() {
         vec![]
     } else {
@@ -175,16 +178,23 @@ pub fn run(a: &Args, server: &Path, model: &Path) -> Result<()> {
     let ctx = (a.prompt_len + a.tokens + 64).next_power_of_two();
     let rt = tokio::runtime::Runtime::new()?;
     let client = reqwest::Client::new();
-    let mut servers: Vec<(Option<usize>, Server)> =
-        vec![(None, start_llama(server, &gguf, 1, ctx, None)?)];
+    let mut servers: Vec<(Option<usize>, Server)> = vec![(
+        None,
+        start_llama(server, &gguf, 1, ctx, None, a.cache_type)?,
+    )];
     for &d in &depths {
-        servers.push((Some(d), start_llama(server, &gguf, 1, ctx, Some(d as u32))?));
+        servers.push((
+            Some(d),
+            start_llama(server, &gguf, 1, ctx, Some(d as u32), a.cache_type)?,
+        ));
     }
     println!(
-        "mtp-engine on {} ({:.0} MiB held) vs llama-server on {} ({ty}), {} threads each",
+        "mtp-engine on {} ({:.0} MiB held, {} KV cache) vs llama-server on {} ({ty}, {} KV cache), {} threads each",
         model.display(),
         held as f64 / (1 << 20) as f64,
+        engine.kv_type(),
         gguf.display(),
+        a.cache_type.map_or("f16 (its default)".to_string(), |k| k.to_string()),
         mtp_engine::team::threads()
     );
     // warm-up: both engines, every lane

@@ -361,8 +361,8 @@ pub fn run(args: &[String]) -> Result<()> {
             a.gguf_type.as_deref(),
         )?;
         println!("llama-server reads {} ({ty})", gguf.display());
-        let off = start_llama(bin, &gguf, max_c, 1024, None)?;
-        let on = start_llama(bin, &gguf, max_c, 1024, Some(d))?;
+        let off = start_llama(bin, &gguf, max_c, 1024, None, None)?;
+        let on = start_llama(bin, &gguf, max_c, 1024, Some(d), None)?;
         println!(
             "llama-server -np {max_c}: off on {}, draft-mtp {d} on {}",
             off.base, on.base

@@ -356,13 +356,14 @@ fn free_port() -> Result<u16> {
 /// Starts `bin` (llama-server) on `gguf` at a free loopback port with `slots` parallel slots of
 /// `ctx` tokens each and as many threads as the engine's team (`-t`, `-tb`: llama.cpp's own
 /// default counts physical cores), draft-mtp at `depth` when given; returns once `/health`
-/// answers (120 s at most).
+/// answers (120 s at most). `cache_type`: its KV cache (`-ctk`, `-ctv`), else its default (f16).
 pub(crate) fn start_llama(
     bin: &Path,
     gguf: &Path,
     slots: usize,
     ctx: usize,
     depth: Option<u32>,
+    cache_type: Option<mtp_engine::KvType>,
 ) -> Result<Server> {
     let port = free_port()?;
     let threads = mtp_engine::team::threads().to_string();
@@ -377,6 +378,9 @@ pub(crate) fn start_llama(
     let log =
         fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     cmd.stdout(Stdio::null()).stderr(log);
+    if let Some(kv) = cache_type {
+        cmd.args(["-ctk", kv.name(), "-ctv", kv.name()]);
+    }
     if let Some(d) = depth {
         cmd.args([
             "--spec-type",

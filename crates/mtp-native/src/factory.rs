@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
 use mtp_contract::{
-    resolve, Lane, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
+    resolve, KvType, Lane, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
 };
 use mtp_detect::{
     check_drafter, probe_local, resolve_model, CacheConfig, ResolvedArtifact, Runtime,
@@ -22,9 +22,10 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 11] = [
+pub const EXTRA_KEYS: [&str; 12] = [
     "device",
     "dtype",
+    "cache_type",
     "max_batch",
     "prefill_chunk",
     "prompt_cache_bytes",
@@ -108,6 +109,9 @@ pub struct NativeOptions {
     pub device: NativeDevice,
     /// The weights' precision.
     pub dtype: NativeDtype,
+    /// The KV cache's element type (f32 by default: the reference's output; f16 or bf16 halve
+    /// the cache and the bytes a long context reads per step).
+    pub cache_type: KvType,
     /// The prefix cache's memory budget.
     pub prompt_cache_bytes: usize,
     /// Checkpoints kept per prompt in the prefix cache.
@@ -133,6 +137,7 @@ impl Default for NativeOptions {
         NativeOptions {
             device: NativeDevice::Cpu,
             dtype: NativeDtype::Auto,
+            cache_type: KvType::F32,
             prompt_cache_bytes: DEFAULT_BUDGET_BYTES,
             prompt_cache_checkpoints: DEFAULT_CHECKPOINTS_PER_KEY,
             prompt_cache_dir: None,
@@ -246,6 +251,13 @@ impl NativeOptions {
                 message,
             })?,
         };
+        let cache_type = match opts.extra.get("cache_type") {
+            None => KvType::F32,
+            Some(d) => d.parse().map_err(|message| ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!("`cache_type`: {message}"),
+            })?,
+        };
         let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
             match opts.extra.get(key) {
                 None => Ok(default),
@@ -291,6 +303,7 @@ impl NativeOptions {
         Ok(NativeOptions {
             device,
             dtype,
+            cache_type,
             prompt_cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
             prompt_cache_checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
             prompt_cache_dir,
@@ -423,6 +436,7 @@ fn build(
     let NativeOptions {
         device,
         dtype,
+        cache_type,
         prompt_cache_bytes: cache_bytes,
         prompt_cache_checkpoints: checkpoints,
         prompt_cache_dir,
@@ -550,7 +564,7 @@ fn build(
     // the process that uses it, and providers without one must not write to it; so does one
     // that parses special tokens in client text, a setting of the loaded backend)
     let variant = format!(
-        "{runtime}:{dtype:?}:{}{}{}",
+        "{runtime}:{dtype:?}:{cache_type}:{}{}{}",
         match (&drafter_dir, want_head) {
             (Some(d), _) => d.display().to_string(),
             (None, true) => "embedded".into(),
@@ -576,7 +590,7 @@ fn build(
         Lane::Unavailable { .. } => None,
     };
     let loaded = shared().get_or_load(&dir, &variant, || {
-        let engine = if want_head {
+        let mut engine = if want_head {
             Engine::load_with_drafter(&dir, drafter_dir.as_deref(), &device, dtype)
         } else {
             Engine::load_target_only(&dir, &device, dtype)
@@ -589,6 +603,7 @@ fn build(
                 "the artifact carries MTP tensors but the engine loaded no drafter from them",
             ));
         }
+        engine.set_kv_type(cache_type);
         let mut backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone())
             .with_parse_special(parse_special);
         if let Some(c) = prefill_chunk {

@@ -567,6 +567,8 @@ fn generate_prompt_sources_and_runtime_flags() {
         "2",
         "--dtype",
         "bf16",
+        "--cache-type",
+        "f16",
         "opts-prompt",
     ]);
     assert_eq!(code, OK, "{err}");
@@ -581,6 +583,18 @@ fn generate_prompt_sources_and_runtime_flags() {
     assert_eq!(extra.get("ctx_size").map(String::as_str), Some("2048"));
     assert_eq!(extra.get("threads").map(String::as_str), Some("2"));
     assert_eq!(extra.get("dtype").map(String::as_str), Some("bf16"));
+    assert_eq!(extra.get("cache_type").map(String::as_str), Some("f16"));
+    // a type no in-process runtime keeps is a usage error naming the flag
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "fake",
+        "--cache-type",
+        "q4_0",
+        "x",
+    ]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    assert!(err.contains("cache-type") && err.contains("q4_0"), "{err}");
     // ...and are usage errors for an HTTP server, whose launch sets them
     let (code, _, err) = mtp(&[
         "generate",
@@ -597,6 +611,23 @@ fn generate_prompt_sources_and_runtime_flags() {
     assert_eq!(code, ExitCode::from(2), "{err}");
     assert!(
         err.contains("--ctx-size") && err.contains("when it starts"),
+        "{err}"
+    );
+    let (code, _, err) = mtp(&[
+        "generate",
+        "--provider",
+        "llama-server",
+        "--model",
+        "m",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--cache-type",
+        "f16",
+        "x",
+    ]);
+    assert_eq!(code, ExitCode::from(2), "{err}");
+    assert!(
+        err.contains("--cache-type") && err.contains("-ctk"),
         "{err}"
     );
 }

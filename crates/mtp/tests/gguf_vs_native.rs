@@ -2,7 +2,9 @@
 //! run by the native engine and, converted to GGUF at test time (the converter behind
 //! `cargo xtask gguf`, included by path), by llama.cpp b11434 through the `gguf` provider.
 //! Both keep greedy output unchanged by MTP; the test compares the two engines' text and, where
-//! they differ (different kernels), reports the first divergence instead of hiding it.
+//! they differ (different kernels), reports the first divergence instead of hiding it: with each
+//! engine's own KV cache type (f32 native, f16 llama.cpp) and with both in f16, f32 and bf16
+//! (`cache_type`).
 #![cfg(feature = "gguf")]
 
 #[path = "../../../xtask/src/gguf/convert.rs"]
@@ -41,6 +43,22 @@ const PROMPTS: [&str; 4] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gguf_and_native_agree_on_the_demo_model() {
+    agree_with_cache_types(None).await;
+}
+
+/// The same comparison with both engines' KV caches in one type (`cache_type`: the native
+/// engine's `KvType`, llama.cpp's `type_k`/`type_v`): f16 (llama.cpp's default, so the first
+/// comparison's llama.cpp side) and f32 and bf16 on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gguf_and_native_agree_with_the_same_kv_cache_type() {
+    for kv in ["f16", "f32", "bf16"] {
+        agree_with_cache_types(Some(kv)).await;
+    }
+}
+
+/// Greedy tokens of both engines, MTP on and off, on the demo model; `kv`: both engines'
+/// KV cache type (else each one's default: f32 native, f16 llama.cpp).
+async fn agree_with_cache_types(kv: Option<&str>) {
     std::env::set_var(
         "HF_HUB_CACHE",
         std::env::temp_dir().join("mtp-empty-hub-cache"),
@@ -53,11 +71,15 @@ async fn gguf_and_native_agree_on_the_demo_model() {
         &convert::ConvertOptions::default(),
     )
     .expect("convert the demo model");
-    let native = create_llm("native", demo_model().to_str().unwrap(), on(3)).unwrap();
+    let with_kv = |o: ProviderOptions| match kv {
+        Some(kv) => o.extra("cache_type", kv),
+        None => o,
+    };
+    let native = create_llm("native", demo_model().to_str().unwrap(), with_kv(on(3))).unwrap();
     let gguf = create_llm(
         "gguf",
         gguf_path.to_str().unwrap(),
-        on(3).extra("n_ctx", "512").extra("threads", "2"),
+        with_kv(on(3).extra("n_ctx", "512").extra("threads", "2")),
     )
     .unwrap();
     assert!(gguf.speculation_status().lane_loaded);
@@ -90,8 +112,8 @@ async fn gguf_and_native_agree_on_the_demo_model() {
         }
         if let Some(at) = first_divergence(&ids[0], &ids[1]) {
             panic!(
-                "{prompt:?}: native and llama.cpp greedy tokens first differ at output token {at}: \
-                 native {:?} vs llama.cpp {:?}",
+                "{prompt:?}, KV caches {kv:?}: native and llama.cpp greedy tokens first differ at \
+                 output token {at}: native {:?} vs llama.cpp {:?}",
                 &ids[0][at..(at + 4).min(ids[0].len())],
                 &ids[1][at..(at + 4).min(ids[1].len())]
             );
@@ -99,7 +121,7 @@ async fn gguf_and_native_agree_on_the_demo_model() {
     }
     let rate = |e: usize| accepted[e] as f64 / drafted[e].max(1) as f64;
     eprintln!(
-        "depth 3 on code: native accepted {}/{} ({:.2}), llama.cpp accepted {}/{} ({:.2})",
+        "depth 3 on code, KV caches {kv:?}: native accepted {}/{} ({:.2}), llama.cpp accepted {}/{} ({:.2})",
         accepted[0],
         drafted[0],
         rate(0),

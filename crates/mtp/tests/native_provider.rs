@@ -382,6 +382,49 @@ async fn weight_dtype_option() {
     assert!(e.to_string().contains("int3"), "{e}");
 }
 
+/// The `cache_type` option: `f16` and `bf16` KV caches generate, and speculation keeps the
+/// target-only text with them (verify rows round their keys and values as single steps do);
+/// `f32` is the default's text; anything else is refused, naming the key and the value.
+#[tokio::test]
+async fn kv_cache_type_option() {
+    empty_hub_cache();
+    let text = |kv: Option<&'static str>| {
+        let opts = match kv {
+            Some(kv) => on(2).extra("cache_type", kv),
+            None => on(2),
+        };
+        let llm = create_llm("native", &fixture("tiny-trained"), opts).unwrap();
+        async move {
+            let with = llm.generate(req(24)).await.unwrap();
+            let without = llm.generate(req(24).speculation(false)).await.unwrap();
+            assert_eq!(with.content, without.content, "{kv:?}");
+            assert!(with.metadata.speculation.used, "{kv:?}");
+            with.content
+        }
+    };
+    assert_eq!(text(None).await, text(Some("f32")).await);
+    assert!(!text(Some("f16")).await.is_empty());
+    assert!(!text(Some("bf16")).await.is_empty());
+    let Err(e) = create_llm(
+        "native",
+        &fixture("tiny-trained"),
+        on(2).extra("cache_type", "q8_0"),
+    ) else {
+        panic!("q8_0 accepted")
+    };
+    assert!(
+        matches!(
+            e,
+            mtp::Error::Provider(ProviderError::InvalidRequest { .. })
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("cache_type") && e.to_string().contains("q8_0"),
+        "{e}"
+    );
+}
+
 fn demo_model() -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-code");
     p.canonicalize().unwrap().display().to_string()

@@ -15,7 +15,7 @@
 use std::num::NonZeroU32;
 use std::time::Instant;
 
-use llama_cpp_2::context::params::{LlamaContextParams, LlamaContextType};
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams, LlamaContextType};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -28,7 +28,7 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use mtp_chat::toolcall::ToolCallFormat;
 use mtp_chat::{ReasoningStart, ReplyText, Split};
-use mtp_contract::{DraftStats, FinishReason, GenerateRequest, Sampling, ToolCall};
+use mtp_contract::{DraftStats, FinishReason, GenerateRequest, KvType, Sampling, ToolCall};
 use mtp_grammar::Constraint;
 
 /// What one call asks of the loop.
@@ -55,6 +55,8 @@ pub(crate) struct Job {
     pub n_ctx: u32,
     /// CPU threads.
     pub threads: i32,
+    /// The KV cache's type (llama.cpp's default when not given).
+    pub cache_type: Option<KvType>,
 }
 
 /// What the loop produced.
@@ -322,11 +324,22 @@ fn rand_seed() -> u32 {
 }
 
 fn ctx_params(job: &Job) -> LlamaContextParams {
-    LlamaContextParams::default()
+    let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(job.n_ctx))
         .with_n_batch(job.n_ctx)
         .with_n_threads(job.threads)
-        .with_n_threads_batch(job.threads)
+        .with_n_threads_batch(job.threads);
+    match job.cache_type {
+        None => params,
+        Some(kv) => {
+            let t = match kv {
+                KvType::F32 => KvCacheType::F32,
+                KvType::F16 => KvCacheType::F16,
+                KvType::Bf16 => KvCacheType::BF16,
+            };
+            params.with_type_k(t).with_type_v(t)
+        }
+    }
 }
 
 fn ms(t: Instant) -> f64 {

@@ -61,7 +61,7 @@ pub const LLAMA_BUILD: &str = "b11434";
 /// `runtime` in reports.
 pub const RUNTIME: &str = "llama.cpp b11434";
 /// The `ProviderOptions.extra` keys this provider reads ([`GgufOptions::EXTRA_KEYS`]).
-pub const EXTRA_KEYS: [&str; 3] = GgufOptions::EXTRA_KEYS;
+pub const EXTRA_KEYS: [&str; 4] = GgufOptions::EXTRA_KEYS;
 
 const DEFAULT_N_CTX: u32 = 4096;
 const DEFAULT_MAX_NEW: usize = 512;
@@ -206,6 +206,8 @@ struct Inner {
     default: Option<Speculation>,
     n_ctx: u32,
     threads: i32,
+    /// The KV cache's type (llama.cpp's default when not given).
+    cache_type: Option<mtp_contract::KvType>,
     /// The GGUF's chat template, compiled once, or the error chat requests get.
     templates: Result<ChatTemplates, ChatError>,
     loaded: Mutex<Option<Arc<Loaded>>>,
@@ -231,8 +233,9 @@ impl std::fmt::Debug for GgufProvider {
 /// Loads `model` (a `.gguf` path, or a directory holding one) for in-process generation.
 ///
 /// The header is read first: the MTP head is loaded only when the linked llama.cpp has an MTP
-/// graph for the architecture. `opts.extra` takes `n_ctx` (default 4096) and `threads`
-/// (default: the available cores), read once by [`GgufOptions::from_extra`]; any other key is
+/// graph for the architecture. `opts.extra` takes `n_ctx` (default 4096), `threads`
+/// (default: the available cores) and `cache_type` (`f32`, `f16`, `bf16`; default
+/// llama.cpp's f16), read once by [`GgufOptions::from_extra`]; any other key is
 /// an `InvalidRequest` listing these.
 pub fn create(model: &str, opts: &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> {
     Ok(Arc::new(GgufProvider::new(model, opts)?))
@@ -312,6 +315,7 @@ impl GgufProvider {
                 default: opts.speculation.clone(),
                 n_ctx,
                 threads,
+                cache_type: gguf.cache_type,
                 templates,
                 loaded: Mutex::new(Some(Arc::new(Loaded {
                     model: llama,
@@ -465,6 +469,7 @@ impl GgufProvider {
             depth,
             n_ctx: self.inner.n_ctx,
             threads: self.inner.threads,
+            cache_type: self.inner.cache_type,
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<StreamEvent, ProviderError>>();
         let busy = self.inner.busy.clone();

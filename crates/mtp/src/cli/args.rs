@@ -201,6 +201,13 @@ pub struct ModelArgs {
     /// bf16 stays bf16), `f32`, `bf16` or `f16`.
     #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "bf16", "f16"])]
     pub dtype: Option<String>,
+    /// The KV cache's element type in an in-process runtime (keys and values, as llama.cpp's
+    /// `-ctk` / `-ctv` together): `f32`, `f16` or `bf16`. Native default f32 (the reference's
+    /// output); f16 and bf16 halve the cache's memory and the bytes each step reads from a
+    /// long context, where attention is most of a step. The `gguf` default is llama.cpp's
+    /// (f16).
+    #[arg(long, visible_alias = "ctk", value_name = "TYPE", value_parser = ["f32", "f16", "bf16"])]
+    pub cache_type: Option<String>,
 }
 
 /// Sampling controls (see `Sampling` in the contract). Without any of temperature, top-p,

@@ -314,13 +314,26 @@ async fn open_provider_with(
     }
     let kind = ProviderKind::from_name(&m.provider);
     let is_native = kind.is_some_and(ProviderKind::is_native);
+    let cache_type = m
+        .cache_type
+        .as_deref()
+        .map(str::parse::<crate::KvType>)
+        .transpose()
+        .map_err(|message| CliError::InvalidFlag {
+            flag: "--cache-type",
+            message,
+        })?;
     let gguf = (kind == Some(ProviderKind::Gguf)).then_some(mtp_runtimes::GgufOptions {
         n_ctx: m.ctx_size,
         threads: m.threads,
+        cache_type,
     });
     if is_native {
         native.ctx_size = m.ctx_size.map(|n| n as usize);
         native.threads = m.threads.map(|n| n as usize);
+        if let Some(kv) = cache_type {
+            native.cache_type = kv;
+        }
         if let Some(d) = &m.dtype {
             native.dtype = d.parse().map_err(|message| CliError::InvalidFlag {
                 flag: "--dtype",
@@ -374,8 +387,8 @@ async fn open_provider_with(
     Ok((llm, model))
 }
 
-/// `--ctx-size`, `--threads` and `--dtype` as a registered provider's option strings
-/// (`ctx_size`, `threads`, `dtype`); an HTTP server's context, threads and precision are its
+/// `--ctx-size`, `--threads`, `--dtype` and `--cache-type` as a registered provider's option
+/// strings (`ctx_size`, `threads`, `dtype`, `cache_type`); an HTTP server's context, threads and precision are its
 /// launch settings, so there they are usage errors that say so. (The in-process providers get
 /// them typed: see [`open_provider_with`].)
 fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderOptions, CliError> {
@@ -387,6 +400,10 @@ fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderO
         ),
         ("--threads", m.threads.map(|n| ("threads", n.to_string()))),
         ("--dtype", m.dtype.clone().map(|d| ("dtype", d))),
+        (
+            "--cache-type",
+            m.cache_type.clone().map(|d| ("cache_type", d)),
+        ),
     ];
     for (flag, value) in given {
         let Some((key, value)) = value else { continue };
@@ -395,7 +412,7 @@ fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderO
                 flag,
                 message: format!(
                     "applies to the in-process providers (native, gguf); a {} server sets it \
-                     when it starts (e.g. llama-server -c N -t N)",
+                     when it starts (e.g. llama-server -c N -t N -ctk f16)",
                     m.provider
                 ),
             });
