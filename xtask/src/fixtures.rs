@@ -119,7 +119,7 @@ pub fn moe_bench_shape() -> (Shape, MoeShape) {
         kv_heads: 2,
         head_dim: 256,
         intermediate: 0,
-        vocab: 248_320,
+        vocab: REAL_VOCAB,
         linear_k_heads: 4,
         linear_v_heads: 8,
         linear_dim: 128,
@@ -446,6 +446,10 @@ fn write_shards(out: &Path, tensors: HashMap<String, Tensor>, limit: usize) -> R
     Ok(())
 }
 
+/// The vocabulary size of the Qwen3.5 checkpoints (and of `--moe`): the real tokenizer's ids
+/// fit in it.
+const REAL_VOCAB: usize = 248_320;
+
 const HELP: &str = "\
 cargo xtask fixtures [options]   a random-weight Qwen3.5 checkpoint (Hugging Face layout)
 
@@ -470,6 +474,8 @@ cargo xtask fixtures [options]   a random-weight Qwen3.5 checkpoint (Hugging Fac
   --moe                  the MoE benchmark shape instead (Qwen3.5-35B-A3B scaled down, see
                          `moe_bench_shape`; the flags above still apply), with the real Qwen
                          tokenizer of llama.cpp's ggml-vocab-qwen35.gguf
+  --real-tokenizer       that tokenizer for the dense shape too (give it --vocab 248320, the
+                         real vocabulary's size): a checkpoint `bench --gguf-from` converts
   --real-vocab           instead: the tiny checkpoint at a real Qwen vocabulary (only --out)
 ";
 
@@ -517,7 +523,7 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         match a.as_str() {
             "--out" => out = PathBuf::from(val()?),
-            "--moe" => {}
+            "--moe" | "--real-tokenizer" => {}
             "--hidden" => s.hidden = num(val()?)?,
             "--layers" => s.layers = num(val()?)?,
             "--interval" => s.interval = num(val()?)?,
@@ -549,8 +555,16 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("unknown fixtures flag `{other}`\n\n{HELP}"),
         }
     }
+    let real_tokenizer = moe.is_some() || args.iter().any(|a| a == "--real-tokenizer");
+    if real_tokenizer && s.vocab < REAL_VOCAB {
+        bail!(
+            "the real tokenizer has ids up to {REAL_VOCAB}, more than a vocabulary of {}: give \
+             --vocab {REAL_VOCAB}",
+            s.vocab
+        );
+    }
     let n = write_checkpoint_with(&out, &s, moe.as_ref())?;
-    if moe.is_some() {
+    if real_tokenizer {
         let gguf = crate::llama::source_dir()?
             .join("models")
             .join("ggml-vocab-qwen35.gguf");
