@@ -27,11 +27,12 @@ mod sealed {
     impl Sealed for super::Unpacked {}
 }
 
-/// The element types [`super::matmul_rows`] reads weights in: `f32`, and the half-precision formats
-/// checkpoints are stored in (`bf16`, `f16`). Half-precision weights are widened to f32 as
-/// they are loaded, which is exact: a product over them has the bits of the same product over
-/// the weights converted to f32 beforehand, with half the memory and half the bytes read per
-/// step. Sealed: the kernels read each kind with its own instructions.
+/// The element types the few-row products (`matmul_rows`) read weights in, and cached attention
+/// keys and values (a KV cache's type): `f32`, and the half-precision formats checkpoints are
+/// stored in (`bf16`, `f16`). Half-precision values are widened to f32 as they are loaded,
+/// which is exact: a product over them has the bits of the same product over the values
+/// converted to f32 beforehand, with half the memory and half the bytes read per step. Sealed:
+/// the kernels read each kind with its own instructions.
 pub trait Weight: Copy + Send + Sync + 'static + sealed::Sealed {
     #[doc(hidden)]
     const KIND: WeightKind;
