@@ -9,12 +9,13 @@
 //!
 //! A state only continues the model that computed it. [`Engine::state_identity`] names that
 //! model: the weights' files (their headers, sizes and samples of their contents), the
-//! configuration, the drafter, the precision the matrices are kept in and this format's
-//! version. A cache on disk keeps the states of one identity apart from any other's.
+//! configuration, the drafter, the precision the matrices are kept in, the KV caches' type and
+//! this format's version. A cache on disk keeps the states of one identity apart from any
+//! other's.
 //!
 //! The format is ours and small (little-endian lengths, `f32` arrays, and the 16-bit values of
-//! a half-precision KV cache): a state is a few
-//! vectors of floats, and a general serializer would add a dependency for no gain.
+//! a half-precision KV cache): a state is a few vectors of floats, and a general serializer
+//! would add a dependency for no gain.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
