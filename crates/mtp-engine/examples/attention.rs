@@ -43,20 +43,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let times = match kind.as_str() {
         "f32" => time(&q, &keys, &values, shape, reps),
         "f16" => {
-            let half = |x: &[f32]| {
-                x.iter()
-                    .map(|&v| half::f16::from_f32(v))
-                    .collect::<Vec<_>>()
-            };
-            time(&q, &half(&keys), &half(&values), shape, reps)
+            let (k, v) = (
+                rounded(&keys, half::f16::from_f32),
+                rounded(&values, half::f16::from_f32),
+            );
+            time(&q, &k, &v, shape, reps)
         }
         "bf16" => {
-            let half = |x: &[f32]| {
-                x.iter()
-                    .map(|&v| half::bf16::from_f32(v))
-                    .collect::<Vec<_>>()
-            };
-            time(&q, &half(&keys), &half(&values), shape, reps)
+            let (k, v) = (
+                rounded(&keys, half::bf16::from_f32),
+                rounded(&values, half::bf16::from_f32),
+            );
+            time(&q, &k, &v, shape, reps)
         }
         other => return Err(format!("cache type `{other}`: use f32, f16 or bf16").into()),
     };
@@ -86,4 +84,9 @@ fn time<E: mtp_engine::nn::Weight>(
         sink += out[0];
     }
     (times, sink)
+}
+
+/// `x` rounded to a half-precision type, as a KV cache stores it.
+fn rounded<E>(x: &[f32], from: fn(f32) -> E) -> Vec<E> {
+    x.iter().map(|&v| from(v)).collect()
 }

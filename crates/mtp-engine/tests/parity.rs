@@ -56,6 +56,14 @@ fn golden(name: &str, file: &str) -> Golden {
     }
 }
 
+/// The largest |a - b| over two logit rows.
+fn max_delta(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 /// Both ways of holding the weights: converted to f32 at load, and as stored (MLX 4-bit
 /// matrices packed).
 fn check(name: &str) {
@@ -76,11 +84,7 @@ fn check_with(engine: &Engine, name: &str, dtype: mtp_engine::WeightDtype, file:
     for (i, ids) in g.prompt_ids.iter().enumerate() {
         let logits = engine.prompt_logits(ids).expect("logits");
         assert_eq!(logits.len(), g.first_logits[i].len());
-        let delta = logits
-            .iter()
-            .zip(&g.first_logits[i])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let delta = max_delta(&logits, &g.first_logits[i]);
         worst = worst.max(delta);
         assert!(
             delta < 1e-3,
@@ -161,12 +165,7 @@ fn half_precision_kv_caches_stay_close() {
                 let (mut worst, mut same, mut total) = (0f32, 0usize, 0usize);
                 for (i, ids) in g.prompt_ids.iter().enumerate() {
                     let logits = engine.prompt_logits(ids).expect("logits");
-                    let delta = logits
-                        .iter()
-                        .zip(&g.first_logits[i])
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max);
-                    worst = worst.max(delta);
+                    worst = worst.max(max_delta(&logits, &g.first_logits[i]));
                     let opts = GenerateOptions::greedy(g.off[i].len()).ignore_eos(true);
                     let out = engine.generate(ids, &opts, |_| true).expect("generate");
                     same += out

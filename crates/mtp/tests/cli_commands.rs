@@ -596,40 +596,25 @@ fn generate_prompt_sources_and_runtime_flags() {
     assert_eq!(code, ExitCode::from(2), "{err}");
     assert!(err.contains("cache-type") && err.contains("q4_0"), "{err}");
     // ...and are usage errors for an HTTP server, whose launch sets them
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "llama-server",
-        "--model",
-        "m",
-        "--base-url",
-        "http://127.0.0.1:9",
-        "--ctx-size",
-        "2048",
-        "x",
-    ]);
-    assert_eq!(code, ExitCode::from(2), "{err}");
-    assert!(
-        err.contains("--ctx-size") && err.contains("when it starts"),
-        "{err}"
-    );
-    let (code, _, err) = mtp(&[
-        "generate",
-        "--provider",
-        "llama-server",
-        "--model",
-        "m",
-        "--base-url",
-        "http://127.0.0.1:9",
-        "--cache-type",
-        "f16",
-        "x",
-    ]);
-    assert_eq!(code, ExitCode::from(2), "{err}");
-    assert!(
-        err.contains("--cache-type") && err.contains("-ctk"),
-        "{err}"
-    );
+    for (flag, value, says) in [
+        ("--ctx-size", "2048", "when it starts"),
+        ("--cache-type", "f16", "-ctk"),
+    ] {
+        let (code, _, err) = mtp(&[
+            "generate",
+            "--provider",
+            "llama-server",
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:9",
+            flag,
+            value,
+            "x",
+        ]);
+        assert_eq!(code, ExitCode::from(2), "{err}");
+        assert!(err.contains(flag) && err.contains(says), "{err}");
+    }
 }
 
 /// llama.cpp's short and long spellings beside ours: `-m`, `--temp`, `-c`, `-t`,
