@@ -11,7 +11,10 @@
 //! - [`Completion`]: a whole answer, a stream chunk or llama-server's native object, with
 //!   [`Choice`], [`Delta`], [`ToolCall`], [`Usage`], llama-server's [`Timings`] and the
 //!   speculation report;
-//! - [`ErrorBody`], [`ModelList`], [`Health`], and llama-server's [`Props`] and [`Slot`].
+//! - [`ErrorBody`], [`ModelList`], [`Health`], and llama-server's [`Props`] and [`Slot`];
+//! - [`anthropic`]: Anthropic's Messages API (the request with its content blocks, tools,
+//!   `tool_choice` and `thinking`; the answer, its stream events and errors), which `mtp serve`
+//!   also speaks for Claude Code and the `anthropic` SDKs.
 //!
 //! ## Strict and tolerant readings of the same types
 //!
@@ -42,6 +45,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod anthropic;
 mod error;
 pub mod field;
 mod llama;
