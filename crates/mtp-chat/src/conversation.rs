@@ -525,6 +525,11 @@ impl ReplyText {
         self.stop.stopped()
     }
 
+    /// The stop string that ended the reply, once one was seen.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.stop.matched()
+    }
+
     /// The answer so far.
     pub fn content(&self) -> &str {
         &self.content

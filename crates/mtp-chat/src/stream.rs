@@ -16,12 +16,14 @@
 /// assert_eq!(s.push("world EN"), "\nworld "); // "EN" may start "END"
 /// assert_eq!(s.push("D and more"), ""); // stop found: nothing after it
 /// assert!(s.stopped());
+/// assert_eq!(s.matched(), Some("END"));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct StopScanner {
     stops: Vec<String>,
     held: String,
-    stopped: bool,
+    /// The index in `stops` of the stop string seen.
+    matched: Option<usize>,
 }
 
 impl StopScanner {
@@ -30,18 +32,23 @@ impl StopScanner {
         StopScanner {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
-            stopped: false,
+            matched: None,
         }
     }
 
     /// True once a stop string was seen.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// The stop string seen (the one that starts first; of those, the first given).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Adds a piece of text; returns what can be emitted now.
     pub fn push(&mut self, piece: &str) -> String {
-        if self.stopped {
+        if self.stopped() {
             return String::new();
         }
         if self.stops.is_empty() {
@@ -51,8 +58,11 @@ impl StopScanner {
         buf.push_str(piece);
         // Every match ends in the new piece or lies in `held`, and `held` never holds a whole
         // stop string (it would have been found), so searching `held + piece` is enough.
-        if let Some(pos) = self.stops.iter().filter_map(|s| buf.find(s.as_str())).min() {
-            self.stopped = true;
+        let first = (self.stops.iter().enumerate())
+            .filter_map(|(i, s)| buf.find(s.as_str()).map(|pos| (pos, i)))
+            .min();
+        if let Some((pos, i)) = first {
+            self.matched = Some(i);
             buf.truncate(pos);
             return buf;
         }
@@ -74,7 +84,7 @@ impl StopScanner {
 
     /// Ends the stream: the held text, unless a stop string was seen.
     pub fn finish(&mut self) -> String {
-        if self.stopped {
+        if self.stopped() {
             String::new()
         } else {
             std::mem::take(&mut self.held)

@@ -391,6 +391,20 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The number of prompt tokens `request` would be given to the model as (its chat
+    /// template, system prompt, history, tools and images rendered and tokenized as
+    /// [`generate`](Provider::generate) would), without generating: what Anthropic's
+    /// `count_tokens` answers. The count equals the `usage.input_tokens` of the same request.
+    /// Runtimes that cannot tell (an HTTP server with no tokenizing route) refuse it as
+    /// `Unsupported`.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u64, ProviderError> {
+        let _ = request;
+        Err(ProviderError::Unsupported {
+            provider: self.name().to_string(),
+            what: "counting a prompt's tokens without generating".into(),
+        })
+    }
+
     /// Clears the prompt cache for a key, or everything with `None`.
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         let _ = key;

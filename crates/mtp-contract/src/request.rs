@@ -710,6 +710,11 @@ pub struct GenerateResponse {
     /// passed on from the server that parsed them; the text around them is `content`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// The request's stop sequence that ended the reply (`finish_reason` is then `stop`), when
+    /// the runtime knows which one did: Anthropic's `stop_sequence`, llama-server's
+    /// `stopping_word`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_sequence: Option<String>,
 }
 
 /// A piece of a tool call as it streams (OpenAI's `delta.tool_calls[i]`): the first piece of

@@ -146,6 +146,7 @@ fn response_json_shape() {
         partial: false,
         warnings: Vec::new(),
         tool_calls: Vec::new(),
+        stop_sequence: None,
     };
     let v = serde_json::to_value(&resp).unwrap();
     assert_eq!(v["finish_reason"], "length");

@@ -164,6 +164,73 @@ impl<B: Backend> NativeProvider<B> {
             .map(|l| l.backend.runtime())
             .unwrap_or_else(|_| "unloaded".into())
     }
+
+    /// What a message about context `c` adds when `ctx_size` set it.
+    fn raise(&self, c: usize) -> &'static str {
+        match self.ctx_size {
+            Some(s) if s == c => " or raise ctx_size (--ctx-size)",
+            _ => "",
+        }
+    }
+
+    /// The context (the model's length, `max_position_embeddings`, or `ctx_size` if shorter),
+    /// after refusing, before any work, text that could not fit it at a generous number of
+    /// bytes per token (so it is never rendered or tokenized).
+    fn context(
+        &self,
+        loaded: &Loaded<B>,
+        request: &GenerateRequest,
+    ) -> Result<Option<usize>, ProviderError> {
+        let ctx = match (loaded.backend.context_length(), self.ctx_size) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(c) = ctx {
+            let (bytes, most) = (
+                request.text_bytes(),
+                c.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN),
+            );
+            if bytes > most {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompt",
+                    message: format!(
+                        "the request holds {bytes} bytes of text, more than a {c}-token context \
+                         can take at {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); \
+                         shorten it{}",
+                        self.raise(c)
+                    ),
+                });
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Refuses images a text-only model cannot take.
+    fn check_images(
+        &self,
+        loaded: &Loaded<B>,
+        request: &GenerateRequest,
+    ) -> Result<(), ProviderError> {
+        if request.has_images() {
+            if let Err(why) = loaded.backend.accepts_images() {
+                return Err(ProviderError::Unsupported {
+                    provider: self.name.clone(),
+                    what: format!("image input ({why})"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A failure of the blocking pool, as this provider's error.
+    fn join_error(&self, what: &str, e: tokio::task::JoinError) -> ProviderError {
+        ProviderError::Api {
+            provider: self.name.clone(),
+            model: self.model.clone(),
+            status: None,
+            message: format!("{what} failed: {e}"),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -250,14 +317,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
     ) -> Result<EventStream, ProviderError> {
         request.validate()?;
         let loaded = self.loaded()?;
-        if request.has_images() {
-            if let Err(why) = loaded.backend.accepts_images() {
-                return Err(ProviderError::Unsupported {
-                    provider: self.name.clone(),
-                    what: format!("image input ({why})"),
-                });
-            }
-        }
+        self.check_images(&loaded, &request)?;
         let mut plan = plan(
             self.default.as_ref(),
             request.speculation.as_ref(),
@@ -290,34 +350,8 @@ impl<B: Backend> Provider for NativeProvider<B> {
         };
         let max_batch = self.max_batch;
         let started = Instant::now();
-        // the context: the model's length (`max_position_embeddings`), or `ctx_size` if shorter
-        let ctx = match (loaded.backend.context_length(), self.ctx_size) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let raise = move |c: usize| match self.ctx_size {
-            Some(s) if s == c => " or raise ctx_size (--ctx-size)",
-            _ => "",
-        };
-        // Bounded work before any: text that could not fit the context at a generous
-        // number of bytes per token is refused before it is rendered or tokenized.
-        if let Some(c) = ctx {
-            let (bytes, most) = (
-                request.text_bytes(),
-                c.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN),
-            );
-            if bytes > most {
-                return Err(ProviderError::InvalidRequest {
-                    field: "prompt",
-                    message: format!(
-                        "the request holds {bytes} bytes of text, more than a {c}-token context \
-                         can take at {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); \
-                         shorten it{}",
-                        raise(c)
-                    ),
-                });
-            }
-        }
+        let ctx = self.context(&loaded, &request)?;
+        let raise = |c: usize| self.raise(c);
         // Any positive depth is a valid block; one this engine or context cannot hold is
         // refused here, naming the limit (the report warns of depths past the measured range).
         if let Plan::Speculate { depth, .. } = &plan {
@@ -371,15 +405,9 @@ impl<B: Backend> Provider for NativeProvider<B> {
                 ))
             }
         };
-        let (request, prompt, decoding) =
-            tokio::task::spawn_blocking(prepare)
-                .await
-                .map_err(|e| ProviderError::Api {
-                    provider: self.name.clone(),
-                    model: self.model.clone(),
-                    status: None,
-                    message: format!("preparing the prompt failed: {e}"),
-                })??;
+        let (request, prompt, decoding) = tokio::task::spawn_blocking(prepare)
+            .await
+            .map_err(|e| self.join_error("preparing the prompt", e))??;
         if let Some(ctx) = ctx.filter(|&c| prompt.ids.len() >= c) {
             return Err(ProviderError::InvalidRequest {
                 field: "prompt",
@@ -427,6 +455,19 @@ impl<B: Backend> Provider for NativeProvider<B> {
             let _ = tx.blocking_send(ev);
         });
         Ok(tokio_stream_from(rx))
+    }
+
+    /// Renders and tokenizes the request as `generate_stream` does (on the blocking pool),
+    /// within the same bounds, and counts its tokens; no generation, no engine time.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u64, ProviderError> {
+        request.validate()?;
+        let loaded = self.loaded()?;
+        self.check_images(&loaded, &request)?;
+        self.context(&loaded, &request)?;
+        let render = move || loaded.backend.render(&request).map(|p| p.ids.len() as u64);
+        tokio::task::spawn_blocking(render)
+            .await
+            .map_err(|e| self.join_error("rendering the prompt", e))?
     }
 
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
@@ -642,6 +683,8 @@ fn run_job<B: Backend>(
         partial: false,
         warnings,
         tool_calls: reply.tool_calls().to_vec(),
+        // a stop string ends the reply even after tool calls; the reason is then theirs
+        stop_sequence: reply.stop_sequence().map(str::to_string),
     })
 }
 

@@ -367,6 +367,7 @@ impl Inner {
             partial,
             warnings,
             tool_calls,
+            stop_sequence: None,
         }
     }
 

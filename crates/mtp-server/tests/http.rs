@@ -174,6 +174,7 @@ impl Provider for Scripted {
                 partial: false,
                 warnings: Vec::new(),
                 tool_calls: Vec::new(),
+                stop_sequence: None,
             }
         });
         Ok(stream)

@@ -307,6 +307,7 @@ impl Fake {
             partial: false,
             warnings: Vec::new(),
             tool_calls: calls.clone(),
+            stop_sequence: None,
         };
         // each call in two pieces: id and name, then the arguments
         let calls = calls

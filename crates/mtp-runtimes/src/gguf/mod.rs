@@ -568,6 +568,7 @@ impl GgufProvider {
             partial: false,
             warnings,
             tool_calls: out.tool_calls,
+            stop_sequence: None,
         }
     }
 }
