@@ -547,7 +547,17 @@ mod tests {
             serde_json::from_value(json!({"messages": [1, {"role": 2}], "tools": "x"})).unwrap();
         assert!(bad.tools.unwrap().invalid().is_some());
         let m = bad.messages.unwrap().into_ok().unwrap();
-        assert!(m[0].invalid().is_some() && m[1].ok().unwrap().role.as_ref().unwrap().invalid().is_some());
+        assert!(
+            m[0].invalid().is_some()
+                && m[1]
+                    .ok()
+                    .unwrap()
+                    .role
+                    .as_ref()
+                    .unwrap()
+                    .invalid()
+                    .is_some()
+        );
     }
 
     #[test]
@@ -561,7 +571,10 @@ mod tests {
         for (e, name) in [
             (StreamEvent::MessageStop, "message_stop"),
             (StreamEvent::Ping, "ping"),
-            (StreamEvent::ContentBlockStop { index: 2 }, "content_block_stop"),
+            (
+                StreamEvent::ContentBlockStop { index: 2 },
+                "content_block_stop",
+            ),
             (
                 StreamEvent::MessageDelta {
                     delta: MessageDeltaBody {
