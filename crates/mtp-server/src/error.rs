@@ -75,8 +75,8 @@ impl ApiError {
             kind: "authentication_error",
             param: None,
             code: Some("invalid_api_key".into()),
-            message: "this server needs an API key: send `Authorization: Bearer <key>` with the \
-                      key given to `mtp serve --api-key`"
+            message: "this server needs an API key: send `Authorization: Bearer <key>` (or \
+                      `x-api-key: <key>`) with the key given to `mtp serve --api-key`"
                 .into(),
             retry_after: None,
         }

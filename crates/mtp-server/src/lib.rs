@@ -10,7 +10,10 @@
 //! server-sent events ending in `data: [DONE]`, and `stream_options.include_usage`),
 //! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and llama-server's
 //! native `POST /completion` and `GET /props` (what its clients read to learn whether a drafter
-//! is loaded).
+//! is loaded); and Anthropic's Messages API, `POST /v1/messages` (streamed as Anthropic's
+//! events) and `POST /v1/messages/count_tokens`, for Claude Code and the `anthropic` SDKs
+//! ([`anthropic`]: the same request path as the chat route, answers and errors in Anthropic's
+//! shapes).
 //!
 //! Requests are admitted up to [`ServerConfig::max_batch`] at once (the provider's own
 //! concurrency: 1 for an in-process runtime that generates one sequence at a time); up to
@@ -27,6 +30,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod anthropic;
 mod conn;
 mod error;
 mod metrics;
@@ -280,6 +284,8 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/completion", post(native_completion))
         .route("/v1/models", get(models))
         .route("/props", get(props))
@@ -294,21 +300,35 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
     (app, state)
 }
 
-/// Bearer-key check, in constant time over the key's bytes. The key is never logged.
+/// Key check, in constant time over the key's bytes: `Authorization: Bearer KEY` (OpenAI's
+/// clients) or `x-api-key: KEY` (Anthropic's), on every route. The key is never logged.
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
-        let sent = req
-            .headers()
+        let headers = req.headers();
+        let bearer_key = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(bearer)
-            .unwrap_or("");
-        if !key_matches(key, sent) {
+            .and_then(bearer);
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        // both compared, whichever is sent, so the time taken says nothing of which matched
+        let ok = [bearer_key, x_api_key]
+            .map(|sent| key_matches(key, sent.unwrap_or("")))
+            .contains(&true);
+        if !ok {
             s.metrics.rejected();
-            return ApiError::unauthorized().into_response();
+            let e = ApiError::unauthorized();
+            if is_anthropic(req.uri().path()) {
+                return anthropic::error(e);
+            }
+            return e.into_response();
         }
     }
     next.run(req).await
+}
+
+/// Whether a path is one of Anthropic's routes, whose errors take Anthropic's shape.
+fn is_anthropic(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
 
 /// The credentials of an `Authorization: Bearer ...` header (the scheme is case-insensitive,
@@ -339,21 +359,25 @@ async fn health(State(s): State<Shared>) -> Response {
     Json(oa::Health::new("ok")).into_response()
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError {
+async fn not_found(req: Request) -> Response {
+    let e = ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "invalid_request_error",
         param: None,
         code: Some("not_found".into()),
         message: format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
-             GET /v1/models, GET /health, GET /metrics, and llama-server's POST /completion and \
-             GET /props",
+             POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /health, \
+             GET /metrics, and llama-server's POST /completion and GET /props",
             req.method(),
             req.uri().path()
         ),
         retry_after: None,
+    };
+    if is_anthropic(req.uri().path()) {
+        return anthropic::error(e);
     }
+    e.into_response()
 }
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
@@ -422,6 +446,68 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
             return e.into_response();
         }
     };
+    let (run, events) = match begin(&s, &mut parsed, endpoint, endpoint.id_prefix()).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if parsed.stream {
+        stream_response(run, events, parsed.include_usage, parsed.return_tokens).into_response()
+    } else {
+        whole_response(run, events, parsed.return_tokens).await
+    }
+}
+
+/// Anthropic's Messages: the chat route's request path, Anthropic's answers and errors.
+async fn messages(State(s): State<Shared>, body: Body) -> Response {
+    let body = read_body(&s, body).await;
+    let mut parsed = match body.and_then(|v| anthropic::parse(&v, &s.limits, false)) {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return anthropic::error(e);
+        }
+    };
+    let (run, events) = match begin(&s, &mut parsed, Endpoint::Chat, "msg_").await {
+        Ok(r) => r,
+        Err(e) => return anthropic::error(e),
+    };
+    if parsed.stream {
+        anthropic::stream(run, events).into_response()
+    } else {
+        anthropic::whole(run, events).await
+    }
+}
+
+/// Anthropic's `count_tokens`: the prompt the same body would be given to the model as,
+/// rendered and tokenized by the provider, with no generation (so no slot is taken: it waits
+/// behind no generation).
+async fn count_tokens(State(s): State<Shared>, body: Body) -> Response {
+    let body = read_body(&s, body).await;
+    let parsed = match body.and_then(|v| anthropic::parse(&v, &s.limits, true)) {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return anthropic::error(e);
+        }
+    };
+    if s.shutting_down.load(Ordering::SeqCst) {
+        return anthropic::error(ApiError::shutting_down());
+    }
+    match s.llm.count_tokens(parsed.request).await {
+        Ok(n) => Json(mtp_openai::anthropic::TokenCount { input_tokens: n }).into_response(),
+        Err(e) => anthropic::error(ApiError::from_provider(&e)),
+    }
+}
+
+/// What every generating route does once its body is read: the recommended sampling where
+/// none was chosen, admission (a slot, the queue, or 429), the provider's stream, and the
+/// [`Run`] that holds the slot and counts the request; its errors are counted.
+async fn begin(
+    s: &Shared,
+    parsed: &mut Parsed,
+    endpoint: Endpoint,
+    id_prefix: &str,
+) -> Result<(Run, mtp_contract::EventStream), ApiError> {
     // no decoding chosen: the model's generation_config.json, as vLLM serves it
     let recommended = s.llm.recommended_sampling();
     parsed.request.sampling = std::mem::take(&mut parsed.request.sampling)
@@ -429,33 +515,29 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
         .0;
     if s.shutting_down.load(Ordering::SeqCst) {
         s.metrics.rejected();
-        return ApiError::shutting_down().into_response();
+        return Err(ApiError::shutting_down());
     }
-    let permit = match admit(&s).await {
+    let permit = match admit(s).await {
         Ok(p) => p,
         Err(e) => {
             s.metrics.rejected();
-            return e.into_response();
+            return Err(e);
         }
     };
     let started = Instant::now();
-    let events = match open_stream(&s, &parsed).await {
+    let events = match open_stream(s, parsed).await {
         Ok(ev) => ev,
         Err(e) => {
             // the request's own fault (too long, a bad constraint, a lane it requires) is a
             // refusal, not a failure of the server
             s.metrics.errored(&e);
-            return ApiError::from_provider(&e).into_response();
+            return Err(ApiError::from_provider(&e));
         }
     };
-    let id = format!(
-        "{}{}",
-        endpoint.id_prefix(),
-        s.next_id.fetch_add(1, Ordering::Relaxed)
-    );
+    let id = format!("{id_prefix}{}", s.next_id.fetch_add(1, Ordering::Relaxed));
     s.metrics.start_running();
     let run = Run {
-        s: Arc::clone(&s),
+        s: Arc::clone(s),
         endpoint,
         id,
         created: SystemTime::now()
@@ -468,11 +550,7 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
         progress: parsed.return_progress,
         _permit: permit,
     };
-    if parsed.stream {
-        stream_response(run, events, parsed.include_usage, parsed.return_tokens).into_response()
-    } else {
-        whole_response(run, events, parsed.return_tokens).await
-    }
+    Ok((run, events))
 }
 
 /// The body as JSON: whole within `--body-timeout` (408), at most `--max-body-bytes` (413).
