@@ -53,6 +53,9 @@ pub struct MessagesRequest {
     /// Extended thinking: `{"type": "enabled", "budget_tokens": n}` or `{"type": "disabled"}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<Field<Thinking>>,
+    /// Structured output (`format`: `{"type": "json_schema", "schema": ...}`) and `effort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_config: Option<Field<OutputConfig>>,
     /// Strings that end the reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_sequences: Option<Field<Vec<String>>>,
@@ -222,12 +225,37 @@ pub struct ToolChoice {
 /// `thinking`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Thinking {
-    /// `enabled` or `disabled`.
+    /// `enabled`, `disabled` or `adaptive`.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<Field<String>>,
     /// The most tokens to think for (read, not enforced by this server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_tokens: Option<Field<u64>>,
+    /// Every other field, as sent.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `output_config`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputConfig {
+    /// The shape the reply must take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Field<OutputFormat>>,
+    /// Every other field, as sent (`effort`).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `output_config.format`: `{"type": "json_schema", "schema": {...}}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputFormat {
+    /// `json_schema`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Field<String>>,
+    /// The JSON Schema, free-form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
     /// Every other field, as sent.
     #[serde(flatten)]
     pub extra: Map<String, Value>,

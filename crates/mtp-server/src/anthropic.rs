@@ -110,12 +110,46 @@ fn to_chat(
         stop,
         chat_template_kwargs: (!kwargs.is_empty()).then_some(Field::Ok(kwargs)),
         speculation: b.speculation.clone(),
+        json_schema: output_schema(b)?,
         ..Default::default()
     })
 }
 
+/// `output_config.format`'s JSON Schema, given to the chat route as llama-server's
+/// `json_schema` (compiled and enforced by the same grammar engine, within its bounds).
+fn output_schema(b: &an::MessagesRequest) -> Result<Option<Value>, ApiError> {
+    let bad = |what: String| ApiError::invalid("output_config", what);
+    let format = match &b.output_config {
+        None => return Ok(None),
+        Some(Field::Invalid { value, .. }) => {
+            return Err(bad(format!(
+                "`output_config` must be an object, got {value}"
+            )))
+        }
+        Some(Field::Ok(c)) => match &c.format {
+            None => return Ok(None),
+            Some(Field::Invalid { value, .. }) => {
+                return Err(bad(format!(
+                    "`output_config.format` must be an object, got {value}"
+                )))
+            }
+            Some(Field::Ok(f)) => f,
+        },
+    };
+    match (format.kind.as_ref().map(Field::as_result), &format.schema) {
+        (Some(Ok(k)), Some(s @ Value::Object(_))) if k == "json_schema" => Ok(Some(s.clone())),
+        (Some(Ok(k)), _) if k == "json_schema" => Err(bad(
+            "`output_config.format.schema` must be a JSON Schema object".into(),
+        )),
+        (other, _) => Err(bad(format!(
+            "`output_config.format.type` must be `json_schema`, got {}",
+            shown(other)
+        ))),
+    }
+}
+
 /// `thinking`: `Some(true)` for `enabled`, `Some(false)` for `disabled`, `None` (the
-/// template's default) when absent.
+/// template's default) for `adaptive` or when absent.
 fn thinking(b: &an::MessagesRequest) -> Result<Option<bool>, ApiError> {
     let bad = |what: String| ApiError::invalid("thinking", what);
     match &b.thinking {
@@ -133,8 +167,10 @@ fn thinking(b: &an::MessagesRequest) -> Result<Option<bool>, ApiError> {
             match t.kind.as_ref().map(Field::as_result) {
                 Some(Ok(k)) if k == "enabled" => Ok(Some(true)),
                 Some(Ok(k)) if k == "disabled" => Ok(Some(false)),
+                // the model decides: the template's default
+                Some(Ok(k)) if k == "adaptive" => Ok(None),
                 other => Err(bad(format!(
-                    "`thinking.type` must be `enabled` or `disabled`, got {}",
+                    "`thinking.type` must be `enabled`, `disabled` or `adaptive`, got {}",
                     shown(other)
                 ))),
             }
@@ -1099,6 +1135,17 @@ mod tests {
             parse(&b, &limits, false).unwrap_err().code.as_deref(),
             Some("over_limit")
         );
+        // structured output through the chat route's constraint
+        let mut b = base();
+        b["output_config"] = json!({"format": {"type": "json_schema",
+            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}, "effort": "low"});
+        assert!(read(b).unwrap().request.response_format.is_some());
+        let mut b = base();
+        b["output_config"] = json!({"format": {"type": "xml"}});
+        assert_eq!(read(b).unwrap_err().param.as_deref(), Some("output_config"));
+        let mut b = base();
+        b["thinking"] = json!({"type": "adaptive"});
+        assert_eq!(read(b).unwrap().request.thinking, None);
         // an inline image is a data: URL
         let mut b = base();
         b["messages"][0]["content"] = json!([{"type": "image", "source": {"type": "base64",

@@ -179,6 +179,11 @@ impl Provider for Scripted {
         });
         Ok(stream)
     }
+    /// The prompt size every answer reports.
+    async fn count_tokens(&self, request: GenerateRequest) -> Result<u64, ProviderError> {
+        request.validate()?;
+        Ok(5)
+    }
     async fn unload(&self) -> Result<(), ProviderError> {
         Ok(())
     }
@@ -699,4 +704,236 @@ async fn models_metrics_and_props_describe_the_lane() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
+}
+
+/// The `(event, data)` pairs of an SSE body.
+fn sse_events(text: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for l in text.lines() {
+        if let Some(n) = l.strip_prefix("event:") {
+            name = n.trim().to_string();
+        } else if let Some(d) = l.strip_prefix("data:") {
+            out.push((
+                std::mem::take(&mut name),
+                serde_json::from_str(d.trim()).unwrap(),
+            ));
+        }
+    }
+    out
+}
+
+fn anthropic_body() -> Value {
+    json!({"model": "claude-x", "max_tokens": 64, "system": "Be brief.",
+           "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+           "metadata": {"user_id": "u1"}})
+}
+
+#[tokio::test]
+async fn messages_answer_in_anthropics_shape_whole_and_streamed() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let (status, v) = post(&srv.base, "/v1/messages", anthropic_body()).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("msg_"), "{v}");
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["model"], "scripted-model");
+    assert_eq!(
+        v["content"],
+        json!([{"type": "text", "text": "fn main() {}"}])
+    );
+    assert_eq!(v["stop_reason"], "end_turn");
+    assert_eq!(v["stop_sequence"], Value::Null);
+    assert_eq!(v["usage"]["input_tokens"], 5);
+    assert_eq!(v["usage"]["output_tokens"], 5);
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 0);
+    assert_eq!(v["speculation"]["used"], true);
+
+    // the token limit: max_tokens
+    let mut short = anthropic_body();
+    short["max_tokens"] = json!(2);
+    let (_, v) = post(&srv.base, "/v1/messages", short).await;
+    assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+    assert_eq!(v["content"][0]["text"], "fn main");
+
+    // speculation off for one request, as the chat route takes it
+    let mut off = anthropic_body();
+    off["speculation"] = json!(false);
+    let (_, v) = post(&srv.base, "/v1/messages", off).await;
+    assert_eq!(v["speculation"]["used"], false, "{v}");
+    assert_eq!(v["content"][0]["text"], "fn main() {}");
+
+    // streamed: Anthropic's events in order, each `event:` naming its data's type
+    let mut body = anthropic_body();
+    body["stream"] = json!(true);
+    let text = post_text(&srv.base, "/v1/messages", body).await;
+    let events = sse_events(&text);
+    for (name, data) in &events {
+        assert_eq!(data["type"], name.as_str(), "{text}");
+    }
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec!["message_start", "ping", "content_block_start"];
+    want.extend(["content_block_delta"; 5]);
+    want.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, want, "{text}");
+    let start = &events[0].1["message"];
+    assert!(start["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(start["content"], json!([]));
+    assert_eq!(start["stop_reason"], Value::Null);
+    // the prompt's size, from the runtime's first progress report
+    assert_eq!(start["usage"]["input_tokens"], 3);
+    assert_eq!(start["usage"]["cache_read_input_tokens"], 2);
+    assert_eq!(
+        events[2].1["content_block"],
+        json!({"type": "text", "text": ""})
+    );
+    let joined: String = events
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, d)| {
+            assert_eq!(d["delta"]["type"], "text_delta");
+            assert_eq!(d["index"], 0);
+            d["delta"]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(joined, "fn main() {}");
+    let delta = &events[events.len() - 2].1;
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert_eq!(delta["usage"]["output_tokens"], 5);
+    assert_eq!(delta["usage"]["input_tokens"], 5);
+    assert_eq!(delta["speculation"]["used"], true);
+
+    // count_tokens: the provider's count of the same request, no generation
+    let mut count = anthropic_body();
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let (status, v) = post(&srv.base, "/v1/messages/count_tokens", count).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, json!({"input_tokens": 5}));
+}
+
+#[tokio::test]
+async fn messages_errors_take_anthropics_shape() {
+    let mut cfg = ServerConfig::new("unused");
+    cfg.max_body_bytes = 4096;
+    let srv = start(Arc::new(words()), cfg).await;
+    let is_error = |v: &Value, kind: &str| {
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], kind, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+    };
+    let mut no_max = anthropic_body();
+    no_max.as_object_mut().unwrap().remove("max_tokens");
+    let (status, v) = post(&srv.base, "/v1/messages", no_max).await;
+    assert_eq!(status, 400);
+    is_error(&v, "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens"),
+        "{v}"
+    );
+
+    let c = reqwest::Client::new();
+    let raw = |path: &str, body: Vec<u8>| {
+        c.post(format!("{}{path}", srv.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let r = raw(path, b"{\"max_tokens\": 5, \"messages\": [".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        is_error(&r.json().await.unwrap(), "invalid_request_error");
+    }
+    let mut big = anthropic_body();
+    big["system"] = json!("x".repeat(8192));
+    let r = raw("/v1/messages", big.to_string().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    is_error(&r.json().await.unwrap(), "request_too_large");
+
+    let (status, v) = post(&srv.base, "/v1/messages/batches", json!({})).await;
+    assert_eq!(status, 404);
+    is_error(&v, "not_found_error");
+
+    // an image the server would have to fetch
+    let mut url = anthropic_body();
+    url["messages"][0]["content"] = json!([{"type": "image",
+        "source": {"type": "url", "url": "https://example.invalid/a.png"}}]);
+    let (status, v) = post(&srv.base, "/v1/messages", url).await;
+    assert_eq!(status, 400);
+    is_error(&v, "invalid_request_error");
+}
+
+#[tokio::test]
+async fn x_api_key_is_taken_beside_bearer_on_every_route() {
+    let mut cfg = ServerConfig::new("unused");
+    cfg.api_key = Some("s3cret".into());
+    let srv = start(Arc::new(words()), cfg).await;
+    let c = reqwest::Client::new();
+    let send = |path: &str, body: &Value, key: Option<(&'static str, &'static str)>| {
+        let mut r = c.post(format!("{}{path}", srv.base)).json(body);
+        if let Some((h, v)) = key {
+            r = r.header(h, v);
+        }
+        r.send()
+    };
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let msgs = anthropic_body();
+    for (path, body) in [("/v1/chat/completions", &chat), ("/v1/messages", &msgs)] {
+        for (key, want) in [
+            (None, 401),
+            (Some(("x-api-key", "s3cres")), 401),
+            (Some(("authorization", "Bearer s3cres")), 401),
+            (Some(("x-api-key", "s3cret")), 200),
+            (Some(("authorization", "Bearer s3cret")), 200),
+        ] {
+            let r = send(path, body, key).await.unwrap();
+            assert_eq!(r.status().as_u16(), want, "{path} {key:?}");
+            let v: Value = r.json().await.unwrap();
+            assert!(!v.to_string().contains("s3cret"));
+            if want == 401 && path == "/v1/messages" {
+                assert_eq!(v["type"], "error", "{v}");
+                assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+            } else if want == 401 {
+                assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+                assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_anthropic_clients_429_rate_limit_error() {
+    let gate = Arc::new(Semaphore::new(0));
+    let mut llm = words();
+    llm.gate = Some(Arc::clone(&gate));
+    let mut cfg = ServerConfig::new("unused");
+    cfg.max_queue = 0;
+    let srv = start(Arc::new(llm), cfg).await;
+    let b1 = srv.base.clone();
+    let first = tokio::spawn(async move { post(&b1, "/v1/messages", anthropic_body()).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/messages", srv.base))
+        .json(&anthropic_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    gate.add_permits(100);
+    let (status, v) = first.await.unwrap();
+    assert_eq!(status, 200, "{v}");
 }
