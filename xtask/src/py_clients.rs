@@ -1,9 +1,10 @@
 //! The official Python clients the project must satisfy (the developers' guide: "test against
 //! them, not only against our own"): one virtual environment outside the clone, in the cache
-//! folder, with the `openai` and `huggingface_hub` packages at pinned versions, made once and
-//! reused. The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names) and the
-//! fake Hub (`mtp-fakehub`) with `huggingface_hub` (`hf_hub`) are `#[ignore]`d without it and run
-//! by `cargo xtask test` (`MTP_OPENAI_PYTHON` and `MTP_HF_PYTHON`, both the environment's
+//! folder, with the `openai`, `anthropic` and `huggingface_hub` packages at pinned versions, made
+//! once and reused. The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names)
+//! and with `anthropic` (`anthropic_sdk`), and the fake Hub (`mtp-fakehub`) with
+//! `huggingface_hub` (`hf_hub`), are `#[ignore]`d without it and run by `cargo xtask test`
+//! (`MTP_OPENAI_PYTHON`, `MTP_ANTHROPIC_PYTHON` and `MTP_HF_PYTHON`, all the environment's
 //! interpreter).
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,12 @@ pub const NEEDS_OPENAI_SDK: &str = "openai_sdk";
 /// The environment variable naming the interpreter that has the `openai` package.
 pub const ENV_OPENAI_PYTHON: &str = "MTP_OPENAI_PYTHON";
 
+/// The name filter of the tests that need the official `anthropic` client.
+pub const NEEDS_ANTHROPIC_SDK: &str = "anthropic_sdk";
+
+/// The environment variable naming the interpreter that has the `anthropic` package.
+pub const ENV_ANTHROPIC_PYTHON: &str = "MTP_ANTHROPIC_PYTHON";
+
 /// The name filter of the tests that need the official `huggingface_hub` client.
 pub const NEEDS_HF_HUB: &str = "hf_hub";
 
@@ -24,7 +31,11 @@ pub const NEEDS_HF_HUB: &str = "hf_hub";
 pub const ENV_HF_PYTHON: &str = "MTP_HF_PYTHON";
 
 /// The releases the tests are written against, installed together.
-const PACKAGES: [&str; 2] = ["openai==3.63.0", "huggingface_hub==2.4.0"];
+const PACKAGES: [&str; 3] = [
+    "openai==3.63.0",
+    "anthropic==2.17.0",
+    "huggingface_hub==2.4.0",
+];
 
 /// The folder the environment of an earlier layout (`openai` alone) was made in.
 const OLD_DIR: &str = "py-openai";

@@ -677,10 +677,15 @@ pub fn stop_reason(r: &GenerateResponse) -> &'static str {
     }
 }
 
-/// The id of call `index` of the message `msg_id` (unique across a conversation's turns, as
-/// the `tool_result` answering it repeats it), when the runtime gave none.
-fn tool_use_id(msg_id: &str, index: usize) -> String {
-    format!("toolu_{}_{index}", msg_id.trim_start_matches("msg_"))
+/// The id of call `index` of the message `msg_id`, in Anthropic's `toolu_` form: the runtime's
+/// own (`call_X` becomes `toolu_X`), or one unique across a conversation's turns (the
+/// `tool_result` answering it repeats it) when the runtime gave none.
+fn tool_use_id(given: Option<&str>, msg_id: &str, index: usize) -> String {
+    match given {
+        Some(id) if id.starts_with("toolu_") => id.to_string(),
+        Some(id) => format!("toolu_{}", id.strip_prefix("call_").unwrap_or(id)),
+        None => format!("toolu_{}_{index}", msg_id.trim_start_matches("msg_")),
+    }
 }
 
 /// A tool call's `input`: its arguments (a JSON object as a string) as the object.
@@ -714,7 +719,7 @@ fn blocks(r: &GenerateResponse, msg_id: &str) -> Vec<Block> {
     }
     for (i, c) in r.tool_calls.iter().enumerate() {
         out.push(Block::ToolUse {
-            id: c.id.clone().unwrap_or_else(|| tool_use_id(msg_id, i)),
+            id: tool_use_id(c.id.as_deref(), msg_id, i),
             name: c.function.name.clone(),
             input: tool_input(&c.function.arguments),
         });
@@ -906,10 +911,7 @@ impl Streamer {
                 let open_call = matches!(self.open, Some((Open::Tool(i), _)) if i == d.index);
                 if d.name.is_some() || !open_call {
                     let block = Block::ToolUse {
-                        id: d
-                            .id
-                            .clone()
-                            .unwrap_or_else(|| tool_use_id(&self.run.id, d.index)),
+                        id: tool_use_id(d.id.as_deref(), &self.run.id, d.index),
                         name: d.name.clone().unwrap_or_default(),
                         input: json!({}),
                     };
