@@ -11,7 +11,7 @@ const HELP: &str =
     "cargo xtask fuzz [--seconds N per target (default 10)] [--inputs N per target] \
 [--target NAME] [--seed S] [--out DIR (default target/fuzz-findings)]
 targets: gguf, safetensors-header, safetensors-index, speculation, chat-template, \
-chat-messages, reasoning-stream, sse, prometheus
+chat-messages, reasoning-stream, sse, messages, prometheus
 ";
 
 pub fn run(args: &[String]) -> Result<()> {

@@ -371,6 +371,50 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 64 * KIB,
         },
         Target {
+            name: "messages",
+            about: "an Anthropic Messages body (mtp_server::anthropic::parse, as /v1/messages \
+                    and /v1/messages/count_tokens read it)",
+            seeds: messages_seeds,
+            dictionary: &[
+                b"\"messages\"",
+                b"\"role\"",
+                b"\"content\"",
+                b"\"type\"",
+                b"\"text\"",
+                b"\"image\"",
+                b"\"source\"",
+                b"\"tool_use\"",
+                b"\"tool_result\"",
+                b"\"tool_use_id\"",
+                b"\"input\"",
+                b"\"thinking\"",
+                b"\"tools\"",
+                b"\"input_schema\"",
+                b"\"tool_choice\"",
+                b"\"max_tokens\"",
+                b"\"stop_sequences\"",
+                b"\"system\"",
+                b"\"speculation\"",
+                b"\"output_config\"",
+                b"null",
+                b"-1",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                if let Ok(v) = serde_json::from_slice::<Value>(b) {
+                    let limits = mtp_server::openai::Limits::default();
+                    for count_only in [false, true] {
+                        let _ = mtp_server::anthropic::parse(&v, &limits, count_only);
+                    }
+                }
+            },
+            alloc_cap: |n| 256 * KIB + 64 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
             name: "prometheus",
             about: "a /metrics page (mtp_runtimes::prometheus::Metrics::parse)",
             seeds: || files(&repo().join("crates/mtp-runtimes/tests/fixtures"), &[".txt"]),
@@ -553,6 +597,38 @@ fn speculation_seeds() -> Vec<Vec<u8>> {
     ]
     .iter()
     .map(|s| s.as_bytes().to_vec())
+    .collect()
+}
+
+// ---- Anthropic's Messages ----
+
+fn messages_seeds() -> Vec<Vec<u8>> {
+    let tools = json!([{"name": "get_weather", "description": "Weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    [
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+        json!({"max_tokens": 16, "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                    "data": "iVBORw0KGgo="}},
+                {"type": "text", "text": "what is it?"}]}],
+            "thinking": {"type": "enabled", "budget_tokens": 1024}, "stream": true}),
+        json!({"max_tokens": 64, "tools": tools, "tool_choice": {"type": "tool", "name": "get_weather"},
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "call it", "signature": "s"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                        "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "sun"}], "is_error": false}]}],
+            "stop_sequences": ["\n\n"], "temperature": 0, "top_k": 4,
+            "speculation": {"mode": "native_mtp", "num_draft_tokens": 3}}),
+        json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
     .collect()
 }
 
