@@ -476,7 +476,7 @@ async fn abandoning_client(base: String, until: Instant, t: Shared) {
         };
         let body = json!({"prompt": PROMPTS[round as usize % PROMPTS.len()],
                           "max_tokens": 3000, "logit_bias": {"0": -100},
-                          "stream": round % 2 == 0});
+                          "stream": round.is_multiple_of(2)});
         let r = async {
             let resp = client
                 .post(format!("{base}/v1/completions"))
