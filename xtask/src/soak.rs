@@ -12,10 +12,15 @@
 //! depth 3 and `auto`, some with a `prompt_cache_key`) whose text must equal a solo run's; the
 //! malformed clients send what an attacker or a broken client sends (garbage JSON, wrong
 //! types, thousands of stop strings, a 300-link `$ref` chain, an 800-rule Lark grammar, a
-//! prompt over the context, a wrong key, unknown routes); the slow clients half-send headers
-//! and bodies, open idle connections by the dozen and start streams they never read. The
-//! figures (requests and errors by kind, peak RSS, latency percentiles) are printed and
-//! written to `soak.json`.
+//! prompt over the context, a wrong key, unknown routes, a forced tool call whose schema
+//! branches on itself, schemas past the walk's budget, megabyte `prompt_cache_key`s, history
+//! tool calls whose arguments are not objects, out-of-vocabulary `logit_bias`, `best_of`,
+//! repeated JSON keys, a 5 MiB prompt); the slow clients half-send headers and bodies, open
+//! idle connections past the cap (so idle ones are evicted) and start streams they never read;
+//! the abandoning client starts long generations and hangs up within a second (whole and
+//! streamed, so prompts, decode steps and queue waits are all cancelled). The figures
+//! (requests and errors by kind, peak RSS, latency percentiles, the exit after SIGTERM) are
+//! printed and written to `soak.json`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -221,6 +226,8 @@ struct Tally {
     /// Answers a client did not expect (a 5xx from a malformed request, a transport error on
     /// a normal one).
     unexpected: Vec<String>,
+    /// Requests the abandoning client hung up on before their answer.
+    abandoned: u64,
 }
 
 impl Tally {
@@ -384,7 +391,114 @@ fn malformed() -> Vec<Case> {
             401,
         ),
         ("no-route", "/v1/nothing", body(json!({})), auth, 404),
+        (
+            "branching-tool-schema",
+            "/v1/chat/completions",
+            body(
+                json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f", "parameters":
+                    {"type": "object", "$defs": {"a": {"anyOf": vec![json!({"$ref": "#/$defs/a"}); 8]}},
+                     "properties": {"x": {"$ref": "#/$defs/a"}}}}}]}),
+            ),
+            auth,
+            200,
+        ),
+        (
+            "schema-past-budget",
+            "/v1/chat/completions",
+            body(json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters":
+                    {"type": "object", "properties": {"x": {"anyOf":
+                        (0..5000).map(|i| json!({"const": i})).collect::<Vec<_>>()}}}}}]})),
+            auth,
+            400,
+        ),
+        (
+            "huge-cache-key",
+            "/v1/chat/completions",
+            body(json!({"messages": [{"role": "user", "content": "x"}],
+                        "prompt_cache_key": "k".repeat(1 << 20)})),
+            auth,
+            400,
+        ),
+        (
+            "history-call-not-object",
+            "/v1/chat/completions",
+            body(json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "[1,2]"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "1"}]})),
+            auth,
+            400,
+        ),
+        (
+            "logit-bias-out-of-vocabulary",
+            "/v1/completions",
+            body(json!({"prompt": "fn", "logit_bias": {"999999999": 1}})),
+            auth,
+            400,
+        ),
+        (
+            "best-of",
+            "/v1/completions",
+            body(json!({"prompt": "fn", "best_of": 3})),
+            auth,
+            400,
+        ),
+        (
+            "repeated-key",
+            "/v1/completions",
+            br#"{"prompt": "fn", "prompt": "other"}"#.to_vec(),
+            auth,
+            400,
+        ),
+        (
+            "prompt-past-byte-cap",
+            "/v1/completions",
+            body(json!({"prompt": "x".repeat(5 << 20)})),
+            auth,
+            413,
+        ),
     ]
+}
+
+/// Starts long generations (the end token banned) and hangs up within a second: whole or
+/// streamed, at every stage (queued, prefill, decode). Counts the requests it abandoned.
+async fn abandoning_client(base: String, until: Instant, t: Shared) {
+    let mut round = 0u64;
+    while Instant::now() < until {
+        round += 1;
+        let wait = Duration::from_millis(100 + (round * 137) % 900);
+        let client = match reqwest::Client::builder().timeout(wait).build() {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let body = json!({"prompt": PROMPTS[round as usize % PROMPTS.len()],
+                          "max_tokens": 3000, "logit_bias": {"0": -100},
+                          "stream": round.is_multiple_of(2)});
+        let r = async {
+            let resp = client
+                .post(format!("{base}/v1/completions"))
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            resp.bytes().await?;
+            Ok::<u16, reqwest::Error>(status)
+        }
+        .await;
+        let mut g = tally(&t);
+        match r {
+            Ok(s) => g.count(format!("abandon/finished-{s}")),
+            Err(e) if e.is_timeout() => {
+                g.count("abandon/hung-up");
+                g.abandoned += 1;
+            }
+            Err(_) => g.count("abandon/transport-error"),
+        }
+    }
 }
 
 async fn malformed_client(base: String, until: Instant, t: Shared) {
@@ -470,10 +584,11 @@ async fn slow_client(addr: String, until: Instant, t: Shared) {
                 .await;
                 tally(&t).count(format!("slow/half-body/{}", outcome(&r)));
             }
-            // a burst of idle connections, held a while
+            // a burst of idle connections past the cap (64), held a while: the idle ones
+            // give way to new ones, nobody is locked out
             2 => {
                 let mut held = Vec::new();
-                for _ in 0..40 {
+                for _ in 0..80 {
                     if let Ok(s) = tokio::net::TcpStream::connect(&addr).await {
                         held.push(s);
                     }
@@ -587,6 +702,11 @@ pub fn run(args: &[String]) -> Result<()> {
             until,
             Arc::clone(&t),
         )));
+        tasks.push(tokio::spawn(abandoning_client(
+            base.clone(),
+            until,
+            Arc::clone(&t),
+        )));
         // watch: alive, memory, /health (a failed probe is retried once: the connection cap
         // may be full of the slow clients' idle connections for a moment)
         let client = reqwest::Client::builder()
@@ -631,12 +751,22 @@ pub fn run(args: &[String]) -> Result<()> {
     })?;
     let wall = started.elapsed().as_secs_f64();
     // what the server counted, against what the clients received
+    // (the last abandoned request may still be stopping: a few seconds for the gauges)
     let metrics = rt.block_on(async {
-        reqwest::get(format!("{base}/metrics"))
-            .await?
-            .text()
-            .await
-            .map_err(anyhow::Error::from)
+        let settle = Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = reqwest::get(format!("{base}/metrics"))
+                .await?
+                .text()
+                .await
+                .map_err(anyhow::Error::from)?;
+            let busy =
+                metric(&m, "mtp:num_requests_running") + metric(&m, "mtp:num_requests_cancelling");
+            if busy == 0 || Instant::now() > settle {
+                return Ok::<String, anyhow::Error>(m);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     });
     let alive_at_end = srv.child.try_wait().ok().flatten().is_none();
     let g = tally(&t);
@@ -647,15 +777,18 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Ok(m) = &metrics {
         // every 200 a client received is one success (the solo runs before the load too),
         // and the draft counters are the sum of those answers' reports
+        // (an abandoned request may have ended on the server as its client gave up)
         let received = g.normal_ok + g.constrained_ok + refs.len() as u64;
         let ok = metric(m, "mtp:request_success_total");
-        if ok != received {
+        if ok < received || ok > received + g.abandoned {
             problems.push(format!(
-                "mtp:request_success_total is {ok}, the clients received {received} answers"
+                "mtp:request_success_total is {ok}, the clients received {received} answers \
+                 and abandoned {}",
+                g.abandoned
             ));
         }
         let drafted = metric(m, "mtp:spec_decode_num_draft_tokens_total");
-        if drafted != g.drafted {
+        if drafted < g.drafted {
             problems.push(format!(
                 "mtp:spec_decode_num_draft_tokens_total is {drafted}, the answers' reports add \
                  up to {}",
@@ -669,10 +802,19 @@ pub fn run(args: &[String]) -> Result<()> {
             .copied()
             .unwrap_or(0);
         let cancelled = metric(m, "mtp:request_cancelled_total");
-        if cancelled != stalled {
+        if cancelled < stalled || cancelled > stalled + g.abandoned {
             problems.push(format!(
-                "mtp:request_cancelled_total is {cancelled}, {stalled} streams were left unread"
+                "mtp:request_cancelled_total is {cancelled}, {stalled} streams were left unread \
+                 and {} requests abandoned",
+                g.abandoned
             ));
+        }
+        // the abandoned work has stopped: nothing runs, nothing is still stopping
+        for gauge in ["mtp:num_requests_running", "mtp:num_requests_cancelling"] {
+            let n = metric(m, gauge);
+            if n != 0 {
+                problems.push(format!("{gauge} is {n} after the load"));
+            }
         }
     } else {
         problems.push("/metrics did not answer at the end".into());
@@ -702,7 +844,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .status();
     let t0 = Instant::now();
     let mut exited = false;
-    while t0.elapsed() < Duration::from_secs(15) {
+    // the grace (10 s) and a moment to exit
+    while t0.elapsed() < Duration::from_secs(11) {
         if let Ok(Some(_)) = srv.child.try_wait() {
             exited = true;
             break;
@@ -710,7 +853,7 @@ pub fn run(args: &[String]) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     if !exited {
-        problems.push("the server did not exit within 15 s of SIGTERM".into());
+        problems.push("the server did not exit within 11 s of SIGTERM (grace 10 s)".into());
     }
     let summary = json!({
         "minutes": a.minutes,
@@ -723,6 +866,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "rss_start_mib": rss_start >> 20,
         "rss_peak_mib": peak >> 20,
         "health_probes_failed": health_fail,
+        "abandoned": g.abandoned,
         "mismatches": g.mismatches.iter().take(10).collect::<Vec<_>>(),
         "unexpected": g.unexpected.iter().take(20).collect::<Vec<_>>(),
         "exit_after_sigterm_s": t0.elapsed().as_secs_f64(),

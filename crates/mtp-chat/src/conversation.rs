@@ -59,9 +59,11 @@ pub enum ChatError {
 }
 
 impl ChatError {
-    /// The contract's error for this failure: a template that refuses the conversation or a
-    /// malformed message is the request's fault (`InvalidRequest`); a template that cannot run
-    /// is the model's (`ModelLoad`).
+    /// The contract's error for this failure: a template that refuses the conversation, fails
+    /// while rendering it (it compiled when the model loaded, so what differs is the request's
+    /// data: a value of a type it does not expect, a budget exhausted) or a malformed message
+    /// is the request's fault (`InvalidRequest`); a template that does not compile is the
+    /// model's (`ModelLoad`).
     pub fn into_provider_error(self, model: &str) -> ProviderError {
         match self {
             ChatError::NoTemplate => ProviderError::InvalidRequest {
@@ -70,10 +72,12 @@ impl ChatError {
             },
             ChatError::InvalidMessage { .. }
             | ChatError::SpecialText { .. }
-            | ChatError::Template(TemplateError::Raised { .. }) => ProviderError::InvalidRequest {
-                field: "messages",
-                message: self.to_string(),
-            },
+            | ChatError::Template(TemplateError::Raised { .. } | TemplateError::Render { .. }) => {
+                ProviderError::InvalidRequest {
+                    field: "messages",
+                    message: self.to_string(),
+                }
+            }
             ChatError::NoToolCallFormat | ChatError::ToolCall(_) => ProviderError::InvalidRequest {
                 field: "tool_choice",
                 message: self.to_string(),
@@ -84,6 +88,14 @@ impl ChatError {
             },
         }
     }
+}
+
+/// A JSON value's kind and a short sample, for messages.
+fn json_kind_of(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    let sample: String = text.chars().take(40).collect();
+    let more = if sample.len() < text.len() { "…" } else { "" };
+    format!("{} `{sample}{more}`", mtp_contract::json_kind(v))
 }
 
 /// One message as chat templates read it (transformers' and vLLM's conventions): `role`,
@@ -129,6 +141,18 @@ pub fn template_message(m: &Message, index: usize) -> Result<serde_json::Value, 
                 }
                 v => v.clone(),
             };
+            // templates iterate the arguments as a mapping (`arguments|items`); OpenAI's are
+            // always a JSON object
+            if !arguments.is_object() {
+                return Err(ChatError::InvalidMessage {
+                    index,
+                    message: format!(
+                        "the arguments of the call to `{}` must be a JSON object, got {}",
+                        c.function.name,
+                        json_kind_of(&arguments)
+                    ),
+                });
+            }
             let mut call = serde_json::Map::new();
             if let Some(id) = &c.id {
                 call.insert("id".into(), id.clone().into());

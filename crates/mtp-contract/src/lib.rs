@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod cancel;
 mod error;
 mod format;
 mod kind;
@@ -39,6 +40,7 @@ mod request;
 mod sampling;
 mod speculation;
 
+pub use cancel::{Cancel, Idle, Lease};
 pub use error::ProviderError;
 pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use kind::ProviderKind;
@@ -52,7 +54,7 @@ pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
 pub use request::{
     tool_name, FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message,
     Metadata, PromptProgress, Role, StreamEvent, ToolCall, ToolCallDelta, ToolChoice, Usage,
-    MAX_PROMPT_BYTES_PER_TOKEN, RESERVED_TEMPLATE_VARIABLES,
+    MAX_PROMPT_BYTES_PER_TOKEN, MAX_PROMPT_CACHE_KEY_BYTES, RESERVED_TEMPLATE_VARIABLES,
 };
 pub use sampling::Sampling;
 pub use speculation::{

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cancel::Cancel;
 use crate::error::ProviderError;
 use crate::format::ResponseFormat;
 use crate::report::{SpeculationReport, Timings};
@@ -218,6 +219,11 @@ pub const RESERVED_TEMPLATE_VARIABLES: [&str; 4] =
 /// costs a tokenizer's time and memory.
 pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 64;
 
+/// The longest `prompt_cache_key` a request may carry, in bytes: a key names a conversation
+/// or a user (OpenAI's own are short identifiers); it is kept in memory and written into the
+/// prefix cache's files with every checkpoint, so it must not be a place to store data.
+pub const MAX_PROMPT_CACHE_KEY_BYTES: usize = 256;
+
 /// One generation request.
 ///
 /// `messages: None` and `Some(vec![])` differ: with a `prompt_cache_key`, an omitted history
@@ -297,6 +303,11 @@ pub struct GenerateRequest {
     /// `true`: as many as the model makes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// Who may cancel this request, and the work that runs for it (see [`Cancel`]): every
+    /// stage of a runtime checks it. Not part of the request's content (never serialized;
+    /// tokens compare equal).
+    #[serde(skip)]
+    pub cancel: Cancel,
 }
 
 /// Which tool calls a reply may or must make (OpenAI's `tool_choice`).
@@ -514,6 +525,16 @@ impl GenerateRequest {
                 return Err(ProviderError::InvalidRequest {
                     field: "prompt_cache_key",
                     message: "must not be empty".into(),
+                });
+            }
+            if k.len() > MAX_PROMPT_CACHE_KEY_BYTES {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompt_cache_key",
+                    message: format!(
+                        "is {} bytes, more than the {MAX_PROMPT_CACHE_KEY_BYTES} a key may have \
+                         (a key names a conversation; hash a longer one)",
+                        k.len()
+                    ),
                 });
             }
         }

@@ -191,6 +191,14 @@ impl<'e> Batch<'e> {
     /// each target-only sequence and a round for each speculating one, in one target forward
     /// over all their rows (`1` per target-only sequence, `k + 1` per round of depth `k`).
     pub fn step(&mut self, on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool) {
+        // a cancelled request ends before its next prompt part or decode step
+        if self
+            .slots
+            .iter_mut()
+            .fold(false, |any, s| s.ends_if_cancelled() | any)
+        {
+            self.retire();
+        }
         let engine = self.engine;
         let model = engine.model();
         let head = engine.drafter();

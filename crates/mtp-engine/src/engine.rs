@@ -82,6 +82,9 @@ pub struct GenerateOptions {
     /// resumed), after each part of a long prompt, and when the prompt is in (called on the
     /// thread that computes it, so it must return at once).
     pub on_prompt_progress: Option<ProgressSink>,
+    /// The request's cancellation: once cancelled, the sequence ends at the next step (a
+    /// prompt part or a decode step), finish `Cancelled`, as a caller's `false` ends it.
+    pub cancel: Option<mtp_contract::Cancel>,
 }
 
 /// Where a generation reports its prompt's progress ([`GenerateOptions::on_prompt_progress`]).
@@ -121,6 +124,7 @@ impl Default for GenerateOptions {
             constraint: None,
             images: None,
             on_prompt_progress: None,
+            cancel: None,
         }
     }
 }
@@ -642,6 +646,11 @@ impl Engine {
         if let Some(t) = prompt.iter().find(|t| **t >= vocab) {
             return Err(Error::InvalidRequest(format!(
                 "token id {t} is outside the vocabulary ({vocab})"
+            )));
+        }
+        if let Some(t) = opts.sampling.logit_bias.keys().find(|t| **t >= vocab) {
+            return Err(Error::InvalidRequest(format!(
+                "logit_bias names token id {t}, outside the vocabulary ({vocab})"
             )));
         }
         if let Some(m) = &opts.images {

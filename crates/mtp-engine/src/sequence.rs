@@ -135,6 +135,8 @@ pub(crate) struct Sequence {
     pub(crate) held: bool,
     /// Where its prompt's progress goes.
     progress: Option<ProgressSink>,
+    /// Its request's cancellation ([`GenerateOptions::cancel`]).
+    cancel: Option<mtp_contract::Cancel>,
     /// The positions its caches get room for up front: prompt, reply (up to [`REPLY_ROOM`])
     /// and a verify's rows.
     room: usize,
@@ -191,6 +193,7 @@ impl Sequence {
             paced,
             held: false,
             progress: opts.on_prompt_progress.clone(),
+            cancel: opts.cancel.clone(),
             room: prompt
                 .len()
                 .saturating_add(opts.max_tokens.min(REPLY_ROOM))
@@ -338,6 +341,18 @@ impl Sequence {
             self.first_at = Some(Instant::now());
             self.emit(&[b], on);
         }
+    }
+
+    /// Ends it (finish `Cancelled`) when its request was cancelled; true when it has ended.
+    pub(crate) fn ends_if_cancelled(&mut self) -> bool {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(mtp_contract::Cancel::is_cancelled)
+        {
+            self.finish.get_or_insert(FinishReason::Cancelled);
+        }
+        self.finish.is_some()
     }
 
     /// Whether it takes the next step (it has not ended and does not wait for an answer).

@@ -324,6 +324,80 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 16 * KIB,
         },
         Target {
+            name: "tool-schemas",
+            about: "hostile tool schemas (anyOf/$ref nesting) through the budget check, the forced-call grammar and the call readers (mtp_chat::toolcall)",
+            seeds: tool_schema_seeds,
+            dictionary: &[
+                b"\"anyOf\"",
+                b"\"oneOf\"",
+                b"\"allOf\"",
+                b"\"$ref\"",
+                b"\"#/$defs/a\"",
+                b"\"$defs\"",
+                b"\"properties\"",
+                b"\"type\"",
+                b"\"enum\"",
+                b"\"required\"",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                use mtp_chat::toolcall::{self, Forced, ToolCallFormat};
+                let Ok(params) = serde_json::from_slice::<Value>(b) else {
+                    return;
+                };
+                let tools = [json!({"type": "function", "function": {"name": "f", "parameters": params}})];
+                if toolcall::check_tool_schemas(&tools).is_err() {
+                    return;
+                }
+                for format in [ToolCallFormat::QwenXml, ToolCallFormat::HermesJson] {
+                    let _ = toolcall::call_grammar(format, &tools, Forced::Required, true);
+                }
+                let text = "<tool_call>\n<function=f>\n<parameter=x>\n[1, {\"a\": null}]\n</parameter>\n\
+                            <parameter=y>\n7\n</parameter>\n</function>\n</tool_call>";
+                let _ = toolcall::parse(ToolCallFormat::QwenXml, text, &tools);
+            },
+            alloc_cap: |n| 16 * 1024 * KIB + 256 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "openai-request",
+            about: "a request body read and checked as each server route reads it (mtp_server::openai::parse)",
+            seeds: request_seeds,
+            dictionary: &[
+                b"\"messages\"",
+                b"\"role\"",
+                b"\"content\"",
+                b"\"tools\"",
+                b"\"tool_choice\"",
+                b"\"response_format\"",
+                b"\"max_tokens\"",
+                b"\"logit_bias\"",
+                b"\"stop\"",
+                b"\"speculation\"",
+                b"\"prompt_cache_key\"",
+                b"\"image_url\"",
+                b"null",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                use mtp_server::openai::{parse, Endpoint, Limits};
+                let Ok(body) = serde_json::from_slice::<Value>(b) else {
+                    return;
+                };
+                for e in [Endpoint::Chat, Endpoint::Completion, Endpoint::Native] {
+                    let _ = parse(e, &body, &Limits::default());
+                }
+            },
+            alloc_cap: |n| 16 * 1024 * KIB + 256 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
             name: "reasoning-stream",
             about: "<think> splitting and stop strings over a reply cut into random pieces (mtp_chat::stream)",
             seeds: || {
@@ -675,6 +749,43 @@ fn message_templates() -> &'static [ChatTemplate] {
         })
         .collect()
     })
+}
+
+/// Tool `parameters` schemas: plain, recursive through `$defs`, and the branching shape that
+/// once took the reader exponential time.
+fn tool_schema_seeds() -> Vec<Vec<u8>> {
+    let branches: Vec<Value> = (0..8).map(|_| json!({"$ref": "#/$defs/a"})).collect();
+    [
+        json!({"type": "object", "properties": {"x": {"type": "string"}, "y": {"type": "integer"}}, "required": ["x"]}),
+        json!({"type": "object", "$defs": {"a": {"anyOf": branches}}, "properties": {"x": {"$ref": "#/$defs/a"}}}),
+        json!({"type": "object", "$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}},
+               "properties": {"x": {"$ref": "#/$defs/n"}, "y": {"enum": ["a", 1, null]}}}),
+        json!({"type": "object", "properties": {"x": {"oneOf": [{"type": "array"}, {"allOf": [{"type": ["number", "null"]}]}]}}}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect()
+}
+
+/// Request bodies of the chat and completion routes, with tools, constraints and images.
+fn request_seeds() -> Vec<Vec<u8>> {
+    [
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+        json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+            {"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+            "stream": true, "stream_options": {"include_usage": true}, "stop": ["\n", "END"]}),
+        json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tool_choice": "required", "speculation": {"num_draft_tokens": 2}, "prompt_cache_key": "k"}),
+        json!({"prompt": "fn main", "max_tokens": 4, "logit_bias": {"5": -100}, "seed": 1, "best_of": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
+        json!({"prompt": ["a"], "n_predict": -1, "return_tokens": true, "speculative.n_max": 3}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect()
 }
 
 fn message_seeds() -> Vec<Vec<u8>> {

@@ -83,6 +83,9 @@ pub struct Job<'a, S> {
     pub on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
     /// Told how far the prompt's computation has got (from the thread that computes it).
     pub on_prompt_progress: Option<mtp_engine::ProgressSink>,
+    /// The request's cancellation: the backend stops at its next step once it is cancelled
+    /// (a prompt part, a decode step), as when `on_tokens` returns `false`.
+    pub cancel: mtp_contract::Cancel,
 }
 
 /// What a finished job returns.
@@ -174,6 +177,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The longest sequence (prompt and reply) the model takes, when its config says.
     fn context_length(&self) -> Option<usize> {
+        None
+    }
+
+    /// The number of token ids the model knows, when the backend says: a request's
+    /// `logit_bias` naming an id past it is refused.
+    fn vocab_size(&self) -> Option<usize> {
         None
     }
 

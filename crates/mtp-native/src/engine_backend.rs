@@ -62,6 +62,13 @@ fn api(e: mtp_engine::Error) -> ProviderError {
                 what,
             }
         }
+        // what the engine refuses in a request is the request's fault
+        mtp_engine::Error::InvalidRequest(message) => {
+            return ProviderError::InvalidRequest {
+                field: "request",
+                message,
+            }
+        }
         _ => {}
     }
     ProviderError::Api {
@@ -174,6 +181,7 @@ fn job_options(
     let mut opts = engine_options(engine, job)?.checkpoint(job.checkpoint);
     opts.checkpoint_at = job.checkpoint_at;
     opts.on_prompt_progress = job.on_prompt_progress.clone();
+    opts.cancel = Some(job.cancel.clone());
     if let Some((_, s)) = &job.resume {
         opts = opts.resume_from(Arc::clone(&s.0));
     }
@@ -243,6 +251,7 @@ impl Backend for EngineBackend {
                 request.prompt_cache_key.is_some(),
             )
             .map_err(|e| e.into_provider_error(&model))?;
+        request.cancel.check()?;
         let mut ids = tok
             .encode_guarded(&guarded.prompt.text, &guarded.literals)
             .map_err(api)?;
@@ -266,6 +275,8 @@ impl Backend for EngineBackend {
             })?;
             pad = Some(p);
             for (i, s) in sources.iter().enumerate() {
+                // decoding a picture takes time in its size: a cancelled request stops here
+                request.cancel.check()?;
                 let img = mtp_engine::vision::read_image(s, i).map_err(image_error)?;
                 counts.push(self.engine.image_token_count(&img).map_err(image_error)?);
                 images.push(img);
@@ -404,6 +415,10 @@ impl Backend for EngineBackend {
 
     fn context_length(&self) -> Option<usize> {
         self.engine.model().config().text.max_position_embeddings
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(self.engine.model().vocab_size())
     }
 
     fn max_depth(&self) -> Option<usize> {

@@ -98,10 +98,11 @@ impl<S: CacheState> PrefixCache<S> {
     }
 
     /// Stores a checkpoint under `key`; the oldest checkpoint of the key goes when it has too
-    /// many, and least-recently-used checkpoints of any key go while over budget. A state
-    /// larger than the whole budget is not stored.
+    /// many, and least-recently-used checkpoints of any key go while over budget. A checkpoint
+    /// larger than the whole budget is not stored. Every byte it leaves behind is charged:
+    /// the state, its tokens, and its copy of the key.
     pub fn insert(&mut self, key: &str, tokens: Vec<u32>, state: Arc<S>) {
-        let bytes = state.bytes();
+        let bytes = checkpoint_bytes(key, &tokens, state.bytes());
         if bytes > self.budget || tokens.is_empty() {
             return;
         }
@@ -162,6 +163,16 @@ impl<S: CacheState> PrefixCache<S> {
     }
 }
 
+/// What one checkpoint holds in memory: its state, its token ids, its key (each key's list
+/// is kept under its own copy) and the bookkeeping beside them.
+fn checkpoint_bytes(key: &str, tokens: &[u32], state: usize) -> usize {
+    const BOOKKEEPING: usize = 128;
+    state
+        .saturating_add(std::mem::size_of_val(tokens))
+        .saturating_add(key.len())
+        .saturating_add(BOOKKEEPING)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,22 +201,38 @@ mod tests {
 
     #[test]
     fn per_key_limit_and_budget_evict_lru() {
-        let mut c = PrefixCache::new(30, 2);
-        c.insert("a", vec![1], Arc::new(St(10)));
-        c.insert("a", vec![1, 2], Arc::new(St(10)));
-        c.insert("a", vec![1, 2, 3], Arc::new(St(10)));
+        let cost = |key: &str, n: usize, state: usize| checkpoint_bytes(key, &vec![0; n], state);
+        let budget = cost("a", 2, 1000) + cost("a", 3, 1000) + cost("b", 1, 1500) - 1;
+        let mut c = PrefixCache::new(budget, 2);
+        c.insert("a", vec![1], Arc::new(St(1000)));
+        c.insert("a", vec![1, 2], Arc::new(St(1000)));
+        c.insert("a", vec![1, 2, 3], Arc::new(St(1000)));
         assert_eq!(c.len(), 2);
-        assert_eq!(c.used_bytes(), 20);
+        assert_eq!(c.used_bytes(), cost("a", 2, 1000) + cost("a", 3, 1000));
         c.lookup("a", &[1, 2, 3, 4]); // touch [1,2,3]
-        c.insert("b", vec![5], Arc::new(St(15)));
-        // Over budget (35 > 30): the least recently used ([1,2]) goes.
-        assert_eq!(c.used_bytes(), 25);
+        c.insert("b", vec![5], Arc::new(St(1500)));
+        // Over budget by one byte: the least recently used ([1,2]) goes.
+        assert_eq!(c.used_bytes(), cost("a", 3, 1000) + cost("b", 1, 1500));
         assert_eq!(c.lookup("a", &[1, 2, 3, 4]).unwrap().tokens, 3);
         assert_eq!(c.lookup("a", &[1, 2, 9]).map(|h| h.tokens), None);
-        c.insert("huge", vec![1], Arc::new(St(31)));
+        c.insert("huge", vec![1], Arc::new(St(budget)));
         assert!(c.lookup("huge", &[1, 2]).is_none());
         c.clear();
         assert!(c.is_empty());
         assert_eq!(c.used_bytes(), 0);
+    }
+
+    #[test]
+    fn keys_and_tokens_are_charged_to_the_budget() {
+        // states of no size at all: what a checkpoint leaves is its key and its tokens
+        let budget = 1 << 20;
+        let mut c = PrefixCache::new(budget, 3);
+        for i in 0..40u32 {
+            let key = format!("{i}{}", "k".repeat(100_000));
+            c.insert(&key, vec![i; 10_000], Arc::new(St(0)));
+            assert!(c.used_bytes() <= budget, "{} > {budget}", c.used_bytes());
+        }
+        // each holds 100,000 key bytes and 40,000 token bytes: at most seven fit
+        assert!((1..=7).contains(&c.len()), "{}", c.len());
     }
 }

@@ -222,6 +222,29 @@ impl<B: Backend> NativeProvider<B> {
         Ok(())
     }
 
+    /// Refuses a `logit_bias` naming a token id past the model's vocabulary.
+    fn check_logit_bias(
+        &self,
+        loaded: &Loaded<B>,
+        request: &GenerateRequest,
+    ) -> Result<(), ProviderError> {
+        let Some(vocab) = loaded.backend.vocab_size() else {
+            return Ok(());
+        };
+        match request
+            .sampling
+            .logit_bias
+            .keys()
+            .find(|&&id| id as usize >= vocab)
+        {
+            Some(id) => Err(ProviderError::InvalidRequest {
+                field: "logit_bias",
+                message: format!("token id {id} is outside the model's vocabulary of {vocab} ids"),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// A failure of the blocking pool, as this provider's error.
     fn join_error(&self, what: &str, e: tokio::task::JoinError) -> ProviderError {
         ProviderError::Api {
@@ -316,8 +339,10 @@ impl<B: Backend> Provider for NativeProvider<B> {
         request: GenerateRequest,
     ) -> Result<EventStream, ProviderError> {
         request.validate()?;
+        request.cancel.check()?;
         let loaded = self.loaded()?;
         self.check_images(&loaded, &request)?;
+        self.check_logit_bias(&loaded, &request)?;
         let mut plan = plan(
             self.default.as_ref(),
             request.speculation.as_ref(),
@@ -381,19 +406,37 @@ impl<B: Backend> Provider for NativeProvider<B> {
         // Rendering, tokenizing and compiling the constraint take time in proportion to the
         // request: on the blocking pool, never on an async worker; their errors come back
         // here, before the stream is opened.
+        // Each stage checks the request's cancellation before it starts, and the work holds a
+        // lease on it until it has stopped (the caller waits for that before its slot is
+        // given to another request).
         let prepare = {
             let loaded = Arc::clone(&loaded);
+            let lease = request.cancel.lease();
             move || -> Result<_, ProviderError> {
+                let _lease = lease;
+                let cancel = request.cancel.clone();
+                cancel.check()?;
+                // the tool-call reader walks each parameter's schema within a budget; one
+                // past it is the request's fault
+                mtp_chat::toolcall::check_tool_schemas(&request.tools).map_err(|e| {
+                    ProviderError::InvalidRequest {
+                        field: "tools",
+                        message: e.to_string(),
+                    }
+                })?;
                 let prompt = loaded.backend.render(&request)?;
+                cancel.check()?;
                 // a forced tool call decodes under the grammar of the template's call markup
                 let (tool_format, forced) = loaded
                     .backend
                     .tool_calls(&request, prompt.reasoning.as_ref())?;
                 let format = forced.or_else(|| request.constraint().cloned());
+                cancel.check()?;
                 let constraint = match &format {
                     Some(f) => loaded.backend.compile_constraint(f)?,
                     None => None,
                 };
+                cancel.check()?;
                 Ok((
                     request,
                     prompt,
@@ -423,7 +466,9 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let (tx, rx) = mpsc::channel::<Result<StreamEvent, ProviderError>>(64);
         let provider = self.name.clone();
         let model = self.model.clone();
+        let lease = request.cancel.lease();
         tokio::task::spawn_blocking(move || {
+            let _lease = lease;
             let setting = JobSetting {
                 plan: &plan,
                 runtime: &runtime,
@@ -461,10 +506,18 @@ impl<B: Backend> Provider for NativeProvider<B> {
     /// within the same bounds, and counts its tokens; no generation, no engine time.
     async fn count_tokens(&self, request: GenerateRequest) -> Result<u64, ProviderError> {
         request.validate()?;
+        request.cancel.check()?;
         let loaded = self.loaded()?;
         self.check_images(&loaded, &request)?;
         self.context(&loaded, &request)?;
-        let render = move || loaded.backend.render(&request).map(|p| p.ids.len() as u64);
+        // on the blocking pool like a generation's preparation, cancelled like it, and held
+        // (a lease) until it has stopped
+        let lease = request.cancel.lease();
+        let render = move || {
+            let _lease = lease;
+            request.cancel.check()?;
+            loaded.backend.render(&request).map(|p| p.ids.len() as u64)
+        };
         tokio::task::spawn_blocking(render)
             .await
             .map_err(|e| self.join_error("rendering the prompt", e))?
@@ -607,6 +660,7 @@ fn run_job<B: Backend>(
         images: &prompt.images,
         on_tokens: &mut on_tokens,
         on_prompt_progress: Some(progress_sink(tx)),
+        cancel: request.cancel.clone(),
     };
     let out = match max_batch {
         Some(n) => backend.run_batched(n, job)?,
@@ -615,7 +669,7 @@ fn run_job<B: Backend>(
     if let Some(e) = failure {
         return Err(e);
     }
-    if cancelled {
+    if cancelled || (out.finish == FinishReason::Cancelled && request.cancel.is_cancelled()) {
         return Err(ProviderError::Cancelled);
     }
     // What the decoder and the reply still hold (an incomplete character, a suffix that could

@@ -151,6 +151,9 @@ pub struct ChatCompletionRequest {
     /// Choices per request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<Field<u64>>,
+    /// Text completions: candidates generated server-side to return the best `n` of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<Field<u64>>,
     /// Log probabilities of the chosen tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Field<bool>>,

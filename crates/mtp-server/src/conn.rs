@@ -2,9 +2,11 @@
 //!
 //! `axum::serve` accepts every connection and waits on it for ever. Here each connection is
 //! served by hyper's HTTP/1.1 with:
-//! - a cap on open connections ([`ServerConfig::max_connections`]); beyond it a connection gets
-//!   a 503 with `Retry-After` and is closed, so idle or slow clients cannot exhaust the file
-//!   descriptors and `/health` keeps answering the clients it admits;
+//! - a cap on open connections ([`ServerConfig::max_connections`]); at the cap a new connection
+//!   takes the place of the longest-idle one that has no request in flight (never sent a
+//!   request, or between keep-alive requests: nginx drains idle keep-alive connections the same
+//!   way), so idle sockets cannot lock real clients out; when every open connection has a
+//!   request in flight, the new one gets a 503 with `Retry-After` and is closed;
 //! - a header timeout ([`ServerConfig::header_timeout`]): hyper starts it when the connection
 //!   opens and again when an answer is done, so it bounds both a half-sent header and an idle
 //!   keep-alive connection;
@@ -12,22 +14,28 @@
 //!   (a client that stopped reading a stream) ends the connection; the answer's stream is
 //!   dropped with it, which cancels the generation and frees its slot;
 //! - a shutdown deadline ([`ServerConfig::shutdown_grace`]): after the signal, new requests are
-//!   answered 503 (and `/health` too) while the ones in flight finish; at the deadline the rest
-//!   are cut.
+//!   answered 503 (and `/health` too) while the ones in flight finish; shortly before the
+//!   deadline the rest are cancelled (their work stops at its next check), and at the deadline
+//!   every connection is cut.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::Router;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_io_timeout::TimeoutStream;
 
@@ -42,6 +50,104 @@ const REFUSAL_WRITE: Duration = Duration::from_secs(2);
 const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// How often a draining server looks whether the requests in flight are done.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+/// How long before the shutdown deadline the requests still in flight are cancelled (at most
+/// a quarter of the grace): their work stops at its next check and their answers end.
+const CANCEL_LEAD: Duration = Duration::from_secs(1);
+/// How long a connection admitted in an evicted one's place waits for the eviction to free
+/// its slot.
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// What the accept loop knows of one open connection: how many of its requests are in
+/// flight (from the handler's start to its answer's last byte), and since when it has had
+/// none.
+///
+/// A connection still waiting for the slot of the one evicted for it is idle too: evicting it
+/// hands its claim on that slot to the newcomer, so every eviction frees exactly the one slot
+/// a newcomer waits for.
+struct ConnState {
+    busy: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+impl ConnState {
+    fn new() -> Arc<ConnState> {
+        Arc::new(ConnState {
+            busy: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
+        (self.busy.load(Ordering::Acquire) == 0).then_some(since)
+    }
+}
+
+/// One request in flight on a connection, until dropped with its answer's body.
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn new(conn: &Arc<ConnState>) -> InFlight {
+        conn.busy.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(conn))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that keeps its request counted as in flight until it is sent or dropped.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The open connections, by number: their state and how to close one.
+type Open = Arc<Mutex<HashMap<u64, (Arc<ConnState>, AbortHandle)>>>;
+
+/// Closes the longest-idle connection that has no request in flight, if any; true when one was
+/// closed.
+fn evict_idle(open: &Open) -> bool {
+    let victim = {
+        let conns = open.lock().unwrap_or_else(|p| p.into_inner());
+        conns
+            .iter()
+            .filter_map(|(k, (c, a))| Some((c.idle_since()?, *k, a.clone())))
+            .min_by_key(|(since, k, _)| (*since, *k))
+    };
+    match victim {
+        Some((_, key, abort)) => {
+            abort.abort();
+            open.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            true
+        }
+        None => false,
+    }
+}
 
 pub(crate) async fn run(
     listener: TcpListener,
@@ -50,7 +156,9 @@ pub(crate) async fn run(
     config: &ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let open = Arc::new(Semaphore::new(config.max_connections));
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    let open: Open = Arc::default();
+    let mut next_conn = 0u64;
     let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
     let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
@@ -58,10 +166,10 @@ pub(crate) async fn run(
     http.timer(TokioTimer::new())
         .header_read_timeout(config.header_timeout)
         .keep_alive(true);
-    let service = TowerToHyperService::new(app);
     let refusal = refusal_bytes(config.max_connections);
     tokio::pin!(shutdown);
     let mut deadline: Option<Instant> = None;
+    let mut cancelled = false;
     loop {
         while tasks.try_join_next().is_some() {}
         tokio::select! {
@@ -77,10 +185,21 @@ pub(crate) async fn run(
                 if state.metrics.in_flight() == 0 {
                     break;
                 }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
+                let Some(d) = deadline else { continue };
+                let now = Instant::now();
+                let lead = CANCEL_LEAD.min(config.shutdown_grace / 4);
+                if !cancelled && now + lead >= d {
+                    cancelled = true;
+                    let n = state.cancel_all();
+                    tracing::warn!(
+                        requests = n,
+                        "shutdown deadline near: cancelling the requests still in flight"
+                    );
+                }
+                if now >= d {
                     tracing::warn!(
                         in_flight = state.metrics.in_flight(),
-                        "shutdown deadline reached: cutting the requests still in flight"
+                        "shutdown deadline reached: cutting the connections still open"
                     );
                     break;
                 }
@@ -97,26 +216,60 @@ pub(crate) async fn run(
                         continue;
                     }
                 };
-                let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
-                    state.metrics.connection_refused();
-                    refuse(tcp, &refusing, &refusal, &mut tasks);
-                    continue;
+                // a slot now, or the slot of the longest-idle connection, closed for it
+                let slot = match Arc::clone(&slots).try_acquire_owned() {
+                    Ok(p) => Slot::Now(p),
+                    Err(_) if evict_idle(&open) => {
+                        state.metrics.connection_evicted();
+                        Slot::Freed(Arc::clone(&slots))
+                    }
+                    Err(_) => {
+                        state.metrics.connection_refused();
+                        refuse(tcp, &refusing, &refusal, &mut tasks);
+                        continue;
+                    }
                 };
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!("TCP_NODELAY: {e}");
                 }
                 let mut io = TimeoutStream::new(tcp);
                 io.set_write_timeout(Some(config.write_timeout));
-                let conn = http.serve_connection(TokioIo::new(Box::pin(io)), service.clone());
+                let conn_state = ConnState::new();
+                let service = {
+                    let (router, conn_state) = (TowerToHyperService::new(app.clone()), Arc::clone(&conn_state));
+                    hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let in_flight = InFlight::new(&conn_state);
+                        let answer = router.call(req);
+                        async move {
+                            let res = answer.await?;
+                            Ok::<_, std::convert::Infallible>(res.map(|body| {
+                                Body::new(Tracked { body, _in_flight: in_flight })
+                            }))
+                        }
+                    })
+                };
+                let conn = http.serve_connection(TokioIo::new(Box::pin(io)), service);
                 let conn = graceful.watch(conn);
                 let gauge = state.metrics.connection_opened();
-                tasks.spawn(async move {
+                let key = next_conn;
+                next_conn += 1;
+                let registry = Arc::clone(&open);
+                let abort = tasks.spawn(async move {
+                    let Some(permit) = slot.take().await else {
+                        tracing::debug!(%peer, "no slot freed in time; connection closed");
+                        registry.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        return;
+                    };
                     if let Err(e) = conn.await {
                         tracing::debug!(%peer, "connection ended: {e}");
                     }
+                    registry.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
                     drop(gauge);
                     drop(permit);
                 });
+                open.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, (conn_state, abort));
             }
         }
     }
@@ -127,7 +280,7 @@ pub(crate) async fn run(
     let left = deadline
         .map(|d| d.saturating_duration_since(Instant::now()))
         .unwrap_or_default()
-        .clamp(Duration::from_millis(500), FLUSH_GRACE);
+        .clamp(Duration::from_millis(100), FLUSH_GRACE);
     if tokio::time::timeout(left, graceful.shutdown())
         .await
         .is_err()
@@ -137,6 +290,26 @@ pub(crate) async fn run(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// A new connection's place under the cap.
+enum Slot {
+    /// There was one free.
+    Now(OwnedSemaphorePermit),
+    /// An idle connection was closed for it: its slot is free once that one's task ends.
+    Freed(Arc<Semaphore>),
+}
+
+impl Slot {
+    async fn take(self) -> Option<OwnedSemaphorePermit> {
+        match self {
+            Slot::Now(p) => Some(p),
+            Slot::Freed(slots) => tokio::time::timeout(EVICTION_WAIT, slots.acquire_owned())
+                .await
+                .ok()?
+                .ok(),
+        }
+    }
 }
 
 /// Errors of one connection that say nothing about the listener (as hyper's examples and

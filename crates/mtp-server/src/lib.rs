@@ -35,10 +35,12 @@ mod conn;
 mod error;
 mod metrics;
 pub mod openai;
+mod strict;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -50,7 +52,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
-use mtp_contract::{GenerateResponse, Provider, ProviderError, StreamEvent};
+use mtp_contract::{Cancel, GenerateResponse, Provider, ProviderError, StreamEvent};
 use mtp_openai::{self as oa, Field};
 use serde::Serialize;
 use serde_json::Value;
@@ -188,6 +190,23 @@ struct AppState {
     max_body_bytes: usize,
     body_timeout: Duration,
     limits: Limits,
+    /// The cancellation of every request being served, by its [`Work`] number: the shutdown
+    /// deadline cancels them all.
+    live: Mutex<HashMap<u64, Cancel>>,
+    next_work: AtomicU64,
+}
+
+impl AppState {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Cancel>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cancels every request being served (the shutdown deadline); returns how many.
+    pub(crate) fn cancel_all(&self) -> usize {
+        let live = self.live();
+        live.values().for_each(Cancel::cancel);
+        live.len()
+    }
 }
 
 type Shared = Arc<AppState>;
@@ -280,6 +299,8 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
         limits: config.limits.clone(),
+        live: Mutex::new(HashMap::new()),
+        next_work: AtomicU64::new(0),
     });
     let api = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -296,8 +317,38 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn(framing))
         .with_state(Arc::clone(&state));
     (app, state)
+}
+
+/// Requests whose framing another HTTP reader could take differently are refused before any
+/// handler reads them, and their connection closed (RFC 9112 §3.2: an HTTP/1.1 request
+/// without `Host` is a 400; §6.1: `chunked` applied twice is not a framing this server
+/// reads, and a proxy in front may read the body's end elsewhere).
+async fn framing(req: Request, next: Next) -> Response {
+    let refuse = |message: &str| {
+        let mut r = ApiError::invalid("headers", message.to_string()).into_response();
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        r
+    };
+    if req.version() == axum::http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+        return refuse("an HTTP/1.1 request must carry a Host header");
+    }
+    let chunked = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("").split(','))
+        .filter(|c| c.trim().eq_ignore_ascii_case("chunked"))
+        .count();
+    if chunked > 1 {
+        return refuse("Transfer-Encoding names `chunked` more than once");
+    }
+    next.run(req).await
 }
 
 /// Key check, in constant time over the key's bytes: `Authorization: Bearer KEY` (OpenAI's
@@ -493,7 +544,11 @@ async fn count_tokens(State(s): State<Shared>, body: Body) -> Response {
     if s.shutting_down.load(Ordering::SeqCst) {
         return anthropic::error(ApiError::shutting_down());
     }
-    match s.llm.count_tokens(parsed.request).await {
+    // no slot, but cancelled like any request when its client leaves or the server stops
+    let mut work = Work::new(&s, parsed.request.cancel.clone());
+    let counted = s.llm.count_tokens(parsed.request).await;
+    work.done = true;
+    match counted {
         Ok(n) => Json(mtp_openai::anthropic::TokenCount { input_tokens: n }).into_response(),
         Err(e) => anthropic::error(ApiError::from_provider(&e)),
     }
@@ -517,9 +572,12 @@ async fn begin(
         s.metrics.rejected();
         return Err(ApiError::shutting_down());
     }
-    let permit = match admit(s).await {
-        Ok(p) => p,
+    // from here to its last byte the request is cancelled when dropped unfinished
+    let mut work = Work::new(s, parsed.request.cancel.clone());
+    match admit(s).await {
+        Ok(p) => work.admitted(p),
         Err(e) => {
+            work.done = true;
             s.metrics.rejected();
             return Err(e);
         }
@@ -530,12 +588,12 @@ async fn begin(
         Err(e) => {
             // the request's own fault (too long, a bad constraint, a lane it requires) is a
             // refusal, not a failure of the server
+            work.done = true;
             s.metrics.errored(&e);
             return Err(ApiError::from_provider(&e));
         }
     };
     let id = format!("{id_prefix}{}", s.next_id.fetch_add(1, Ordering::Relaxed));
-    s.metrics.start_running();
     let run = Run {
         s: Arc::clone(s),
         endpoint,
@@ -545,10 +603,9 @@ async fn begin(
             .map(|d| d.as_secs())
             .unwrap_or(0),
         started,
-        done: false,
         usage_nulls: parsed.stream && parsed.include_usage,
         progress: parsed.return_progress,
-        _permit: permit,
+        work,
     };
     Ok((run, events))
 }
@@ -575,7 +632,7 @@ async fn read_body(s: &AppState, body: Body) -> Result<Value, ApiError> {
         }
         Ok(Err(e)) => return Err(ApiError::invalid("body", format!("unreadable body: {e}"))),
     };
-    serde_json::from_slice(&bytes)
+    strict::from_slice(&bytes)
         .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))
 }
 
@@ -637,33 +694,107 @@ async fn open_stream(
     }
 }
 
-/// One admitted request: holds its slot, and counts it as cancelled if dropped before the end.
+/// One request's hold on the server, from when its body has been read to its last byte: its
+/// cancellation token, its slot once admitted, its count among the running requests.
+///
+/// Dropped before `done` (the client went away, a write timed out, the shutdown deadline cut
+/// the connection) it cancels the request, counts it as cancelled, and keeps the slot and the
+/// running count until the work has really stopped ([`Cancel::idle`]): rendering, tokenizing
+/// or a prefill that is still running on a blocking thread never runs beside the request
+/// admitted in its place.
+struct Work {
+    s: Shared,
+    key: u64,
+    cancel: Cancel,
+    permit: Option<OwnedSemaphorePermit>,
+    done: bool,
+}
+
+impl Work {
+    fn new(s: &Shared, cancel: Cancel) -> Work {
+        let key = s.next_work.fetch_add(1, Ordering::Relaxed);
+        s.live().insert(key, cancel.clone());
+        Work {
+            s: Arc::clone(s),
+            key,
+            cancel,
+            permit: None,
+            done: false,
+        }
+    }
+
+    /// The request has a slot: it counts as running from now on (its prompt is prepared and
+    /// computed in that slot).
+    fn admitted(&mut self, permit: OwnedSemaphorePermit) {
+        self.s.metrics.start_running();
+        self.permit = Some(permit);
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let stopping = !self.done;
+        if stopping {
+            tracing::debug!(work = self.key, "client went away; request cancelled");
+            self.cancel.cancel();
+            self.s.metrics.cancelled();
+        }
+        let (s, key, permit) = (Arc::clone(&self.s), self.key, self.permit.take());
+        let release = move |counted_stopping: bool| {
+            s.live().remove(&key);
+            if permit.is_some() {
+                s.metrics.stop_running();
+            }
+            if counted_stopping {
+                s.metrics.stopped_cancelling();
+            }
+            drop(permit);
+        };
+        if self.cancel.is_idle() {
+            return release(false);
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                if stopping {
+                    self.s.metrics.start_cancelling();
+                }
+                let idle = self.cancel.idle();
+                rt.spawn(async move {
+                    idle.await;
+                    release(stopping);
+                });
+            }
+            Err(_) => release(false),
+        }
+    }
+}
+
+/// One admitted request's answer: what its chunks carry, and its [`Work`].
 struct Run {
     s: Shared,
     endpoint: Endpoint,
     id: String,
     created: u64,
     started: Instant,
-    done: bool,
     /// `stream_options.include_usage`: every chunk carries `"usage": null` until the last
     /// one's usage, as OpenAI and vLLM send it (clients read the key on every chunk).
     usage_nulls: bool,
     /// `return_progress`: the prompt's progress goes out as chunks with no choices and a
     /// `prompt_progress` object, as llama-server sends them.
     progress: bool,
-    _permit: OwnedSemaphorePermit,
+    work: Work,
 }
 
 impl Run {
     fn finish(&mut self, r: &GenerateResponse) {
-        self.done = true;
+        self.work.done = true;
         self.s
             .metrics
             .finished(r, self.started.elapsed().as_secs_f64());
     }
 
     fn fail(&mut self, e: &ProviderError) {
-        self.done = true;
+        self.work.done = true;
         self.s.metrics.errored(e);
     }
 
@@ -775,16 +906,6 @@ fn extras(body: &mut oa::Completion, r: &GenerateResponse) {
 /// One SSE event holding `v` as JSON.
 fn data<T: Serialize>(v: &T) -> Event {
     Event::default().data(serde_json::to_string(v).unwrap_or_else(|_| "{}".into()))
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        self.s.metrics.stop_running();
-        if !self.done {
-            tracing::debug!(id = %self.id, "client went away; generation cancelled");
-            self.s.metrics.cancelled();
-        }
-    }
 }
 
 async fn whole_response(

@@ -57,8 +57,10 @@ pub struct Metrics {
     cached_tokens: AtomicU64,
     running: AtomicU64,
     waiting: AtomicU64,
+    cancelling: AtomicU64,
     connections: AtomicU64,
     connections_refused: AtomicU64,
+    connections_evicted: AtomicU64,
     drafts: AtomicU64,
     draft_tokens: AtomicU64,
     accepted_tokens: AtomicU64,
@@ -119,6 +121,11 @@ impl Metrics {
         self.connections_refused.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An idle connection closed to make room for a new one at `--max-connections`.
+    pub fn connection_evicted(&self) {
+        self.connections_evicted.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A request that ended on an error: refused when the request was at fault, else failed.
     pub fn errored(&self, e: &mtp_contract::ProviderError) {
         if e.is_client_error() {
@@ -141,6 +148,17 @@ impl Metrics {
     /// A request whose client went away.
     pub fn cancelled(&self) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A cancelled request whose work has not stopped yet (paired with
+    /// [`Metrics::stopped_cancelling`]).
+    pub fn start_cancelling(&self) {
+        self.cancelling.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A cancelled request's work has stopped.
+    pub fn stopped_cancelling(&self) {
+        self.cancelling.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// A finished request: its tokens, its speculation figures and its latencies.
@@ -224,9 +242,15 @@ impl Metrics {
         );
         counter(
             "mtp:connections_refused_total",
-            "Connections answered 503 and closed over --max-connections.",
+            "Connections answered 503 and closed over --max-connections (every open one busy).",
             "",
             get(&self.connections_refused),
+        );
+        counter(
+            "mtp:connections_evicted_total",
+            "Idle connections closed to admit a new one at --max-connections.",
+            "",
+            get(&self.connections_evicted),
         );
         counter(
             "mtp:request_cancelled_total",
@@ -288,8 +312,14 @@ impl Metrics {
         for (name, help, v) in [
             (
                 "mtp:num_requests_running",
-                "Requests generating now.",
+                "Requests holding a slot now: preparing their prompt, computing it or \
+                 generating (a cancelled one until its work has stopped).",
                 get(&self.running),
+            ),
+            (
+                "mtp:num_requests_cancelling",
+                "Cancelled requests whose work has not stopped yet.",
+                get(&self.cancelling),
             ),
             (
                 "mtp:num_requests_waiting",

@@ -56,6 +56,11 @@ pub struct Limits {
     pub max_content_parts: usize,
     /// Tools (`--max-tools`).
     pub max_tools: usize,
+    /// Bytes of text in one request: messages, prompt, tools, template arguments
+    /// (`--max-prompt-bytes`). Checked before the request waits for a slot, so a prompt no
+    /// context could hold is refused before it is rendered or tokenized; far below the body
+    /// cap, far above what fits a 262,144-token context (about 1 MiB of text).
+    pub max_prompt_bytes: usize,
 }
 
 impl Default for Limits {
@@ -66,9 +71,13 @@ impl Default for Limits {
             max_messages: 4096,
             max_content_parts: 256,
             max_tools: 512,
+            max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
         }
     }
 }
+
+/// Default [`Limits::max_prompt_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_PROMPT_BYTES: usize = 4 << 20;
 
 /// The two endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +179,8 @@ pub fn parse_request(
         u32_field(&b.max_completion_tokens, "max_completion_tokens")?,
         u32_field(&b.max_tokens, "max_tokens")?,
     ) {
+        (Some(0), _) => return Err(at_least_one("max_completion_tokens")),
+        (None, Some(0)) => return Err(at_least_one("max_tokens")),
         (Some(n), _) | (None, Some(n)) => Some(n),
         (None, None) => None,
     };
@@ -186,6 +197,9 @@ pub fn parse_request(
             Some(n) if n.as_i64() == Some(-1) => request.max_output_tokens = None,
             Some(n) => {
                 let x = n.as_u64().ok_or_else(|| bad(n))?;
+                if x == 0 {
+                    return Err(at_least_one("n_predict"));
+                }
                 request.max_output_tokens = Some(u32_of(x, "n_predict")?);
             }
         }
@@ -211,6 +225,14 @@ pub fn parse_request(
             return Err(ApiError::unsupported(
                 "n",
                 format!("this server returns one choice per request (`n` = 1), not {n}"),
+            ));
+        }
+    }
+    if let Some(n) = u64_field(&b.best_of, "best_of")? {
+        if n != 1 {
+            return Err(ApiError::unsupported(
+                "best_of",
+                format!("this server generates one candidate per choice (`best_of` = 1), not {n}"),
             ));
         }
     }
@@ -251,6 +273,22 @@ pub fn parse_request(
     request
         .validate()
         .map_err(|e| ApiError::from_provider(&e))?;
+    let bytes = request.text_bytes();
+    if bytes > limits.max_prompt_bytes {
+        return Err(ApiError {
+            status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::over_limit(
+                match endpoint {
+                    Endpoint::Chat => "messages",
+                    Endpoint::Completion | Endpoint::Native => "prompt",
+                },
+                "bytes of text",
+                bytes,
+                limits.max_prompt_bytes,
+                "--max-prompt-bytes",
+            )
+        });
+    }
     Ok(Parsed {
         request,
         stream,
@@ -258,6 +296,11 @@ pub fn parse_request(
         return_tokens,
         return_progress,
     })
+}
+
+/// The 400 of a token budget of zero, naming the field that was sent.
+fn at_least_one(k: &str) -> ApiError {
+    ApiError::invalid(k, format!("`{k}` must be at least 1"))
 }
 
 /// `stop`: a string or a list of strings, within the cap on their number.
@@ -609,7 +652,13 @@ fn chat_request(
                 "--max-tools",
             ))
         }
-        Some(t) => r.tools = t.clone(),
+        Some(t) => {
+            // the tool-call reader walks each parameter's schema: one past the walk's budget
+            // is refused here, before the request waits for a slot
+            mtp_chat::toolcall::check_tool_schemas(t)
+                .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
+            r.tools = t.clone();
+        }
     }
     let kwargs = field(&b.chat_template_kwargs, |v| {
         ApiError::invalid(
@@ -1094,9 +1143,21 @@ mod tests {
             base("max_tokens", json!(-1)).param.as_deref(),
             Some("max_tokens")
         );
+        // a budget of zero is refused naming the field that was sent
         assert_eq!(
             base("max_tokens", json!(0)).param.as_deref(),
-            Some("max_output_tokens")
+            Some("max_tokens")
+        );
+        assert_eq!(
+            base("max_completion_tokens", json!(0)).param.as_deref(),
+            Some("max_completion_tokens")
+        );
+        assert_eq!(base("best_of", json!(3)).param.as_deref(), Some("best_of"));
+        assert_eq!(
+            base("prompt_cache_key", json!("k".repeat(257)))
+                .param
+                .as_deref(),
+            Some("prompt_cache_key")
         );
         assert_eq!(base("stop", json!([1])).param.as_deref(), Some("stop"));
         let e = chat(json!({"messages": [{"role": "robot", "content": "a"}]})).unwrap_err();

@@ -230,9 +230,30 @@ fn deep_schemas_and_grammars_never_take_the_server_down() {
 
 #[test]
 fn oversized_prompts_are_refused_before_they_are_tokenized() {
-    let mut srv = serve(&["--max-batch", "2"]);
-    // 15 MiB of text for a 4,096-token context: refused from its size alone
+    // 15 MiB of text: past --max-prompt-bytes (4 MiB by default), a 413 before the request
+    // waits for a slot, whatever the model's context
+    let srv = serve(&[]);
     let huge = "x".repeat(15 << 20);
+    let started = Instant::now();
+    let (s, v) = post(
+        &srv,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": huge.clone()}]}),
+        None,
+    );
+    assert_eq!(s, 413, "{v}");
+    assert_eq!(v["error"]["param"], "messages");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-prompt-bytes"),
+        "{v}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(srv);
+    // raised past the body: the model's own check, from the context's size
+    let mut srv = serve(&["--max-batch", "2", "--max-prompt-bytes", "16777216"]);
     let started = Instant::now();
     let (s, v) = post(
         &srv,
@@ -376,32 +397,73 @@ fn a_slow_body_is_answered_408_after_the_body_timeout() {
 }
 
 #[test]
-fn connections_past_the_cap_get_a_503_and_health_comes_back() {
-    let mut srv = serve(&["--max-connections", "8", "--header-timeout", "30"]);
-    let idle: Vec<TcpStream> = (0..8)
-        .map(|_| TcpStream::connect(&srv.addr).unwrap())
-        .collect();
-    // give the server the moment to accept them all
-    std::thread::sleep(Duration::from_millis(300));
-    for _ in 0..20 {
-        let mut extra = TcpStream::connect(&srv.addr).unwrap();
-        extra
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-        let mut buf = Vec::new();
-        let _ = extra.read_to_end(&mut buf);
-        let text = String::from_utf8_lossy(&buf);
-        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
-        assert!(text.contains("too_many_connections") && text.contains("--max-connections"));
+fn idle_connections_at_the_cap_give_way_and_busy_ones_get_a_503() {
+    let mut srv = serve(&[
+        "--max-connections",
+        "8",
+        "--header-timeout",
+        "30",
+        "--max-batch",
+        "1",
+    ]);
+    // 30 idle sockets against a cap of 8 (an attacker reopening what is closed): every real
+    // client still gets in, in the place of the longest-idle socket
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for round in 0..30 {
+        idle.push(TcpStream::connect(&srv.addr).unwrap());
+        if round % 3 == 0 {
+            let started = Instant::now();
+            let r = client()
+                .get(srv.url("/health"))
+                .timeout(Duration::from_secs(5))
+                .send();
+            let status = r.as_ref().map(|r| r.status().as_u16());
+            assert!(matches!(status, Ok(200)), "round {round}: {r:?}");
+            assert!(started.elapsed() < Duration::from_secs(3));
+        }
     }
+    assert!(metric(&srv, "mtp:connections_evicted_total") >= 20);
+    assert_eq!(metric(&srv, "mtp:connections_refused_total"), 0);
     drop(idle);
-    let end = Instant::now() + Duration::from_secs(5);
+    // eight connections with requests in flight (one generating, seven queued) are never
+    // closed for a new one: that one gets the 503
+    let busy: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = srv.addr.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&addr).unwrap();
+                let body = json!({"prompt": "fn main() {", "max_tokens": 3000,
+                                  "logit_bias": {"0": -100}})
+                .to_string();
+                let _ = write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                std::thread::sleep(Duration::from_secs(3));
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let mut extra = TcpStream::connect(&srv.addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = extra.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("too_many_connections") && text.contains("--max-connections"));
+    for b in busy {
+        b.join().unwrap();
+    }
+    let end = Instant::now() + Duration::from_secs(10);
     while health(&srv) != 200 {
         assert!(Instant::now() < end, "/health did not come back");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(metric(&srv, "mtp:connections_refused_total") >= 20);
     assert!(srv.alive());
 }
 
@@ -568,4 +630,164 @@ fn deeply_nested_json_is_refused_and_nested_tool_schemas_render() {
     assert_eq!(s, 200, "{v}");
     assert!(srv.alive());
     assert_eq!(health(&srv), 200);
+}
+
+#[test]
+fn a_branching_forced_tool_schema_is_answered_in_seconds() {
+    // the 444-byte schema whose anyOf of eight $refs to itself once took exponential time:
+    // each schema node is read once now
+    let mut srv = serve(&[]);
+    let branches = vec![json!({"$ref": "#/$defs/a"}); 8];
+    let params = json!({"type": "object", "$defs": {"a": {"anyOf": branches}},
+                        "properties": {"x": {"$ref": "#/$defs/a"}}});
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": params}});
+    let started = Instant::now();
+    let (s, v) = post(
+        &srv,
+        "/v1/chat/completions",
+        &chat(json!({"tools": [tool], "tool_choice": "required", "max_tokens": 32})),
+        None,
+    );
+    assert!(s == 200 || s == 400, "{s}: {v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // one past the walk's budget is a 400 naming `tools`, before anything runs
+    let wide: Vec<Value> = (0..5000).map(|i| json!({"const": i})).collect();
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {"x": {"anyOf": wide}}}}});
+    let (s, v) = post(
+        &srv,
+        "/v1/chat/completions",
+        &chat(json!({"tools": [tool], "tool_choice": "required"})),
+        None,
+    );
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too complex"),
+        "{v}"
+    );
+    assert!(srv.alive());
+    assert_eq!(health(&srv), 200);
+}
+
+#[test]
+fn client_faults_in_history_sampling_and_keys_are_400s_naming_the_field() {
+    let mut srv = serve(&[]);
+    let call = |args: Value| {
+        json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+            "max_tokens": 4})
+    };
+    let cases = [
+        // arguments that are JSON but not an object
+        (call(json!("[1,2]")), "messages"),
+        (call(json!(5)), "messages"),
+        // a token id the vocabulary does not have
+        (chat(json!({"logit_bias": {"999999999": 5}})), "logit_bias"),
+        // candidates the server does not generate
+        (chat(json!({"best_of": 2})), "best_of"),
+        // a key is a name, not a place to store data
+        (
+            chat(json!({"prompt_cache_key": "k".repeat(1 << 20)})),
+            "prompt_cache_key",
+        ),
+        (chat(json!({"max_tokens": 0})), "max_tokens"),
+    ];
+    for (body, param) in cases {
+        let (s, v) = post(&srv, "/v1/chat/completions", &body, None);
+        assert_eq!(s, 400, "{param}: {v}");
+        let named = v["error"]["param"].as_str().unwrap_or("");
+        assert!(named.starts_with(param), "{param}: {v}");
+    }
+    assert_eq!(metric(&srv, "mtp:request_failure_total"), 0);
+    assert!(srv.alive());
+    assert_eq!(health(&srv), 200);
+}
+
+#[test]
+fn prefix_cache_files_stay_within_the_disk_budget_whatever_the_keys() {
+    let dir = tempfile_dir("cache-keys");
+    let budget = 400_000u64;
+    let srv = serve(&[
+        "--cache-dir",
+        dir.to_str().unwrap(),
+        "--cache-disk-bytes",
+        &budget.to_string(),
+    ]);
+    for i in 0..24 {
+        let key = format!("{i}-{}", "k".repeat(200));
+        let body = json!({"messages": [{"role": "user", "content": format!("fn f{i}() {{")}],
+                          "max_tokens": 4, "prompt_cache_key": key});
+        let (s, v) = post(&srv, "/v1/chat/completions", &body, None);
+        assert_eq!(s, 200, "{v}");
+    }
+    // the writer runs beside the requests: give it a moment
+    std::thread::sleep(Duration::from_millis(500));
+    let total: u64 = walk(&dir).iter().map(|m| m.len()).sum();
+    assert!(total <= budget, "{total} bytes on disk, budget {budget}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_client_that_hangs_up_frees_its_slot_at_the_default_batch() {
+    let srv = serve(&["--max-batch", "1"]);
+    // a long reply whose client gives up at once
+    let gone = client()
+        .post(srv.url("/v1/completions"))
+        .timeout(Duration::from_millis(150))
+        .json(&json!({"prompt": "fn main() {", "max_tokens": 4000, "logit_bias": {"0": -100}}))
+        .send();
+    assert!(gone.is_err());
+    let started = Instant::now();
+    let (s, v) = post(
+        &srv,
+        "/v1/completions",
+        &json!({"prompt": "fn", "max_tokens": 4}),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while metric(&srv, "mtp:num_requests_running") != 0 {
+        assert!(Instant::now() < end, "the abandoned work still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(&srv, "mtp:request_cancelled_total"), 1);
+}
+
+/// A fresh folder under the system's temporary directory.
+fn tempfile_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mtp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every file's metadata under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::fs::Metadata> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(m);
+        }
+    }
+    out
 }

@@ -30,6 +30,18 @@ pub enum ToolCallError {
     /// `tool_choice` names a function the request does not define.
     #[error("tool_choice names the function `{0}`, which is not among the request's tools")]
     UnknownTool(String),
+    /// A parameter's schema nests `anyOf` / `oneOf` / `allOf` / `$ref` past what is read (see
+    /// [`super::check_tool_schemas`]).
+    #[error("the schema of parameter `{parameter}` of tool `{tool}` is too complex to read: its anyOf/oneOf/allOf/$ref nesting reaches more than {} schema nodes (or the request's tools more than {} in all); simplify it", super::MAX_SCHEMA_WALK_NODES, super::MAX_TOOL_SCHEMA_NODES)]
+    SchemaTooComplex {
+        /// The tool.
+        tool: String,
+        /// Its parameter.
+        parameter: String,
+    },
+    /// The grammar of the forced call grows past the constraint limit.
+    #[error("the tools' schemas make a call grammar of more than {} bytes (each parameter's schema is embedded with the definitions it refers to); send fewer or smaller tools", mtp_contract::MAX_CONSTRAINT_BYTES)]
+    TooLarge,
     /// A function or parameter name the format cannot carry.
     #[error("the name `{0}` cannot be written as <function=...> or <parameter=...> markup (no `<`, `>`, line breaks or surrounding blanks, at most 256 bytes); rename it")]
     Unwritable(String),
@@ -71,6 +83,7 @@ pub fn call_grammar(
     choice: Forced,
     parallel: bool,
 ) -> Result<String, ToolCallError> {
+    super::check_tool_schemas(tools)?;
     let fns = functions(tools);
     let chosen: Vec<&(String, Value)> = match &choice {
         Forced::Required => fns.iter().collect(),
@@ -104,6 +117,9 @@ pub fn call_grammar(
                 ));
             }
             ToolCallFormat::QwenXml => xml_call(&mut g, i, name, params)?,
+        }
+        if g.len() > mtp_contract::MAX_CONSTRAINT_BYTES {
+            return Err(ToolCallError::TooLarge);
         }
     }
     if format == ToolCallFormat::QwenXml {
@@ -141,6 +157,9 @@ fn xml_call(g: &mut String, i: usize, name: &str, params: &Value) -> Result<(), 
     };
     for (key, schema) in props.into_iter().flatten() {
         item(g, key, xml_value(params, schema))?;
+        if g.len() > mtp_contract::MAX_CONSTRAINT_BYTES {
+            return Err(ToolCallError::TooLarge);
+        }
     }
     // required yet undescribed: anything the schema allows, and text is
     for key in &required {

@@ -41,7 +41,48 @@ mod stream;
 
 pub use grammar::{call_grammar, Forced, ToolCallError};
 pub(crate) use parse::{coerce, functions, properties, py_json, resolve, schema_types, type_alias};
-pub use parse::{parse, parse_with_ids};
+pub use parse::{parse, parse_with_ids, MAX_SCHEMA_WALK_NODES};
+
+/// The most schema nodes the type walks of one request's tools visit in all (each
+/// parameter's at most [`MAX_SCHEMA_WALK_NODES`]).
+pub const MAX_TOOL_SCHEMA_NODES: usize = 1 << 16;
+
+/// Checks that every tool parameter's schema can be read within the walks' budgets
+/// ([`MAX_SCHEMA_WALK_NODES`] nodes for one parameter, [`MAX_TOOL_SCHEMA_NODES`] for the whole
+/// request), before anything is rendered or compiled: a schema whose `anyOf` / `$ref` nesting
+/// goes past them is the request's fault, named here, and costs the server no more than the
+/// budget. The walks visit each node once, so cycles and shared subschemas are cheap.
+///
+/// ```
+/// use mtp_chat::toolcall::{check_tool_schemas, ToolCallError};
+/// use serde_json::json;
+///
+/// let ok = [json!({"type": "function", "function": {"name": "f", "parameters": {
+///     "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}})];
+/// assert!(check_tool_schemas(&ok).is_ok());
+/// // 5,000 branches under one parameter
+/// let wide: Vec<_> = (0..5000).map(|i| json!({"const": i})).collect();
+/// let bad = [json!({"type": "function", "function": {"name": "f", "parameters": {
+///     "type": "object", "properties": {"x": {"anyOf": wide}}}}})];
+/// assert!(matches!(check_tool_schemas(&bad), Err(ToolCallError::SchemaTooComplex { .. })));
+/// ```
+pub fn check_tool_schemas(tools: &[Value]) -> Result<(), ToolCallError> {
+    let mut total = 0usize;
+    for (name, params) in functions(tools) {
+        let props = params.get("properties").and_then(Value::as_object);
+        for (key, schema) in props.into_iter().flatten() {
+            let (_, visited) = parse::walk_types(&params, schema);
+            total = total.saturating_add(visited);
+            if visited > MAX_SCHEMA_WALK_NODES || total > MAX_TOOL_SCHEMA_NODES {
+                return Err(ToolCallError::SchemaTooComplex {
+                    tool: name,
+                    parameter: key.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
 pub use stream::{StreamEvent, ToolCallStream};
 
 /// The tool-call markup a chat template teaches its model.

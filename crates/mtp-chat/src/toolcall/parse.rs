@@ -107,55 +107,91 @@ pub(crate) fn resolve<'a>(root: &'a Value, mut schema: &'a Value) -> &'a Value {
     schema
 }
 
+/// The most schema nodes one parameter's type walk visits ([`schema_types`]): far more than
+/// any real schema's `anyOf` / `oneOf` / `allOf` / `$ref` nesting holds.
+pub const MAX_SCHEMA_WALK_NODES: usize = 4096;
+
 /// The JSON types a parameter's schema allows, as vLLM's `extract_types_from_schema` reads
 /// them: `type` (a name or a list), the types of `enum` values, and the union over `anyOf`,
 /// `oneOf` and `allOf`; local `$ref`s are followed (vLLM does not, and keeps such values as
 /// strings). A schema that says nothing is `["string"]`. Names are lower-cased and vLLM's
 /// aliases (`int`, `float`, `bool`, `dict`, `list`, …) mapped to JSON Schema's.
+///
+/// Each schema node is visited once (a `$ref` cycle or a subschema shared by many branches
+/// costs its size, not the number of paths to it), and at most [`MAX_SCHEMA_WALK_NODES`] of
+/// them: past that the walk stops with the types found so far (a request whose schemas go
+/// past it is refused up front by [`check_tool_schemas`](super::check_tool_schemas)).
 pub(crate) fn schema_types(root: &Value, schema: &Value) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    collect_types(root, schema, &mut out, 0);
+    let mut out = walk_types(root, schema).0;
     if out.is_empty() {
         out.push("string");
     }
     out
 }
 
-fn collect_types(root: &Value, schema: &Value, out: &mut Vec<&'static str>, depth: usize) {
-    if depth > 16 {
-        return;
-    }
-    let schema = resolve(root, schema);
-    let mut add = |t: &'static str| {
-        if !out.contains(&t) {
-            out.push(t);
-        }
+/// The types found, and the nodes visited (more than [`MAX_SCHEMA_WALK_NODES`] when the walk
+/// was cut short).
+pub(crate) fn walk_types(root: &Value, schema: &Value) -> (Vec<&'static str>, usize) {
+    let mut walk = TypeWalk {
+        root,
+        out: Vec::new(),
+        seen: std::collections::HashSet::new(),
+        visited: 0,
     };
-    match schema.get("type") {
-        Some(Value::String(t)) => add(type_alias(t)),
-        Some(Value::Array(ts)) => ts
-            .iter()
-            .filter_map(Value::as_str)
-            .for_each(|t| add(type_alias(t))),
-        _ => {}
-    }
-    if let Some(Value::Array(values)) = schema.get("enum") {
-        for v in values {
-            add(match v {
-                Value::Null => "null",
-                Value::Bool(_) => "boolean",
-                Value::Number(n) if n.is_f64() => "number",
-                Value::Number(_) => "integer",
-                Value::String(_) => "string",
-                Value::Array(_) => "array",
-                Value::Object(_) => "object",
-            });
+    walk.visit(schema, 0);
+    (walk.out, walk.visited)
+}
+
+/// One parameter's type walk: what it found, the nodes it has seen (by address: a node of
+/// the request's JSON is visited once however many paths lead to it) and its count.
+struct TypeWalk<'a> {
+    root: &'a Value,
+    out: Vec<&'static str>,
+    seen: std::collections::HashSet<*const Value>,
+    visited: usize,
+}
+
+impl<'a> TypeWalk<'a> {
+    fn visit(&mut self, schema: &'a Value, depth: usize) {
+        if depth > 64 || self.visited > MAX_SCHEMA_WALK_NODES {
+            return;
         }
-    }
-    for key in ["anyOf", "oneOf", "allOf"] {
-        if let Some(Value::Array(choices)) = schema.get(key) {
-            for c in choices {
-                collect_types(root, c, out, depth + 1);
+        let schema = resolve(self.root, schema);
+        if !self.seen.insert(schema as *const Value) {
+            return;
+        }
+        self.visited += 1;
+        let mut add = |t: &'static str| {
+            if !self.out.contains(&t) {
+                self.out.push(t);
+            }
+        };
+        match schema.get("type") {
+            Some(Value::String(t)) => add(type_alias(t)),
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .for_each(|t| add(type_alias(t))),
+            _ => {}
+        }
+        if let Some(Value::Array(values)) = schema.get("enum") {
+            for v in values {
+                add(match v {
+                    Value::Null => "null",
+                    Value::Bool(_) => "boolean",
+                    Value::Number(n) if n.is_f64() => "number",
+                    Value::Number(_) => "integer",
+                    Value::String(_) => "string",
+                    Value::Array(_) => "array",
+                    Value::Object(_) => "object",
+                });
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            if let Some(Value::Array(choices)) = schema.get(key) {
+                for c in choices {
+                    self.visit(c, depth + 1);
+                }
             }
         }
     }

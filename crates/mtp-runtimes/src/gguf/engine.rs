@@ -57,6 +57,8 @@ pub(crate) struct Job {
     pub threads: i32,
     /// The KV cache's type (llama.cpp's default when not given).
     pub cache_type: Option<KvType>,
+    /// The request's cancellation: checked before the prompt's decode and after every step.
+    pub cancel: mtp_contract::Cancel,
 }
 
 /// What the loop produced.
@@ -386,6 +388,10 @@ fn run_plain(
     let mut text = Text::new(model, job);
 
     sink.prompt(prompt_progress(job, 0, started));
+    if job.cancel.is_cancelled() {
+        out.finish = Some(FinishReason::Cancelled);
+        return Ok(text.finish(out, sink));
+    }
     let mut batch = LlamaBatch::new(job.tokens.len().max(1), 1);
     let last = job.tokens.len() - 1;
     for (i, t) in job.tokens.iter().enumerate() {
@@ -414,7 +420,7 @@ fn run_plain(
             out.finish = Some(FinishReason::Stop);
             break;
         }
-        if !text.flush(sink, false) {
+        if job.cancel.is_cancelled() || !text.flush(sink, false) {
             out.finish = Some(FinishReason::Cancelled);
             break;
         }
@@ -474,6 +480,10 @@ fn run_mtp(
 
     // Prefill all but the last prompt token (which the first round computes).
     sink.prompt(prompt_progress(job, 0, started));
+    if job.cancel.is_cancelled() {
+        out.finish = Some(FinishReason::Cancelled);
+        return Ok(text.finish(out, sink));
+    }
     let (head, last) = job.tokens.split_at(job.tokens.len() - 1);
     let mut batch = LlamaBatch::new(job.tokens.len().max(n_max as usize + 1), 1);
     if !head.is_empty() {
@@ -602,7 +612,7 @@ fn run_mtp(
                 break 'gen;
             }
         }
-        if !text.flush(sink, false) {
+        if job.cancel.is_cancelled() || !text.flush(sink, false) {
             out.finish = Some(FinishReason::Cancelled);
             break;
         }

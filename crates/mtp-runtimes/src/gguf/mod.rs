@@ -470,14 +470,18 @@ impl GgufProvider {
             n_ctx: self.inner.n_ctx,
             threads: self.inner.threads,
             cache_type: self.inner.cache_type,
+            cancel: req.cancel.clone(),
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<StreamEvent, ProviderError>>();
         let busy = self.inner.busy.clone();
         let this = self.clone();
         let input_tokens = job.tokens.len() as u64;
+        // the caller may wait for this thread to have stopped (see `Cancel::idle`)
+        let lease = req.cancel.lease();
         std::thread::Builder::new()
             .name("mtp-gguf".into())
             .spawn(move || {
+                let _lease = lease;
                 struct Release(Arc<AtomicBool>);
                 impl Drop for Release {
                     fn drop(&mut self) {

@@ -137,6 +137,10 @@ pub struct ServeArgs {
     /// Tools of one chat request.
     #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_tools)]
     pub max_tools: usize,
+    /// Bytes of text in one request (messages, prompt, tools), refused with 413 before it
+    /// waits for a slot.
+    #[arg(long, value_name = "BYTES", default_value_t = mtp_server::openai::Limits::default().max_prompt_bytes)]
+    pub max_prompt_bytes: usize,
 }
 
 /// A positive number of seconds (fractions allowed), at most a day.

@@ -142,6 +142,10 @@ where
         Command::Models(a) => models::run(a, &rt, &mut out),
         Command::Serve(a) => rt.block_on(serve::run(a, &mut out)),
     };
+    // Work still running on the blocking pool (a request `mtp serve` cancelled at its shutdown
+    // deadline, stopping at its next check) gets a moment, not a wait without end: dropping
+    // the runtime would wait for every blocking task.
+    rt.shutdown_timeout(std::time::Duration::from_millis(250));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`mtp probe … | head`): nothing left to say.

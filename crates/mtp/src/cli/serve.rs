@@ -92,6 +92,7 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
         max_messages: a.max_messages,
         max_content_parts: a.max_content_parts,
         max_tools: a.max_tools,
+        max_prompt_bytes: a.max_prompt_bytes,
     };
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
