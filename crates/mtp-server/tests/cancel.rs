@@ -133,6 +133,7 @@ impl Provider for Slow {
             partial: false,
             warnings: Vec::new(),
             tool_calls: Vec::new(),
+            stop_sequence: None,
         };
         Ok(Box::pin(futures::stream::iter([Ok(StreamEvent::Done(
             Box::new(done),
