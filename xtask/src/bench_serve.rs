@@ -141,11 +141,12 @@ pub(crate) fn build_mtp(release: bool) -> Result<PathBuf> {
     if !st.success() {
         bail!("{build:?} failed");
     }
-    Ok(PathBuf::from(if release {
-        "target/release/mtp"
-    } else {
-        "target/debug/mtp"
-    }))
+    // where cargo put it: CARGO_TARGET_DIR when set, else the workspace's target/
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    Ok(dir
+        .join(if release { "release" } else { "debug" })
+        .join("mtp"))
 }
 
 /// Starts `mtp serve` (its command line in `cmd`, with `--port 0`) and reads the address

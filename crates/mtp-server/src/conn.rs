@@ -53,25 +53,23 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// How long before the shutdown deadline the requests still in flight are cancelled (at most
 /// a quarter of the grace): their work stops at its next check and their answers end.
 const CANCEL_LEAD: Duration = Duration::from_secs(1);
-/// How long a connection admitted in an evicted one's place waits for the eviction to free
-/// its slot.
-const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
-/// What the accept loop knows of one open connection: how many of its requests are in
-/// flight (from the handler's start to its answer's last byte), and since when it has had
-/// none.
+/// What the accept loop knows of one open connection: its slot under the cap, how many of its
+/// requests are in flight (from the handler's start to its answer's last byte), and since
+/// when it has had none.
 ///
-/// A connection still waiting for the slot of the one evicted for it is idle too: evicting it
-/// hands its claim on that slot to the newcomer, so every eviction frees exactly the one slot
-/// a newcomer waits for.
+/// The slot lives here, not in the connection's task, so that evicting the connection hands
+/// the slot itself to the newcomer: no other connection can take it in between.
 struct ConnState {
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
     busy: AtomicUsize,
     idle_since: Mutex<Instant>,
 }
 
 impl ConnState {
-    fn new() -> Arc<ConnState> {
+    fn new(slot: OwnedSemaphorePermit) -> Arc<ConnState> {
         Arc::new(ConnState {
+            slot: Mutex::new(Some(slot)),
             busy: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
         })
@@ -80,6 +78,28 @@ impl ConnState {
     fn idle_since(&self) -> Option<Instant> {
         let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
         (self.busy.load(Ordering::Acquire) == 0).then_some(since)
+    }
+
+    fn take_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A connection's task's hold on its entry: when the task ends or is dropped, the entry goes
+/// and the slot (unless an eviction took it) is freed.
+struct Leave {
+    open: Open,
+    key: u64,
+    state: Arc<ConnState>,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+        drop(self.state.take_slot());
     }
 }
 
@@ -126,27 +146,27 @@ impl http_body::Body for Tracked {
     }
 }
 
-/// The open connections, by number: their state and how to close one.
-type Open = Arc<Mutex<HashMap<u64, (Arc<ConnState>, AbortHandle)>>>;
+/// The open connections, by number: their state and how to close one (set once its task is
+/// spawned; the entry is made before, so a task that ends at once never leaves one behind).
+type Open = Arc<Mutex<HashMap<u64, (Arc<ConnState>, Option<AbortHandle>)>>>;
 
-/// Closes the longest-idle connection that has no request in flight, if any; true when one was
-/// closed.
-fn evict_idle(open: &Open) -> bool {
-    let victim = {
-        let conns = open.lock().unwrap_or_else(|p| p.into_inner());
-        conns
-            .iter()
-            .filter_map(|(k, (c, a))| Some((c.idle_since()?, *k, a.clone())))
-            .min_by_key(|(since, k, _)| (*since, *k))
-    };
-    match victim {
-        Some((_, key, abort)) => {
-            abort.abort();
-            open.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-            true
-        }
-        None => false,
+/// Closes the longest-idle connection that has no request in flight, if any, and returns its
+/// slot for the connection that takes its place.
+fn evict_idle(open: &Open) -> Option<OwnedSemaphorePermit> {
+    let mut conns = open.lock().unwrap_or_else(|p| p.into_inner());
+    let (_, key) = conns
+        .iter()
+        .filter_map(|(k, (c, a))| {
+            a.as_ref().filter(|a| !a.is_finished())?;
+            Some((c.idle_since()?, *k))
+        })
+        .min()?;
+    let (state, abort) = conns.remove(&key)?;
+    let slot = state.take_slot();
+    if let Some(a) = abort {
+        a.abort();
     }
+    slot
 }
 
 pub(crate) async fn run(
@@ -218,23 +238,25 @@ pub(crate) async fn run(
                 };
                 // a slot now, or the slot of the longest-idle connection, closed for it
                 let slot = match Arc::clone(&slots).try_acquire_owned() {
-                    Ok(p) => Slot::Now(p),
-                    Err(_) if evict_idle(&open) => {
-                        state.metrics.connection_evicted();
-                        Slot::Freed(Arc::clone(&slots))
-                    }
-                    Err(_) => {
-                        state.metrics.connection_refused();
-                        refuse(tcp, &refusing, &refusal, &mut tasks);
-                        continue;
-                    }
+                    Ok(p) => p,
+                    Err(_) => match evict_idle(&open) {
+                        Some(p) => {
+                            state.metrics.connection_evicted();
+                            p
+                        }
+                        None => {
+                            state.metrics.connection_refused();
+                            refuse(tcp, &refusing, &refusal, &mut tasks);
+                            continue;
+                        }
+                    },
                 };
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!("TCP_NODELAY: {e}");
                 }
                 let mut io = TimeoutStream::new(tcp);
                 io.set_write_timeout(Some(config.write_timeout));
-                let conn_state = ConnState::new();
+                let conn_state = ConnState::new(slot);
                 let service = {
                     let (router, conn_state) = (TowerToHyperService::new(app.clone()), Arc::clone(&conn_state));
                     hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -253,23 +275,24 @@ pub(crate) async fn run(
                 let gauge = state.metrics.connection_opened();
                 let key = next_conn;
                 next_conn += 1;
-                let registry = Arc::clone(&open);
+                let leave = Leave {
+                    open: Arc::clone(&open),
+                    key,
+                    state: Arc::clone(&conn_state),
+                };
+                open.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, (conn_state, None));
                 let abort = tasks.spawn(async move {
-                    let Some(permit) = slot.take().await else {
-                        tracing::debug!(%peer, "no slot freed in time; connection closed");
-                        registry.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-                        return;
-                    };
+                    let _leave = leave;
                     if let Err(e) = conn.await {
                         tracing::debug!(%peer, "connection ended: {e}");
                     }
-                    registry.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
                     drop(gauge);
-                    drop(permit);
                 });
-                open.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, (conn_state, abort));
+                if let Some(entry) = open.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&key) {
+                    entry.1 = Some(abort);
+                }
             }
         }
     }
@@ -290,26 +313,6 @@ pub(crate) async fn run(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     Ok(())
-}
-
-/// A new connection's place under the cap.
-enum Slot {
-    /// There was one free.
-    Now(OwnedSemaphorePermit),
-    /// An idle connection was closed for it: its slot is free once that one's task ends.
-    Freed(Arc<Semaphore>),
-}
-
-impl Slot {
-    async fn take(self) -> Option<OwnedSemaphorePermit> {
-        match self {
-            Slot::Now(p) => Some(p),
-            Slot::Freed(slots) => tokio::time::timeout(EVICTION_WAIT, slots.acquire_owned())
-                .await
-                .ok()?
-                .ok(),
-        }
-    }
 }
 
 /// Errors of one connection that say nothing about the listener (as hyper's examples and
