@@ -107,8 +107,9 @@ pub(crate) fn resolve<'a>(root: &'a Value, mut schema: &'a Value) -> &'a Value {
     schema
 }
 
-/// The most schema nodes one parameter's type walk visits ([`schema_types`]): far more than
-/// any real schema's `anyOf` / `oneOf` / `allOf` / `$ref` nesting holds.
+/// The most schema nodes one parameter's type walk visits (the walk that types a tool call's
+/// parameter values by their schema): far more than any real schema's `anyOf` / `oneOf` /
+/// `allOf` / `$ref` nesting holds.
 pub const MAX_SCHEMA_WALK_NODES: usize = 4096;
 
 /// The JSON types a parameter's schema allows, as vLLM's `extract_types_from_schema` reads
