@@ -1062,3 +1062,29 @@ fn grammar_errors_are_typed() {
         Err(ToolCallError::Unwritable(_))
     ));
 }
+
+#[test]
+fn a_schema_that_branches_on_itself_is_read_in_its_size() {
+    use std::time::{Duration, Instant};
+    // issue 62: eight `$ref`s back to the same `anyOf` once cost k^17 paths
+    let branches = vec![json!({"$ref": "#/$defs/a"}); 8];
+    let tools = [
+        json!({"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "$defs": {"a": {"anyOf": branches}},
+         "properties": {"x": {"$ref": "#/$defs/a"}}}}}),
+    ];
+    let started = Instant::now();
+    assert!(mtp_chat::toolcall::check_tool_schemas(&tools).is_ok());
+    for format in [ToolCallFormat::QwenXml, ToolCallFormat::HermesJson] {
+        assert!(call_grammar(format, &tools, Forced::Required, false).is_ok());
+    }
+    let text =
+        "<tool_call>\n<function=f>\n<parameter=x>\nhello\n</parameter>\n</function>\n</tool_call>";
+    let reply = mtp_chat::toolcall::parse(ToolCallFormat::QwenXml, text, &tools);
+    assert_eq!(reply.calls.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
