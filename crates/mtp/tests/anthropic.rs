@@ -13,21 +13,7 @@ use serde_json::{json, Value};
 
 /// The demo model's files with the Qwen3.5 template beside them.
 fn checkpoint() -> (tempfile::TempDir, PathBuf) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let dir = tempfile::tempdir().unwrap();
-    let ck = dir.path().join("tiny-code-qwen35-template");
-    std::fs::create_dir(&ck).unwrap();
-    for e in std::fs::read_dir(root.join("models/tiny-code")).unwrap() {
-        let e = e.unwrap();
-        std::os::unix::fs::symlink(e.path().canonicalize().unwrap(), ck.join(e.file_name()))
-            .unwrap();
-    }
-    std::fs::copy(
-        root.join("crates/mtp-chat/tests/templates/Qwen3.5-4B.jinja"),
-        ck.join("chat_template.jinja"),
-    )
-    .unwrap();
-    (dir, ck)
+    common::qwen35_checkpoint()
 }
 
 /// The server, killed when the test ends or fails (its stderr is the test's own).

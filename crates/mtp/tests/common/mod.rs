@@ -37,3 +37,25 @@ pub fn spawn_serve(model: &str, args: &[&str], stderr: Stdio) -> Spawned {
         base,
     }
 }
+
+/// The demo model's files (linked) with the published Qwen3.5 chat template beside them, in a
+/// temporary folder that lives as long as the returned guard. (Not every test binary that
+/// includes this module uses it.)
+#[allow(dead_code)]
+pub fn qwen35_checkpoint() -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("tiny-code-qwen35-template");
+    std::fs::create_dir(&ck).unwrap();
+    for e in std::fs::read_dir(root.join("models/tiny-code")).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path().canonicalize().unwrap(), ck.join(e.file_name()))
+            .unwrap();
+    }
+    std::fs::copy(
+        root.join("crates/mtp-chat/tests/templates/Qwen3.5-4B.jinja"),
+        ck.join("chat_template.jinja"),
+    )
+    .unwrap();
+    (dir, ck)
+}
