@@ -85,6 +85,15 @@ pub struct GenerateOptions {
     /// The request's cancellation: once cancelled, the sequence ends at the next step (a
     /// prompt part or a decode step), finish `Cancelled`, as a caller's `false` ends it.
     pub cancel: Option<mtp_contract::Cancel>,
+    /// Report each generated token's log probability under the target model, with this many
+    /// of the most likely alternatives (0: the token's alone; at most
+    /// [`crate::MAX_TOP_LOGPROBS`]), in [`GenerationOutput::logprobs`] and to `on_logprobs`.
+    /// Taken from the target's logits before penalties, temperature and a constraint's mask,
+    /// so they are the same with MTP on and off.
+    pub logprobs: Option<usize>,
+    /// Told each chunk's log probabilities (with `logprobs`), just before the chunk's tokens
+    /// reach the caller's callback.
+    pub on_logprobs: Option<crate::LogprobSink>,
 }
 
 /// Where a generation reports its prompt's progress ([`GenerateOptions::on_prompt_progress`]).
@@ -125,6 +134,8 @@ impl Default for GenerateOptions {
             images: None,
             on_prompt_progress: None,
             cancel: None,
+            logprobs: None,
+            on_logprobs: None,
         }
     }
 }
@@ -166,6 +177,13 @@ impl GenerateOptions {
     /// Constrains the reply to `format`.
     pub fn response_format(mut self, format: ResponseFormat) -> Self {
         self.response_format = Some(format);
+        self
+    }
+
+    /// Reports each generated token's log probability with `top` alternatives
+    /// ([`GenerateOptions::logprobs`]).
+    pub fn logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
         self
     }
 
@@ -238,6 +256,9 @@ pub struct GenerationOutput {
     pub computed_prompt_tokens: usize,
     /// The prefix-cache states kept, when [`GenerateOptions::checkpoint`] asked for them.
     pub states: KeptStates,
+    /// Each generated token's log probability, when [`GenerateOptions::logprobs`] asked for
+    /// them (one per token of `tokens`).
+    pub logprobs: Vec<crate::TokenLogprob>,
 }
 
 /// A loaded model ready to generate.
@@ -656,6 +677,12 @@ impl Engine {
         if let Some(m) = &opts.images {
             self.check_images(m.spans().len())?;
             m.check_fits(prompt, self.model.hidden_size())?;
+        }
+        if let Some(n) = opts.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+            return Err(Error::InvalidRequest(format!(
+                "at most {} alternatives per token's log probability, {n} asked for",
+                crate::MAX_TOP_LOGPROBS
+            )));
         }
         if let Some(d) = opts.num_draft_tokens.filter(|&d| d > MAX_VERIFY_DEPTH) {
             return Err(Error::InvalidRequest(format!(

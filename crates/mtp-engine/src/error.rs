@@ -97,6 +97,9 @@ pub enum Error {
     /// A saved decoding state (a prefix-cache file) does not fit this model, or is damaged.
     #[error("saved state: {0}")]
     State(String),
+    /// The request was cancelled ([`crate::GenerateOptions::cancel`]) before the work ended.
+    #[error("cancelled")]
+    Cancelled,
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),

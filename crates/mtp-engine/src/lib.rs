@@ -26,6 +26,7 @@ pub(crate) mod fgemm;
 pub(crate) mod kernels;
 #[allow(unsafe_code)] // checkpoint files are memory-mapped
 pub mod loader;
+pub mod logprobs;
 pub mod nn;
 pub mod persist;
 #[allow(unsafe_code)] // AVX2 / AVX-512 products over packed 4- and 8-bit matrices
@@ -55,6 +56,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
+pub use logprobs::{LogprobSink, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use mtp_contract::{
     DraftStats, FinishReason, PromptProgress, ResponseFormat, Sampling, Timings,
 };

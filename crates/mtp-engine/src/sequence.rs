@@ -22,6 +22,7 @@ use crate::cache::SeqCache;
 use crate::depth::Acceptance;
 use crate::engine::{prefill_target, Engine, GenerateOptions, GenerationOutput, ProgressSink};
 use crate::error::Result;
+use crate::logprobs::{self, LogprobSink, TokenLogprob};
 use crate::resume::{Keep, KeptStates, PrefillKept, PromptIn, PromptState};
 use crate::sampling::Sampler;
 use crate::speculative::{self, Drafts, Round, SpecTimings};
@@ -140,6 +141,12 @@ pub(crate) struct Sequence {
     /// The positions its caches get room for up front: prompt, reply (up to [`REPLY_ROOM`])
     /// and a verify's rows.
     room: usize,
+    /// Alternatives per token's log probability, when they are reported
+    /// ([`GenerateOptions::logprobs`]).
+    top_logprobs: Option<usize>,
+    /// The log probabilities of `tokens`, when reported.
+    logprobs: Vec<TokenLogprob>,
+    on_logprobs: Option<LogprobSink>,
 }
 
 impl Sequence {
@@ -198,6 +205,9 @@ impl Sequence {
                 .len()
                 .saturating_add(opts.max_tokens.min(REPLY_ROOM))
                 .saturating_add(crate::kernels::MAX_ROWS),
+            top_logprobs: opts.logprobs,
+            logprobs: Vec::new(),
+            on_logprobs: opts.on_logprobs.clone(),
         };
         seq.report_prompt(from);
         if prompt.len() - from > chunk {
@@ -336,10 +346,16 @@ impl Sequence {
 
     /// A speculating sequence's prefill produced its first token: emit it.
     fn first_speculative_token(&mut self, on: &mut OnTokens<'_>) {
-        if let Lane::Mtp { round, .. } = &self.lane {
+        if let Lane::Mtp { round, .. } = &mut self.lane {
             let b = round.bonus;
+            // the prompt's last logits, kept for this (a vocabulary of floats, freed now)
+            let row = std::mem::take(&mut round.first_logits);
+            let lps = self
+                .top_logprobs
+                .map(|n| vec![logprobs::of_row(&row, b, n)])
+                .unwrap_or_default();
             self.first_at = Some(Instant::now());
-            self.emit(&[b], on);
+            self.emit(&[b], lps, on);
         }
     }
 
@@ -365,7 +381,10 @@ impl Sequence {
     /// [`Sequence::settle`]. A paced sequence whose chunk leaves it going is held until its
     /// caller answers ([`crate::batch::Batch::answer`]); its callback here only says whether
     /// the caller is still there. True when it may go on.
-    fn emit(&mut self, chunk: &[u32], on: &mut OnTokens<'_>) -> bool {
+    ///
+    /// `lps` are the chunk's log probabilities (empty when none are reported): cut with it,
+    /// kept, and told to the sink just before the tokens go to `on`.
+    fn emit(&mut self, chunk: &[u32], mut lps: Vec<TokenLogprob>, on: &mut OnTokens<'_>) -> bool {
         let mut take = chunk.len().min(self.remaining());
         if let Some(i) = chunk[..take].iter().position(|t| self.stops.contains(t)) {
             take = i;
@@ -376,6 +395,11 @@ impl Sequence {
         if part.is_empty() {
             return self.settle(true);
         }
+        lps.truncate(take);
+        if let Some(sink) = &self.on_logprobs {
+            sink.send(&lps);
+        }
+        self.logprobs.extend(lps);
         let go = on(self.id, part);
         if !self.paced || self.finish.is_some() {
             // answered now (or an answer that changes nothing: a stop id ended it)
@@ -423,11 +447,16 @@ impl Sequence {
         if let Some(tok) = unfed.take() {
             return Ok(Some(tok));
         }
+        // the log probabilities are the model's, before the penalties change the row
+        let raw = self.top_logprobs.map(|n| (n, logits.clone()));
         self.sampler.apply_penalties(logits, history);
         let tok = self.sampler.pick(logits, pos)?;
         history.push(tok);
         self.first_at.get_or_insert_with(Instant::now);
-        if !self.emit(&[tok], on) {
+        let lps = raw
+            .map(|(n, row)| vec![logprobs::of_row(&row, tok, n)])
+            .unwrap_or_default();
+        if !self.emit(&[tok], lps, on) {
             return Ok(None);
         }
         if self.held {
@@ -541,7 +570,11 @@ impl Sequence {
                 m.record_round(a, d.len(), done.accepted);
             }
         }
-        self.emit(&done.new, on);
+        let lps = self
+            .top_logprobs
+            .map(|n| logprobs::of_rows(logits, engine.model().vocab_size(), &done.new, n))
+            .unwrap_or_default();
+        self.emit(&done.new, lps, on);
         Ok(())
     }
 
@@ -584,6 +617,7 @@ impl Sequence {
                 after_reply,
                 after_history: self.kept.history,
             },
+            logprobs: self.logprobs,
         }
     }
 

@@ -52,6 +52,9 @@ pub(crate) struct Round {
     mcache: MtpCache,
     /// The target's last token (first input of the next verify).
     pub(crate) bonus: u32,
+    /// The prompt's last logits, from which `bonus` was picked as the first token (kept until
+    /// that token is emitted, for its log probability; empty after).
+    pub(crate) first_logits: Vec<f32>,
     /// The drafter's next proposal and its hidden state, produced when the drafter was updated.
     seed: u32,
     seed_q: Option<Vec<f32>>,
@@ -630,6 +633,7 @@ pub(crate) fn prefill(
         cache,
         mcache,
         bonus: b,
+        first_logits: out.logits,
         seed,
         seed_q,
         seed_hidden: last,

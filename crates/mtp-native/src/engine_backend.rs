@@ -62,6 +62,7 @@ fn api(e: mtp_engine::Error) -> ProviderError {
                 what,
             }
         }
+        mtp_engine::Error::Cancelled => return ProviderError::Cancelled,
         // what the engine refuses in a request is the request's fault
         mtp_engine::Error::InvalidRequest(message) => {
             return ProviderError::InvalidRequest {
