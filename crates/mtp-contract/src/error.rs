@@ -15,6 +15,15 @@ pub enum ProviderError {
         /// What is wrong.
         message: String,
     },
+    /// The prompt does not fit the context the model is served with (OpenAI's and vLLM's
+    /// `context_length_exceeded`).
+    #[error("the prompt does not fit the context: {message}")]
+    ContextLengthExceeded {
+        /// The context length (prompt and reply), in tokens.
+        context: usize,
+        /// What does not fit and what to do.
+        message: String,
+    },
     /// The speculation block is malformed.
     #[error("invalid speculation block: {0}")]
     InvalidSpeculation(#[from] SpeculationError),
@@ -95,6 +104,7 @@ impl ProviderError {
         matches!(
             self,
             ProviderError::InvalidRequest { .. }
+                | ProviderError::ContextLengthExceeded { .. }
                 | ProviderError::InvalidSpeculation(_)
                 | ProviderError::SpeculationUnavailable { .. }
                 | ProviderError::Unsupported { .. }

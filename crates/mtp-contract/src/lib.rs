@@ -33,6 +33,7 @@ mod error;
 mod format;
 mod kind;
 mod kv;
+mod logprob;
 mod provider;
 mod reason;
 mod report;
@@ -45,9 +46,10 @@ pub use error::ProviderError;
 pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use kind::ProviderKind;
 pub use kv::KvType;
+pub use logprob::{TokenLogprob, TokenizerInfo, TopLogprob, Vocabulary, MAX_TOP_LOGPROBS};
 pub use provider::{
     plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
-    ProviderOptions, SpeculationStatus,
+    ProviderOptions, RenderedText, SpeculationStatus,
 };
 pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};

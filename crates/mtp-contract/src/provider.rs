@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProviderError;
+use crate::logprob::Vocabulary;
 use crate::reason::Reason;
 use crate::report::{DraftStats, SpeculationReport};
 use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
@@ -405,6 +406,29 @@ pub trait Provider: Send + Sync {
         })
     }
 
+    /// The prompt `request` is given to the model as, text and token ids (its chat template,
+    /// system prompt, history and tools rendered, images expanded to their placeholder
+    /// tokens), without generating: llama-server's `/apply-template`. Runtimes that cannot
+    /// tell refuse it as `Unsupported`.
+    async fn render_prompt(&self, request: GenerateRequest) -> Result<RenderedText, ProviderError> {
+        let _ = request;
+        Err(ProviderError::Unsupported {
+            provider: self.name().to_string(),
+            what: "rendering a prompt without generating".into(),
+        })
+    }
+
+    /// The model's vocabulary (`/tokenize`, `/detokenize`, `/tokenizer_info`); `None` when
+    /// the runtime has no tokenizer at hand (an HTTP server).
+    fn vocabulary(&self) -> Option<std::sync::Arc<dyn Vocabulary>> {
+        None
+    }
+
+    /// The context length requests are served with (prompt and reply), when known.
+    fn context_length(&self) -> Option<usize> {
+        None
+    }
+
     /// Clears the prompt cache for a key, or everything with `None`.
     fn prompt_cache_clear(&self, key: Option<&str>) -> Result<(), ProviderError> {
         let _ = key;
@@ -416,6 +440,15 @@ pub trait Provider: Send + Sync {
 
     /// Releases this provider's hold on the model. Later calls fail with `Unloaded`.
     async fn unload(&self) -> Result<(), ProviderError>;
+}
+
+/// A prompt as the model is given it ([`Provider::render_prompt`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RenderedText {
+    /// The rendered text.
+    pub text: String,
+    /// Its token ids.
+    pub token_ids: Vec<u32>,
 }
 
 /// True when the sampling asks for nothing speculation cannot honour.

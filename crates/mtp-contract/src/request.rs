@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::cancel::Cancel;
 use crate::error::ProviderError;
 use crate::format::ResponseFormat;
+use crate::logprob::TokenLogprob;
 use crate::report::{SpeculationReport, Timings};
 use crate::sampling::Sampling;
 use crate::speculation::Speculation;
@@ -308,6 +309,20 @@ pub struct GenerateRequest {
     /// tokens compare equal).
     #[serde(skip)]
     pub cancel: Cancel,
+    /// Report each generated token's log probability with this many alternatives (0: the
+    /// token's alone; at most [`crate::MAX_TOP_LOGPROBS`]), in
+    /// [`GenerateResponse::logprobs`] and each streamed delta. Runtimes that cannot refuse it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+    /// Also report the prompt's tokens with their log probabilities
+    /// ([`GenerateResponse::prompt_logprobs`], with `logprobs` alternatives each): OpenAI's
+    /// `echo` with `logprobs`, what loglikelihood evaluations read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub echo: bool,
+    /// A raw prompt given as token ids instead of text (`raw_prompt`, with `prompt` empty):
+    /// OpenAI's token-id prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// Which tool calls a reply may or must make (OpenAI's `tool_choice`).
@@ -538,11 +553,37 @@ impl GenerateRequest {
                 });
             }
         }
-        if self.max_output_tokens == Some(0) {
+        // (none at all, with `echo`: the prompt's log probabilities alone)
+        if self.max_output_tokens == Some(0) && !self.echo {
             return Err(ProviderError::InvalidRequest {
                 field: "max_output_tokens",
-                message: "must be at least 1".into(),
+                message: "must be at least 1 (0 only with `echo`, for the prompt's log \
+                          probabilities alone)"
+                    .into(),
             });
+        }
+        if let Some(n) = self.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+            return Err(ProviderError::InvalidRequest {
+                field: "logprobs",
+                message: format!(
+                    "asks for {n} alternatives per token; at most {}",
+                    crate::MAX_TOP_LOGPROBS
+                ),
+            });
+        }
+        if let Some(ids) = &self.prompt_token_ids {
+            if !self.raw_prompt || !self.prompt.is_empty() || self.messages.is_some() {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompt",
+                    message: "token ids are a raw prompt on their own: no text, no messages".into(),
+                });
+            }
+            if ids.is_empty() {
+                return Err(ProviderError::InvalidRequest {
+                    field: "prompt",
+                    message: "has no tokens".into(),
+                });
+            }
         }
         if let Some(i) = self.tools.iter().position(|t| !t.is_object()) {
             return Err(ProviderError::InvalidRequest {
@@ -736,6 +777,14 @@ pub struct GenerateResponse {
     /// `stopping_word`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_sequence: Option<String>,
+    /// Each generated token's log probability, when the request asked for them
+    /// ([`GenerateRequest::logprobs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// The prompt's tokens with their log probabilities, when the request asked for them
+    /// ([`GenerateRequest::echo`]); the first has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A piece of a tool call as it streams (OpenAI's `delta.tool_calls[i]`): the first piece of
@@ -794,6 +843,9 @@ pub enum StreamEvent {
         /// New reasoning text of a thinking model (streamed before the answer).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reasoning: String,
+        /// The log probabilities of `token_ids`, when the request asked for them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<TokenLogprob>,
     },
     /// A piece of a tool call, as the reply generates it (never raw markup in a `Delta`).
     ToolCall(ToolCallDelta),

@@ -147,6 +147,8 @@ fn response_json_shape() {
         warnings: Vec::new(),
         tool_calls: Vec::new(),
         stop_sequence: None,
+        prompt_logprobs: None,
+        logprobs: None,
     };
     let v = serde_json::to_value(&resp).unwrap();
     assert_eq!(v["finish_reason"], "length");
@@ -170,6 +172,7 @@ fn response_json_shape() {
         text: "a".into(),
         token_ids: vec![97],
         reasoning: String::new(),
+        logprobs: Vec::new(),
     };
     let v = serde_json::to_value(&ev).unwrap();
     assert_eq!(v["type"], "delta");
@@ -178,6 +181,7 @@ fn response_json_shape() {
         text: String::new(),
         token_ids: vec![1],
         reasoning: "hmm".into(),
+        logprobs: Vec::new(),
     };
     let v = serde_json::to_value(&thought).unwrap();
     assert_eq!(v["reasoning"], "hmm");

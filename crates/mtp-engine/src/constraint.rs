@@ -11,9 +11,9 @@
 use std::sync::Arc;
 
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
-use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::tokenizer::{token_bytes, TokenBytes};
 
 /// The tokenizer as llguidance sees it: each token's bytes, specials marked.
 pub(crate) struct ByteVocab {
@@ -39,58 +39,6 @@ impl TokenizerEnv for ByteVocab {
     }
 }
 
-/// GPT-2's byte-to-character table of byte-level BPE vocabularies, inverted.
-fn byte_level_table() -> std::collections::HashMap<char, u8> {
-    let mut map = std::collections::HashMap::new();
-    let mut next = 256u32;
-    for b in 0..=255u8 {
-        let c = b as char;
-        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-        if printable {
-            map.insert(c, b);
-        } else if let Some(c) = char::from_u32(next) {
-            map.insert(c, b);
-            next += 1;
-        }
-    }
-    map
-}
-
-/// How a vocabulary spells bytes in its token strings.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Spelling {
-    /// GPT-2 byte-level BPE (Qwen, Llama 3, ...).
-    ByteLevel,
-    /// SentencePiece: `▁` for a space, `<0xNN>` byte tokens.
-    SentencePiece,
-}
-
-fn spelling(tok: &tokenizers::Tokenizer) -> Option<Spelling> {
-    fn walk(v: &Value, found: &mut Option<Spelling>) {
-        match v.get("type").and_then(Value::as_str) {
-            Some("ByteLevel") => *found = Some(Spelling::ByteLevel),
-            Some("ByteFallback") | Some("Metaspace") if found.is_none() => {
-                *found = Some(Spelling::SentencePiece)
-            }
-            Some("Sequence") => {
-                for d in v
-                    .get("decoders")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    walk(d, found);
-                }
-            }
-            _ => {}
-        }
-    }
-    let v = serde_json::to_value(tok.get_decoder()?).ok()?;
-    let mut found = None;
-    walk(&v, &mut found);
-    found
-}
-
 impl ByteVocab {
     /// Each token's bytes from a `tokenizer.json` (tokens marked `special`, and the end ids
     /// `eos`, as specials: grammar text is never spelled with them), as llguidance's own
@@ -98,60 +46,22 @@ impl ByteVocab {
     /// `<tool_call>`, `</think>`) is the text it stands for: the model writes its tool-call
     /// and reasoning markup with those tokens, and a grammar of that markup (a forced tool
     /// call) must let it.
-    ///
-    /// Written here rather than taken from `toktrie_hf_tokenizers` or llguidance's
-    /// `token_bytes_from_tokenizer_json`: the first pins `tokenizers` 0.21 (the engine is on
-    /// 0.23, and two copies would not share types), and both panic on vocabularies they do not
-    /// expect (a `<0xZZ>` token, an unknown decoder); a checkpoint's tokenizer.json is outside
-    /// input, so this returns a typed error instead.
     pub(crate) fn new(tok: &tokenizers::Tokenizer, eos: &[u32]) -> Result<Self> {
         let unsupported = |m: String| Error::Unsupported(format!("constrained decoding: {m}"));
-        let spelling = spelling(tok).ok_or_else(|| {
-            unsupported(
-                "the tokenizer's decoder is neither byte-level BPE nor SentencePiece, so token \
-                 bytes are unknown"
-                    .into(),
-            )
+        let TokenBytes {
+            mut words,
+            special,
+            added,
+        } = token_bytes(tok).map_err(|e| match e {
+            Error::Tokenizer(m) => unsupported(m),
+            other => other,
         })?;
-        let n = tok.get_vocab_size(true);
-        let added = tok.get_added_tokens_decoder();
-        let table = byte_level_table();
-        let mut words: Vec<Vec<u8>> = vec![Vec::new(); n];
         for (id, word) in words.iter_mut().enumerate() {
-            let id32 = id as u32;
-            if let Some(a) = added.get(&id32) {
-                let c = &a.content;
-                *word = if a.special || eos.contains(&id32) {
-                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                    w.extend_from_slice(c.as_bytes());
-                    w
-                } else {
-                    c.as_bytes().to_vec()
-                };
-                continue;
+            if added[id] && (special[id] || eos.contains(&(id as u32))) {
+                word.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
             }
-            let Some(s) = tok.id_to_token(id32) else {
-                continue;
-            };
-            *word = match spelling {
-                Spelling::ByteLevel => match s.chars().map(|c| table.get(&c).copied()).collect() {
-                    Some(b) => b,
-                    // not byte-level spelled: the token can never be produced as text
-                    None => continue,
-                },
-                Spelling::SentencePiece => {
-                    let hex = s
-                        .strip_prefix("<0x")
-                        .and_then(|h| h.strip_suffix('>'))
-                        .filter(|h| h.len() == 2)
-                        .and_then(|h| u8::from_str_radix(h, 16).ok());
-                    match hex {
-                        Some(b) => vec![b],
-                        None => s.replace('\u{2581}', " ").into_bytes(),
-                    }
-                }
-            };
         }
+        let n = words.len();
         let eos_in: Vec<u32> = eos.iter().copied().filter(|&e| (e as usize) < n).collect();
         let Some(&first) = eos_in.first() else {
             return Err(unsupported(

@@ -12,9 +12,8 @@ use crate::engine::{Engine, GenerateOptions};
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
 
-/// The most alternatives a token's log probability may list (OpenAI's `top_logprobs` bound;
-/// vLLM's default `max_logprobs` is 20 too).
-pub const MAX_TOP_LOGPROBS: usize = 20;
+/// The most alternatives a token's log probability may list (the contract's bound).
+pub const MAX_TOP_LOGPROBS: usize = mtp_contract::MAX_TOP_LOGPROBS as usize;
 
 /// Rows of prompt logits computed at once for [`Engine::prompt_logprobs`]: each row is a
 /// vocabulary of floats (about 1 MB on a 250k vocabulary), reduced to its log probabilities
@@ -38,7 +37,10 @@ pub struct TokenLogprob {
 /// the chunk itself reaches the caller's callback (on the same thread), so a caller that
 /// queues them here finds them when the tokens arrive.
 #[derive(Clone)]
-pub struct LogprobSink(Arc<dyn Fn(&[TokenLogprob]) + Send + Sync>);
+pub struct LogprobSink(Arc<LogprobFn>);
+
+/// What a [`LogprobSink`] calls.
+type LogprobFn = dyn Fn(&[TokenLogprob]) + Send + Sync;
 
 impl LogprobSink {
     /// A sink calling `f` with each chunk's log probabilities.

@@ -14,6 +14,8 @@ use std::sync::{Arc, OnceLock};
 use mtp_chat::{ChatError, ChatTemplates, CheckpointError, GuardedPrompt, Prompt, SpecialStrings};
 use mtp_contract::GenerateRequest;
 
+use serde_json::Value;
+
 use crate::error::{Error, Result};
 
 /// A checkpoint's tokenizer and chat templates.
@@ -31,6 +33,8 @@ pub struct TextTokenizer {
     /// `tok` reading special-token strings as plain text (its other added tokens, such as
     /// Qwen's `<think>`, still split), made when first needed.
     plain: OnceLock<tokenizers::Tokenizer>,
+    /// Every token's bytes ([`TextTokenizer::token_bytes`]), made when first needed.
+    bytes: OnceLock<Option<Vec<Vec<u8>>>>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -71,6 +75,7 @@ impl TextTokenizer {
             specials: SpecialStrings::new(specials),
             special_ids,
             plain: OnceLock::new(),
+            bytes: OnceLock::new(),
         })
     }
 
@@ -88,15 +93,20 @@ impl TextTokenizer {
     /// vocabulary's other added tokens are recognised as [`TextTokenizer::encode`] recognises
     /// them).
     pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>> {
-        let plain = self.plain.get_or_init(|| {
-            let mut t = self.tok.clone();
-            t.set_encode_special_tokens(true);
-            t
-        });
-        let enc = plain
+        let enc = self
+            .plain()
             .encode(text, false)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The tokenizer that reads special-token strings as plain text.
+    fn plain(&self) -> &tokenizers::Tokenizer {
+        self.plain.get_or_init(|| {
+            let mut t = self.tok.clone();
+            t.set_encode_special_tokens(true);
+            t
+        })
     }
 
     /// Token ids of a rendered prompt whose `literals` (byte ranges of `text`, disjoint and in
@@ -166,6 +176,47 @@ impl TextTokenizer {
             prefix: String::new(),
             prefix_index: 0,
         }
+    }
+
+    /// The exact bytes of token `id` (an added token's: its text), `None` outside the
+    /// vocabulary or where the vocabulary's spelling is unknown. The table is built on the
+    /// first call.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let table = self.bytes.get_or_init(|| match token_bytes(&self.tok) {
+            Ok(t) => Some(t.words),
+            Err(e) => {
+                tracing::warn!("token bytes unknown: {e}");
+                None
+            }
+        });
+        table.as_ref()?.get(id as usize).map(Vec::as_slice)
+    }
+
+    /// Token ids of `text` as a client's tokenizer call asks: with `add_special`, the tokens
+    /// the tokenizer adds around a text (its post-processor's BOS); with `parse_special`,
+    /// special-token strings written in the text are those tokens, else plain text.
+    pub fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
+        let tok = if parse_special {
+            &self.tok
+        } else {
+            self.plain()
+        };
+        let enc = tok
+            .encode(text, add_special)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens included as their text (`/detokenize`).
+    pub fn decode_all(&self, ids: &[u32]) -> Result<String> {
+        self.tok
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
     /// The Hugging Face tokenizer underneath.
@@ -302,4 +353,127 @@ impl TokenDecoder<'_> {
         self.prefix_index = 0;
         Ok(out)
     }
+}
+
+/// Every token's exact bytes, and which tokens are special.
+pub(crate) struct TokenBytes {
+    /// By id: the bytes the token stands for (an added token's: its text; a token that is not
+    /// spelled in the vocabulary's byte alphabet: none).
+    pub(crate) words: Vec<Vec<u8>>,
+    /// By id: an added token marked `special`.
+    pub(crate) special: Vec<bool>,
+    /// By id: an added token.
+    pub(crate) added: Vec<bool>,
+}
+
+/// GPT-2's byte-to-character table of byte-level BPE vocabularies, inverted.
+fn byte_level_table() -> std::collections::HashMap<char, u8> {
+    let mut map = std::collections::HashMap::new();
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let c = b as char;
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        if printable {
+            map.insert(c, b);
+        } else if let Some(c) = char::from_u32(next) {
+            map.insert(c, b);
+            next += 1;
+        }
+    }
+    map
+}
+
+/// How a vocabulary spells bytes in its token strings.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Spelling {
+    /// GPT-2 byte-level BPE (Qwen, Llama 3, ...).
+    ByteLevel,
+    /// SentencePiece: `▁` for a space, `<0xNN>` byte tokens.
+    SentencePiece,
+}
+
+fn spelling(tok: &tokenizers::Tokenizer) -> Option<Spelling> {
+    fn walk(v: &Value, found: &mut Option<Spelling>) {
+        match v.get("type").and_then(Value::as_str) {
+            Some("ByteLevel") => *found = Some(Spelling::ByteLevel),
+            Some("ByteFallback") | Some("Metaspace") if found.is_none() => {
+                *found = Some(Spelling::SentencePiece)
+            }
+            Some("Sequence") => {
+                for d in v
+                    .get("decoders")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    walk(d, found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let v = serde_json::to_value(tok.get_decoder()?).ok()?;
+    let mut found = None;
+    walk(&v, &mut found);
+    found
+}
+
+/// Each token's bytes from a `tokenizer.json`, as llguidance's own
+/// `token_bytes_from_tokenizer_json` reads them: byte-level BPE through GPT-2's byte table,
+/// SentencePiece with `▁` as a space and `<0xNN>` byte tokens, added tokens as their text.
+///
+/// Written here rather than taken from `toktrie_hf_tokenizers` or llguidance's
+/// `token_bytes_from_tokenizer_json`: the first pins `tokenizers` 0.21 (the engine is on
+/// 0.23, and two copies would not share types), and both panic on vocabularies they do not
+/// expect (a `<0xZZ>` token, an unknown decoder); a checkpoint's tokenizer.json is outside
+/// input, so this returns a typed error instead.
+pub(crate) fn token_bytes(tok: &tokenizers::Tokenizer) -> Result<TokenBytes> {
+    let spelling = spelling(tok).ok_or_else(|| {
+        Error::Tokenizer(
+            "the tokenizer's decoder is neither byte-level BPE nor SentencePiece, so token \
+             bytes are unknown"
+                .into(),
+        )
+    })?;
+    let n = tok.get_vocab_size(true);
+    let added = tok.get_added_tokens_decoder();
+    let table = byte_level_table();
+    let mut words: Vec<Vec<u8>> = vec![Vec::new(); n];
+    let mut special = vec![false; n];
+    let mut added_ids = vec![false; n];
+    for (id, word) in words.iter_mut().enumerate() {
+        let id32 = id as u32;
+        if let Some(a) = added.get(&id32) {
+            special[id] = a.special;
+            added_ids[id] = true;
+            *word = a.content.as_bytes().to_vec();
+            continue;
+        }
+        let Some(s) = tok.id_to_token(id32) else {
+            continue;
+        };
+        *word = match spelling {
+            Spelling::ByteLevel => match s.chars().map(|c| table.get(&c).copied()).collect() {
+                Some(b) => b,
+                // not byte-level spelled: the token can never be produced as text
+                None => continue,
+            },
+            Spelling::SentencePiece => {
+                let hex = s
+                    .strip_prefix("<0x")
+                    .and_then(|h| h.strip_suffix('>'))
+                    .filter(|h| h.len() == 2)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => vec![b],
+                    None => s.replace('\u{2581}', " ").into_bytes(),
+                }
+            }
+        };
+    }
+    Ok(TokenBytes {
+        words,
+        special,
+        added: added_ids,
+    })
 }

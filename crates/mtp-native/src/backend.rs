@@ -3,7 +3,10 @@
 use std::sync::Arc;
 
 use mtp_chat::ReasoningStart;
-use mtp_contract::{DraftStats, FinishReason, GenerateRequest, ProviderError, Sampling, Timings};
+use mtp_contract::{
+    DraftStats, FinishReason, GenerateRequest, ProviderError, Sampling, Timings, TokenLogprob,
+    Vocabulary,
+};
 
 use super::prefix_cache::CacheState;
 
@@ -79,8 +82,11 @@ pub struct Job<'a, S> {
     pub checkpoint_at: Option<usize>,
     /// The prompt's images (see [`RenderedPrompt::images`]).
     pub images: &'a [mtp_engine::vision::ImageInput],
-    /// Called with each batch of accepted tokens; returning `false` stops generation.
-    pub on_tokens: &'a mut dyn FnMut(&[u32]) -> bool,
+    /// Called with each batch of accepted tokens and, when `logprobs` asked for them, their
+    /// log probabilities (else none); returning `false` stops generation.
+    pub on_tokens: &'a mut dyn FnMut(&[u32], Vec<TokenLogprob>) -> bool,
+    /// Report each token's log probability with this many alternatives.
+    pub logprobs: Option<u32>,
     /// Told how far the prompt's computation has got (from the thread that computes it).
     pub on_prompt_progress: Option<mtp_engine::ProgressSink>,
     /// The request's cancellation: the backend stops at its next step once it is cancelled
@@ -184,6 +190,29 @@ pub trait Backend: Send + Sync + 'static {
     /// `logit_bias` naming an id past it is refused.
     fn vocab_size(&self) -> Option<usize> {
         None
+    }
+
+    /// The model's vocabulary as a service (`/tokenize`, log probabilities' token texts);
+    /// `None` when the backend has no tokenizer.
+    fn vocabulary(&self) -> Option<Arc<dyn Vocabulary>> {
+        None
+    }
+
+    /// The log probability of each of `prompt`'s tokens after the ones before it (the first
+    /// has none), with `top` alternatives each: `echo` with `logprobs`. `images` are the
+    /// prompt's (see [`RenderedPrompt::images`]).
+    fn prompt_logprobs(
+        &self,
+        prompt: &[u32],
+        top: u32,
+        images: &[mtp_engine::vision::ImageInput],
+        cancel: &mtp_contract::Cancel,
+    ) -> Result<Vec<TokenLogprob>, ProviderError> {
+        let _ = (prompt, top, images, cancel);
+        Err(ProviderError::Unsupported {
+            provider: mtp_contract::ProviderKind::Native.name().into(),
+            what: "the prompt's log probabilities (echo)".into(),
+        })
     }
 
     /// The most proposals one round can verify, when the backend has a limit.

@@ -3,8 +3,11 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use mtp_contract::{GenerateRequest, ProviderError};
-use mtp_engine::{Engine, GenerateOptions, TextTokenizer};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use mtp_contract::{GenerateRequest, ProviderError, TokenLogprob, TokenizerInfo, Vocabulary};
+use mtp_engine::{Engine, GenerateOptions, LogprobSink, TextTokenizer};
 
 use super::backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
 use super::prefix_cache::CacheState;
@@ -23,6 +26,121 @@ pub struct EngineBackend {
     /// Special-token strings in client text become special tokens (`parse_special`); by
     /// default they are read as plain text.
     parse_special: bool,
+}
+
+/// The engine's vocabulary as the contract's [`Vocabulary`].
+struct EngineVocab(Arc<Engine>);
+
+impl EngineVocab {
+    fn tok(&self) -> Result<&TextTokenizer, ProviderError> {
+        self.0
+            .tokenizer()
+            .ok_or_else(|| ProviderError::Unsupported {
+                provider: mtp_contract::ProviderKind::Native.name().into(),
+                what: "tokenizing without the checkpoint's tokenizer.json".into(),
+            })
+    }
+
+    /// The engine's log probability with its token texts.
+    fn logprob(&self, lp: &mtp_engine::TokenLogprob) -> TokenLogprob {
+        let (token, bytes) = self.token_text(lp.id);
+        TokenLogprob {
+            id: lp.id,
+            token,
+            bytes,
+            logprob: Some(lp.logprob),
+            top: lp
+                .top
+                .iter()
+                .map(|&(id, logprob)| {
+                    let (token, bytes) = self.token_text(id);
+                    mtp_contract::TopLogprob {
+                        id,
+                        token,
+                        bytes,
+                        logprob,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Vocabulary for EngineVocab {
+    fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ProviderError> {
+        self.tok()?
+            .encode_with(text, add_special, parse_special)
+            .map_err(api)
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, ProviderError> {
+        let tok = self.tok()?;
+        let n = tok.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= n) {
+            return Err(ProviderError::InvalidRequest {
+                field: "tokens",
+                message: format!("token id {bad} is outside the vocabulary ({n} ids)"),
+            });
+        }
+        tok.decode_all(ids).map_err(api)
+    }
+
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        self.tok().ok()?.token_bytes(id).map(<[u8]>::to_vec)
+    }
+
+    fn info(&self) -> TokenizerInfo {
+        let Ok(tok) = self.tok() else {
+            return TokenizerInfo::default();
+        };
+        let templates = tok.templates().ok();
+        // a special token is a string, or an added-token object with its `content`
+        let special = |k: &str| {
+            let v = templates?.special_tokens().get(k)?;
+            v.as_str()
+                .or_else(|| v.get("content").and_then(|c| c.as_str()))
+                .map(str::to_string)
+        };
+        TokenizerInfo {
+            tokenizer_class: None,
+            eos_token: special("eos_token").or_else(|| tok.eos_token().map(str::to_string)),
+            bos_token: special("bos_token"),
+            pad_token: special("pad_token"),
+            chat_template: templates
+                .and_then(|t| t.select(false))
+                .map(|t| t.source().to_string()),
+            vocab_size: tok.vocab_size(),
+            model_max_length: self.0.model().config().text.max_position_embeddings,
+        }
+    }
+}
+
+/// Log probabilities on their way from the engine's sink to the job's callback: the sink
+/// queues each chunk's just before the chunk's tokens reach the callback (same thread solo;
+/// before the scheduler sends the chunk, batched), which takes as many as it has tokens.
+#[derive(Clone, Default)]
+struct LogprobQueue(Arc<Mutex<VecDeque<mtp_engine::TokenLogprob>>>);
+
+impl LogprobQueue {
+    fn sink(&self) -> LogprobSink {
+        let q = Arc::clone(&self.0);
+        LogprobSink::new(move |lps| {
+            q.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(lps.iter().cloned())
+        })
+    }
+
+    fn take(&self, n: usize) -> Vec<mtp_engine::TokenLogprob> {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = n.min(q.len());
+        q.drain(..n).collect()
+    }
 }
 
 /// Decoding state snapshots of the candle engine (for the prefix cache; shared with the
@@ -183,6 +301,7 @@ fn job_options(
     opts.checkpoint_at = job.checkpoint_at;
     opts.on_prompt_progress = job.on_prompt_progress.clone();
     opts.cancel = Some(job.cancel.clone());
+    opts.logprobs = job.logprobs.map(|n| n as usize);
     if let Some((_, s)) = &job.resume {
         opts = opts.resume_from(Arc::clone(&s.0));
     }
@@ -238,6 +357,16 @@ impl Backend for EngineBackend {
     }
 
     fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, ProviderError> {
+        // a prompt of token ids is the model's input as sent
+        if let Some(ids) = &request.prompt_token_ids {
+            return Ok(RenderedPrompt {
+                ids: ids.clone(),
+                reasoning: None,
+                history_len: None,
+                images: Vec::new(),
+                cache_ids: None,
+            });
+        }
         let model = self.engine.dir().display().to_string();
         let tok = self.tokenizer()?;
         // Special-token strings in the client's text are read as plain text unless
@@ -358,10 +487,23 @@ impl Backend for EngineBackend {
     }
 
     fn run(&self, job: Job<'_, EngineState>) -> Result<RunOutput<EngineState>, ProviderError> {
-        let opts = job_options(&self.engine, &job)?;
+        let mut opts = job_options(&self.engine, &job)?;
+        let queue = LogprobQueue::default();
+        if opts.logprobs.is_some() {
+            opts.on_logprobs = Some(queue.sink());
+        }
+        let vocab = EngineVocab(Arc::clone(&self.engine));
+        let on = job.on_tokens;
         let out = self
             .engine
-            .generate(job.prompt, &opts, job.on_tokens)
+            .generate(job.prompt, &opts, |t| {
+                let lps = queue
+                    .take(t.len())
+                    .iter()
+                    .map(|l| vocab.logprob(l))
+                    .collect();
+                on(t, lps)
+            })
             .map_err(api)?;
         Ok(run_output(out))
     }
@@ -372,7 +514,12 @@ impl Backend for EngineBackend {
         job: Job<'_, EngineState>,
     ) -> Result<RunOutput<EngineState>, ProviderError> {
         use mtp_engine::scheduler::{BatchEvent, Scheduler, SchedulerConfig};
-        let opts = job_options(&self.engine, &job)?;
+        let mut opts = job_options(&self.engine, &job)?;
+        let queue = LogprobQueue::default();
+        if opts.logprobs.is_some() {
+            opts.on_logprobs = Some(queue.sink());
+        }
+        let vocab = EngineVocab(Arc::clone(&self.engine));
         let scheduler = self.scheduler.get_or_init(|| {
             let config = SchedulerConfig::new(max_batch).prefill_chunk(self.prefill_chunk);
             Scheduler::spawn(Arc::clone(&self.engine), config)
@@ -384,7 +531,14 @@ impl Backend for EngineBackend {
             .map_err(api)?;
         let out = loop {
             match request.recv() {
-                Ok(BatchEvent::Tokens(t)) => request.answer((job.on_tokens)(&t)),
+                Ok(BatchEvent::Tokens(t)) => {
+                    let lps = queue
+                        .take(t.len())
+                        .iter()
+                        .map(|l| vocab.logprob(l))
+                        .collect();
+                    request.answer((job.on_tokens)(&t, lps))
+                }
                 Ok(BatchEvent::Done(out)) => break (*out).map_err(api)?,
                 Err(_) => {
                     return Err(api(mtp_engine::Error::Batch(
@@ -420,6 +574,54 @@ impl Backend for EngineBackend {
 
     fn vocab_size(&self) -> Option<usize> {
         Some(self.engine.model().vocab_size())
+    }
+
+    fn vocabulary(&self) -> Option<Arc<dyn Vocabulary>> {
+        self.engine.tokenizer()?;
+        Some(Arc::new(EngineVocab(Arc::clone(&self.engine))))
+    }
+
+    fn prompt_logprobs(
+        &self,
+        prompt: &[u32],
+        top: u32,
+        images: &[mtp_engine::vision::ImageInput],
+        cancel: &mtp_contract::Cancel,
+    ) -> Result<Vec<TokenLogprob>, ProviderError> {
+        let mut opts = GenerateOptions {
+            cancel: Some(cancel.clone()),
+            ..GenerateOptions::default()
+        };
+        if !images.is_empty() {
+            let encoded = images
+                .iter()
+                .map(|i| self.engine.encode_image(&i.bytes, &i.name))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(image_error)?;
+            opts.images = Some(self.engine.place_images(prompt, &encoded).map_err(api)?);
+        }
+        let lps = self
+            .engine
+            .prompt_logprobs(prompt, top as usize, &opts)
+            .map_err(api)?;
+        let vocab = EngineVocab(Arc::clone(&self.engine));
+        Ok(prompt
+            .iter()
+            .zip(lps)
+            .map(|(&id, lp)| match lp {
+                Some(lp) => vocab.logprob(&lp),
+                None => {
+                    let (token, bytes) = vocab.token_text(id);
+                    TokenLogprob {
+                        id,
+                        token,
+                        bytes,
+                        logprob: None,
+                        top: Vec::new(),
+                    }
+                }
+            })
+            .collect())
     }
 
     fn max_depth(&self) -> Option<usize> {

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use mtp_contract::{
     plan, Capabilities, DraftDepth, EventStream, FinishReason, GenerateRequest, GenerateResponse,
     Lane, Metadata, Plan, Provider, ProviderError, Speculation, SpeculationStatus, StreamEvent,
-    Usage, MAX_PROMPT_BYTES_PER_TOKEN,
+    TokenLogprob, Usage, MAX_PROMPT_BYTES_PER_TOKEN,
 };
 use tokio::sync::mpsc;
 
@@ -191,12 +191,12 @@ impl<B: Backend> NativeProvider<B> {
                 c.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN),
             );
             if bytes > most {
-                return Err(ProviderError::InvalidRequest {
-                    field: "prompt",
+                return Err(ProviderError::ContextLengthExceeded {
+                    context: c,
                     message: format!(
-                        "the request holds {bytes} bytes of text, more than a {c}-token context \
-                         can take at {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); \
-                         shorten it{}",
+                        "this model's maximum context length is {c} tokens; the request holds \
+                         {bytes} bytes of text, more than that can take at \
+                         {MAX_PROMPT_BYTES_PER_TOKEN} bytes a token ({most}); shorten it{}",
                         self.raise(c)
                     ),
                 });
@@ -243,6 +243,27 @@ impl<B: Backend> NativeProvider<B> {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Renders and tokenizes the request as `generate_stream` does (on the blocking pool),
+    /// within the same bounds; no generation, no engine time.
+    async fn rendered(&self, request: GenerateRequest) -> Result<RenderedPrompt, ProviderError> {
+        request.validate()?;
+        request.cancel.check()?;
+        let loaded = self.loaded()?;
+        self.check_images(&loaded, &request)?;
+        self.context(&loaded, &request)?;
+        // on the blocking pool like a generation's preparation, cancelled like it, and held
+        // (a lease) until it has stopped
+        let lease = request.cancel.lease();
+        let render = move || {
+            let _lease = lease;
+            request.cancel.check()?;
+            loaded.backend.render(&request)
+        };
+        tokio::task::spawn_blocking(render)
+            .await
+            .map_err(|e| self.join_error("rendering the prompt", e))?
     }
 
     /// A failure of the blocking pool, as this provider's error.
@@ -451,12 +472,17 @@ impl<B: Backend> Provider for NativeProvider<B> {
         let (request, prompt, decoding) = tokio::task::spawn_blocking(prepare)
             .await
             .map_err(|e| self.join_error("preparing the prompt", e))??;
-        if let Some(ctx) = ctx.filter(|&c| prompt.ids.len() >= c) {
-            return Err(ProviderError::InvalidRequest {
-                field: "prompt",
+        // (a prompt alone, `echo` with no reply, may fill the context)
+        let fits = |c: usize| match request.max_output_tokens {
+            Some(0) => prompt.ids.len() <= c,
+            _ => prompt.ids.len() < c,
+        };
+        if let Some(ctx) = ctx.filter(|&c| !fits(c)) {
+            return Err(ProviderError::ContextLengthExceeded {
+                context: ctx,
                 message: format!(
-                    "the prompt is {} tokens and the context holds {ctx} (prompt and reply); \
-                     shorten it{}",
+                    "this model's maximum context length is {ctx} tokens (prompt and reply); \
+                     the prompt is {} tokens: shorten it{}",
                     prompt.ids.len(),
                     raise(ctx)
                 ),
@@ -505,22 +531,39 @@ impl<B: Backend> Provider for NativeProvider<B> {
     /// Renders and tokenizes the request as `generate_stream` does (on the blocking pool),
     /// within the same bounds, and counts its tokens; no generation, no engine time.
     async fn count_tokens(&self, request: GenerateRequest) -> Result<u64, ProviderError> {
-        request.validate()?;
-        request.cancel.check()?;
-        let loaded = self.loaded()?;
-        self.check_images(&loaded, &request)?;
-        self.context(&loaded, &request)?;
-        // on the blocking pool like a generation's preparation, cancelled like it, and held
-        // (a lease) until it has stopped
-        let lease = request.cancel.lease();
-        let render = move || {
-            let _lease = lease;
-            request.cancel.check()?;
-            loaded.backend.render(&request).map(|p| p.ids.len() as u64)
-        };
-        tokio::task::spawn_blocking(render)
-            .await
-            .map_err(|e| self.join_error("rendering the prompt", e))?
+        Ok(self.rendered(request).await?.ids.len() as u64)
+    }
+
+    /// The rendered prompt's ids, and its text: the ids decoded with their special tokens
+    /// (each image's run of placeholder tokens as the template's placeholders).
+    async fn render_prompt(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<mtp_contract::RenderedText, ProviderError> {
+        let vocab = self
+            .vocabulary()
+            .ok_or_else(|| ProviderError::Unsupported {
+                provider: self.name.clone(),
+                what: "rendering a prompt without the checkpoint's tokenizer".into(),
+            })?;
+        let ids = self.rendered(request).await?.ids;
+        let text = vocab.decode(&ids)?;
+        Ok(mtp_contract::RenderedText {
+            text,
+            token_ids: ids,
+        })
+    }
+
+    fn vocabulary(&self) -> Option<Arc<dyn mtp_contract::Vocabulary>> {
+        self.loaded().ok()?.backend.vocabulary()
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        let loaded = self.loaded().ok()?;
+        match (loaded.backend.context_length(), self.ctx_size) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {
@@ -611,10 +654,28 @@ fn run_job<B: Backend>(
         } => (Some(*depth), resolved.auto_depth),
         Plan::TargetOnly { .. } => (None, false),
     };
-    let asked = request.max_output_tokens.unwrap_or(512) as usize;
-    // never past the context: the reply gets what the prompt leaves
+    // never past the context: the reply gets what the prompt leaves; no bound asked for
+    // means to the end of the context (vLLM's and llama-server's default)
     let room = ctx.map_or(usize::MAX, |c| c.saturating_sub(ids.len()));
+    let asked = request.max_output_tokens.map_or(room, |n| n as usize);
     let max_tokens = asked.min(room);
+    // `echo`: the prompt's tokens, with their log probabilities when asked for
+    let prompt_logprobs = if request.echo {
+        Some(echo_tokens(backend, request, prompt)?)
+    } else {
+        None
+    };
+    if max_tokens == 0 {
+        // (`max_tokens: 0` with `echo`: the prompt alone)
+        let report = plan.report(runtime, &Default::default());
+        return Ok(prompt_only(
+            request,
+            prompt,
+            prompt_logprobs,
+            report,
+            started,
+        ));
+    }
     let mut decoder = backend.decoder()?;
     let Decoding {
         constraint,
@@ -626,7 +687,8 @@ fn run_job<B: Backend>(
     let mut first_token_at: Option<Instant> = None;
     let mut cancelled = false;
     let mut failure: Option<ProviderError> = None;
-    let mut on_tokens = |toks: &[u32]| -> bool {
+    let mut logprobs: Vec<TokenLogprob> = Vec::new();
+    let mut on_tokens = |toks: &[u32], lps: Vec<TokenLogprob>| -> bool {
         first_token_at.get_or_insert_with(Instant::now);
         let mut piece = String::new();
         for &t in toks {
@@ -640,7 +702,10 @@ fn run_job<B: Backend>(
             }
         }
         let split = reply.push(&piece);
-        if !send_split(tx, split, toks.to_vec()) {
+        if request.logprobs.is_some() {
+            logprobs.extend_from_slice(&lps);
+        }
+        if !send_split(tx, split, toks.to_vec(), lps) {
             cancelled = true;
             return false;
         }
@@ -659,6 +724,7 @@ fn run_job<B: Backend>(
         checkpoint_at: prompt.history_len,
         images: &prompt.images,
         on_tokens: &mut on_tokens,
+        logprobs: request.logprobs,
         on_prompt_progress: Some(progress_sink(tx)),
         cancel: request.cancel.clone(),
     };
@@ -680,7 +746,7 @@ fn run_job<B: Backend>(
     last.content.push_str(&rest.content);
     last.reasoning.push_str(&rest.reasoning);
     last.tool_calls.extend(rest.tool_calls);
-    if !send_split(tx, last, Vec::new()) {
+    if !send_split(tx, last, Vec::new(), Vec::new()) {
         return Err(ProviderError::Cancelled);
     }
     if let Some(k) = key {
@@ -739,7 +805,71 @@ fn run_job<B: Backend>(
         tool_calls: reply.tool_calls().to_vec(),
         // a stop string ends the reply even after tool calls; the reason is then theirs
         stop_sequence: reply.stop_sequence().map(str::to_string),
+        logprobs: request.logprobs.map(|_| logprobs),
+        prompt_logprobs,
     })
+}
+
+/// The prompt's tokens for `echo`: with `logprobs`, each with its log probability and
+/// alternatives (the backend's forward over the prompt); else their texts alone.
+fn echo_tokens<B: Backend>(
+    backend: &B,
+    request: &GenerateRequest,
+    prompt: &RenderedPrompt,
+) -> Result<Vec<TokenLogprob>, ProviderError> {
+    if let Some(top) = request.logprobs {
+        return backend.prompt_logprobs(&prompt.ids, top, &prompt.images, &request.cancel);
+    }
+    let vocab = backend.vocabulary();
+    Ok(prompt
+        .ids
+        .iter()
+        .map(|&id| {
+            let (token, bytes) = vocab.as_ref().map(|v| v.token_text(id)).unwrap_or_default();
+            TokenLogprob {
+                id,
+                token,
+                bytes,
+                logprob: None,
+                top: Vec::new(),
+            }
+        })
+        .collect())
+}
+
+/// The answer to a request for the prompt alone (`max_tokens: 0` with `echo`): no reply.
+fn prompt_only(
+    request: &GenerateRequest,
+    prompt: &RenderedPrompt,
+    prompt_logprobs: Option<Vec<TokenLogprob>>,
+    speculation: mtp_contract::SpeculationReport,
+    started: Instant,
+) -> GenerateResponse {
+    let timings = mtp_contract::Timings {
+        prefill_ms: Some(started.elapsed().as_secs_f64() * 1e3),
+        ..Default::default()
+    };
+    GenerateResponse {
+        content: String::new(),
+        reasoning_content: None,
+        token_ids: Some(Vec::new()),
+        finish_reason: FinishReason::Length,
+        usage: Usage {
+            input_tokens: prompt.ids.len() as u64,
+            output_tokens: 0,
+            cached_input_tokens: 0,
+        },
+        metadata: Metadata {
+            speculation,
+            timings,
+        },
+        partial: false,
+        warnings: Vec::new(),
+        tool_calls: Vec::new(),
+        stop_sequence: None,
+        logprobs: request.logprobs.map(|_| Vec::new()),
+        prompt_logprobs,
+    }
 }
 
 /// Sends what a piece of the reply gave: its text and reasoning (with the tokens behind them),
@@ -748,12 +878,14 @@ fn send_split(
     tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
     split: mtp_chat::Split,
     token_ids: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
 ) -> bool {
     if !split.content.is_empty() || !split.reasoning.is_empty() || !token_ids.is_empty() {
         let ev = StreamEvent::Delta {
             text: split.content,
             token_ids,
             reasoning: split.reasoning,
+            logprobs,
         };
         if tx.blocking_send(Ok(ev)).is_err() {
             return false;

@@ -110,7 +110,7 @@ impl Backend for Fake {
                 stats.record_round(d as usize, n - 1);
             }
             out.extend_from_slice(&chunk);
-            if !(job.on_tokens)(&chunk) {
+            if !(job.on_tokens)(&chunk, Vec::new()) {
                 finish = FinishReason::Cancelled;
                 break;
             }

@@ -368,6 +368,8 @@ impl Inner {
             warnings,
             tool_calls,
             stop_sequence: None,
+            prompt_logprobs: None,
+            logprobs: None,
         }
     }
 
@@ -542,6 +544,7 @@ impl StreamState {
                             text: piece.text,
                             token_ids: piece.token_ids,
                             reasoning: piece.reasoning,
+                            logprobs: Vec::new(),
                         }));
                     }
                     // a chunk's call pieces after its text, as the native provider sends them
@@ -718,6 +721,7 @@ impl Provider for HttpProvider {
                 text: piece.text,
                 token_ids: piece.token_ids,
                 reasoning: piece.reasoning,
+                logprobs: Vec::new(),
             })];
             events.extend(
                 piece

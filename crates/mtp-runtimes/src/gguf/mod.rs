@@ -573,6 +573,8 @@ impl GgufProvider {
             warnings,
             tool_calls: out.tool_calls,
             stop_sequence: None,
+            prompt_logprobs: None,
+            logprobs: None,
         }
     }
 }
@@ -596,6 +598,7 @@ impl engine::Sink for ChannelSink {
                     text: text.content,
                     token_ids: ids.to_vec(),
                     reasoning: text.reasoning,
+                    logprobs: Vec::new(),
                 }))
                 .is_err()
         {
