@@ -49,6 +49,7 @@ pub mod anthropic;
 mod error;
 pub mod field;
 mod llama;
+mod logprobs;
 mod request;
 mod response;
 mod service;
@@ -57,6 +58,10 @@ mod tool;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use field::Field;
 pub use llama::{GenerationSettings, Props, Slot, SpeculativeParams, SpeculativeTypes};
+pub use logprobs::{
+    ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs, LogprobsParam,
+    LOGPROB_FLOOR,
+};
 pub use request::{
     ChatCompletionRequest, ChatMessage, Content, ContentPart, ImageUrl, LogitBias,
     OpenAiToolChoice, Prompt, Stop, StreamOptions, StructuredOutputs,

@@ -154,9 +154,10 @@ pub struct ChatCompletionRequest {
     /// Text completions: candidates generated server-side to return the best `n` of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_of: Option<Field<u64>>,
-    /// Log probabilities of the chosen tokens.
+    /// Log probabilities of the chosen tokens: chat's `true`, or a text completion's number
+    /// of alternatives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<Field<bool>>,
+    pub logprobs: Option<Field<crate::LogprobsParam>>,
     /// Log probabilities of the most likely tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Field<u64>>,

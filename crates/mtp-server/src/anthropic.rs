@@ -777,7 +777,8 @@ pub(crate) async fn whole(mut run: Run, mut events: mtp_contract::EventStream) -
         match ev {
             Ok(StreamEvent::Done(r)) => {
                 run.finish(&r);
-                return Json(message(&r, &run.id, &run.s.model_id)).into_response();
+                let headers = crate::speculation_headers(&r.metadata.speculation);
+                return (headers, Json(message(&r, &run.id, &run.s.model_id))).into_response();
             }
             Ok(_) => {}
             Err(e) => {

@@ -163,6 +163,13 @@ impl ApiError {
                 Some(field.to_string()),
                 None,
             ),
+            // OpenAI's and vLLM's code, which litellm and agent frameworks look for
+            ProviderError::ContextLengthExceeded { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("messages".into()),
+                Some("context_length_exceeded".into()),
+            ),
             ProviderError::InvalidSpeculation(_) => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",

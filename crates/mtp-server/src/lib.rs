@@ -36,6 +36,7 @@ mod error;
 mod metrics;
 pub mod openai;
 mod strict;
+mod tokens;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -111,6 +112,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Caps on what one request may hold (stop strings, messages, content parts, tools).
     pub limits: Limits,
+    /// The reply's bound for a request that sets none; `None`: to the end of the context.
+    pub default_max_tokens: Option<u32>,
 }
 
 impl ServerConfig {
@@ -130,6 +133,7 @@ impl ServerConfig {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             limits: Limits::default(),
+            default_max_tokens: None,
         }
     }
 
@@ -190,6 +194,7 @@ struct AppState {
     max_body_bytes: usize,
     body_timeout: Duration,
     limits: Limits,
+    default_max_tokens: Option<u32>,
     /// The cancellation of every request being served, by its [`Work`] number: the shutdown
     /// deadline cancels them all.
     live: Mutex<HashMap<u64, Cancel>>,
@@ -299,6 +304,7 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
         limits: config.limits.clone(),
+        default_max_tokens: config.default_max_tokens,
         live: Mutex::new(HashMap::new()),
         next_work: AtomicU64::new(0),
     });
@@ -309,7 +315,12 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/completion", post(native_completion))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(tokens::model))
         .route("/props", get(props))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/tokenizer_info", get(tokens::tokenizer_info))
+        .route("/apply-template", post(tokens::apply_template))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     let app = Router::new()
         .merge(api)
@@ -439,15 +450,31 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 }
 
 async fn models(State(s): State<Shared>) -> Json<oa::ModelList> {
-    Json(oa::ModelList::of(vec![oa::Model {
+    Json(oa::ModelList::of(vec![model_entry(&s)]))
+}
+
+/// The served model as `/v1/models` lists it, with its context length as vLLM
+/// (`max_model_len`) and llama-server (`meta.n_ctx_train`) say it.
+fn model_entry(s: &AppState) -> oa::Model {
+    let mut extra = serde_json::Map::new();
+    if let Some(c) = s.llm.context_length() {
+        extra.insert("max_model_len".into(), c.into());
+        let mut meta = serde_json::Map::new();
+        meta.insert("n_ctx_train".into(), c.into());
+        if let Some(v) = s.llm.vocabulary() {
+            meta.insert("n_vocab".into(), v.info().vocab_size.into());
+        }
+        extra.insert("meta".into(), meta.into());
+    }
+    oa::Model {
         id: s.model_id.clone(),
         object: Some("model".into()),
         created: Some(s.started),
         owned_by: Some("mtp".into()),
         runtime: Some(s.llm.capabilities().runtime),
         speculation: Some(s.llm.speculation_status()),
-        extra: Default::default(),
-    }]))
+        extra,
+    }
 }
 
 /// llama-server's `/props`, the part its clients read: whether a drafter is loaded
@@ -459,6 +486,11 @@ async fn props(State(s): State<Shared>) -> Json<oa::Props> {
     } else {
         "none"
     };
+    // the context length where llama-server's clients read it
+    let mut settings = oa::SpeculativeParams::default();
+    if let Some(c) = s.llm.context_length() {
+        settings.extra.insert("n_ctx".into(), c.into());
+    }
     Json(oa::Props {
         model_path: Some(s.model_id.clone()),
         build_info: Some(format!("mtp-server {}", env!("CARGO_PKG_VERSION"))),
@@ -469,7 +501,7 @@ async fn props(State(s): State<Shared>) -> Json<oa::Props> {
                 n_max: Some(status.num_draft_tokens.map(u64::from)),
                 ..Default::default()
             }),
-            settings: Default::default(),
+            settings,
         }),
         extra: Default::default(),
     })
@@ -497,14 +529,59 @@ async fn handle(s: Shared, endpoint: Endpoint, body: Body) -> Response {
             return e.into_response();
         }
     };
-    let (run, events) = match begin(&s, &mut parsed, endpoint, endpoint.id_prefix()).await {
+    if parsed.stream && parsed.request.echo {
+        s.metrics.rejected();
+        return ApiError::unsupported("echo", "`echo` is answered whole: send it without `stream`")
+            .into_response();
+    }
+    let (mut run, first) = match begin(&s, &mut parsed, endpoint, endpoint.id_prefix()).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    // every choice's request, with the sampling `begin` settled on
+    let rest: Vec<_> = parsed.choice_requests().into_iter().skip(1).collect();
+    run.choices = 1 + rest.len();
+    run.n = parsed.n;
+    run.logprobs = parsed.request.logprobs.is_some();
+    run.echo = parsed.request.echo;
+    let events = choice_streams(&s, first, rest);
     if parsed.stream {
         stream_response(run, events, parsed.include_usage, parsed.return_tokens).into_response()
     } else {
         whole_response(run, events, parsed.return_tokens).await
+    }
+}
+
+/// The events of every choice of a request, each tagged with its index: the first choice's
+/// stream (opened by [`begin`]) and the others', opened in order. A provider that batches
+/// (`max_batch` > 1) runs them side by side as sequences of its batch; one that runs a request
+/// at a time runs them one after the other.
+type Choices = futures::stream::BoxStream<'static, (usize, Result<StreamEvent, ProviderError>)>;
+
+fn choice_streams(
+    s: &Shared,
+    first: mtp_contract::EventStream,
+    rest: Vec<mtp_contract::GenerateRequest>,
+) -> Choices {
+    let head = first.map(|e| (0, e)).boxed();
+    if rest.is_empty() {
+        return head;
+    }
+    let sh = Arc::clone(s);
+    let opened = futures::stream::iter(rest.into_iter().enumerate()).then(move |(k, r)| {
+        let sh = Arc::clone(&sh);
+        async move {
+            let i = k + 1;
+            match open_stream(&sh, &r).await {
+                Ok(ev) => ev.map(move |e| (i, e)).boxed(),
+                Err(e) => futures::stream::once(async move { (i, Err(e)) }).boxed(),
+            }
+        }
+    });
+    if s.max_batch > 1 {
+        futures::stream::select(head, opened.flatten_unordered(None)).boxed()
+    } else {
+        head.chain(opened.flatten()).boxed()
     }
 }
 
@@ -564,6 +641,9 @@ async fn begin(
     id_prefix: &str,
 ) -> Result<(Run, mtp_contract::EventStream), ApiError> {
     // no decoding chosen: the model's generation_config.json, as vLLM serves it
+    if parsed.request.max_output_tokens.is_none() {
+        parsed.request.max_output_tokens = s.default_max_tokens;
+    }
     let recommended = s.llm.recommended_sampling();
     parsed.request.sampling = std::mem::take(&mut parsed.request.sampling)
         .or_recommended(recommended.as_ref())
@@ -583,7 +663,7 @@ async fn begin(
         }
     };
     let started = Instant::now();
-    let events = match open_stream(s, parsed).await {
+    let events = match open_stream(s, &parsed.request).await {
         Ok(ev) => ev,
         Err(e) => {
             // the request's own fault (too long, a bad constraint, a lane it requires) is a
@@ -606,6 +686,11 @@ async fn begin(
         usage_nulls: parsed.stream && parsed.include_usage,
         progress: parsed.return_progress,
         work,
+        choices: 1,
+        n: 1,
+        logprobs: false,
+        echo: false,
+        pending: HashMap::new(),
     };
     Ok((run, events))
 }
@@ -681,11 +766,11 @@ async fn admit(s: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
 /// The provider's stream, waiting out a provider that is still finishing a cancelled request.
 async fn open_stream(
     s: &Shared,
-    parsed: &Parsed,
+    request: &mtp_contract::GenerateRequest,
 ) -> Result<mtp_contract::EventStream, ProviderError> {
     let deadline = Instant::now() + BUSY_WAIT;
     loop {
-        match s.llm.generate_stream(parsed.request.clone()).await {
+        match s.llm.generate_stream(request.clone()).await {
             Err(ProviderError::Busy { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -783,14 +868,31 @@ struct Run {
     /// `prompt_progress` object, as llama-server sends them.
     progress: bool,
     work: Work,
+    /// Choices of the request (prompts times `n`).
+    choices: usize,
+    /// `n`: choices per prompt.
+    n: usize,
+    /// The request asked for log probabilities.
+    logprobs: bool,
+    /// A text completion's `echo`.
+    echo: bool,
+    /// A streamed choice's log probabilities not sent yet (their tokens' text is held back),
+    /// and where its next token's text starts (text completions' `text_offset`).
+    pending: HashMap<usize, (Vec<mtp_contract::TokenLogprob>, usize)>,
 }
 
 impl Run {
     fn finish(&mut self, r: &GenerateResponse) {
+        self.finish_all(std::slice::from_ref(r));
+    }
+
+    /// Every choice has ended: each counts as a generation in the metrics.
+    fn finish_all(&mut self, rs: &[GenerateResponse]) {
         self.work.done = true;
-        self.s
-            .metrics
-            .finished(r, self.started.elapsed().as_secs_f64());
+        let e2e = self.started.elapsed().as_secs_f64();
+        for r in rs {
+            self.s.metrics.finished(r, e2e);
+        }
     }
 
     fn fail(&mut self, e: &ProviderError) {
@@ -811,20 +913,20 @@ impl Run {
         }
     }
 
-    /// A chat chunk's choice: `delta`, and `finish_reason` (`null` until the end).
-    fn delta(delta: oa::Delta, finish: Option<&str>) -> oa::Choice {
+    /// A chat chunk's choice `index`: `delta`, and `finish_reason` (`null` until the end).
+    fn delta(index: usize, delta: oa::Delta, finish: Option<&str>) -> oa::Choice {
         oa::Choice {
-            index: Some(0),
+            index: Some(index as u64),
             delta: Some(delta),
             finish_reason: finish.map(str::to_string),
             ..Default::default()
         }
     }
 
-    /// A text completion's choice (`logprobs: null`).
-    fn text(text: &str, finish: Option<&str>) -> oa::Choice {
+    /// A text completion's choice `index` (`logprobs: null` unless set after).
+    fn text(index: usize, text: &str, finish: Option<&str>) -> oa::Choice {
         oa::Choice {
-            index: Some(0),
+            index: Some(index as u64),
             text: Some(text.to_string()),
             logprobs: Some(None),
             finish_reason: finish.map(str::to_string),
@@ -832,53 +934,98 @@ impl Run {
         }
     }
 
-    /// The event of new text: a chunk, or llama-server's native object (`stop: false`).
-    fn delta_event(&self, text: &str, reasoning: &str) -> oa::Completion {
+    /// The log probabilities a streamed chunk of choice `index` carries: those held for it
+    /// (the request asked for them), in the endpoint's shape.
+    fn take_logprobs(&mut self, index: usize) -> Option<Value> {
+        if !self.logprobs {
+            return None;
+        }
+        let (held, offset) = self.pending.entry(index).or_default();
+        let lps = std::mem::take(held);
         match self.endpoint {
-            Endpoint::Native => oa::Completion {
-                content: Some(text.to_string()),
-                stop: Some(false),
-                ..Default::default()
-            },
-            Endpoint::Chat => self.chunk(Some(Run::delta(
+            Endpoint::Chat => serde_json::to_value(oa::ChatLogprobs::of(&lps)).ok(),
+            Endpoint::Completion => {
+                let mut c = oa::CompletionLogprobs::default();
+                *offset = c.extend(&lps, *offset);
+                serde_json::to_value(c).ok()
+            }
+            Endpoint::Native => None,
+        }
+    }
+
+    /// The event of new text of choice `index`: a chunk, or llama-server's native object
+    /// (`stop: false`).
+    fn delta_event(&mut self, index: usize, text: &str, reasoning: &str) -> oa::Completion {
+        let logprobs = self.take_logprobs(index);
+        let mut choice = match self.endpoint {
+            Endpoint::Native => {
+                return oa::Completion {
+                    content: Some(text.to_string()),
+                    stop: Some(false),
+                    ..Default::default()
+                }
+            }
+            Endpoint::Chat => Run::delta(
+                index,
                 oa::Delta {
                     reasoning_content: (!reasoning.is_empty()).then(|| reasoning.to_string()),
                     content: (!text.is_empty()).then(|| text.to_string()),
                     ..Default::default()
                 },
                 None,
-            ))),
-            Endpoint::Completion => self.chunk(Some(Run::text(text, None))),
+            ),
+            Endpoint::Completion => Run::text(index, text, None),
+        };
+        if logprobs.is_some() {
+            choice.logprobs = Some(logprobs);
         }
+        self.chunk(Some(choice))
     }
 
-    fn whole(&self, r: &GenerateResponse, tokens: bool) -> oa::Completion {
+    /// The answer of every choice (`rs[i]` is choice `i`'s).
+    fn whole_all(&self, rs: &[GenerateResponse], tokens: bool) -> oa::Completion {
+        let [first, ..] = rs else {
+            return oa::Completion::default();
+        };
+        if rs.len() == 1 || self.endpoint == Endpoint::Native {
+            return self.whole(0, first, tokens);
+        }
+        let mut body = self.whole(0, first, tokens);
+        body.choices = Some(
+            rs.iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let mut c = self.choice(i, r);
+                    // each choice's own report (the top level's is the first choice's)
+                    if let Ok(v) = serde_json::to_value(&r.metadata.speculation) {
+                        c.extra.insert("speculation".into(), v);
+                    }
+                    c.into()
+                })
+                .collect(),
+        );
+        // prompt tokens once per prompt (its `n` choices share it), reply tokens of all
+        let mut u = first.usage;
+        u.input_tokens = rs
+            .iter()
+            .step_by(self.n.max(1))
+            .map(|r| r.usage.input_tokens)
+            .sum();
+        u.cached_input_tokens = rs
+            .iter()
+            .step_by(self.n.max(1))
+            .map(|r| r.usage.cached_input_tokens)
+            .sum();
+        u.output_tokens = rs.iter().map(|r| r.usage.output_tokens).sum();
+        body.usage = Some(Some(oa::Usage::of(&u)));
+        body
+    }
+
+    fn whole(&self, index: usize, r: &GenerateResponse, tokens: bool) -> oa::Completion {
         if self.endpoint == Endpoint::Native {
             return openai::native_final(r, &self.s.model_id, &r.content, tokens);
         }
-        let finish = openai::finish_reason(r.finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                let mut m = oa::ChatMessage::text("assistant", r.content.clone());
-                m.reasoning_content = r.reasoning_content.clone().map(Field::Ok);
-                if !r.tool_calls.is_empty() {
-                    // OpenAI: `content` is null when the reply is only calls
-                    if r.content.is_empty() {
-                        m.content = None;
-                    }
-                    let calls = openai::tool_calls(&r.tool_calls);
-                    m.tool_calls =
-                        Some(calls.into_iter().map(Field::Ok).collect::<Vec<_>>().into());
-                }
-                oa::Choice {
-                    index: Some(0),
-                    message: Some(m),
-                    finish_reason: Some(finish.into()),
-                    ..Default::default()
-                }
-            }
-            Endpoint::Completion | Endpoint::Native => Run::text(&r.content, Some(finish)),
-        };
+        let choice = self.choice(index, r);
         let mut body = oa::Completion {
             id: Some(self.id.clone()),
             object: Some(self.endpoint.object(false).into()),
@@ -891,6 +1038,84 @@ impl Run {
         extras(&mut body, r);
         body
     }
+
+    /// Choice `index` of a whole answer: the chat message (text, reasoning, tool calls) or the
+    /// completion's text (after the prompt's, with `echo`), and its log probabilities.
+    fn choice(&self, index: usize, r: &GenerateResponse) -> oa::Choice {
+        let finish = openai::finish_reason(r.finish_reason);
+        let lps = r.logprobs.as_deref().unwrap_or_default();
+        let mut choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut m = oa::ChatMessage::text("assistant", r.content.clone());
+                m.reasoning_content = r.reasoning_content.clone().map(Field::Ok);
+                if !r.tool_calls.is_empty() {
+                    // OpenAI: `content` is null when the reply is only calls
+                    if r.content.is_empty() {
+                        m.content = None;
+                    }
+                    let calls = openai::tool_calls(&r.tool_calls);
+                    m.tool_calls =
+                        Some(calls.into_iter().map(Field::Ok).collect::<Vec<_>>().into());
+                }
+                let mut c = oa::Choice {
+                    index: Some(index as u64),
+                    message: Some(m),
+                    finish_reason: Some(finish.into()),
+                    ..Default::default()
+                };
+                if self.logprobs {
+                    c.logprobs = Some(serde_json::to_value(oa::ChatLogprobs::of(lps)).ok());
+                }
+                c
+            }
+            Endpoint::Completion | Endpoint::Native => {
+                let mut c = Run::text(index, &r.content, Some(finish));
+                let prompt = r.prompt_logprobs.as_deref().filter(|_| self.echo);
+                if let Some(p) = prompt {
+                    // the prompt's text as its tokens spell it (token-id prompts too)
+                    let bytes: Vec<u8> = p.iter().flat_map(|t| t.bytes.iter().copied()).collect();
+                    c.text = Some(String::from_utf8_lossy(&bytes).into_owned() + &r.content);
+                }
+                if self.logprobs {
+                    let mut l = oa::CompletionLogprobs::default();
+                    let offset = l.extend(prompt.unwrap_or_default(), 0);
+                    l.extend(lps, offset);
+                    c.logprobs = Some(serde_json::to_value(l).ok());
+                }
+                c
+            }
+        };
+        if self.endpoint == Endpoint::Native {
+            choice.logprobs = None;
+        }
+        choice
+    }
+}
+
+/// The speculation report as response headers, for frameworks that keep the headers of an
+/// answer and drop the body fields they do not know: `x-mtp-speculation-used`, and when known
+/// `-drafted`, `-accepted`, `-acceptance` (accepted / drafted) and `-reason`.
+pub(crate) fn speculation_headers(r: &mtp_contract::SpeculationReport) -> axum::http::HeaderMap {
+    let mut h = axum::http::HeaderMap::new();
+    let mut put = |k: &'static str, v: String| {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    };
+    put("x-mtp-speculation-used", r.used.to_string());
+    if let Some(d) = r.drafted {
+        put("x-mtp-speculation-drafted", d.to_string());
+    }
+    if let Some(a) = r.accepted {
+        put("x-mtp-speculation-accepted", a.to_string());
+    }
+    if let Some(a) = r.acceptance_rate {
+        put("x-mtp-speculation-acceptance", format!("{a:.4}"));
+    }
+    if let Some(reason) = r.reason {
+        put("x-mtp-speculation-reason", reason.as_str().to_string());
+    }
+    h
 }
 
 /// What this server adds to OpenAI's shapes: the contract's report, llama-server's timings,
@@ -908,12 +1133,9 @@ fn data<T: Serialize>(v: &T) -> Event {
     Event::default().data(serde_json::to_string(v).unwrap_or_else(|_| "{}".into()))
 }
 
-async fn whole_response(
-    mut run: Run,
-    mut events: mtp_contract::EventStream,
-    tokens: bool,
-) -> Response {
-    while let Some(ev) = events.next().await {
+async fn whole_response(mut run: Run, mut events: Choices, tokens: bool) -> Response {
+    let mut done: Vec<Option<GenerateResponse>> = vec![None; run.choices];
+    while let Some((i, ev)) = events.next().await {
         match ev {
             Ok(
                 StreamEvent::Delta { .. }
@@ -921,8 +1143,15 @@ async fn whole_response(
                 | StreamEvent::PromptProgress(_),
             ) => {}
             Ok(StreamEvent::Done(r)) => {
-                run.finish(&r);
-                return Json(run.whole(&r, tokens)).into_response();
+                if let Some(slot) = done.get_mut(i) {
+                    *slot = Some(*r);
+                }
+                if done.iter().all(Option::is_some) {
+                    let rs: Vec<GenerateResponse> = done.into_iter().flatten().collect();
+                    run.finish_all(&rs);
+                    let headers = speculation_headers(&rs[0].metadata.speculation);
+                    return (headers, Json(run.whole_all(&rs, tokens))).into_response();
+                }
             }
             Err(e) => {
                 run.fail(&e);
@@ -936,122 +1165,154 @@ async fn whole_response(
 
 fn stream_response(
     run: Run,
-    events: mtp_contract::EventStream,
+    events: Choices,
     include_usage: bool,
     tokens: bool,
 ) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
-    let state = (run, events, 0u8);
-    let out = futures::stream::unfold(state, move |(mut run, mut events, phase)| async move {
-        // phase 0: role chunk; 1: deltas; 2: [DONE]; 3: ended
-        match phase {
-            0 => {
-                let first = match run.endpoint {
-                    Endpoint::Chat => run.chunk(Some(Run::delta(
-                        oa::Delta {
-                            role: Some("assistant".into()),
-                            content: Some(String::new()),
-                            ..Default::default()
-                        },
-                        None,
-                    ))),
-                    Endpoint::Completion | Endpoint::Native => {
-                        return Some((vec![], (run, events, 1)));
-                    }
-                };
-                Some((vec![data(&first)], (run, events, 1)))
-            }
-            1 => match events.next().await {
-                Some(Ok(StreamEvent::Delta {
-                    text,
-                    reasoning,
-                    token_ids,
-                })) => {
-                    let c = if run.endpoint == Endpoint::Native {
-                        if text.is_empty() && (!tokens || token_ids.is_empty()) {
-                            return Some((vec![], (run, events, 1)));
-                        }
-                        let mut c = run.delta_event(&text, &reasoning);
-                        if tokens {
-                            c.tokens = Some(token_ids.into_iter().map(u64::from).collect());
-                        }
-                        c
-                    } else if text.is_empty() && reasoning.is_empty() {
-                        return Some((vec![], (run, events, 1)));
-                    } else {
-                        run.delta_event(&text, &reasoning)
-                    };
-                    Some((vec![data(&c)], (run, events, 1)))
-                }
-                Some(Ok(StreamEvent::PromptProgress(p))) => {
-                    if !run.progress {
-                        return Some((vec![], (run, events, 1)));
-                    }
-                    let mut c = match run.endpoint {
-                        // llama-server's native stream: an object with empty content
-                        Endpoint::Native => oa::Completion {
-                            content: Some(String::new()),
-                            stop: Some(false),
-                            ..Default::default()
-                        },
-                        Endpoint::Chat | Endpoint::Completion => run.chunk(None),
-                    };
-                    c.prompt_progress = Some(p);
-                    Some((vec![data(&c)], (run, events, 1)))
-                }
-                Some(Ok(StreamEvent::ToolCall(d))) => {
-                    // OpenAI's `delta.tool_calls`: only the chat endpoint has them (a raw
-                    // prompt offers no tools)
+    // each choice's final answer, kept for the usage at the end
+    let finals: Vec<Option<GenerateResponse>> = vec![None; run.choices];
+    let state = (run, events, 0u8, finals);
+    let out = futures::stream::unfold(
+        state,
+        move |(mut run, mut events, phase, mut finals)| async move {
+            // phase 0: role chunks; 1: deltas; 2: [DONE]; 3: ended
+            match phase {
+                0 => {
                     if run.endpoint != Endpoint::Chat {
-                        return Some((vec![], (run, events, 1)));
+                        return Some((vec![], (run, events, 1, finals)));
                     }
-                    let call = Field::Ok(openai::tool_call_delta(&d));
-                    let c = run.chunk(Some(Run::delta(
-                        oa::Delta {
-                            tool_calls: Some(vec![call].into()),
-                            ..Default::default()
-                        },
-                        None,
-                    )));
-                    Some((vec![data(&c)], (run, events, 1)))
+                    let firsts = (0..run.choices)
+                        .map(|i| {
+                            data(&run.chunk(Some(Run::delta(
+                                i,
+                                oa::Delta {
+                                    role: Some("assistant".into()),
+                                    content: Some(String::new()),
+                                    ..Default::default()
+                                },
+                                None,
+                            ))))
+                        })
+                        .collect();
+                    Some((firsts, (run, events, 1, finals)))
                 }
-                Some(Ok(StreamEvent::Done(r))) => {
-                    run.finish(&r);
-                    let finish = openai::finish_reason(r.finish_reason);
-                    let mut last = match run.endpoint {
-                        Endpoint::Chat => {
-                            run.chunk(Some(Run::delta(oa::Delta::default(), Some(finish))))
+                1 => match events.next().await {
+                    Some((
+                        i,
+                        Ok(StreamEvent::Delta {
+                            text,
+                            reasoning,
+                            token_ids,
+                            logprobs,
+                        }),
+                    )) => {
+                        if run.logprobs {
+                            run.pending.entry(i).or_default().0.extend(logprobs);
                         }
-                        Endpoint::Completion => run.chunk(Some(Run::text("", Some(finish)))),
-                        // llama-server's stream ends with its final object, no [DONE]
-                        Endpoint::Native => {
-                            let last = openai::native_final(&r, &run.s.model_id, "", false);
-                            return Some((vec![data(&last)], (run, events, 3)));
-                        }
-                    };
-                    extras(&mut last, &r);
-                    let mut out = vec![data(&last)];
-                    if include_usage {
-                        let mut u = run.chunk(None);
-                        u.usage = Some(Some(openai::usage(&r)));
-                        out.push(data(&u));
+                        let c = if run.endpoint == Endpoint::Native {
+                            if text.is_empty() && (!tokens || token_ids.is_empty()) {
+                                return Some((vec![], (run, events, 1, finals)));
+                            }
+                            let mut c = run.delta_event(i, &text, &reasoning);
+                            if tokens {
+                                c.tokens = Some(token_ids.into_iter().map(u64::from).collect());
+                            }
+                            c
+                        } else if text.is_empty() && reasoning.is_empty() {
+                            // (the tokens' log probabilities go with the text they make)
+                            return Some((vec![], (run, events, 1, finals)));
+                        } else {
+                            run.delta_event(i, &text, &reasoning)
+                        };
+                        Some((vec![data(&c)], (run, events, 1, finals)))
                     }
-                    Some((out, (run, events, 2)))
-                }
-                Some(Err(e)) => {
-                    run.fail(&e);
-                    let body = ApiError::from_provider(&e).body();
-                    Some((vec![data(&body)], (run, events, 2)))
-                }
-                None => {
-                    run.fail(&ProviderError::Cancelled);
-                    let body = ApiError::from_provider(&ProviderError::Cancelled).body();
-                    Some((vec![data(&body)], (run, events, 2)))
-                }
-            },
-            2 => Some((vec![Event::default().data("[DONE]")], (run, events, 3))),
-            _ => None,
-        }
-    })
+                    Some((_, Ok(StreamEvent::PromptProgress(p)))) => {
+                        if !run.progress {
+                            return Some((vec![], (run, events, 1, finals)));
+                        }
+                        let mut c = match run.endpoint {
+                            // llama-server's native stream: an object with empty content
+                            Endpoint::Native => oa::Completion {
+                                content: Some(String::new()),
+                                stop: Some(false),
+                                ..Default::default()
+                            },
+                            Endpoint::Chat | Endpoint::Completion => run.chunk(None),
+                        };
+                        c.prompt_progress = Some(p);
+                        Some((vec![data(&c)], (run, events, 1, finals)))
+                    }
+                    Some((i, Ok(StreamEvent::ToolCall(d)))) => {
+                        // OpenAI's `delta.tool_calls`: only the chat endpoint has them (a raw
+                        // prompt offers no tools)
+                        if run.endpoint != Endpoint::Chat {
+                            return Some((vec![], (run, events, 1, finals)));
+                        }
+                        let call = Field::Ok(openai::tool_call_delta(&d));
+                        let c = run.chunk(Some(Run::delta(
+                            i,
+                            oa::Delta {
+                                tool_calls: Some(vec![call].into()),
+                                ..Default::default()
+                            },
+                            None,
+                        )));
+                        Some((vec![data(&c)], (run, events, 1, finals)))
+                    }
+                    Some((i, Ok(StreamEvent::Done(r)))) => {
+                        let finish = openai::finish_reason(r.finish_reason);
+                        let logprobs = run.take_logprobs(i);
+                        let mut choice = match run.endpoint {
+                            Endpoint::Chat => Run::delta(i, oa::Delta::default(), Some(finish)),
+                            Endpoint::Completion => Run::text(i, "", Some(finish)),
+                            // llama-server's stream ends with its final object, no [DONE]
+                            Endpoint::Native => {
+                                run.finish(&r);
+                                let last = openai::native_final(&r, &run.s.model_id, "", false);
+                                return Some((vec![data(&last)], (run, events, 3, finals)));
+                            }
+                        };
+                        if logprobs.is_some() {
+                            choice.logprobs = Some(logprobs);
+                        }
+                        let mut last = run.chunk(Some(choice));
+                        extras(&mut last, &r);
+                        let mut out = vec![data(&last)];
+                        if let Some(slot) = finals.get_mut(i) {
+                            *slot = Some(*r);
+                        }
+                        if !finals.iter().all(Option::is_some) {
+                            return Some((out, (run, events, 1, finals)));
+                        }
+                        let rs: Vec<GenerateResponse> =
+                            std::mem::take(&mut finals).into_iter().flatten().collect();
+                        run.finish_all(&rs);
+                        if include_usage {
+                            let mut u = run.chunk(None);
+                            u.usage = run.whole_all(&rs, false).usage;
+                            out.push(data(&u));
+                        }
+                        Some((out, (run, events, 2, finals)))
+                    }
+                    Some((_, Err(e))) => {
+                        run.fail(&e);
+                        let body = ApiError::from_provider(&e).body();
+                        Some((vec![data(&body)], (run, events, 2, finals)))
+                    }
+                    None => {
+                        run.fail(&ProviderError::Cancelled);
+                        let body = ApiError::from_provider(&ProviderError::Cancelled).body();
+                        Some((vec![data(&body)], (run, events, 2, finals)))
+                    }
+                },
+                2 => Some((
+                    vec![Event::default().data("[DONE]")],
+                    (run, events, 3, finals),
+                )),
+                _ => None,
+            }
+        },
+    )
     .flat_map(|evs| futures::stream::iter(evs.into_iter().map(Ok)));
     Sse::new(out).keep_alive(KeepAlive::default())
 }

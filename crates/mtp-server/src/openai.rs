@@ -38,6 +38,67 @@ pub struct Parsed {
     pub return_tokens: bool,
     /// llama-server's `return_progress`: streamed chunks with the prompt's progress.
     pub return_progress: bool,
+    /// `n`: choices per prompt.
+    pub n: usize,
+    /// A text completion's prompts after the first (`request` holds the first): a batch.
+    pub more_prompts: Vec<PromptInput>,
+}
+
+/// One prompt of a text completion: text, or token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
+impl PromptInput {
+    /// `request` with this prompt.
+    fn into_request(self, request: &GenerateRequest) -> GenerateRequest {
+        let mut r = request.clone();
+        match self {
+            PromptInput::Text(t) => {
+                r.prompt = t;
+                r.prompt_token_ids = None;
+            }
+            PromptInput::Ids(ids) => {
+                r.prompt = String::new();
+                r.prompt_token_ids = Some(ids);
+            }
+        }
+        r
+    }
+}
+
+impl Parsed {
+    /// The requests of every choice, in OpenAI's order (prompt by prompt, `n` choices each):
+    /// choice `j` of a prompt samples with the request's seed plus `j`, so a seeded request's
+    /// choices differ and are each reproducible.
+    pub fn choice_requests(&self) -> Vec<GenerateRequest> {
+        let first = std::iter::once(self.request.clone());
+        let more = self
+            .more_prompts
+            .iter()
+            .map(|p| p.clone().into_request(&self.request));
+        first
+            .chain(more)
+            .flat_map(|r| {
+                (0..self.n).map(move |j| {
+                    let mut c = r.clone();
+                    if let Some(seed) = c.sampling.seed {
+                        c.sampling.seed = Some(seed.wrapping_add(j as u64));
+                    }
+                    c
+                })
+            })
+            .collect()
+    }
+
+    /// Choices in all.
+    pub fn choices(&self) -> usize {
+        (1 + self.more_prompts.len()) * self.n
+    }
 }
 
 /// Caps on what one request may hold. Each bounds work a client could otherwise make the
@@ -61,6 +122,8 @@ pub struct Limits {
     /// context could hold is refused before it is rendered or tokenized; far below the body
     /// cap, far above what fits a 262,144-token context (about 1 MiB of text).
     pub max_prompt_bytes: usize,
+    /// Choices of one request: prompts of a batch times `n` (`--max-choices`).
+    pub max_choices: usize,
 }
 
 impl Default for Limits {
@@ -72,9 +135,14 @@ impl Default for Limits {
             max_content_parts: 256,
             max_tools: 512,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
+            max_choices: DEFAULT_MAX_CHOICES,
         }
     }
 }
+
+/// Default [`Limits::max_choices`] (vLLM's own cap on `n` is far higher; each choice is a
+/// sequence of the batch).
+pub const DEFAULT_MAX_CHOICES: usize = 128;
 
 /// Default [`Limits::max_prompt_bytes`]: 4 MiB.
 pub const DEFAULT_MAX_PROMPT_BYTES: usize = 4 << 20;
@@ -171,16 +239,32 @@ pub fn parse_request(
     b: &oa::ChatCompletionRequest,
     limits: &Limits,
 ) -> Result<Parsed, ApiError> {
-    let mut request = match endpoint {
-        Endpoint::Chat => chat_request(b, limits)?,
-        Endpoint::Completion | Endpoint::Native => completion_request(b)?,
+    let (mut request, more_prompts) = match endpoint {
+        Endpoint::Chat => (chat_request(b, limits)?, Vec::new()),
+        Endpoint::Completion | Endpoint::Native => completion_request(endpoint, b)?,
     };
+    // `echo` (text completions): the prompt's tokens come back with the answer
+    let echo = match endpoint {
+        Endpoint::Completion => bool_field(&b.echo, "echo")?.unwrap_or(false),
+        Endpoint::Chat | Endpoint::Native => {
+            if bool_field(&b.echo, "echo")? == Some(true) {
+                return Err(ApiError::unsupported(
+                    "echo",
+                    "`echo` repeats a text completion's prompt; it is taken by \
+                     /v1/completions only",
+                ));
+            }
+            false
+        }
+    };
+    request.echo = echo;
     request.max_output_tokens = match (
         u32_field(&b.max_completion_tokens, "max_completion_tokens")?,
         u32_field(&b.max_tokens, "max_tokens")?,
     ) {
         (Some(0), _) => return Err(at_least_one("max_completion_tokens")),
-        (None, Some(0)) => return Err(at_least_one("max_tokens")),
+        // (with `echo`, 0 asks for the prompt's log probabilities alone)
+        (None, Some(0)) if !echo => return Err(at_least_one("max_tokens")),
         (Some(n), _) | (None, Some(n)) => Some(n),
         (None, None) => None,
     };
@@ -220,13 +304,26 @@ pub fn parse_request(
         ));
     }
     request.speculation = speculation(b)?;
-    if let Some(n) = u64_field(&b.n, "n")? {
-        if n != 1 {
+    let n = match u64_field(&b.n, "n")? {
+        None => 1,
+        Some(0) => return Err(at_least_one("n")),
+        Some(n) if n > 1 && endpoint == Endpoint::Native => {
             return Err(ApiError::unsupported(
                 "n",
-                format!("this server returns one choice per request (`n` = 1), not {n}"),
-            ));
+                format!("llama-server's /completion returns one answer, not {n}"),
+            ))
         }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let choices = n.saturating_mul(1 + more_prompts.len());
+    if choices > limits.max_choices {
+        return Err(ApiError::over_limit(
+            "n",
+            "choices (prompts times `n`)",
+            choices,
+            limits.max_choices,
+            "--max-choices",
+        ));
     }
     if let Some(n) = u64_field(&b.best_of, "best_of")? {
         if n != 1 {
@@ -236,18 +333,7 @@ pub fn parse_request(
             ));
         }
     }
-    if bool_field(&b.logprobs, "logprobs")? == Some(true) || b.top_logprobs.is_some() {
-        return Err(ApiError::unsupported(
-            "logprobs",
-            "log probabilities are not returned by this server",
-        ));
-    }
-    if bool_field(&b.echo, "echo")? == Some(true) {
-        return Err(ApiError::unsupported(
-            "echo",
-            "`echo` is not supported; the prompt is not repeated in the answer",
-        ));
-    }
+    request.logprobs = logprobs(endpoint, b)?;
     request.response_format = response_format(b)?;
     // the contract's extension: a runtime behind the server that cannot enforce the
     // constraint asks for it in the prompt instead of refusing (its warnings say so)
@@ -295,7 +381,73 @@ pub fn parse_request(
         include_usage,
         return_tokens,
         return_progress,
+        n,
+        more_prompts,
     })
+}
+
+/// The alternatives per token's log probability asked for, if any: chat's `logprobs: true`
+/// with `top_logprobs` (0 to 20, which needs `logprobs`), or a text completion's integer
+/// `logprobs` (0 to 20; as OpenAI, the sampled token's own comes besides).
+fn logprobs(endpoint: Endpoint, b: &oa::ChatCompletionRequest) -> Result<Option<u32>, ApiError> {
+    let most = mtp_contract::MAX_TOP_LOGPROBS;
+    let top = u32_field(&b.top_logprobs, "top_logprobs")?;
+    let asked = field(&b.logprobs, |v| {
+        ApiError::invalid(
+            "logprobs",
+            match endpoint {
+                Endpoint::Chat => format!("`logprobs` must be true or false, got {v}"),
+                _ => format!("`logprobs` must be an integer from 0 to {most}, got {v}"),
+            },
+        )
+    })?;
+    let n = match (endpoint, asked) {
+        (Endpoint::Native, Some(_)) => {
+            return Err(ApiError::unsupported(
+                "logprobs",
+                "llama-server's /completion takes `n_probs`, which this server does not; \
+                 use /v1/completions with `logprobs`",
+            ))
+        }
+        (Endpoint::Chat, Some(oa::LogprobsParam::Flag(true))) => Some(top.unwrap_or(0)),
+        (Endpoint::Chat, None | Some(oa::LogprobsParam::Flag(false))) => {
+            if top.is_some_and(|t| t > 0) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
+            None
+        }
+        (Endpoint::Chat, Some(oa::LogprobsParam::Count(c))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "`logprobs` must be true or false in a chat request (got {c}); the number \
+                     of alternatives is `top_logprobs`"
+                ),
+            ))
+        }
+        (_, Some(oa::LogprobsParam::Count(c))) => Some(u32_of(*c, "logprobs")?),
+        (_, Some(oa::LogprobsParam::Flag(f))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` must be an integer from 0 to {most}, got {f}"),
+            ))
+        }
+        (_, None) => None,
+    };
+    match n {
+        Some(n) if n > most => Err(ApiError::invalid(
+            if endpoint == Endpoint::Chat {
+                "top_logprobs"
+            } else {
+                "logprobs"
+            },
+            format!("at most {most} alternatives per token, {n} asked for"),
+        )),
+        n => Ok(n),
+    }
 }
 
 /// The 400 of a token budget of zero, naming the field that was sent.
@@ -566,32 +718,85 @@ fn sampling(b: &oa::ChatCompletionRequest) -> Result<Sampling, ApiError> {
     })
 }
 
-fn completion_request(b: &oa::ChatCompletionRequest) -> Result<GenerateRequest, ApiError> {
-    let prompt = match &b.prompt {
-        Some(Field::Ok(oa::Prompt::Text(s))) => s.clone(),
-        Some(Field::Ok(oa::Prompt::Texts(a))) if a.len() == 1 => a[0].clone(),
-        Some(Field::Ok(oa::Prompt::Texts(_) | oa::Prompt::List(_))) => {
-            return Err(ApiError::unsupported(
-                "prompt",
-                "one prompt per request: a string, or a list holding one string (token-id \
-                 prompts and batches of prompts are not accepted)",
-            ))
+/// A text completion's prompts: a string, a list of strings, token ids, or a list of lists of
+/// token ids (the first in the request, the rest as a batch; llama-server's `/completion`
+/// takes one).
+fn completion_request(
+    endpoint: Endpoint,
+    b: &oa::ChatCompletionRequest,
+) -> Result<(GenerateRequest, Vec<PromptInput>), ApiError> {
+    let mut prompts = match &b.prompt {
+        Some(Field::Ok(oa::Prompt::Text(s))) => vec![PromptInput::Text(s.clone())],
+        Some(Field::Ok(oa::Prompt::Texts(a))) => {
+            a.iter().map(|s| PromptInput::Text(s.clone())).collect()
         }
+        Some(Field::Ok(oa::Prompt::List(a))) => token_prompts(a)?,
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
         Some(Field::Invalid { value, .. }) => {
             return Err(ApiError::invalid(
                 "prompt",
-                format!("`prompt` must be a string, got {value}"),
+                format!(
+                    "`prompt` must be a string, a list of strings, token ids or lists of token \
+                     ids, got {value}"
+                ),
             ))
         }
     };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` is an empty list"));
+    }
+    if prompts.len() > 1 && endpoint == Endpoint::Native {
+        return Err(ApiError::unsupported(
+            "prompt",
+            "llama-server's /completion takes one prompt here; send a batch to /v1/completions",
+        ));
+    }
     if b.suffix.is_some() {
         return Err(ApiError::unsupported(
             "suffix",
             "fill-in-the-middle (`suffix`) is not supported",
         ));
     }
-    Ok(GenerateRequest::new(prompt).raw())
+    let more = prompts.split_off(1);
+    let first = prompts
+        .remove(0)
+        .into_request(&GenerateRequest::new("").raw());
+    Ok((first, more))
+}
+
+/// A list that is not of strings: one prompt's token ids, or a list of them.
+fn token_prompts(a: &[Value]) -> Result<Vec<PromptInput>, ApiError> {
+    let ids = |v: &[Value], at: String| -> Result<Vec<u32>, ApiError> {
+        v.iter()
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "prompt",
+                            format!("{at} must hold token ids (integers from 0), got {x}"),
+                        )
+                    })
+            })
+            .collect()
+    };
+    if a.iter().all(Value::is_array) {
+        a.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let p = p.as_array().map(Vec::as_slice).unwrap_or_default();
+                if p.is_empty() {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        format!("prompt {i} has no tokens"),
+                    ));
+                }
+                ids(p, format!("prompt {i}")).map(PromptInput::Ids)
+            })
+            .collect()
+    } else {
+        Ok(vec![PromptInput::Ids(ids(a, "`prompt`".into())?)])
+    }
 }
 
 fn chat_request(
@@ -1116,11 +1321,17 @@ mod tests {
             b[k] = v;
             chat(b).unwrap_err()
         };
-        assert_eq!(base("n", json!(2)).param.as_deref(), Some("n"));
+        assert_eq!(base("n", json!(0)).param.as_deref(), Some("n"));
+        assert_eq!(base("n", json!(129)).param.as_deref(), Some("n"));
         assert_eq!(
-            base("logprobs", json!(true)).param.as_deref(),
+            base("logprobs", json!(3)).param.as_deref(),
             Some("logprobs")
         );
+        assert_eq!(
+            base("top_logprobs", json!(21)).param.as_deref(),
+            Some("top_logprobs")
+        );
+        assert_eq!(base("echo", json!(true)).param.as_deref(), Some("echo"));
         assert_eq!(
             base("response_format", json!({"type": "xml"}))
                 .param
@@ -1177,8 +1388,50 @@ mod tests {
         assert!(p.request.raw_prompt);
         assert_eq!(p.request.prompt, "fn main() {");
         let l = Limits::default();
-        assert!(parse(Endpoint::Completion, &json!({"prompt": [1, 2]}), &l).is_err());
         assert!(parse(Endpoint::Completion, &json!({}), &l).is_err());
+        // token ids, and batches of prompts: each a choice, `n` each
+        let p = parse(Endpoint::Completion, &json!({"prompt": [1, 2]}), &l).unwrap();
+        assert_eq!(p.request.prompt_token_ids, Some(vec![1, 2]));
+        assert!(p.request.prompt.is_empty() && p.request.raw_prompt);
+        let p = parse(
+            Endpoint::Completion,
+            &json!({"prompt": [[1, 2], [3]], "n": 2, "seed": 7, "logprobs": 2, "echo": true}),
+            &l,
+        )
+        .unwrap();
+        assert_eq!(p.choices(), 4);
+        let rs = p.choice_requests();
+        let ids: Vec<_> = rs
+            .iter()
+            .map(|r| r.prompt_token_ids.clone().unwrap())
+            .collect();
+        assert_eq!(ids, [vec![1, 2], vec![1, 2], vec![3], vec![3]]);
+        let seeds: Vec<_> = rs.iter().map(|r| r.sampling.seed.unwrap()).collect();
+        assert_eq!(seeds, [7, 8, 7, 8]);
+        assert!(rs.iter().all(|r| r.logprobs == Some(2) && r.echo));
+        let p = parse(Endpoint::Completion, &json!({"prompt": ["a", "b"]}), &l).unwrap();
+        assert_eq!(p.choice_requests()[1].prompt, "b");
+        // `max_tokens: 0` only with `echo`
+        assert!(parse(
+            Endpoint::Completion,
+            &json!({"prompt": "a", "max_tokens": 0, "echo": true}),
+            &l
+        )
+        .is_ok());
+        for bad in [
+            json!({"prompt": "a", "max_tokens": 0}),
+            json!({"prompt": []}),
+            json!({"prompt": [[1], []]}),
+            json!({"prompt": [1, -2]}),
+            json!({"prompt": [[1], "a"]}),
+            json!({"prompt": "a", "logprobs": true}),
+            json!({"prompt": "a", "logprobs": 21}),
+        ] {
+            assert!(parse(Endpoint::Completion, &bad, &l).is_err(), "{bad}");
+        }
+        // llama-server's /completion: one prompt, one answer
+        assert!(parse(Endpoint::Native, &json!({"prompt": ["a", "b"]}), &l).is_err());
+        assert!(parse(Endpoint::Native, &json!({"prompt": "a", "n": 2}), &l).is_err());
     }
 
     /// Random bodies made of the protocol's own field names (every field given values of

@@ -134,6 +134,8 @@ impl Provider for Slow {
             warnings: Vec::new(),
             tool_calls: Vec::new(),
             stop_sequence: None,
+            prompt_logprobs: None,
+            logprobs: None,
         };
         Ok(Box::pin(futures::stream::iter([Ok(StreamEvent::Done(
             Box::new(done),

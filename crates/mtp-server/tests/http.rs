@@ -175,6 +175,8 @@ impl Provider for Scripted {
                 warnings: Vec::new(),
                 tool_calls: Vec::new(),
                 stop_sequence: None,
+                prompt_logprobs: None,
+                logprobs: None,
             }
         });
         Ok(stream)
@@ -227,6 +229,7 @@ fn async_stream(
                         text: w,
                         token_ids: vec![],
                         reasoning: String::new(),
+                        logprobs: Vec::new(),
                     };
                     Some((Ok(ev), (it, content, n + 1, None, false)))
                 }

@@ -308,6 +308,8 @@ impl Fake {
             warnings: Vec::new(),
             tool_calls: calls.clone(),
             stop_sequence: None,
+            prompt_logprobs: None,
+            logprobs: None,
         };
         // each call in two pieces: id and name, then the arguments
         let calls = calls
@@ -434,6 +436,7 @@ impl Provider for Fake {
                 text,
                 token_ids: ids,
                 reasoning,
+                logprobs: Vec::new(),
             })
         });
         let calls =

@@ -141,6 +141,13 @@ pub struct ServeArgs {
     /// waits for a slot.
     #[arg(long, value_name = "BYTES", default_value_t = mtp_server::openai::Limits::default().max_prompt_bytes)]
     pub max_prompt_bytes: usize,
+    /// Choices of one request: a text completion's prompts times `n`.
+    #[arg(long, value_name = "N", default_value_t = mtp_server::openai::Limits::default().max_choices)]
+    pub max_choices: usize,
+    /// The reply's bound when a request sets none (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`). Unset: to the end of the context, as vLLM and llama-server do.
+    #[arg(long, value_name = "N")]
+    pub default_max_tokens: Option<u32>,
 }
 
 /// A positive number of seconds (fractions allowed), at most a day.

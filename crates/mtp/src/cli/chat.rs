@@ -695,7 +695,7 @@ async fn stream_answer(
                 return Ok(Outcome::Stopped(text, tokens, started.elapsed()));
             }
             ev = stream.next() => match ev {
-                Some(Ok(StreamEvent::Delta { text, token_ids, reasoning })) => {
+                Some(Ok(StreamEvent::Delta { text, token_ids, reasoning, .. })) => {
                     // runtimes that send no token ids: one token per piece of text
                     let n = if token_ids.is_empty() && !(text.is_empty() && reasoning.is_empty()) {
                         1

@@ -201,6 +201,7 @@ pub(crate) async fn run(a: GenerateArgs, out: &mut Out) -> Result<(), CliError> 
                 text,
                 reasoning: thought,
                 token_ids,
+                ..
             } => {
                 tokens += token_ids.len() as u64;
                 reasoning.push(out, &thought)?;

@@ -93,7 +93,9 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
         max_content_parts: a.max_content_parts,
         max_tools: a.max_tools,
         max_prompt_bytes: a.max_prompt_bytes,
+        max_choices: a.max_choices,
     };
+    config.default_max_tokens = a.default_max_tokens;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| mtp_server::ServerError::Bind {
