@@ -1,7 +1,8 @@
 //! The official Python clients the project must satisfy (the developers' guide: "test against
 //! them, not only against our own"): one virtual environment outside the clone, in the cache
-//! folder, with the `openai`, `anthropic` and `huggingface_hub` packages at pinned versions, made
-//! once and reused. The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names)
+//! folder, with the `openai`, `anthropic`, `huggingface_hub` and `lm-eval` packages at pinned
+//! versions, made once and reused (`lm_eval` in a test's name: lm-evaluation-harness against
+//! `mtp serve`, `MTP_LM_EVAL_PYTHON`). The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names)
 //! and with `anthropic` (`anthropic_sdk`), and the fake Hub (`mtp-fakehub`) with
 //! `huggingface_hub` (`hf_hub`), are `#[ignore]`d without it and run by `cargo xtask test`
 //! (`MTP_OPENAI_PYTHON`, `MTP_ANTHROPIC_PYTHON` and `MTP_HF_PYTHON`, all the environment's
@@ -30,11 +31,19 @@ pub const NEEDS_HF_HUB: &str = "hf_hub";
 /// The environment variable naming the interpreter that has the `huggingface_hub` package.
 pub const ENV_HF_PYTHON: &str = "MTP_HF_PYTHON";
 
-/// The releases the tests are written against, installed together.
-const PACKAGES: [&str; 3] = [
+/// The name filter of the tests that need lm-evaluation-harness.
+pub const NEEDS_LM_EVAL: &str = "lm_eval";
+
+/// The environment variable naming the interpreter that has `lm_eval`.
+pub const ENV_LM_EVAL_PYTHON: &str = "MTP_LM_EVAL_PYTHON";
+
+/// The releases the tests are written against, installed together (lm-evaluation-harness
+/// with its `api` extra only: its `local-completions` model needs no torch).
+const PACKAGES: [&str; 4] = [
     "openai==3.63.0",
     "anthropic==2.17.0",
     "huggingface_hub==2.4.0",
+    "lm-eval[api]==0.4.13",
 ];
 
 /// The folder the environment of an earlier layout (`openai` alone) was made in.

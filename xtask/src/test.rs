@@ -66,6 +66,7 @@ pub fn run(args: &[String]) -> Result<()> {
         crate::py_clients::NEEDS_OPENAI_SDK,
         crate::py_clients::NEEDS_ANTHROPIC_SDK,
         crate::py_clients::NEEDS_HF_HUB,
+        crate::py_clients::NEEDS_LM_EVAL,
     ];
     let cargo_args = args.iter().take_while(|a| *a != "--");
     let status = Command::new(&cargo)
@@ -79,6 +80,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .env(crate::py_clients::ENV_OPENAI_PYTHON, &python)
         .env(crate::py_clients::ENV_ANTHROPIC_PYTHON, &python)
         .env(crate::py_clients::ENV_HF_PYTHON, &python)
+        .env(crate::py_clients::ENV_LM_EVAL_PYTHON, &python)
         .status()
         .with_context(|| format!("running {cargo} test -- --ignored {}", filters.join(" ")))?;
     if !status.success() {
