@@ -522,6 +522,33 @@ impl GenerateRequest {
         self.response_format.as_ref().filter(|f| f.is_constrained())
     }
 
+    /// Refuses what only a runtime that reads the model's token-level output can honour
+    /// (`logprobs`, `echo`, a token-id prompt), for the runtimes that cannot: never answered
+    /// without them silently.
+    ///
+    /// ```
+    /// use mtp_contract::GenerateRequest;
+    /// assert!(GenerateRequest::new("hi").refuse_token_level("gguf").is_ok());
+    /// let mut r = GenerateRequest::new("hi");
+    /// r.logprobs = Some(2);
+    /// assert!(r.refuse_token_level("gguf").unwrap_err().to_string().contains("log probabilities"));
+    /// ```
+    pub fn refuse_token_level(&self, provider: &str) -> Result<(), ProviderError> {
+        let what = if self.logprobs.is_some() {
+            "log probabilities (`logprobs`)"
+        } else if self.echo {
+            "the prompt's tokens (`echo`)"
+        } else if self.prompt_token_ids.is_some() {
+            "a prompt of token ids"
+        } else {
+            return Ok(());
+        };
+        Err(ProviderError::Unsupported {
+            provider: provider.to_string(),
+            what: format!("{what}: serve the model with the native provider"),
+        })
+    }
+
     /// Checks the request before any model work; the error names the field at fault.
     pub fn validate(&self) -> Result<(), ProviderError> {
         if let Some(f) = &self.response_format {

@@ -219,6 +219,7 @@ impl Inner {
             });
         }
         let kind = self.kind();
+        req.refuse_token_level(kind.kind().name())?;
         wire::check_request(kind, req)?;
         let resolved = resolve(self.default.as_ref(), req.speculation.as_ref());
         let (spec, metrics_before) = self.server_spec(resolved.requested).await?;

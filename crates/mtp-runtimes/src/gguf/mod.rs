@@ -386,6 +386,7 @@ impl GgufProvider {
     /// Validates, plans, tokenizes and starts the blocking loop; events arrive on the stream.
     fn start(&self, req: GenerateRequest) -> Result<EventStream, ProviderError> {
         req.validate()?;
+        req.refuse_token_level(PROVIDER)?;
         if req.has_images() {
             return Err(ProviderError::Unsupported {
                 provider: PROVIDER.into(),
