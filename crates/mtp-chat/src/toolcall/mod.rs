@@ -86,7 +86,7 @@ pub fn check_tool_schemas(tools: &[Value]) -> Result<(), ToolCallError> {
     }
     Ok(())
 }
-pub use stream::{StreamEvent, ToolCallStream};
+pub use stream::{CutCalls, StreamEvent, ToolCallStream};
 
 /// The tool-call markup a chat template teaches its model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
