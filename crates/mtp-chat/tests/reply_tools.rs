@@ -184,10 +184,7 @@ fn a_call_the_token_limit_cuts_is_incomplete() {
         let cut = &CALL[..end];
         let mut r = ReplyText::new(vec![], None).with_tool_calls(format, &req);
         let mut args = String::new();
-        let mut pieces = Vec::new();
-        pieces.push(r.push("Checking.\n\n"));
-        pieces.push(r.push(cut));
-        pieces.push(r.finish_cut());
+        let pieces = vec![r.push("Checking.\n\n"), r.push(cut), r.finish_cut()];
         for p in &pieces {
             assert!(
                 !p.content.contains("<tool_call>"),

@@ -1331,9 +1331,21 @@ fn strict_arguments_are_exact() {
     let nested =
         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"o\": {\"x\": 1, \"y\": 2}}}\n</tool_call>";
     let exact = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"o\": {\"x\": 1}}}\n</tool_call>";
-    let g = call_grammar(HermesJson, &[loose.clone()], Forced::Required, false).unwrap();
+    let g = call_grammar(
+        HermesJson,
+        std::slice::from_ref(&loose),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
     assert!(follows(&g, extra) && follows(&g, nested) && follows(&g, exact));
-    let g = call_grammar(HermesJson, &[strict.clone()], Forced::Required, false).unwrap();
+    let g = call_grammar(
+        HermesJson,
+        std::slice::from_ref(&strict),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
     assert!(!follows(&g, extra) && !follows(&g, nested) && follows(&g, exact));
     // XML writes only the schema's properties; nested objects are closed under strict too
     let x = |o: &str| {
@@ -1344,7 +1356,13 @@ fn strict_arguments_are_exact() {
     };
     let g = call_grammar(QwenXml, &[loose], Forced::Required, false).unwrap();
     assert!(follows(&g, &x("{\"x\": 1, \"y\": 2}")));
-    let g = call_grammar(QwenXml, &[strict.clone()], Forced::Required, false).unwrap();
+    let g = call_grammar(
+        QwenXml,
+        std::slice::from_ref(&strict),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
     assert!(!follows(&g, &x("{\"x\": 1, \"y\": 2}")));
     assert!(follows(&g, &x("{\"x\": 1}")));
     // a required parameter the strict schema does not describe cannot be written

@@ -75,12 +75,21 @@ pub enum ToolCallError {
 /// [`ToolCallFormat::HermesJson`] the schema is embedded whole (`%json {...}`, with
 /// `tojson`'s `", "` and `": "`); for [`ToolCallFormat::QwenXml`] each property is a
 /// `<parameter=KEY>` item, in the schema's property order, required ones required and the
-/// others optional, where a value whose schema allows a string is plain text (an enum or
-/// `const` of strings is its literal choices) and any other value is JSON valid against the
-/// property's schema, as [`super::parse`] reads it back. Plain-text values may not contain
-/// the markup that ends a value (`</parameter>`, `<parameter=`, `</function>`,
-/// `</tool_call>`); JSON strings are not so restricted, so a JSON value holding that markup
-/// would be cut short when read (a model has no reason to write it).
+/// others optional (no other property is ever written), where a value whose schema allows a
+/// string is raw text constrained by every string keyword of the schema (`enum`, `const`,
+/// `minLength`, `maxLength`, `pattern`, `format`; see `xml_value`) and any other value is
+/// JSON valid against the property's schema, as [`super::parse`] reads it back. Raw values
+/// may not contain the markup that ends a value (`</parameter>`, `<parameter=`,
+/// `</function>`, `</tool_call>`); JSON strings are not so restricted, so a JSON value holding
+/// that markup would be cut short when read (a model has no reason to write it). A tool with
+/// `"strict": true` gets `"additionalProperties": false` on every object schema that does not
+/// say.
+///
+/// A schema the XML format cannot honour exactly is an error, never loosened:
+/// [`ToolCallError::Unsupported`] for a parameter (an unknown `format`, a `pattern` that is
+/// not a regular expression of the `regex` crate's syntax or has anchors inside it, `not`,
+/// `if`, a `$ref` cycle, no value possible), [`ToolCallError::ArgumentsKeyword`] for the
+/// arguments object (`anyOf`, `patternProperties`, `minProperties` beyond the required, …).
 ///
 /// The grammar covers the reply proper: where the template opens the reply inside a
 /// reasoning block (`<think>`), the caller lets the reasoning run and applies the grammar
