@@ -452,12 +452,15 @@ impl ReplyText {
     }
 
     /// Splits the answer part of `s` into text and tool-call pieces.
-    fn read_tool_calls(&mut self, s: &mut Split, last: bool) {
-        let Some(t) = self.tools.as_mut() else {
-            return;
-        };
+    /// At the end (`last`) of a reply the token limit `cut`, the calls it cut are left out:
+    /// their markup is returned, to become the whole answer's content (not the piece's: a
+    /// stream has sent their pieces already).
+    fn read_tool_calls(&mut self, s: &mut Split, last: bool, cut: bool) -> Option<String> {
+        let t = self.tools.as_mut()?;
         let mut events = t.stream.push(&s.content);
-        if last {
+        if last && cut {
+            events.extend(t.stream.finish_cut());
+        } else if last {
             events.extend(t.stream.finish());
         }
         t.warnings.extend(t.stream.take_warnings());
@@ -506,9 +509,14 @@ impl ReplyText {
             }
         }
         s.content = text;
+        let c = t.stream.cut()?;
+        // under `parallel_tool_calls: false` a later call was dropped already
+        let kept = c.first < t.calls.len();
+        t.calls.truncate(c.first);
+        kept.then(|| c.text.clone())
     }
 
-    fn split(&mut self, raw: String, last: bool) -> Split {
+    fn split(&mut self, raw: String, last: bool, cut: bool) -> Split {
         let s = match &mut self.parser {
             Some(p) => {
                 let mut s = p.push(&raw);
@@ -525,8 +533,11 @@ impl ReplyText {
             },
         };
         let mut s = s;
-        self.read_tool_calls(&mut s, last);
+        let cut_text = self.read_tool_calls(&mut s, last, cut);
         self.content.push_str(&s.content);
+        if let Some(c) = cut_text {
+            self.content.push_str(&c);
+        }
         self.reasoning.push_str(&s.reasoning);
         s
     }
@@ -535,13 +546,24 @@ impl ReplyText {
     pub fn push(&mut self, piece: &str) -> Split {
         let raw = self.stop.push(piece);
         let last = self.stop.stopped();
-        self.split(raw, last)
+        self.split(raw, last, false)
     }
 
     /// Ends the reply; returns what was held back.
     pub fn finish(&mut self) -> Split {
         let raw = self.stop.finish();
-        self.split(raw, true)
+        self.split(raw, true, false)
+    }
+
+    /// Ends a reply the token limit cut (`finish_reason: "length"`); returns what was held
+    /// back. A tool call the limit cut inside its markup is incomplete: it leaves
+    /// [`ReplyText::tool_calls`], its markup becomes part of [`ReplyText::content`] (not of
+    /// the returned piece: a stream has sent the call's pieces already), and no piece closes
+    /// its arguments (see [`ToolCallStream::finish_cut`]). A reply a stop string ended
+    /// earlier is not cut: this is [`ReplyText::finish`] then.
+    pub fn finish_cut(&mut self) -> Split {
+        let raw = self.stop.finish();
+        self.split(raw, true, true)
     }
 
     /// True once a stop string was seen (the rest of the reply is dropped).

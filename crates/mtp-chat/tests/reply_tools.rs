@@ -167,3 +167,75 @@ fn forced_calls_are_a_grammar_of_the_templates_markup() {
         .unwrap()
         .is_none());
 }
+
+/// A reply the token limit cuts inside a call: the call is incomplete, so the whole answer
+/// has no such call (its markup is content, as vLLM returns text it cannot read as a call),
+/// and no streamed piece closes its arguments; calls completed before it stand. Ended by the
+/// model instead, the same text is a call (closed with what it has).
+#[test]
+fn a_call_the_token_limit_cuts_is_incomplete() {
+    let (_d, t) = qwen35();
+    let req = request(ToolChoice::Auto, false);
+    let format = t.tool_call_format(&req);
+    // every place the limit can cut the call, from inside `<function=` to before
+    // `</tool_call>`
+    let start = CALL.find("<function=").unwrap() + "<function=get_weather>".len();
+    for end in start..CALL.len() {
+        let cut = &CALL[..end];
+        let mut r = ReplyText::new(vec![], None).with_tool_calls(format, &req);
+        let mut args = String::new();
+        let pieces = vec![r.push("Checking.\n\n"), r.push(cut), r.finish_cut()];
+        for p in &pieces {
+            assert!(
+                !p.content.contains("<tool_call>"),
+                "markup streamed as text"
+            );
+            for d in &p.tool_calls {
+                args.push_str(&d.arguments);
+            }
+        }
+        assert!(r.tool_calls().is_empty(), "{cut:?}: {:?}", r.tool_calls());
+        assert_eq!(r.content(), format!("Checking.\n\n{cut}"), "{cut:?}");
+        // what was streamed of the arguments is not a whole JSON object
+        assert!(
+            serde_json::from_str::<Value>(&args).is_err(),
+            "{cut:?}: streamed {args:?} as if complete"
+        );
+        assert!(r
+            .tool_call_warnings()
+            .iter()
+            .any(|w| w.contains("token limit")));
+        // the model ending the reply there instead: the call stands
+        let mut r = ReplyText::new(vec![], None).with_tool_calls(format, &req);
+        r.push(cut);
+        r.finish();
+        assert_eq!(r.tool_calls().len(), 1, "{cut:?}");
+    }
+    // a complete call, then one the limit cuts: the first stands
+    let mut r = ReplyText::new(vec![], None).with_tool_calls(format, &req);
+    r.push(&format!("{CALL}\n{}", &CALL[..CALL.len() - 5]));
+    r.finish_cut();
+    assert_eq!(r.tool_calls().len(), 1);
+    assert_eq!(r.content(), &CALL[..CALL.len() - 5]);
+    // cut after the calls, or in text: nothing is incomplete
+    for reply in [
+        CALL.to_string(),
+        format!("{CALL}\nand th"),
+        "Just te".to_string(),
+    ] {
+        let mut r = ReplyText::new(vec![], None).with_tool_calls(format, &req);
+        r.push(&reply);
+        r.finish_cut();
+        let mut whole = ReplyText::new(vec![], None).with_tool_calls(format, &req);
+        whole.push(&reply);
+        whole.finish();
+        let calls = |r: &ReplyText| {
+            r.tool_calls()
+                .iter()
+                .map(|c| (c.function.name.clone(), c.function.arguments.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(calls(&r), calls(&whole));
+        assert_eq!(r.content(), whole.content());
+    }
+}

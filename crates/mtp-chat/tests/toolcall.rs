@@ -1075,9 +1075,16 @@ fn a_schema_that_branches_on_itself_is_read_in_its_size() {
     ];
     let started = Instant::now();
     assert!(mtp_chat::toolcall::check_tool_schemas(&tools).is_ok());
-    for format in [ToolCallFormat::QwenXml, ToolCallFormat::HermesJson] {
-        assert!(call_grammar(format, &tools, Forced::Required, false).is_ok());
-    }
+    assert!(call_grammar(ToolCallFormat::HermesJson, &tools, Forced::Required, false).is_ok());
+    // the XML format writes `x` as text, whose schema is nothing but a reference to itself:
+    // refused, as quickly
+    assert!(matches!(
+        call_grammar(ToolCallFormat::QwenXml, &tools, Forced::Required, false),
+        Err(ToolCallError::Unsupported {
+            why: mtp_chat::toolcall::Unsupported::Recursive,
+            ..
+        })
+    ));
     let text =
         "<tool_call>\n<function=f>\n<parameter=x>\nhello\n</parameter>\n</function>\n</tool_call>";
     let reply = mtp_chat::toolcall::parse(ToolCallFormat::QwenXml, text, &tools);
@@ -1086,5 +1093,359 @@ fn a_schema_that_branches_on_itself_is_read_in_its_size() {
         started.elapsed() < Duration::from_secs(1),
         "{:?}",
         started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Forced XML values honour the whole schema (checked against the `jsonschema` crate)
+// ---------------------------------------------------------------------------------------
+
+/// The reference validator, with `format` asserted.
+fn validator(schema: &Value) -> jsonschema::Validator {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .expect("the reference validator compiles")
+}
+
+fn string_tools() -> Vec<Value> {
+    vec![tool(
+        "pick",
+        json!({"type": "object", "properties": {
+            "code": {"type": "string", "maxLength": 5, "pattern": "^[a-z]+$"},
+            "color": {"enum": ["red", "green", "blue"]},
+            "day": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid"},
+            "tag": {"type": "string", "pattern": "a/b"},
+            "word": {"type": "string", "minLength": 2},
+            "opt": {"type": ["string", "null"], "maxLength": 3},
+            "n": {"anyOf": [{"type": "string", "pattern": "^x"},
+                            {"type": "integer", "minimum": 5}]},
+            "both": {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "z$"}]}
+        }, "required": ["code", "color", "day", "id", "tag", "word"]}),
+    )]
+}
+
+/// A `pick` call with `value` for `key` and valid values for the other required parameters.
+fn pick_call(key: &str, value: &str) -> String {
+    let base = [
+        ("code", "abc"),
+        ("color", "red"),
+        ("day", "2024-02-29"),
+        ("id", "123e4567-e89b-12d3-a456-426614174000"),
+        ("tag", "xa/by"),
+        ("word", "hi"),
+        ("opt", ""),
+        ("n", ""),
+        ("both", ""),
+    ];
+    let mut text = String::from("<tool_call>\n<function=pick>\n");
+    for (k, v) in base {
+        let v = if k == key { value } else { v };
+        if k == key || !["opt", "n", "both"].contains(&k) {
+            text.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+        }
+    }
+    text.push_str("</function>\n</tool_call>");
+    text
+}
+
+#[test]
+fn xml_values_follow_the_whole_string_schema() {
+    let tools = string_tools();
+    let g = call_grammar(QwenXml, &tools, Forced::Required, false).unwrap();
+    let schema = tools[0]["function"]["parameters"].clone();
+    let reference = validator(&schema);
+    // (parameter, value, whether the schema accepts what the parser reads back)
+    let cases: &[(&str, &str, bool)] = &[
+        ("code", "abc", true),
+        ("code", "abcde", true),
+        ("code", "abcdef", false),
+        ("code", "Abc", false),
+        ("code", "", false),
+        ("code", "ab1", false),
+        ("code", "añb", false),
+        ("code", "ab\nc", false),
+        ("color", "green", true),
+        ("color", "Red", false),
+        ("color", "reds", false),
+        ("color", "", false),
+        ("day", "2024-02-29", true),
+        ("day", "2024-13-01", false),
+        ("day", "2024-1-01", false),
+        ("day", " 2024-02-29", false),
+        ("id", "123e4567e89b12d3a456426614174000", false),
+        ("tag", "a/b", true),
+        ("tag", "--a/b--", true),
+        ("tag", "a b", false),
+        ("word", "日本", true),
+        ("word", "日", false),
+        ("word", "h", false),
+        ("opt", "null", true),
+        ("opt", "abc", true),
+        ("opt", "nul", true),
+        ("opt", "nullable", false),
+        ("opt", "abcd", false),
+        ("n", "xyz", true),
+        ("n", "7", true),
+        ("n", "3", false),
+        ("n", "y", false),
+        ("both", "abcz", true),
+        ("both", "az", true),
+        ("both", "abc", false),
+        ("both", "bz", false),
+    ];
+    for (key, value, valid) in cases {
+        let text = pick_call(key, value);
+        let r = parse_with_ids(QwenXml, &text, &tools, CallIds::seeded(0));
+        assert_eq!(r.calls.len(), 1, "{text}");
+        let args: Value = serde_json::from_str(&r.calls[0].arguments).unwrap();
+        assert_eq!(
+            reference.is_valid(&args),
+            *valid,
+            "{key} = {value:?}: the reference reads {args}"
+        );
+        assert_eq!(
+            follows(&g, &text),
+            *valid,
+            "{key} = {value:?} ({args}): {:?}\n{g}",
+            check(&g, &text)
+        );
+    }
+}
+
+#[test]
+fn what_the_grammar_lets_through_the_reference_accepts() {
+    // every value the grammar accepts reads back as arguments the schema accepts, including
+    // the texts it refuses only because the parser would read them as another type
+    let tools = string_tools();
+    let g = call_grammar(QwenXml, &tools, Forced::Required, false).unwrap();
+    let reference = validator(&tools[0]["function"]["parameters"]);
+    let values = [
+        "",
+        "a",
+        "abc",
+        "null",
+        "NULL",
+        "Null",
+        " null",
+        "null\nx",
+        "1",
+        "7",
+        "07",
+        " 7 ",
+        "-7",
+        "5.0",
+        "x1",
+        "true",
+        "{}",
+        "[1]",
+        "\"x\"",
+        "a/b",
+        "</parameter>",
+        "abcz",
+        "日本語",
+    ];
+    for key in ["code", "color", "tag", "word", "opt", "n", "both"] {
+        for v in values {
+            let text = pick_call(key, v);
+            if follows(&g, &text) {
+                let r = parse_with_ids(QwenXml, &text, &tools, CallIds::seeded(0));
+                let args: Value = serde_json::from_str(&r.calls[0].arguments).unwrap();
+                assert!(reference.is_valid(&args), "{key} = {v:?} read as {args}");
+            }
+        }
+    }
+}
+
+#[test]
+fn formats_mean_what_llguidance_json_means() {
+    // the XML value of a `format` accepts exactly the strings llguidance's JSON compiler
+    // accepts as that format (the table is a copy of llguidance's)
+    let samples = [
+        "2024-02-29",
+        "2024-02-30",
+        "2024-02-29T12:30:00Z",
+        "2024-02-29T12:30:00.5+01:00",
+        "12:30:00Z",
+        "12:30",
+        "P1Y2M",
+        "PT5S",
+        "a.b@example.com",
+        "a@b@c",
+        "example.com",
+        "-bad.com",
+        "192.168.0.1",
+        "256.1.1.1",
+        "::1",
+        "2001:db8::8a2e:370:7334",
+        "123e4567-e89b-12d3-a456-426614174000",
+        "123e4567-e89b-12d3-a456",
+        "https://example.com/a/b?c=d#e",
+        "not a uri",
+        "",
+    ];
+    for format in [
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uuid",
+        "uri",
+    ] {
+        let tools = [tool(
+            "f",
+            json!({"type": "object", "properties": {"s": {"type": "string", "format": format}},
+                   "required": ["s"]}),
+        )];
+        let xml = call_grammar(QwenXml, &tools, Forced::Required, false).unwrap();
+        let hermes = call_grammar(HermesJson, &tools, Forced::Required, false).unwrap();
+        for s in samples {
+            let x = format!(
+                "<tool_call>\n<function=f>\n<parameter=s>\n{s}\n</parameter>\n</function>\n</tool_call>"
+            );
+            let h = format!(
+                "<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"s\": {}}}}}\n</tool_call>",
+                serde_json::to_string(s).unwrap()
+            );
+            assert_eq!(follows(&xml, &x), follows(&hermes, &h), "{format}: {s:?}");
+        }
+    }
+}
+
+#[test]
+fn strict_arguments_are_exact() {
+    let loose = tool(
+        "f",
+        json!({"type": "object", "properties": {"a": {"type": "integer"},
+               "o": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+               "required": ["a"]}),
+    );
+    let mut strict = loose.clone();
+    strict["function"]["strict"] = json!(true);
+    let extra = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+    let nested =
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"o\": {\"x\": 1, \"y\": 2}}}\n</tool_call>";
+    let exact = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"o\": {\"x\": 1}}}\n</tool_call>";
+    let g = call_grammar(
+        HermesJson,
+        std::slice::from_ref(&loose),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
+    assert!(follows(&g, extra) && follows(&g, nested) && follows(&g, exact));
+    let g = call_grammar(
+        HermesJson,
+        std::slice::from_ref(&strict),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
+    assert!(!follows(&g, extra) && !follows(&g, nested) && follows(&g, exact));
+    // XML writes only the schema's properties; nested objects are closed under strict too
+    let x = |o: &str| {
+        format!(
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=o>\n{o}\n\
+             </parameter>\n</function>\n</tool_call>"
+        )
+    };
+    let g = call_grammar(QwenXml, &[loose], Forced::Required, false).unwrap();
+    assert!(follows(&g, &x("{\"x\": 1, \"y\": 2}")));
+    let g = call_grammar(
+        QwenXml,
+        std::slice::from_ref(&strict),
+        Forced::Required,
+        false,
+    )
+    .unwrap();
+    assert!(!follows(&g, &x("{\"x\": 1, \"y\": 2}")));
+    assert!(follows(&g, &x("{\"x\": 1}")));
+    // a required parameter the strict schema does not describe cannot be written
+    let mut undescribed = strict;
+    undescribed["function"]["parameters"]["required"] = json!(["a", "zz"]);
+    assert!(matches!(
+        call_grammar(QwenXml, &[undescribed], Forced::Required, false),
+        Err(ToolCallError::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn schemas_the_xml_format_cannot_honour_are_typed_errors() {
+    use mtp_chat::toolcall::Unsupported;
+    let one = |s: Value| {
+        call_grammar(
+            QwenXml,
+            &[tool("f", json!({"type": "object", "properties": {"s": s}}))],
+            Forced::Required,
+            false,
+        )
+    };
+    let why = |r: Result<String, ToolCallError>| match r {
+        Err(ToolCallError::Unsupported { why, .. }) => why,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        why(one(json!({"type": "string", "format": "password"}))),
+        Unsupported::Format("password".into())
+    );
+    assert!(matches!(
+        why(one(json!({"type": "string", "pattern": "(a"}))),
+        Unsupported::Pattern { .. }
+    ));
+    assert!(matches!(
+        why(one(json!({"type": "string", "pattern": "a(?=b)"}))),
+        Unsupported::Pattern { .. }
+    ));
+    assert_eq!(
+        why(one(json!({"type": "string", "pattern": "(^a|b)"}))),
+        Unsupported::PatternAnchor("(^a|b)".into())
+    );
+    assert_eq!(
+        why(one(json!({"type": "string", "not": {"const": "x"}}))),
+        Unsupported::Keyword("not".into())
+    );
+    assert_eq!(
+        why(one(json!({"type": "string", "maxLength": "5"}))),
+        Unsupported::Keyword("maxLength".into())
+    );
+    assert_eq!(
+        why(one(
+            json!({"type": "string", "minLength": 3, "maxLength": 2})
+        )),
+        Unsupported::Unsatisfiable
+    );
+    assert_eq!(
+        why(one(json!({"type": "string", "const": 5}))),
+        Unsupported::Unsatisfiable
+    );
+    assert_eq!(
+        why(one(json!({"$ref": "#/$defs/missing"}))),
+        Unsupported::Ref("#/$defs/missing".into())
+    );
+    let root = call_grammar(
+        QwenXml,
+        &[tool(
+            "f",
+            json!({"anyOf": [{"type": "object"}, {"type": "null"}]}),
+        )],
+        Forced::Required,
+        false,
+    );
+    assert!(matches!(
+        root,
+        Err(ToolCallError::ArgumentsKeyword { keyword, .. }) if keyword == "anyOf"
+    ));
+    // errors name the tool and the parameter, as a 400 shows them
+    let msg = one(json!({"type": "string", "format": "password"}))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("parameter `s` of tool `f`") && msg.contains("password"),
+        "{msg}"
     );
 }

@@ -742,7 +742,12 @@ fn run_job<B: Backend>(
     // have started a stop string or a tag) goes out last.
     let tail = decoder.finish()?;
     let mut last = reply.push(&tail);
-    let rest = reply.finish();
+    // a tool call the token limit cut is incomplete: no call, its markup is content
+    let rest = if out.finish == FinishReason::Length {
+        reply.finish_cut()
+    } else {
+        reply.finish()
+    };
     last.content.push_str(&rest.content);
     last.reasoning.push_str(&rest.reasoning);
     last.tool_calls.extend(rest.tool_calls);

@@ -162,6 +162,95 @@ async fn a_forced_call_is_valid_and_the_same_with_mtp_on_and_off() {
     assert!(err.to_string().contains("launch"), "{err}");
 }
 
+/// A forced call whose string parameters carry `maxLength`, `pattern` and `enum`: the
+/// arguments satisfy the whole schema (checked by the `jsonschema` crate), MTP on and off; and
+/// a call the token limit cuts is incomplete: `finish_reason: "length"`, no call, whole or
+/// streamed (the streamed pieces never close its arguments).
+#[tokio::test]
+async fn forced_string_arguments_honour_the_schema_and_a_cut_call_is_incomplete() {
+    let (_d, ck) = checkpoint();
+    let llm = create_llm(
+        "native",
+        ck.to_str().unwrap(),
+        ProviderOptions::default().speculation(Speculation::native_mtp()),
+    )
+    .unwrap();
+    let parameters = json!({"type": "object", "properties": {
+        "code": {"type": "string", "maxLength": 5, "pattern": "^[a-z]+$"},
+        "color": {"type": "string", "enum": ["red", "green", "blue"]},
+        "note": {"type": ["string", "null"], "maxLength": 4}},
+        "required": ["code", "color", "note"]});
+    let tools = vec![json!({"type": "function", "function": {"name": "set_code",
+        "parameters": parameters.clone()}})];
+    let reference = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&parameters)
+        .unwrap();
+    let ask = |max: u32| {
+        GenerateRequest::new("")
+            .messages(vec![Message::user("Set the code to hello, in red.")])
+            .tools(tools.clone())
+            .tool_choice(ToolChoice::Function("set_code".into()))
+            .thinking(false)
+            .max_output_tokens(max)
+            .parallel_tool_calls(false)
+    };
+    for mtp in [true, false] {
+        for seed in 0..3u64 {
+            let mut req = if mtp {
+                ask(400).speculation(Speculation::depth(3).unwrap())
+            } else {
+                ask(400).speculation(false)
+            };
+            req.sampling.temperature = Some(1.0);
+            req.sampling.seed = Some(seed);
+            let r = llm.generate(req).await.unwrap();
+            assert_eq!(r.finish_reason, FinishReason::ToolCalls, "{r:?}");
+            assert_eq!(r.tool_calls.len(), 1, "{r:?}");
+            let text = r.tool_calls[0].function.arguments.as_str().unwrap();
+            let args: Value = serde_json::from_str(text).unwrap();
+            assert!(reference.is_valid(&args), "{args}");
+            // and by hand, the constraints one by one
+            let code = args["code"].as_str().unwrap();
+            assert!(
+                (1..=5).contains(&code.chars().count())
+                    && code.chars().all(|c| c.is_ascii_lowercase()),
+                "{args}"
+            );
+            assert!(["red", "green", "blue"].contains(&args["color"].as_str().unwrap()));
+            assert!(args["note"].is_null() || args["note"].as_str().unwrap().chars().count() <= 4);
+        }
+    }
+    // the token limit inside the call (the demo model spells bytes, so 40 tokens end
+    // past `<function=set_code>`): its markup, no call
+    let cut = llm.generate(ask(40)).await.unwrap();
+    assert_eq!(cut.finish_reason, FinishReason::Length, "{cut:?}");
+    assert!(cut.tool_calls.is_empty(), "{cut:?}");
+    assert!(
+        cut.content
+            .starts_with("<tool_call>\n<function=set_code>\n<param"),
+        "{cut:?}"
+    );
+    let mut s = llm.generate_stream(ask(48)).await.unwrap();
+    let (mut pieces, mut done) = (Vec::new(), None);
+    while let Some(ev) = s.next().await {
+        match ev.unwrap() {
+            StreamEvent::ToolCall(d) => pieces.push(d),
+            StreamEvent::Done(r) => done = Some(r),
+            _ => {}
+        }
+    }
+    let done = done.unwrap();
+    assert_eq!(done.finish_reason, FinishReason::Length);
+    assert!(done.tool_calls.is_empty(), "{done:?}");
+    assert_eq!(pieces[0].name.as_deref(), Some("set_code"), "{pieces:?}");
+    let joined: String = pieces.iter().map(|p| p.arguments.as_str()).collect();
+    assert!(
+        serde_json::from_str::<Value>(&joined).is_err(),
+        "the pieces of a cut call close its arguments: {joined:?}"
+    );
+}
+
 /// The same through `mtp serve`: OpenAI's `message.tool_calls` (content null),
 /// `finish_reason: "tool_calls"`, and streamed `delta.tool_calls` whose first piece of a call
 /// carries `id`, `type` and `function.name`, joining to the whole answer's call; then a

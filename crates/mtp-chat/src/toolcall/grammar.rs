@@ -10,6 +10,7 @@
 
 use serde_json::{json, Value};
 
+use super::strings::{self, Strings, Unsupported};
 use super::{functions, resolve, schema_types, type_alias, ToolCallFormat};
 
 /// Which calls a request forces.
@@ -45,6 +46,25 @@ pub enum ToolCallError {
     /// A function or parameter name the format cannot carry.
     #[error("the name `{0}` cannot be written as <function=...> or <parameter=...> markup (no `<`, `>`, line breaks or surrounding blanks, at most 256 bytes); rename it")]
     Unwritable(String),
+    /// A parameter's schema that a forced call in the XML format cannot honour exactly.
+    #[error("parameter `{parameter}` of tool `{tool}` cannot be forced in the model's XML tool-call format: {why}")]
+    Unsupported {
+        /// The tool.
+        tool: String,
+        /// Its parameter.
+        parameter: String,
+        /// What is wrong with its schema.
+        why: Unsupported,
+    },
+    /// A keyword of a tool's `parameters` (the arguments object) that the XML format, which
+    /// writes the parameters one by one, cannot honour.
+    #[error("the parameters schema of tool `{tool}` uses `{keyword}`, which a forced call in the model's XML tool-call format cannot honour (it writes the schema's properties one by one); describe the arguments with `properties` and `required`")]
+    ArgumentsKeyword {
+        /// The tool.
+        tool: String,
+        /// The keyword.
+        keyword: String,
+    },
 }
 
 /// The Lark grammar (llguidance's dialect, `start` first) that makes the whole reply one
@@ -55,12 +75,21 @@ pub enum ToolCallError {
 /// [`ToolCallFormat::HermesJson`] the schema is embedded whole (`%json {...}`, with
 /// `tojson`'s `", "` and `": "`); for [`ToolCallFormat::QwenXml`] each property is a
 /// `<parameter=KEY>` item, in the schema's property order, required ones required and the
-/// others optional, where a value whose schema allows a string is plain text (an enum or
-/// `const` of strings is its literal choices) and any other value is JSON valid against the
-/// property's schema, as [`super::parse`] reads it back. Plain-text values may not contain
-/// the markup that ends a value (`</parameter>`, `<parameter=`, `</function>`,
-/// `</tool_call>`); JSON strings are not so restricted, so a JSON value holding that markup
-/// would be cut short when read (a model has no reason to write it).
+/// others optional (no other property is ever written), where a value whose schema allows a
+/// string is raw text constrained by every string keyword of the schema (`enum`, `const`,
+/// `minLength`, `maxLength`, `pattern`, `format`; see `xml_value`) and any other value is
+/// JSON valid against the property's schema, as [`super::parse`] reads it back. Raw values
+/// may not contain the markup that ends a value (`</parameter>`, `<parameter=`,
+/// `</function>`, `</tool_call>`); JSON strings are not so restricted, so a JSON value holding
+/// that markup would be cut short when read (a model has no reason to write it). A tool with
+/// `"strict": true` gets `"additionalProperties": false` on every object schema that does not
+/// say.
+///
+/// A schema the XML format cannot honour exactly is an error, never loosened:
+/// [`ToolCallError::Unsupported`] for a parameter (an unknown `format`, a `pattern` that is
+/// not a regular expression of the `regex` crate's syntax or has anchors inside it, `not`,
+/// `if`, a `$ref` cycle, no value possible), [`ToolCallError::ArgumentsKeyword`] for the
+/// arguments object (`anyOf`, `patternProperties`, `minProperties` beyond the required, …).
 ///
 /// The grammar covers the reply proper: where the template opens the reply inside a
 /// reasoning block (`<think>`), the caller lets the reasoning run and applies the grammar
@@ -103,6 +132,7 @@ pub fn call_grammar(
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("c{i}")).collect();
     g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
     for (i, (name, params)) in chosen.iter().enumerate() {
+        let strict = is_strict(tools, name);
         match format {
             ToolCallFormat::HermesJson => {
                 let head = format!(
@@ -112,11 +142,11 @@ pub fn call_grammar(
                 g.push_str(&format!(
                     "c{i}: {} %json {} {}\n",
                     lark_str(&head),
-                    json_text(&arguments_schema(params)),
+                    json_text(&arguments_schema(params, strict)),
                     lark_str("}\n</tool_call>")
                 ));
             }
-            ToolCallFormat::QwenXml => xml_call(&mut g, i, name, params)?,
+            ToolCallFormat::QwenXml => xml_call(&mut g, i, name, params, strict)?,
         }
         if g.len() > mtp_contract::MAX_CONSTRAINT_BYTES {
             return Err(ToolCallError::TooLarge);
@@ -126,22 +156,75 @@ pub fn call_grammar(
         // a plain-text value: anything without the markup that would end it early when read
         // back, then its closing line
         g.push_str("XML_VALUE: XML_TEXT \"\\n</parameter>\\n\"\n");
-        g.push_str(
-            "XML_TEXT: /(?s:.*)/ & ~/(?s:.*)(<\\/parameter>|<parameter=|<\\/function>|<\\/tool_call>)(?s:.*)/\n",
-        );
+        g.push_str(&format!("XML_TEXT: /(?s:.*)/ & ~/{MARKUP}/\n"));
     }
     Ok(g)
 }
 
+/// Text holding the markup that ends a value when [`super::parse`] reads it (a Lark regex).
+const MARKUP: &str = "(?s:.*)(<\\/parameter>|<parameter=|<\\/function>|<\\/tool_call>)(?s:.*)";
+
+/// Keywords of a tool's `parameters` that constrain the arguments object as a whole, which
+/// the XML format (the properties written one by one, each as its own schema says) cannot
+/// honour. (`additionalProperties` needs nothing: only the schema's properties are written.)
+const WHOLE_OBJECT_KEYWORDS: &[&str] = &[
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "if",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+];
+
 /// The rules of call `c{i}` in the XML format.
-fn xml_call(g: &mut String, i: usize, name: &str, params: &Value) -> Result<(), ToolCallError> {
+fn xml_call(
+    g: &mut String,
+    i: usize,
+    name: &str,
+    params: &Value,
+    strict: bool,
+) -> Result<(), ToolCallError> {
     writable(name)?;
-    let required: Vec<&str> = params
+    // parameters given as a `$ref` to a definition are that definition
+    let object = resolve(params, params);
+    let keyword_error = |keyword: &str| ToolCallError::ArgumentsKeyword {
+        tool: name.to_string(),
+        keyword: keyword.to_string(),
+    };
+    if let Some(k) = WHOLE_OBJECT_KEYWORDS
+        .iter()
+        .chain(&["$ref"])
+        .find(|k| object.get(**k).is_some())
+    {
+        return Err(keyword_error(k));
+    }
+    let required: Vec<&str> = object
         .get("required")
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let props = params.get("properties").and_then(Value::as_object);
+    let props = object.get("properties").and_then(Value::as_object);
+    // the count of properties written lies between the required ones and all of them: a
+    // bound that lets every such count through needs nothing
+    let undescribed = required
+        .iter()
+        .filter(|r| !props.is_some_and(|p| p.contains_key(**r)))
+        .count();
+    let most = props.map_or(0, |p| p.len()) + undescribed;
+    if let Some(min) = object.get("minProperties") {
+        if min.as_f64().is_none_or(|m| m > required.len() as f64) {
+            return Err(keyword_error("minProperties"));
+        }
+    }
+    if let Some(max) = object.get("maxProperties") {
+        if max.as_f64().is_none_or(|m| m < most as f64) {
+            return Err(keyword_error("maxProperties"));
+        }
+    }
     let mut items = Vec::new();
     let mut item = |g: &mut String, key: &str, value: String| -> Result<(), ToolCallError> {
         writable(key)?;
@@ -155,15 +238,35 @@ fn xml_call(g: &mut String, i: usize, name: &str, params: &Value) -> Result<(), 
         });
         Ok(())
     };
-    for (key, schema) in props.into_iter().flatten() {
-        item(g, key, xml_value(params, schema))?;
+    for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
+        let token = format!("V{i}_{j}");
+        let value = xml_value(g, &token, params, schema, strict).map_err(|why| match why {
+            Unsupported::TooComplex => ToolCallError::SchemaTooComplex {
+                tool: name.to_string(),
+                parameter: key.clone(),
+            },
+            why => ToolCallError::Unsupported {
+                tool: name.to_string(),
+                parameter: key.clone(),
+                why,
+            },
+        })?;
+        item(g, key, value)?;
         if g.len() > mtp_contract::MAX_CONSTRAINT_BYTES {
             return Err(ToolCallError::TooLarge);
         }
     }
-    // required yet undescribed: anything the schema allows, and text is
+    // required yet undescribed: anything the schema allows, and text is (unless `strict`
+    // or `additionalProperties: false` says the object has no other properties)
     for key in &required {
         if !props.is_some_and(|p| p.contains_key(*key)) {
+            if strict || object.get("additionalProperties") == Some(&Value::Bool(false)) {
+                return Err(ToolCallError::Unsupported {
+                    tool: name.to_string(),
+                    parameter: key.to_string(),
+                    why: Unsupported::Unsatisfiable,
+                });
+            }
             item(g, key, "XML_VALUE".into())?;
         }
     }
@@ -173,44 +276,105 @@ fn xml_call(g: &mut String, i: usize, name: &str, params: &Value) -> Result<(), 
     Ok(())
 }
 
-/// A parameter value's rule: text where the parser would keep text, JSON otherwise.
-fn xml_value(root: &Value, schema: &Value) -> String {
+/// A parameter value's rule (and the token it defines as `token`), with its closing line:
+/// the text [`super::parse`] reads back as a value `schema` accepts.
+///
+/// Where the schema allows strings, the value is raw text, read back verbatim (one newline
+/// on each side is the markup's), so the text is constrained to the strings the schema
+/// accepts ([`strings::strings`]: `enum`, `const`, lengths, `pattern`, `format`), less any
+/// text holding the markup that ends a value, less any text the parser would read as one of
+/// the schema's other types (it tries null, integer, number, boolean, then object or array
+/// before string: with `["string", "null"]`, `null` is null, so the string `"null"` cannot
+/// be written). Where it allows other types too, those are JSON valid against the schema
+/// with strings taken out (`allOf` with a `type` of the others). A type name JSON Schema
+/// does not define keeps the value free text (the parser keeps whatever is written).
+fn xml_value(
+    g: &mut String,
+    token: &str,
+    root: &Value,
+    schema: &Value,
+    strict: bool,
+) -> Result<String, Unsupported> {
     let close = lark_str("\n</parameter>\n");
     let types = schema_types(root, schema);
-    if types == ["string"] {
-        if let Some(choices) = string_choices(resolve(root, schema)) {
-            return format!("({}) {close}", choices.join(" | "));
+    if types.contains(&"unknown") {
+        return Ok("XML_VALUE".into());
+    }
+    let others: Vec<&str> = types.iter().copied().filter(|t| *t != "string").collect();
+    let mut alternatives = Vec::new();
+    if types.contains(&"string") {
+        let mut text = strings::strings(root, schema)?;
+        for t in &others {
+            text = text.without(read_as(t));
+            if let Some(start) = json_start(t) {
+                text = text.without(&format!("(?s:(?:{start})\\n.*)"));
+            }
+        }
+        match text {
+            Strings::Never => {}
+            Strings::Any => alternatives.push("XML_VALUE".to_string()),
+            Strings::Expr(e) => {
+                g.push_str(&format!("{token}: ({e} & XML_TEXT) {close}\n"));
+                alternatives.push(token.to_string());
+            }
         }
     }
-    if types.contains(&"string") || types.contains(&"unknown") {
-        return "XML_VALUE".into();
+    if !others.is_empty() {
+        let s = if types.contains(&"string") {
+            // the same schema, strings taken out: they are written as text above
+            embedded(root, &json!({"allOf": [schema, {"type": others}]}), strict)
+        } else {
+            embedded(root, schema, strict)
+        };
+        alternatives.push(format!("%json {} {close}", json_text(&s)));
     }
-    format!("%json {} {close}", json_text(&embedded(root, schema)))
+    match alternatives.len() {
+        0 => Err(Unsupported::Unsatisfiable),
+        1 => Ok(alternatives.remove(0)),
+        _ => Ok(format!("({})", alternatives.join(" | "))),
+    }
 }
 
-/// An enum or `const` of strings as Lark literals, when every one can be read back whole.
-fn string_choices(schema: &Value) -> Option<Vec<String>> {
-    let values: Vec<&Value> = match (schema.get("const"), schema.get("enum")) {
-        (Some(c), _) => vec![c],
-        (None, Some(Value::Array(e))) if !e.is_empty() => e.iter().collect(),
-        _ => return None,
-    };
-    values
-        .into_iter()
-        .map(|v| {
-            let s = v.as_str()?;
-            let readable = !s.is_empty()
-                && !["</parameter>", "<parameter=", "</function>", "</tool_call>"]
-                    .iter()
-                    .any(|m| s.contains(m));
-            readable.then(|| lark_str(s))
-        })
-        .collect()
+/// A regex of the texts [`super::coerce`] reads as type `t` (a superset: a text it matches
+/// is never written as a string where the schema also allows `t`).
+fn read_as(t: &str) -> &'static str {
+    match t {
+        "null" => "(?i:null)",
+        "integer" => r"\s*[+-]?[0-9][0-9_]*\s*",
+        "number" => r"\s*[+-]?(?:[0-9_]+\.?[0-9_]*|\.[0-9_]+)(?:[eE][+-]?[0-9_]+)?\s*",
+        "boolean" => r"\s*(?i:true|false|1|0)\s*",
+        // objects and arrays are read as any JSON text
+        _ => r#"(?s:\s*(?:[\[{"0-9-]|true|false|null).*)"#,
+    }
+}
+
+/// A regex of the first token llguidance's JSON grammar writes for a value of scalar type
+/// `t` (a superset). Where the text and the JSON alternatives meet, the lexer cannot go back:
+/// after `null` and a newline it must already know the value was JSON, so a text value
+/// cannot start with such a token and a newline either (`null` followed by a line break, say;
+/// `nullable` is fine). Objects and arrays need nothing: [`read_as`] keeps text from
+/// starting like JSON at all.
+fn json_start(t: &str) -> Option<&'static str> {
+    match t {
+        "null" => Some("null"),
+        "boolean" => Some("true|false"),
+        "integer" | "number" => Some("-?[0-9][0-9.eE+-]*"),
+        _ => None,
+    }
+}
+
+/// Whether the tool named `name` asks for strict arguments (`"strict": true`).
+fn is_strict(tools: &[Value], name: &str) -> bool {
+    tools
+        .iter()
+        .map(|t| t.get("function").unwrap_or(t))
+        .find(|f| f.get("name").and_then(Value::as_str) == Some(name))
+        .is_some_and(|f| f.get("strict") == Some(&Value::Bool(true)))
 }
 
 /// A property's schema on its own: the root's `$defs` / `definitions` carried along so its
 /// `$ref`s still resolve, and the JSON spelling fixed.
-fn embedded(root: &Value, schema: &Value) -> Value {
+fn embedded(root: &Value, schema: &Value, strict: bool) -> Value {
     let mut s = match schema {
         Value::Object(m) => Value::Object(m.clone()),
         _ => json!({}),
@@ -222,12 +386,15 @@ fn embedded(root: &Value, schema: &Value) -> Value {
             }
         }
     }
+    if strict {
+        closed_objects(&mut s, 0);
+    }
     with_spelling(s)
 }
 
 /// A tool's `parameters` as the schema of its arguments object (an object when it says
 /// nothing else, as OpenAI reads a missing schema).
-fn arguments_schema(params: &Value) -> Value {
+fn arguments_schema(params: &Value, strict: bool) -> Value {
     let mut s = match params {
         Value::Object(m) => Value::Object(m.clone()),
         _ => json!({}),
@@ -240,7 +407,62 @@ fn arguments_schema(params: &Value) -> Value {
             m.insert("type".into(), json!("object"));
         }
     }
+    if strict {
+        closed_objects(&mut s, 0);
+    }
     with_spelling(s)
+}
+
+/// `strict: true`: every object schema without `additionalProperties` gets
+/// `"additionalProperties": false`, so arguments hold exactly the properties described (as
+/// OpenAI's strict mode, which requires it be written, reads them).
+fn closed_objects(s: &mut Value, depth: usize) {
+    if depth > 64 {
+        return;
+    }
+    let Value::Object(m) = s else { return };
+    let objectish = m.contains_key("properties")
+        || match m.get("type") {
+            Some(Value::String(t)) => type_alias(t) == "object",
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .any(|t| t.as_str().is_some_and(|t| type_alias(t) == "object")),
+            _ => false,
+        };
+    if objectish && !m.contains_key("additionalProperties") {
+        m.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, v) in m.iter_mut() {
+        match k.as_str() {
+            // maps of subschemas
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(subs) = v {
+                    subs.values_mut().for_each(|v| closed_objects(v, depth + 1));
+                }
+            }
+            // lists of subschemas
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                if let Value::Array(subs) = v {
+                    subs.iter_mut().for_each(|v| closed_objects(v, depth + 1));
+                }
+            }
+            // one subschema (or, for the old `items`, a list)
+            "items"
+            | "additionalItems"
+            | "additionalProperties"
+            | "contains"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "unevaluatedItems"
+            | "unevaluatedProperties" => match v {
+                Value::Array(subs) => subs.iter_mut().for_each(|v| closed_objects(v, depth + 1)),
+                v => closed_objects(v, depth + 1),
+            },
+            _ => {}
+        }
+    }
 }
 
 /// JSON as the templates' `tojson` writes it: `", "` and `": "`, no other blanks (free
@@ -294,7 +516,7 @@ fn json_text(v: &Value) -> String {
 
 /// A Lark string literal: llguidance reads them as JSON strings, except that DEL must be
 /// escaped too.
-fn lark_str(s: &str) -> String {
+pub(crate) fn lark_str(s: &str) -> String {
     serde_json::to_string(s)
         .unwrap_or_default()
         .replace('\u{7f}', "\\u007f")

@@ -35,13 +35,16 @@ use std::hash::{BuildHasher, Hasher};
 
 use serde_json::{json, Value};
 
+mod formats;
 mod grammar;
 mod parse;
 mod stream;
+mod strings;
 
 pub use grammar::{call_grammar, Forced, ToolCallError};
 pub(crate) use parse::{coerce, functions, properties, py_json, resolve, schema_types, type_alias};
 pub use parse::{parse, parse_with_ids, MAX_SCHEMA_WALK_NODES};
+pub use strings::Unsupported;
 
 /// The most schema nodes the type walks of one request's tools visit in all (each
 /// parameter's at most [`MAX_SCHEMA_WALK_NODES`]).
@@ -83,7 +86,7 @@ pub fn check_tool_schemas(tools: &[Value]) -> Result<(), ToolCallError> {
     }
     Ok(())
 }
-pub use stream::{StreamEvent, ToolCallStream};
+pub use stream::{CutCalls, StreamEvent, ToolCallStream};
 
 /// The tool-call markup a chat template teaches its model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -147,6 +147,28 @@ pub struct ToolCallStream {
     out: Vec<StreamEvent>,
     warnings: Vec<String>,
     finished: bool,
+    /// The input is inside an XML call block (what is consumed is kept in `block_text`).
+    in_block: bool,
+    /// The markup of the XML call block being read, from its `<tool_call>` (or bare
+    /// `<function=`) on.
+    block_text: String,
+    /// The first call of that block.
+    block_first: usize,
+    /// The calls the token limit cut, once [`ToolCallStream::finish_cut`] found some.
+    cut: Option<CutCalls>,
+    /// The closing piece of a wrapped call's arguments, held until its `</tool_call>`: a
+    /// call is complete with its block.
+    held: Option<(usize, String)>,
+}
+
+/// The calls of a reply the token limit cut inside an XML call block (see
+/// [`ToolCallStream::finish_cut`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutCalls {
+    /// The index of the block's first call: it and every later call are incomplete.
+    pub first: usize,
+    /// The block's markup as the reply wrote it, from its `<tool_call>` (or `<function=`).
+    pub text: String,
 }
 
 impl ToolCallStream {
@@ -174,6 +196,11 @@ impl ToolCallStream {
             out: Vec::new(),
             warnings: Vec::new(),
             finished: false,
+            in_block: false,
+            block_text: String::new(),
+            block_first: 0,
+            cut: None,
+            held: None,
         }
     }
 
@@ -200,6 +227,50 @@ impl ToolCallStream {
         std::mem::take(&mut self.out)
     }
 
+    /// Ends a reply the token limit cut (`finish_reason: "length"`). As [`Self::finish`],
+    /// except inside an XML call block (after `<tool_call>` and a `<function=NAME>`, before
+    /// `</tool_call>`; or inside a bare `<function=NAME>`): the block's calls are incomplete,
+    /// so nothing closes them (no final `}` of their arguments goes out: in a stream their
+    /// pieces sent so far stay unterminated JSON, as OpenAI leaves a call `max_tokens` cut),
+    /// and [`Self::cut`] names them and gives the block's text, which a whole answer returns
+    /// as content in their place (as vLLM returns text it cannot read as a call). A Hermes
+    /// `<tool_call>` left open is text either way.
+    pub fn finish_cut(&mut self) -> Vec<StreamEvent> {
+        if self.finished {
+            return Vec::new();
+        }
+        let open_block = match &self.state {
+            State::XmlBody { .. } | State::XmlKey { .. } | State::XmlValue { .. } => true,
+            State::XmlAfter | State::XmlName { raw: None, .. } => true,
+            State::Text | State::Hermes { .. } | State::XmlOpen { .. } => false,
+            State::XmlName { raw: Some(_), .. } => false,
+        };
+        if !open_block || self.calls <= self.block_first {
+            return self.finish();
+        }
+        self.finished = true;
+        let mut text = std::mem::take(&mut self.block_text);
+        text.push_str(&std::mem::take(&mut self.buf));
+        self.warn(format!(
+            "the token limit cut tool call {} inside its markup; it is incomplete",
+            self.block_first + 1
+        ));
+        self.cut = Some(CutCalls {
+            first: self.block_first,
+            text,
+        });
+        self.state = State::Text;
+        self.open = None;
+        self.held = None;
+        self.in_block = false;
+        std::mem::take(&mut self.out)
+    }
+
+    /// The calls the token limit cut, after [`Self::finish_cut`].
+    pub fn cut(&self) -> Option<&CutCalls> {
+        self.cut.as_ref()
+    }
+
     /// How many calls have started so far (a reply with any ends with
     /// `finish_reason: "tool_calls"`).
     pub fn calls(&self) -> usize {
@@ -217,11 +288,24 @@ impl ToolCallStream {
 
     /// Consumes `n` bytes of the held input.
     fn take(&mut self, n: usize) -> String {
-        self.buf.drain(..n).collect()
+        let t: String = self.buf.drain(..n).collect();
+        if self.in_block {
+            self.block_text.push_str(&t);
+        }
+        t
+    }
+
+    /// Consumes `n` bytes of the held input (markup, not kept).
+    fn skip(&mut self, n: usize) {
+        self.take(n);
     }
 
     /// One step of the machine; false when it needs more input (or, at the end, is done).
     fn step(&mut self, eof: bool) -> bool {
+        let in_block = !matches!(self.state, State::Text | State::Hermes { .. });
+        if in_block != self.in_block {
+            self.in_block = in_block;
+        }
         match std::mem::replace(&mut self.state, State::Text) {
             State::Text => self.step_text(eof),
             State::Hermes { raw } => self.step_hermes(raw, eof),
@@ -248,6 +332,14 @@ impl ToolCallStream {
                 let before = self.take(p);
                 self.text(&before);
                 let raw = self.take(markers[m].len());
+                // an XML block starts: its text is kept from its marker on (with the blank
+                // that separates it from content before it, which it would be if cut)
+                self.block_text = if self.content_started {
+                    format!("{}{raw}", self.pending_ws)
+                } else {
+                    raw.clone()
+                };
+                self.block_first = self.calls;
                 self.state = match (self.format, m) {
                     (ToolCallFormat::HermesJson, _) => State::Hermes { raw },
                     (ToolCallFormat::QwenXml, 0) => State::XmlOpen { raw },
@@ -278,7 +370,7 @@ impl ToolCallStream {
                 raw.push_str(&self.take(p));
                 match hermes_call(&raw[TOOL_CALL.len()..]) {
                     Ok((name, arguments)) => {
-                        self.buf.drain(..TOOL_CALL_END.len());
+                        self.skip(TOOL_CALL_END.len());
                         self.open_call(name);
                         self.fragment(arguments);
                         self.open = None;
@@ -341,7 +433,7 @@ impl ToolCallStream {
                 false
             }
             Name::Good(name, len) => {
-                self.buf.drain(..len);
+                self.skip(len);
                 self.open_call(name);
                 self.state = State::XmlBody { wrapped };
                 true
@@ -370,12 +462,12 @@ impl ToolCallStream {
                 self.junk(&junk);
                 self.state = match m {
                     0 => {
-                        self.buf.drain(..PARAMETER.len());
+                        self.skip(PARAMETER.len());
                         State::XmlKey { wrapped }
                     }
                     1 => {
-                        self.buf.drain(..FUNCTION_END.len());
-                        self.close_xml();
+                        self.skip(FUNCTION_END.len());
+                        self.close_xml(wrapped);
                         if wrapped {
                             State::XmlAfter
                         } else {
@@ -383,9 +475,9 @@ impl ToolCallStream {
                         }
                     }
                     _ => {
-                        self.buf.drain(..TOOL_CALL_END.len());
+                        self.skip(TOOL_CALL_END.len());
                         self.warn("a <function=...> closed by </tool_call> alone".into());
-                        self.close_xml();
+                        self.close_xml(false);
                         State::Text
                     }
                 };
@@ -401,7 +493,7 @@ impl ToolCallStream {
                 let junk = self.take(self.buf.len());
                 self.junk(&junk);
                 self.warn("the reply ended inside a <function=...>; closed".into());
-                self.close_xml();
+                self.close_xml(false);
                 true
             }
         }
@@ -414,7 +506,7 @@ impl ToolCallStream {
                 false
             }
             Name::Good(key, len) => {
-                self.buf.drain(..len);
+                self.skip(len);
                 self.state = State::XmlValue {
                     wrapped,
                     key,
@@ -440,7 +532,7 @@ impl ToolCallStream {
             Scan::At(p, m) => {
                 value.push_str(&self.take(p));
                 if m == 0 {
-                    self.buf.drain(..PARAMETER_END.len());
+                    self.skip(PARAMETER_END.len());
                 } else {
                     self.warn(format!("parameter `{key}` not closed by </parameter>"));
                 }
@@ -471,14 +563,15 @@ impl ToolCallStream {
             Scan::At(p, m) => {
                 let junk = self.take(p);
                 self.junk(&junk);
+                self.release();
                 if m == 0 {
-                    self.buf.drain(..FUNCTION.len());
+                    self.skip(FUNCTION.len());
                     self.state = State::XmlName {
                         raw: None,
                         wrapped: true,
                     };
                 } else {
-                    self.buf.drain(..TOOL_CALL_END.len());
+                    self.skip(TOOL_CALL_END.len());
                 }
                 true
             }
@@ -491,6 +584,7 @@ impl ToolCallStream {
             Scan::Safe(_) => {
                 let junk = self.take(self.buf.len());
                 self.junk(&junk);
+                self.release();
                 self.warn("the reply ended inside a <tool_call>".into());
                 true
             }
@@ -614,15 +708,44 @@ impl ToolCallStream {
         self.fragment(member);
     }
 
-    fn close_xml(&mut self) {
+    /// Ends the open call's arguments; with `hold` (a call inside `<tool_call>`) the closing
+    /// piece waits for the block's end ([`Self::release`]).
+    fn close_xml(&mut self, hold: bool) {
         let last = match &self.open {
             Some(o) if o.keys.is_empty() => "{}",
             Some(_) => "}",
             None => "",
         };
-        self.fragment(last.to_string());
+        match self.open.as_ref().map(|o| o.index) {
+            Some(index) if hold => {
+                self.release();
+                self.held = Some((index, last.to_string()));
+            }
+            _ => self.fragment(last.to_string()),
+        }
         self.open = None;
         self.closed();
+    }
+
+    /// Sends the held closing piece of a call (its block ended, or the reply did).
+    fn release(&mut self) {
+        let Some((index, last)) = self.held.take() else {
+            return;
+        };
+        match self.out.last_mut() {
+            Some(StreamEvent::ToolCallDelta {
+                index: i,
+                id: None,
+                arguments,
+                ..
+            }) if *i == index => arguments.push_str(&last),
+            _ => self.out.push(StreamEvent::ToolCallDelta {
+                index,
+                id: None,
+                name: None,
+                arguments: last,
+            }),
+        }
     }
 
     fn closed(&mut self) {

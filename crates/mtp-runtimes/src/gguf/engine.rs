@@ -114,6 +114,8 @@ struct Text<'a> {
     ids: Vec<u32>,
     pending_ids: Vec<u32>,
     max_new: usize,
+    /// The token limit ended the reply.
+    cut: bool,
 }
 
 enum Step {
@@ -132,6 +134,7 @@ impl<'a> Text<'a> {
             ids: Vec::new(),
             pending_ids: Vec::new(),
             max_new: job.max_new,
+            cut: false,
         }
     }
 
@@ -189,6 +192,7 @@ impl<'a> Text<'a> {
     /// text and ids.
     fn finish(mut self, mut out: Outcome, sink: &mut dyn Sink) -> Outcome {
         if out.finish != Some(FinishReason::Cancelled) {
+            self.cut = out.finish == Some(FinishReason::Length);
             self.flush(sink, true);
         }
         out.text = self.reply.content().to_string();
@@ -205,7 +209,12 @@ impl<'a> Text<'a> {
             let tail = String::from_utf8_lossy(&std::mem::take(&mut self.bytes)).into_owned();
             let a = self.reply.push(&tail);
             self.add(a);
-            let b = self.reply.finish();
+            // a tool call the token limit cut is incomplete (see `ReplyText::finish_cut`)
+            let b = if self.cut {
+                self.reply.finish_cut()
+            } else {
+                self.reply.finish()
+            };
             self.add(b);
         }
         let has_text = !self.pending.content.is_empty()
