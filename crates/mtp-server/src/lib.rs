@@ -35,6 +35,7 @@ mod conn;
 mod error;
 mod metrics;
 pub mod openai;
+mod segments;
 mod strict;
 
 use std::collections::HashMap;
