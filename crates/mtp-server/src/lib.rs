@@ -35,6 +35,7 @@ mod conn;
 mod error;
 mod metrics;
 pub mod openai;
+pub mod responses;
 mod segments;
 mod strict;
 
@@ -308,6 +309,7 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
         .route("/completion", post(native_completion))
         .route("/v1/models", get(models))
         .route("/props", get(props))
@@ -419,7 +421,7 @@ async fn not_found(req: Request) -> Response {
         code: Some("not_found".into()),
         message: format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
-             POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /health, \
+             POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, GET /v1/models, GET /health, \
              GET /metrics, and llama-server's POST /completion and GET /props",
             req.method(),
             req.uri().path()
@@ -527,6 +529,27 @@ async fn messages(State(s): State<Shared>, body: Body) -> Response {
         anthropic::stream(run, events).into_response()
     } else {
         anthropic::whole(run, events).await
+    }
+}
+
+/// OpenAI's Responses API: the chat route's request path, answers as response objects.
+async fn responses(State(s): State<Shared>, body: Body) -> Response {
+    let body = read_body(&s, body).await;
+    let (mut parsed, echo) = match body.and_then(|v| responses::parse(&v, &s.limits)) {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return responses::error(e);
+        }
+    };
+    let (run, events) = match begin(&s, &mut parsed, Endpoint::Chat, "resp_").await {
+        Ok(r) => r,
+        Err(e) => return responses::error(e),
+    };
+    if parsed.stream {
+        responses::stream(run, events, echo).into_response()
+    } else {
+        responses::whole(run, events, echo).await
     }
 }
 
