@@ -1,10 +1,11 @@
 //! The official Python clients the project must satisfy (the developers' guide: "test against
 //! them, not only against our own"): one virtual environment outside the clone, in the cache
-//! folder, with the `openai`, `anthropic` and `huggingface_hub` packages at pinned versions, made
-//! once and reused. The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names)
-//! and with `anthropic` (`anthropic_sdk`), and the fake Hub (`mtp-fakehub`) with
-//! `huggingface_hub` (`hf_hub`), are `#[ignore]`d without it and run by `cargo xtask test`
-//! (`MTP_OPENAI_PYTHON`, `MTP_ANTHROPIC_PYTHON` and `MTP_HF_PYTHON`, all the environment's
+//! folder, with the `openai`, `anthropic`, `huggingface_hub` and `openai-agents` packages at
+//! pinned versions, made once and reused. The tests that drive `mtp serve` with `openai`
+//! (`openai_sdk` in their names), with `anthropic` (`anthropic_sdk`) and with `openai-agents`
+//! (`openai_agents`), and the fake Hub (`mtp-fakehub`) with `huggingface_hub` (`hf_hub`), are
+//! `#[ignore]`d without it and run by `cargo xtask test` (`MTP_OPENAI_PYTHON`,
+//! `MTP_ANTHROPIC_PYTHON`, `MTP_AGENTS_PYTHON` and `MTP_HF_PYTHON`, all the environment's
 //! interpreter).
 
 use std::path::{Path, PathBuf};
@@ -30,11 +31,19 @@ pub const NEEDS_HF_HUB: &str = "hf_hub";
 /// The environment variable naming the interpreter that has the `huggingface_hub` package.
 pub const ENV_HF_PYTHON: &str = "MTP_HF_PYTHON";
 
-/// The releases the tests are written against, installed together.
-const PACKAGES: [&str; 3] = [
+/// The name filter of the tests that need the `openai-agents` SDK.
+pub const NEEDS_AGENTS_SDK: &str = "openai_agents";
+
+/// The environment variable naming the interpreter that has the `openai-agents` package.
+pub const ENV_AGENTS_PYTHON: &str = "MTP_AGENTS_PYTHON";
+
+/// The releases the tests are written against, installed together (`pip check` finds no
+/// conflict among them).
+const PACKAGES: [&str; 4] = [
     "openai==3.63.0",
     "anthropic==2.17.0",
     "huggingface_hub==2.4.0",
+    "openai-agents==0.25.0",
 ];
 
 /// The folder the environment of an earlier layout (`openai` alone) was made in.
