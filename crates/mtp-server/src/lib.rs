@@ -13,7 +13,9 @@
 //! is loaded); and Anthropic's Messages API, `POST /v1/messages` (streamed as Anthropic's
 //! events) and `POST /v1/messages/count_tokens`, for Claude Code and the `anthropic` SDKs
 //! ([`anthropic`]: the same request path as the chat route, answers and errors in Anthropic's
-//! shapes).
+//! shapes); and OpenAI's Responses API, `POST /v1/responses` (streamed as its events), for Codex
+//! CLI and the `openai-agents` SDK ([`responses`]: the same request path again, answers as
+//! response objects).
 //!
 //! Requests are admitted up to [`ServerConfig::max_batch`] at once (the provider's own
 //! concurrency: 1 for an in-process runtime that generates one sequence at a time); up to
