@@ -220,7 +220,7 @@ assert nxt.status in ("completed", "incomplete"), nxt
 out["tool_turn_input_tokens"] = nxt.usage.input_tokens
 out["first_input_tokens"] = first.usage.input_tokens
 
-# text.format json_schema: JSON valid against the schema, whole and through responses.parse
+# text.format json_schema: JSON valid against the schema
 r = client.responses.create(
     model="tiny-code",
     input="Describe a box as JSON.",
