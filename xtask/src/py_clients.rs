@@ -1,11 +1,12 @@
 //! The official Python clients the project must satisfy (the developers' guide: "test against
 //! them, not only against our own"): one virtual environment outside the clone, in the cache
-//! folder, with the `openai`, `anthropic`, `huggingface_hub` and `lm-eval` packages at pinned
-//! versions, made once and reused (`lm_eval` in a test's name: lm-evaluation-harness against
-//! `mtp serve`, `MTP_LM_EVAL_PYTHON`). The tests that drive `mtp serve` with `openai` (`openai_sdk` in their names)
-//! and with `anthropic` (`anthropic_sdk`), and the fake Hub (`mtp-fakehub`) with
-//! `huggingface_hub` (`hf_hub`), are `#[ignore]`d without it and run by `cargo xtask test`
-//! (`MTP_OPENAI_PYTHON`, `MTP_ANTHROPIC_PYTHON` and `MTP_HF_PYTHON`, all the environment's
+//! folder, with the `openai`, `anthropic`, `huggingface_hub`, `openai-agents` and `lm-eval`
+//! packages at pinned versions, made once and reused. The tests that drive `mtp serve` with
+//! `openai` (`openai_sdk` in their names), with `anthropic` (`anthropic_sdk`), with
+//! `openai-agents` (`openai_agents`) and with lm-evaluation-harness (`lm_eval`), and the fake
+//! Hub (`mtp-fakehub`) with `huggingface_hub` (`hf_hub`), are `#[ignore]`d without it and run
+//! by `cargo xtask test` (`MTP_OPENAI_PYTHON`, `MTP_ANTHROPIC_PYTHON`, `MTP_AGENTS_PYTHON`,
+//! `MTP_LM_EVAL_PYTHON` and `MTP_HF_PYTHON`, all the environment's
 //! interpreter).
 
 use std::path::{Path, PathBuf};
@@ -31,18 +32,26 @@ pub const NEEDS_HF_HUB: &str = "hf_hub";
 /// The environment variable naming the interpreter that has the `huggingface_hub` package.
 pub const ENV_HF_PYTHON: &str = "MTP_HF_PYTHON";
 
+/// The name filter of the tests that need the `openai-agents` SDK.
+pub const NEEDS_AGENTS_SDK: &str = "openai_agents";
+
+/// The environment variable naming the interpreter that has the `openai-agents` package.
+pub const ENV_AGENTS_PYTHON: &str = "MTP_AGENTS_PYTHON";
+
 /// The name filter of the tests that need lm-evaluation-harness.
 pub const NEEDS_LM_EVAL: &str = "lm_eval";
 
 /// The environment variable naming the interpreter that has `lm_eval`.
 pub const ENV_LM_EVAL_PYTHON: &str = "MTP_LM_EVAL_PYTHON";
 
-/// The releases the tests are written against, installed together (lm-evaluation-harness
-/// with its `api` extra only: its `local-completions` model needs no torch).
-const PACKAGES: [&str; 4] = [
+/// The releases the tests are written against, installed together (`pip check` finds no
+/// conflict among them; lm-evaluation-harness with its `api` extra only: its
+/// `local-completions` model needs no torch).
+const PACKAGES: [&str; 5] = [
     "openai==3.63.0",
     "anthropic==2.17.0",
     "huggingface_hub==2.4.0",
+    "openai-agents==0.25.0",
     "lm-eval[api]==0.4.13",
 ];
 

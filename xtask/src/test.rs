@@ -58,14 +58,15 @@ pub fn run(args: &[String]) -> Result<()> {
     let llama_src = crate::llama::source_dir()?;
     let real_vocab = crate::real_vocab::prepare(&llama_src)?;
     // The official Python clients (a venv outside the clone, cached), in the same run of the
-    // ignored tests: `openai` and `anthropic` driving `mtp serve`, `huggingface_hub` against
-    // the fake Hub.
+    // ignored tests: `openai`, `anthropic` and `openai-agents` driving `mtp serve`,
+    // `huggingface_hub` against the fake Hub.
     let python = crate::py_clients::prepare()?;
     let filters = [
         NEEDS_LLAMA_CPP_SRC,
         crate::py_clients::NEEDS_OPENAI_SDK,
         crate::py_clients::NEEDS_ANTHROPIC_SDK,
         crate::py_clients::NEEDS_HF_HUB,
+        crate::py_clients::NEEDS_AGENTS_SDK,
         crate::py_clients::NEEDS_LM_EVAL,
     ];
     let cargo_args = args.iter().take_while(|a| *a != "--");
@@ -80,13 +81,14 @@ pub fn run(args: &[String]) -> Result<()> {
         .env(crate::py_clients::ENV_OPENAI_PYTHON, &python)
         .env(crate::py_clients::ENV_ANTHROPIC_PYTHON, &python)
         .env(crate::py_clients::ENV_HF_PYTHON, &python)
+        .env(crate::py_clients::ENV_AGENTS_PYTHON, &python)
         .env(crate::py_clients::ENV_LM_EVAL_PYTHON, &python)
         .status()
         .with_context(|| format!("running {cargo} test -- --ignored {}", filters.join(" ")))?;
     if !status.success() {
         bail!(
-            "the tests on llama.cpp's real vocabularies and with the openai, anthropic and \
-             huggingface_hub clients failed ({status})"
+            "the tests on llama.cpp's real vocabularies and with the openai, anthropic, \
+             openai-agents and huggingface_hub clients failed ({status})"
         );
     }
     // Doc tests are not part of --all-targets.

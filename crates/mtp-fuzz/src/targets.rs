@@ -489,6 +489,55 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 16 * KIB,
         },
         Target {
+            name: "responses",
+            about: "an OpenAI Responses body (mtp_server::responses::parse, as /v1/responses \
+                    reads it)",
+            seeds: responses_seeds,
+            dictionary: &[
+                b"\"input\"",
+                b"\"instructions\"",
+                b"\"role\"",
+                b"\"content\"",
+                b"\"type\"",
+                b"\"message\"",
+                b"\"input_text\"",
+                b"\"input_image\"",
+                b"\"image_url\"",
+                b"\"output_text\"",
+                b"\"function_call\"",
+                b"\"function_call_output\"",
+                b"\"call_id\"",
+                b"\"arguments\"",
+                b"\"output\"",
+                b"\"reasoning\"",
+                b"\"summary\"",
+                b"\"effort\"",
+                b"\"tools\"",
+                b"\"parameters\"",
+                b"\"tool_choice\"",
+                b"\"text\"",
+                b"\"format\"",
+                b"\"json_schema\"",
+                b"\"schema\"",
+                b"\"max_output_tokens\"",
+                b"\"speculation\"",
+                b"null",
+                b"-1",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                if let Ok(v) = serde_json::from_slice::<Value>(b) {
+                    let limits = mtp_server::openai::Limits::default();
+                    let _ = mtp_server::responses::parse(&v, &limits);
+                }
+            },
+            alloc_cap: |n| 256 * KIB + 64 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
             name: "prometheus",
             about: "a /metrics page (mtp_runtimes::prometheus::Metrics::parse)",
             seeds: || files(&repo().join("crates/mtp-runtimes/tests/fixtures"), &[".txt"]),
@@ -700,6 +749,36 @@ fn messages_seeds() -> Vec<Vec<u8>> {
             "speculation": {"mode": "native_mtp", "num_draft_tokens": 3}}),
         json!({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
             "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect()
+}
+
+fn responses_seeds() -> Vec<Vec<u8>> {
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": true}]);
+    [
+        json!({"model": "m", "input": "hi", "max_output_tokens": 16}),
+        json!({"instructions": "Be brief.", "stream": true, "reasoning": {"effort": "high"},
+            "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+                {"type": "input_text", "text": "what is it?"}]}]}),
+        json!({"tools": tools, "tool_choice": {"type": "function", "name": "get_weather"},
+            "parallel_tool_calls": false, "temperature": 0, "top_p": 0.9,
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {"type": "message", "role": "user", "content": "Weather in Paris?"},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "call it"}],
+                    "content": [{"type": "reasoning_text", "text": "call it"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                    "arguments": "{\"city\": \"Paris\"}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "sun"}],
+            "speculation": {"mode": "native_mtp", "num_draft_tokens": 3}}),
+        json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "x",
+            "schema": {"type": "object"}, "strict": true}}, "store": false,
+            "include": ["reasoning.encrypted_content"]}),
     ]
     .iter()
     .map(|v| v.to_string().into_bytes())

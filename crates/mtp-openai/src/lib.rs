@@ -14,7 +14,10 @@
 //! - [`ErrorBody`], [`ModelList`], [`Health`], and llama-server's [`Props`] and [`Slot`];
 //! - [`anthropic`]: Anthropic's Messages API (the request with its content blocks, tools,
 //!   `tool_choice` and `thinking`; the answer, its stream events and errors), which `mtp serve`
-//!   also speaks for Claude Code and the `anthropic` SDKs.
+//!   also speaks for Claude Code and the `anthropic` SDKs;
+//! - [`responses`]: OpenAI's Responses API (the request with its input items, flat function
+//!   tools, `text.format` and `reasoning`; the response object and its stream events), for
+//!   Codex CLI, the `openai-agents` SDK and `client.responses`.
 //!
 //! ## Strict and tolerant readings of the same types
 //!
@@ -52,6 +55,7 @@ mod llama;
 mod logprobs;
 mod request;
 mod response;
+pub mod responses;
 mod service;
 mod tool;
 

@@ -43,6 +43,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::openai::{self, Endpoint, Limits, Parsed};
+use crate::segments::{Kind, Segments, Step};
 use crate::Run;
 
 /// The `signature` of the thinking blocks this server writes. Anthropic signs its own so that
@@ -791,25 +792,14 @@ pub(crate) async fn whole(mut run: Run, mut events: mtp_contract::EventStream) -
     error(ApiError::from_provider(&ProviderError::Cancelled))
 }
 
-/// The block a stream has open.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Open {
-    Thinking,
-    Text,
-    /// A tool call (its index among the reply's calls).
-    Tool(usize),
-}
-
 /// A stream's state between provider events.
 struct Streamer {
     run: Run,
     events: mtp_contract::EventStream,
     /// `message_start` was sent.
     started: bool,
-    /// The open block and its index.
-    open: Option<(Open, usize)>,
-    /// The next block's index.
-    next: usize,
+    /// The reply's blocks: one per segment, at the segment's index.
+    segments: Segments,
     ended: bool,
 }
 
@@ -837,37 +827,55 @@ impl Streamer {
         ]
     }
 
-    /// Closes the open block (a thinking block gets its signature first).
-    fn close(&mut self, out: &mut Vec<an::StreamEvent>) {
-        if let Some((kind, index)) = self.open.take() {
-            if kind == Open::Thinking {
-                out.push(an::StreamEvent::ContentBlockDelta {
-                    index,
-                    delta: BlockDelta::SignatureDelta {
-                        signature: THINKING_SIGNATURE.into(),
+    /// A segment's step as Anthropic's block events (a thinking block gets its signature
+    /// before it stops).
+    fn step(&self, step: Step, out: &mut Vec<an::StreamEvent>) {
+        match step {
+            Step::Open {
+                index,
+                kind,
+                id,
+                name,
+            } => {
+                let content_block = match kind {
+                    Kind::Reasoning => Block::Thinking {
+                        thinking: String::new(),
+                        signature: String::new(),
                     },
+                    Kind::Text => Block::Text {
+                        text: String::new(),
+                    },
+                    Kind::Call(i) => Block::ToolUse {
+                        id: tool_use_id(id.as_deref(), &self.run.id, i),
+                        name: name.unwrap_or_default(),
+                        input: json!({}),
+                    },
+                };
+                out.push(an::StreamEvent::ContentBlockStart {
+                    index,
+                    content_block,
                 });
             }
-            out.push(an::StreamEvent::ContentBlockStop { index });
-        }
-    }
-
-    /// The index of a block of `kind`, opened (after closing another) when it is not open.
-    fn ensure(&mut self, kind: Open, block: Block, out: &mut Vec<an::StreamEvent>) -> usize {
-        if let Some((k, i)) = self.open {
-            if k == kind {
-                return i;
+            Step::Add { index, kind, text } => {
+                let delta = match kind {
+                    Kind::Reasoning => BlockDelta::ThinkingDelta { thinking: text },
+                    Kind::Text => BlockDelta::TextDelta { text },
+                    Kind::Call(_) => BlockDelta::InputJsonDelta { partial_json: text },
+                };
+                out.push(an::StreamEvent::ContentBlockDelta { index, delta });
+            }
+            Step::Close { index, kind } => {
+                if kind == Kind::Reasoning {
+                    out.push(an::StreamEvent::ContentBlockDelta {
+                        index,
+                        delta: BlockDelta::SignatureDelta {
+                            signature: THINKING_SIGNATURE.into(),
+                        },
+                    });
+                }
+                out.push(an::StreamEvent::ContentBlockStop { index });
             }
         }
-        self.close(out);
-        let index = self.next;
-        self.next += 1;
-        self.open = Some((kind, index));
-        out.push(an::StreamEvent::ContentBlockStart {
-            index,
-            content_block: block,
-        });
-        index
     }
 
     /// The events one provider event makes.
@@ -880,57 +888,11 @@ impl Streamer {
             });
         }
         match ev {
-            Some(Ok(StreamEvent::PromptProgress(_))) => {}
-            Some(Ok(StreamEvent::Delta {
-                text, reasoning, ..
-            })) => {
-                if !reasoning.is_empty() {
-                    let block = Block::Thinking {
-                        thinking: String::new(),
-                        signature: String::new(),
-                    };
-                    let index = self.ensure(Open::Thinking, block, &mut out);
-                    out.push(an::StreamEvent::ContentBlockDelta {
-                        index,
-                        delta: BlockDelta::ThinkingDelta {
-                            thinking: reasoning,
-                        },
-                    });
-                }
-                if !text.is_empty() {
-                    let block = Block::Text {
-                        text: String::new(),
-                    };
-                    let index = self.ensure(Open::Text, block, &mut out);
-                    out.push(an::StreamEvent::ContentBlockDelta {
-                        index,
-                        delta: BlockDelta::TextDelta { text },
-                    });
-                }
-            }
-            Some(Ok(StreamEvent::ToolCall(d))) => {
-                let open_call = matches!(self.open, Some((Open::Tool(i), _)) if i == d.index);
-                if d.name.is_some() || !open_call {
-                    let block = Block::ToolUse {
-                        id: tool_use_id(d.id.as_deref(), &self.run.id, d.index),
-                        name: d.name.clone().unwrap_or_default(),
-                        input: json!({}),
-                    };
-                    self.close(&mut out);
-                    self.ensure(Open::Tool(d.index), block, &mut out);
-                }
-                if let (false, Some((_, index))) = (d.arguments.is_empty(), self.open) {
-                    out.push(an::StreamEvent::ContentBlockDelta {
-                        index,
-                        delta: BlockDelta::InputJsonDelta {
-                            partial_json: d.arguments,
-                        },
-                    });
-                }
-            }
             Some(Ok(StreamEvent::Done(r))) => {
                 self.run.finish(&r);
-                self.close(&mut out);
+                if let Some(step) = self.segments.close() {
+                    self.step(step, &mut out);
+                }
                 out.push(an::StreamEvent::MessageDelta {
                     delta: an::MessageDeltaBody {
                         stop_reason: Some(stop_reason(&r).into()),
@@ -941,6 +903,11 @@ impl Streamer {
                 });
                 out.push(an::StreamEvent::MessageStop);
                 self.ended = true;
+            }
+            Some(Ok(ev)) => {
+                for step in self.segments.on(ev) {
+                    self.step(step, &mut out);
+                }
             }
             Some(Err(e)) => {
                 self.run.fail(&e);
@@ -978,8 +945,7 @@ pub(crate) fn stream(
         run,
         events,
         started: false,
-        open: None,
-        next: 0,
+        segments: Segments::default(),
         ended: false,
     };
     let out = futures::stream::unfold(state, |mut st| async move {

@@ -13,7 +13,9 @@
 //! is loaded); and Anthropic's Messages API, `POST /v1/messages` (streamed as Anthropic's
 //! events) and `POST /v1/messages/count_tokens`, for Claude Code and the `anthropic` SDKs
 //! ([`anthropic`]: the same request path as the chat route, answers and errors in Anthropic's
-//! shapes).
+//! shapes); and OpenAI's Responses API, `POST /v1/responses` (streamed as its events), for Codex
+//! CLI and the `openai-agents` SDK ([`responses`]: the same request path again, answers as
+//! response objects).
 //!
 //! Requests are admitted up to [`ServerConfig::max_batch`] at once (the provider's own
 //! concurrency: 1 for an in-process runtime that generates one sequence at a time); up to
@@ -35,6 +37,8 @@ mod conn;
 mod error;
 mod metrics;
 pub mod openai;
+pub mod responses;
+mod segments;
 mod strict;
 mod tokens;
 
@@ -313,6 +317,7 @@ fn app(llm: Arc<dyn Provider>, config: &ServerConfig) -> (Router, Shared) {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
         .route("/completion", post(native_completion))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(tokens::model))
@@ -429,7 +434,7 @@ async fn not_found(req: Request) -> Response {
         code: Some("not_found".into()),
         message: format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
-             POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /health, \
+             POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, GET /v1/models, GET /health, \
              GET /metrics, and llama-server's POST /completion and GET /props",
             req.method(),
             req.uri().path()
@@ -603,6 +608,27 @@ async fn messages(State(s): State<Shared>, body: Body) -> Response {
         anthropic::stream(run, events).into_response()
     } else {
         anthropic::whole(run, events).await
+    }
+}
+
+/// OpenAI's Responses API: the chat route's request path, answers as response objects.
+async fn responses(State(s): State<Shared>, body: Body) -> Response {
+    let body = read_body(&s, body).await;
+    let (mut parsed, echo) = match body.and_then(|v| responses::parse(&v, &s.limits)) {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.rejected();
+            return responses::error(e);
+        }
+    };
+    let (run, events) = match begin(&s, &mut parsed, Endpoint::Chat, "resp_").await {
+        Ok(r) => r,
+        Err(e) => return responses::error(e),
+    };
+    if parsed.stream {
+        responses::stream(run, events, echo).into_response()
+    } else {
+        responses::whole(run, events, echo).await
     }
 }
 

@@ -940,3 +940,187 @@ async fn a_full_queue_answers_anthropic_clients_429_rate_limit_error() {
     let (status, v) = first.await.unwrap();
     assert_eq!(status, 200, "{v}");
 }
+
+fn responses_body() -> Value {
+    json!({"model": "gpt-x", "instructions": "Be brief.", "store": false,
+           "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+           "metadata": {"k": "v"}})
+}
+
+#[tokio::test]
+async fn responses_answer_as_response_objects_whole_and_streamed() {
+    let srv = start(Arc::new(words()), ServerConfig::new("unused")).await;
+    let (status, v) = post(&srv.base, "/v1/responses", responses_body()).await;
+    assert_eq!(status, 200, "{v}");
+    let id = v["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"), "{v}");
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["incomplete_details"], Value::Null);
+    assert_eq!(v["error"], Value::Null);
+    assert_eq!(v["model"], "scripted-model");
+    assert_eq!(v["instructions"], "Be brief.");
+    assert_eq!(v["metadata"], json!({"k": "v"}));
+    let out = v["output"].as_array().unwrap();
+    assert_eq!(out.len(), 1, "{v}");
+    assert_eq!(out[0]["type"], "message");
+    assert_eq!(out[0]["role"], "assistant");
+    assert_eq!(out[0]["status"], "completed");
+    assert!(out[0]["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        out[0]["content"],
+        json!([{"type": "output_text", "text": "fn main() {}", "annotations": [], "logprobs": []}])
+    );
+    assert_eq!(
+        v["usage"],
+        json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+               "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 10})
+    );
+    assert_eq!(v["speculation"]["used"], true);
+
+    // the token limit: incomplete, naming max_output_tokens
+    let mut short = responses_body();
+    short["max_output_tokens"] = json!(2);
+    let (_, v) = post(&srv.base, "/v1/responses", short).await;
+    assert_eq!(v["status"], "incomplete", "{v}");
+    assert_eq!(
+        v["incomplete_details"],
+        json!({"reason": "max_output_tokens"})
+    );
+    assert_eq!(v["max_output_tokens"], 2);
+    assert_eq!(v["output"][0]["status"], "incomplete");
+    assert_eq!(v["output"][0]["content"][0]["text"], "fn main");
+
+    // speculation off for one request, as the chat route takes it
+    let mut off = responses_body();
+    off["speculation"] = json!(false);
+    let (_, v) = post(&srv.base, "/v1/responses", off).await;
+    assert_eq!(v["speculation"]["used"], false, "{v}");
+
+    // streamed: the Responses events in order, numbered, each `event:` naming its data's type
+    let mut body = responses_body();
+    body["stream"] = json!(true);
+    let text = post_text(&srv.base, "/v1/responses", body).await;
+    let events = sse_events(&text);
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], name.as_str(), "{text}");
+        assert_eq!(data["sequence_number"], i, "{text}");
+    }
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(["response.output_text.delta"; 5]);
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(names, want, "{text}");
+    let created = &events[0].1["response"];
+    assert_eq!(created["status"], "in_progress");
+    assert_eq!(created["output"], json!([]));
+    assert_eq!(created["usage"], Value::Null);
+    let added = &events[2].1;
+    assert_eq!(added["output_index"], 0);
+    assert_eq!(added["item"]["content"], json!([]));
+    let item_id = added["item"]["id"].clone();
+    let joined: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, d)| {
+            assert_eq!(
+                (&d["item_id"], &d["output_index"], &d["content_index"]),
+                (&item_id, &json!(0), &json!(0))
+            );
+            d["delta"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(joined, "fn main() {}");
+    assert_eq!(events[9].1["text"], "fn main() {}");
+    let done = &events[events.len() - 1].1["response"];
+    assert_eq!(done["id"], created["id"]);
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"][0]["content"][0]["text"], "fn main() {}");
+    assert_eq!(done["output"][0]["id"], item_id);
+    assert_eq!(done["usage"]["output_tokens"], 5);
+    assert_eq!(done["speculation"]["used"], true);
+
+    // streamed and cut by the token limit: response.incomplete
+    let mut body = responses_body();
+    body["stream"] = json!(true);
+    body["max_output_tokens"] = json!(2);
+    let events = sse_events(&post_text(&srv.base, "/v1/responses", body).await);
+    let (name, last) = events.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    assert_eq!(
+        last["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+}
+
+#[tokio::test]
+async fn responses_errors_name_the_responses_field() {
+    let mut cfg = ServerConfig::new("unused");
+    cfg.max_body_bytes = 4096;
+    cfg.api_key = Some("k".into());
+    let srv = start(Arc::new(words()), cfg).await;
+    let send = |body: Value, key: Option<&'static str>| {
+        let base = srv.base.clone();
+        async move {
+            let mut r = reqwest::Client::new()
+                .post(format!("{base}/v1/responses"))
+                .json(&body);
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, v) = send(responses_body(), None).await;
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+    for (k, val, param) in [
+        (
+            "previous_response_id",
+            json!("resp_1"),
+            "previous_response_id",
+        ),
+        ("max_output_tokens", json!(0), "max_output_tokens"),
+        ("tools", json!([{"type": "web_search"}]), "tools[0]"),
+        ("input", json!([]), "input"),
+    ] {
+        let mut b = responses_body();
+        b[k] = val;
+        let (status, v) = send(b, Some("k")).await;
+        assert_eq!(status, 400, "{k}: {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(k), "{v}");
+    }
+    let mut big = responses_body();
+    big["input"] = json!("x".repeat(5000));
+    let (status, v) = send(big, Some("k")).await;
+    assert_eq!(status, 413, "{v}");
+    // the route is listed where an unknown one is answered
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/responses/resp_1", srv.base))
+        .bearer_auth("k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("POST /v1/responses"),
+        "{v}"
+    );
+    let _ = srv.stop.send(());
+}
