@@ -379,6 +379,11 @@ pub(crate) fn all() -> Vec<Target> {
                 b"\"speculation\"",
                 b"\"prompt_cache_key\"",
                 b"\"image_url\"",
+                b"\"logprobs\"",
+                b"\"top_logprobs\"",
+                b"\"echo\"",
+                b"\"n\"",
+                b"\"prompt\"",
                 b"null",
                 b"[",
                 b"]",
@@ -391,7 +396,10 @@ pub(crate) fn all() -> Vec<Target> {
                     return;
                 };
                 for e in [Endpoint::Chat, Endpoint::Completion, Endpoint::Native] {
-                    let _ = parse(e, &body, &Limits::default());
+                    // every choice's request of a parsed body (a batch of prompts times `n`)
+                    if let Ok(p) = parse(e, &body, &Limits::default()) {
+                        assert_eq!(p.choice_requests().len(), p.choices());
+                    }
                 }
             },
             alloc_cap: |n| 16 * 1024 * KIB + 256 * n,
@@ -861,6 +869,8 @@ fn request_seeds() -> Vec<Vec<u8>> {
         json!({"prompt": "fn main", "max_tokens": 4, "logit_bias": {"5": -100}, "seed": 1, "best_of": 1,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
         json!({"prompt": ["a"], "n_predict": -1, "return_tokens": true, "speculative.n_max": 3}),
+        json!({"prompt": [[1, 2, 3], [4]], "max_tokens": 0, "logprobs": 5, "echo": true, "n": 2, "seed": 9}),
+        json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20, "n": 3}),
     ]
     .iter()
     .map(|v| v.to_string().into_bytes())

@@ -369,9 +369,28 @@ mod openai_sdk {
     #[test]
     #[ignore = "needs the official openai Python client (MTP_OPENAI_PYTHON); cargo xtask test prepares it"]
     fn the_official_client_reads_logprobs() {
+        drive(&demo_model());
+    }
+
+    /// The same on the real-vocabulary checkpoint (Qwen's own 248k-token vocabulary, whose
+    /// tokens are byte-level pieces: their `bytes` and texts as the client reads them).
+    #[test]
+    #[ignore = "needs the openai client (MTP_OPENAI_PYTHON) and the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test prepares both"]
+    fn the_official_client_reads_logprobs_on_the_real_vocabulary() {
+        let ck = std::env::var_os("MTP_REAL_VOCAB_MODEL")
+            .map(PathBuf::from)
+            .expect("MTP_REAL_VOCAB_MODEL: cargo xtask test builds the checkpoint");
+        drive(&ck);
+    }
+
+    fn drive(ck: &std::path::Path) {
         let python = std::env::var_os("MTP_OPENAI_PYTHON")
             .expect("MTP_OPENAI_PYTHON: cargo xtask test prepares the openai client");
-        let srv = serve(&["--num-draft-tokens", "3"]);
+        let srv = Killed(common::spawn_serve(
+            ck.to_str().unwrap(),
+            &["--num-draft-tokens", "3"],
+            Stdio::inherit(),
+        ));
         let script =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/logprobs.py");
         let out = std::process::Command::new(python)

@@ -594,12 +594,9 @@ async fn context_length_is_enforced() {
     assert!(
         matches!(
             err,
-            ProviderError::InvalidRequest {
-                field: "prompt",
-                ..
-            }
-        ) && msg.contains("48 tokens")
-            && msg.contains("context holds 48"),
+            ProviderError::ContextLengthExceeded { context: 48, .. }
+        ) && msg.contains("is 48 tokens")
+            && msg.contains("maximum context length is 48 tokens"),
         "{msg}"
     );
     // a ctx_size that is not a positive integer

@@ -409,10 +409,15 @@ async fn json_schema_text_format_on_the_native_engine() {
 /// Runs `script` with the interpreter `env` names against a fresh server, and reads the JSON
 /// object it prints.
 fn run_python(env: &str, script: &str) -> Value {
+    let (_d, ck) = checkpoint();
+    run_python_on(env, script, &ck)
+}
+
+/// [`run_python`] against a server on the checkpoint `ck`.
+fn run_python_on(env: &str, script: &str, ck: &Path) -> Value {
     let python = std::env::var_os(env)
         .unwrap_or_else(|| panic!("{env}: cargo xtask test prepares the Python clients"));
-    let (_d, ck) = checkpoint();
-    let srv = serve(&ck);
+    let srv = serve(ck);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
     let out = std::process::Command::new(python)
         .arg(&script)
@@ -434,7 +439,30 @@ fn run_python(env: &str, script: &str) -> Value {
 #[test]
 #[ignore = "needs the official openai Python client (MTP_OPENAI_PYTHON); cargo xtask test prepares it"]
 fn openai_sdk_drives_the_responses_api() {
-    let v = run_python("MTP_OPENAI_PYTHON", "tests/openai_sdk/responses.py");
+    check_sdk_summary(&run_python(
+        "MTP_OPENAI_PYTHON",
+        "tests/openai_sdk/responses.py",
+    ));
+}
+
+/// The same on the real-vocabulary checkpoint (`MTP_REAL_VOCAB_MODEL`: Qwen's own vocabulary,
+/// where `<tool_call>` and `<think>` are added tokens, and the Qwen3.5 template).
+#[test]
+#[ignore = "needs the openai client (MTP_OPENAI_PYTHON) and the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test prepares both"]
+fn openai_sdk_drives_the_responses_api_on_the_real_vocabulary() {
+    let ck = std::env::var_os("MTP_REAL_VOCAB_MODEL")
+        .map(PathBuf::from)
+        .expect("MTP_REAL_VOCAB_MODEL: cargo xtask test builds the checkpoint");
+    check_sdk_summary(&run_python_on(
+        "MTP_OPENAI_PYTHON",
+        "tests/openai_sdk/responses.py",
+        &ck,
+    ));
+}
+
+/// What `tests/openai_sdk/responses.py` saw: streamed and whole answers agree, the tool turn
+/// holds the first turn.
+fn check_sdk_summary(v: &Value) {
     assert!(!v["text"].as_str().unwrap().is_empty(), "{v}");
     assert_eq!(v["streamed"], v["text"], "{v}");
     assert_eq!(v["streamed_call"], v["call"], "{v}");
