@@ -30,6 +30,20 @@ pub struct TokenLogprob {
     pub top: Vec<TopLogprob>,
 }
 
+impl TokenLogprob {
+    /// A token with no log probability (a prompt's first, or `echo` without `logprobs`),
+    /// with its text and bytes.
+    pub fn unscored(id: u32, (token, bytes): (String, Vec<u8>)) -> TokenLogprob {
+        TokenLogprob {
+            id,
+            token,
+            bytes,
+            logprob: None,
+            top: Vec::new(),
+        }
+    }
+}
+
 /// An alternative at a token's position.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopLogprob {

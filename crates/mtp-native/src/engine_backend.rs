@@ -610,16 +610,7 @@ impl Backend for EngineBackend {
             .zip(lps)
             .map(|(&id, lp)| match lp {
                 Some(lp) => vocab.logprob(&lp),
-                None => {
-                    let (token, bytes) = vocab.token_text(id);
-                    TokenLogprob {
-                        id,
-                        token,
-                        bytes,
-                        logprob: None,
-                        top: Vec::new(),
-                    }
-                }
+                None => TokenLogprob::unscored(id, vocab.token_text(id)),
             })
             .collect())
     }

@@ -830,14 +830,10 @@ fn echo_tokens<B: Backend>(
         .ids
         .iter()
         .map(|&id| {
-            let (token, bytes) = vocab.as_ref().map(|v| v.token_text(id)).unwrap_or_default();
-            TokenLogprob {
+            TokenLogprob::unscored(
                 id,
-                token,
-                bytes,
-                logprob: None,
-                top: Vec::new(),
-            }
+                vocab.as_ref().map(|v| v.token_text(id)).unwrap_or_default(),
+            )
         })
         .collect())
 }

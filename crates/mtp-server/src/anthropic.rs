@@ -773,23 +773,14 @@ pub fn error(e: ApiError) -> Response {
 }
 
 /// The whole answer, once the provider is done.
-pub(crate) async fn whole(mut run: Run, mut events: mtp_contract::EventStream) -> Response {
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(StreamEvent::Done(r)) => {
-                run.finish(&r);
-                let headers = crate::speculation_headers(&r.metadata.speculation);
-                return (headers, Json(message(&r, &run.id, &run.s.model_id))).into_response();
-            }
-            Ok(_) => {}
-            Err(e) => {
-                run.fail(&e);
-                return error(ApiError::from_provider(&e));
-            }
+pub(crate) async fn whole(mut run: Run, events: mtp_contract::EventStream) -> Response {
+    match crate::answer(&mut run, events).await {
+        Ok(r) => {
+            let headers = crate::speculation_headers(&r.metadata.speculation);
+            (headers, Json(message(&r, &run.id, &run.s.model_id))).into_response()
         }
+        Err(e) => error(e),
     }
-    run.fail(&ProviderError::Cancelled);
-    error(ApiError::from_provider(&ProviderError::Cancelled))
 }
 
 /// A stream's state between provider events.

@@ -434,8 +434,10 @@ async fn not_found(req: Request) -> Response {
         code: Some("not_found".into()),
         message: format!(
             "no route {} {}: this server answers POST /v1/chat/completions, POST /v1/completions, \
-             POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, GET /v1/models, GET /health, \
-             GET /metrics, and llama-server's POST /completion and GET /props",
+             POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, \
+             GET /v1/models, GET /v1/models/{{id}}, POST /tokenize, POST /detokenize, \
+             GET /tokenizer_info, POST /apply-template, GET /health, GET /metrics, and \
+             llama-server's POST /completion and GET /props",
             req.method(),
             req.uri().path()
         ),
@@ -1157,6 +1159,28 @@ fn extras(body: &mut oa::Completion, r: &GenerateResponse) {
 /// One SSE event holding `v` as JSON.
 fn data<T: Serialize>(v: &T) -> Event {
     Event::default().data(serde_json::to_string(v).unwrap_or_else(|_| "{}".into()))
+}
+
+/// The provider's final answer of a one-choice request (its other events are not needed for a
+/// whole answer), counted as finished, or its error counted as failed.
+pub(crate) async fn answer(
+    run: &mut Run,
+    mut events: mtp_contract::EventStream,
+) -> Result<GenerateResponse, ApiError> {
+    let e = loop {
+        match events.next().await {
+            Some(Ok(StreamEvent::Done(r))) => {
+                run.finish(&r);
+                return Ok(*r);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => break e,
+            // the provider's stream ended without an answer
+            None => break ProviderError::Cancelled,
+        }
+    };
+    run.fail(&e);
+    Err(ApiError::from_provider(&e))
 }
 
 async fn whole_response(mut run: Run, mut events: Choices, tokens: bool) -> Response {

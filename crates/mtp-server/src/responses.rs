@@ -1042,25 +1042,17 @@ fn output(r: &GenerateResponse, resp_id: &str) -> Vec<OutputItem> {
 /// The whole answer, once the provider is done.
 pub(crate) async fn whole(
     mut run: Run,
-    mut events: mtp_contract::EventStream,
+    events: mtp_contract::EventStream,
     echo: rs::Response,
 ) -> Response {
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(StreamEvent::Done(r)) => {
-                run.finish(&r);
-                let items = output(&r, &run.id);
-                return Json(finished(echo, &run, &r, items)).into_response();
-            }
-            Ok(_) => {}
-            Err(e) => {
-                run.fail(&e);
-                return error(ApiError::from_provider(&e));
-            }
+    match crate::answer(&mut run, events).await {
+        Ok(r) => {
+            let items = output(&r, &run.id);
+            let headers = crate::speculation_headers(&r.metadata.speculation);
+            (headers, Json(finished(echo, &run, &r, items))).into_response()
         }
+        Err(e) => error(e),
     }
-    run.fail(&ProviderError::Cancelled);
-    error(ApiError::from_provider(&ProviderError::Cancelled))
 }
 
 /// A stream's state between provider events.

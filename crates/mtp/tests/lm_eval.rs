@@ -12,28 +12,14 @@
 #[allow(dead_code)]
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::{demo_model, Killed};
+
+use std::path::Path;
 use std::process::Stdio;
 
 use candle_core::Device;
 use mtp_engine::{Engine, TextTokenizer, WeightDtype};
 use serde_json::Value;
-
-fn demo_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/tiny-code")
-        .canonicalize()
-        .unwrap()
-}
-
-struct Killed(common::Spawned);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
-}
 
 /// The sum of the log probabilities of `continuation` after `context`, tokenized as
 /// lm-evaluation-harness's `_encode_pair` does (trailing spaces of the context moved to the

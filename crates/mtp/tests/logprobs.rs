@@ -7,28 +7,14 @@
 #[allow(dead_code)]
 mod common;
 
+use common::{demo_model, Killed};
+
 use std::path::PathBuf;
 use std::process::Stdio;
 
 use candle_core::Device;
 use mtp_engine::{Engine, WeightDtype};
 use serde_json::{json, Value};
-
-fn demo_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/tiny-code")
-        .canonicalize()
-        .unwrap()
-}
-
-struct Killed(common::Spawned);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
-}
 
 fn serve(args: &[&str]) -> Killed {
     Killed(common::spawn_serve(

@@ -7,6 +7,8 @@
 #[allow(dead_code)]
 mod common;
 
+use common::Killed;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -15,16 +17,6 @@ use serde_json::{json, Value};
 /// The demo model's files with the Qwen3.5 template beside them.
 fn checkpoint() -> (tempfile::TempDir, PathBuf) {
     common::qwen35_checkpoint()
-}
-
-/// The server, killed when the test ends or fails (its stderr is the test's own).
-struct Killed(common::Spawned);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
 }
 
 fn serve(ck: &Path) -> Killed {

@@ -263,10 +263,10 @@ fn oversized_prompts_are_refused_before_they_are_tokenized() {
     );
     let took = started.elapsed();
     assert_eq!(s, 400, "{v}");
-    assert_eq!(v["error"]["param"], "prompt");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     let m = v["error"]["message"].as_str().unwrap();
     assert!(
-        m.contains("15728640 bytes") && m.contains("4096-token"),
+        m.contains("15728640 bytes") && m.contains("maximum context length is 4096 tokens"),
         "{m}"
     );
     // reading and parsing 15 MiB of JSON is all it costs

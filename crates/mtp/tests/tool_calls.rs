@@ -8,6 +8,8 @@
 #[allow(dead_code)]
 mod common;
 
+use common::Killed;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -385,16 +387,6 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Value {
         .json()
         .await
         .unwrap()
-}
-
-/// The server, killed when the test ends or fails (its stderr is the test's own).
-struct Killed(common::Spawned);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.child.kill();
-        let _ = self.0.child.wait();
-    }
 }
 
 /// The official `openai` Python client (`cargo xtask test` prepares it: `MTP_OPENAI_PYTHON`)

@@ -106,7 +106,7 @@ pub(crate) async fn run(a: ServeArgs, out: &mut Out) -> Result<(), CliError> {
     let shutdown = mtp_server::shutdown_signal();
     out.line(&format!(
         "serving {model} ({}; {lane}) on http://{bound}/v1 — POST /v1/chat/completions, \
-         /v1/completions; GET /v1/models, /health, /metrics{}",
+         /v1/completions, /v1/responses, /v1/messages; GET /v1/models, /health, /metrics{}",
         a.model.provider,
         if config.api_key.is_some() {
             "; bearer key required"

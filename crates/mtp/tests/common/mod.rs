@@ -12,6 +12,26 @@ pub struct Spawned {
     pub base: String,
 }
 
+/// A started server, killed when the test ends or fails.
+#[allow(dead_code)]
+pub struct Killed(pub Spawned);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+/// The bundled demo model's folder.
+#[allow(dead_code)]
+pub fn demo_model() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/tiny-code")
+        .canonicalize()
+        .unwrap()
+}
+
 /// Starts `mtp serve --port 0 --model MODEL ARGS` and reads the address from its first line.
 pub fn spawn_serve(model: &str, args: &[&str], stderr: Stdio) -> Spawned {
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("mtp"))
