@@ -255,7 +255,9 @@ pub struct GenerateRequest {
     /// A system prompt placed before the history.
     #[serde(default)]
     pub system_prompt: Option<String>,
-    /// Upper bound on generated tokens.
+    /// Upper bound on generated tokens; `None`: to the end of the context (the native
+    /// provider, as vLLM and llama-server do), or the server's own default behind an HTTP
+    /// runtime.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
     /// Ask a reasoning model to think (`enable_thinking` in chat templates).

@@ -64,7 +64,6 @@ pub const RUNTIME: &str = "llama.cpp b11434";
 pub const EXTRA_KEYS: [&str; 4] = GgufOptions::EXTRA_KEYS;
 
 const DEFAULT_N_CTX: u32 = 4096;
-const DEFAULT_MAX_NEW: usize = 512;
 
 fn backend() -> Result<&'static LlamaBackend, String> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
@@ -434,19 +433,18 @@ impl GgufProvider {
         let reserve = depth.unwrap_or(0) as usize + 2;
         let room = (self.inner.n_ctx as usize).saturating_sub(tokens.len() + reserve);
         if room == 0 {
-            return Err(ProviderError::InvalidRequest {
-                field: "prompt",
+            return Err(ProviderError::ContextLengthExceeded {
+                context: self.inner.n_ctx as usize,
                 message: format!(
-                    "{} prompt tokens leave no room in the {}-token context (set extra n_ctx)",
+                    "this model's maximum context length is {} tokens (n_ctx); {} prompt tokens \
+                     leave no room in it (set extra n_ctx)",
+                    self.inner.n_ctx,
                     tokens.len(),
-                    self.inner.n_ctx
                 ),
             });
         }
-        let asked = req
-            .max_output_tokens
-            .map(|n| n as usize)
-            .unwrap_or(DEFAULT_MAX_NEW);
+        // no bound asked for: to the end of the context, as llama-server does
+        let asked = req.max_output_tokens.map_or(room, |n| n as usize);
         let max_new = asked.min(room);
         if self.inner.busy.swap(true, Ordering::AcqRel) {
             return Err(ProviderError::Busy {
@@ -679,6 +677,10 @@ impl Provider for GgufProvider {
         request: GenerateRequest,
     ) -> Result<EventStream, ProviderError> {
         self.start(request)
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        Some(self.inner.n_ctx as usize)
     }
 
     async fn unload(&self) -> Result<(), ProviderError> {
