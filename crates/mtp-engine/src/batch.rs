@@ -52,6 +52,7 @@ use crate::depth::{self, Choice, Fixed};
 use crate::engine::{Engine, GenerateOptions, GenerationOutput};
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
+use crate::resume::PromptState;
 use crate::sampling::Sampler;
 use crate::sequence::{Lane, OnTokens, Sequence};
 use crate::speculative::{self, Drafts};
@@ -152,6 +153,26 @@ impl<'e> Batch<'e> {
             }
         }
         self.retire();
+    }
+
+    /// The state sequence `id` kept after [`GenerateOptions::checkpoint_at`] prompt tokens,
+    /// once its prompt has been computed that far (also when it has ended since, until its
+    /// output is taken): another sequence with the same prompt resumes from it
+    /// ([`GenerateOptions::resume`]) rather than computing the prompt again.
+    pub fn kept_history(&self, id: u64) -> Option<PromptState> {
+        match self.slots.iter().find(|s| s.id == id) {
+            Some(s) => s.kept_history().cloned(),
+            None => self
+                .done
+                .iter()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, o)| o.as_ref().ok()?.states.after_history.clone()),
+        }
+    }
+
+    /// Whether sequence `id` is in the batch (joined, not yet ended).
+    pub fn holds(&self, id: u64) -> bool {
+        self.slots.iter().any(|s| s.id == id)
     }
 
     /// Paced sequences waiting for their callers' answers (they sit out the steps).

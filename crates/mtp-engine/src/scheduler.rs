@@ -206,10 +206,94 @@ fn receive(msg: Msg, batch: &mut Batch<'_>, waiting: &mut VecDeque<Box<Job>>) {
     }
 }
 
+/// Requests with the same prompt waiting together (the choices of one request, `n` > 1) compute
+/// it once: the first keeps the state before the prompt's last token
+/// ([`GenerateOptions::checkpoint_at`]), and the others resume from it
+/// ([`GenerateOptions::resume`]), computing that one token; they wait in the queue while it is
+/// being computed. Outputs are the same as each computing its own prompt (a resumed state
+/// gives the tokens a whole prompt gives).
+#[derive(Default)]
+struct Forks {
+    /// Prompts being computed by a sequence that keeps the state to share, and its id.
+    sources: Vec<(Vec<u32>, u64)>,
+    /// The shared states, by prompt, while a request waiting for one is queued.
+    states: BTreeMap<Vec<u32>, Arc<crate::PromptState>>,
+    /// Sources that keep a state only to share it: their outputs go without states they did
+    /// not ask for.
+    lent: std::collections::BTreeSet<u64>,
+}
+
+impl Forks {
+    /// A request that may share (or lend) its prompt's computation: no state of its own to
+    /// resume or keep, no images, a prompt of two tokens or more.
+    fn forkable(job: &Job) -> bool {
+        job.opts.resume.is_none()
+            && job.opts.images.is_none()
+            && !job.opts.checkpoint
+            && job.prompt.len() >= 2
+    }
+
+    /// The states of sources whose prompts are computed now (a source that ended without one
+    /// frees its followers to compute their own).
+    fn collect(&mut self, batch: &Batch<'_>) {
+        let states = &mut self.states;
+        self.sources
+            .retain(|(p, id)| match batch.kept_history(*id) {
+                Some(st) => {
+                    states.insert(p.clone(), Arc::new(st));
+                    false
+                }
+                None => batch.holds(*id),
+            });
+    }
+
+    /// Readies `job` to join: resumes from a shared state, lends its own when others wait
+    /// with the same prompt, or says to wait (`false`) for a state being computed.
+    fn prepare(&mut self, job: &mut Job, waiting: &VecDeque<Box<Job>>) -> bool {
+        if !Forks::forkable(job) {
+            return true;
+        }
+        if let Some(st) = self.states.get(&job.prompt) {
+            job.opts.resume = Some(Arc::clone(st));
+            return true;
+        }
+        if self.sources.iter().any(|(p, _)| *p == job.prompt) {
+            return false;
+        }
+        if waiting
+            .iter()
+            .any(|w| Forks::forkable(w) && w.prompt == job.prompt)
+        {
+            job.opts.checkpoint = true;
+            job.opts.checkpoint_at = Some(job.prompt.len() - 1);
+            self.lent.insert(job.id);
+            self.sources.push((job.prompt.clone(), job.id));
+        }
+        true
+    }
+
+    /// Drops the states no queued request needs.
+    fn prune(&mut self, waiting: &VecDeque<Box<Job>>) {
+        self.states
+            .retain(|p, _| waiting.iter().any(|w| &w.prompt == p));
+    }
+
+    /// A finished sequence's output, without the states it kept only to lend.
+    fn finished(&mut self, id: u64, mut out: Result<GenerationOutput>) -> Result<GenerationOutput> {
+        if self.lent.remove(&id) {
+            if let Ok(o) = &mut out {
+                o.states = crate::KeptStates::default();
+            }
+        }
+        out
+    }
+}
+
 fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Msg>, max_batch: usize, chunk: usize) {
     let mut batch = Batch::new(engine).with_prefill_chunk(chunk);
     let mut waiting: VecDeque<Box<Job>> = VecDeque::new();
     let mut senders: BTreeMap<u64, mpsc::Sender<BatchEvent>> = BTreeMap::new();
+    let mut forks = Forks::default();
     let mut open = true;
     loop {
         // take what arrived; block only when there is nothing to do (every sequence waits for
@@ -246,10 +330,16 @@ fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Msg>, max_batch: usize, chu
                 Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
             }
         }
+        forks.collect(&batch);
+        let mut later: Vec<Box<Job>> = Vec::new();
         while batch.active() < max_batch {
-            let Some(job) = waiting.pop_front() else {
+            let Some(mut job) = waiting.pop_front() else {
                 break;
             };
+            if !forks.prepare(&mut job, &waiting) {
+                later.push(job);
+                continue;
+            }
             let id = job.id;
             senders.insert(id, job.events);
             let s = &senders;
@@ -259,12 +349,20 @@ fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Msg>, max_batch: usize, chu
             } else {
                 batch.join(id, &job.prompt, &job.opts, &mut on);
             }
+            // a prompt computed as it joined: the requests after it share it at once
+            forks.collect(&batch);
         }
+        // those waiting for a shared state keep their places
+        for job in later.into_iter().rev() {
+            waiting.push_front(job);
+        }
+        forks.prune(&waiting);
         if batch.active() > batch.answers_due() {
             let s = &senders;
             batch.step(&mut |id, t| forward(s, id, t));
         }
         for (id, out) in batch.take_finished() {
+            let out = forks.finished(id, out);
             if let Some(tx) = senders.remove(&id) {
                 let _ = tx.send(BatchEvent::Done(Box::new(out)));
             }

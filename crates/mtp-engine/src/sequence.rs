@@ -371,6 +371,12 @@ impl Sequence {
         self.finish.is_some()
     }
 
+    /// The state it kept after [`GenerateOptions::checkpoint_at`] prompt tokens, once
+    /// computed.
+    pub(crate) fn kept_history(&self) -> Option<&PromptState> {
+        self.kept.history.as_ref()
+    }
+
     /// Whether it takes the next step (it has not ended and does not wait for an answer).
     pub(crate) fn steps(&self) -> bool {
         self.finish.is_none() && !self.held

@@ -627,3 +627,64 @@ fn paced_requests_stopped_by_their_callers_equal_solo() {
         }
     }
 }
+
+/// Requests with the same prompt queued together (a request's `n` choices) compute it once:
+/// the first keeps the state before its last token and the others resume from it, computing
+/// one token each; every output is the one each gets alone (target-only and speculating,
+/// greedy and seeded), and the lender's output carries no states it did not ask for.
+#[test]
+fn queued_requests_with_one_prompt_compute_it_once() {
+    let e = Arc::new(load("tiny-trained", None));
+    let shared: Vec<u32> = "the quick brown fox jumps over the lazy dog "
+        .bytes()
+        .map(u32::from)
+        .collect();
+    let choice = |j: usize| {
+        let base = GenerateOptions::greedy(12).ignore_eos(true);
+        match j {
+            0 => base,
+            1 => base.num_draft_tokens(3),
+            _ => base.sampling(Sampling {
+                temperature: Some(0.9),
+                seed: Some(j as u64),
+                ..Sampling::default()
+            }),
+        }
+    };
+    let solos: Vec<_> = (0..4)
+        .map(|j| e.generate(&shared, &choice(j), |_| true).unwrap())
+        .collect();
+    let mut shared_once = false;
+    for _attempt in 0..4 {
+        let config = SchedulerConfig::new(5).prefill_chunk(8);
+        let sched = Scheduler::spawn(Arc::clone(&e), config);
+        // a long prompt keeps the scheduler busy, so the next ones queue together
+        let blocker = sched
+            .submit(prompt(1).repeat(20), GenerateOptions::greedy(4))
+            .unwrap();
+        let rxs: Vec<_> = (0..4)
+            .map(|j| sched.submit(shared.clone(), choice(j)).unwrap())
+            .collect();
+        let outs: Vec<GenerationOutput> = rxs
+            .into_iter()
+            .map(|rx| loop {
+                if let BatchEvent::Done(out) = rx.recv().unwrap() {
+                    break (*out).unwrap();
+                }
+            })
+            .collect();
+        drop(blocker);
+        for (j, (out, solo)) in outs.iter().zip(&solos).enumerate() {
+            assert_eq!(out.tokens, solo.tokens, "choice {j}");
+            assert!(out.states.after_history.is_none() && out.states.after_prompt.is_none());
+        }
+        let computed: Vec<usize> = outs.iter().map(|o| o.computed_prompt_tokens).collect();
+        // the target-only lender's state serves the other target-only choices (a speculating
+        // one needs the drafter's cache in it, so it computes its own)
+        if computed == [shared.len(), shared.len(), 1, 1] {
+            shared_once = true;
+            break;
+        }
+    }
+    assert!(shared_once, "the queued choices never shared their prompt");
+}
