@@ -358,7 +358,7 @@ mod openai_sdk {
         drive(&demo_model());
     }
 
-    /// The same on the real-vocabulary checkpoint (Qwen's own 248k-token vocabulary, whose
+    /// The same on the real-vocabulary checkpoint (Qwen's own vocabulary, whose
     /// tokens are byte-level pieces: their `bytes` and texts as the client reads them).
     #[test]
     #[ignore = "needs the openai client (MTP_OPENAI_PYTHON) and the real-vocabulary checkpoint (MTP_REAL_VOCAB_MODEL); cargo xtask test prepares both"]
