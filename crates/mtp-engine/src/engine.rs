@@ -419,6 +419,24 @@ impl Engine {
         self.model.kv_type()
     }
 
+    /// The arithmetic of the products with quantized (4- and 8-bit MLX) matrices from now on,
+    /// the target's and the drafter's (see [`crate::Arith`]; the default, `Exact`, keeps mlx's
+    /// output bit for bit; `Fast` multiplies in integers with int8 activations). A verify
+    /// forward's rows keep the bits of single steps in either. States computed in one are named
+    /// apart from the other's ([`Engine::state_identity`]).
+    pub fn set_arith(&mut self, arith: crate::Arith) {
+        self.model.set_arith(arith);
+        if let Some(d) = &mut self.drafter {
+            d.set_arith(arith);
+        }
+        self.identity = std::sync::OnceLock::new();
+    }
+
+    /// The arithmetic of its quantized products.
+    pub fn arith(&self) -> crate::Arith {
+        self.model.arith()
+    }
+
     /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod arith;
 pub mod batch;
 pub mod cache;
 pub mod config;
@@ -49,6 +50,7 @@ mod testing;
 pub mod tokenizer;
 pub mod vision;
 
+pub use arith::Arith;
 pub use cache::{CacheSnapshot, KvType, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};
 pub use engine::{

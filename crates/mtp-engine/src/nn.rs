@@ -681,6 +681,13 @@ fn quant_product(x: &[f32], n: usize, q: &QuantMatrix) -> Result<Vec<f32>> {
 
 /// [`quant_product`] dequantizing at most `block` weights at a time.
 fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Result<Vec<f32>> {
+    if crate::arith::current() == crate::arith::Arith::Fast
+        && kernels::int8::supports(q.bits(), q.group())
+    {
+        // every row quantized and multiplied on its own, whatever `n` (see `kernels::int8`)
+        let path = kernels::int8::IntPath::detect();
+        return kernels::int8::matmul_q8(x, n, q, path);
+    }
     if n <= kernels::MAX_ROWS {
         return Ok(kernels::matmul_quant(x, n, q));
     }

@@ -419,8 +419,8 @@ impl Engine {
         let (drafter, head, dtype) = &self.identity_of;
         self.identity
             .get_or_init(|| {
-                let kv = self.model().kv_type();
-                engine_identity(self.dir(), drafter.as_deref(), *head, *dtype, kv)
+                let (kv, arith) = (self.model().kv_type(), self.model().arith());
+                engine_identity(self.dir(), drafter.as_deref(), *head, *dtype, kv, arith)
                     .map_err(|e| e.to_string())
             })
             .as_deref()
@@ -490,13 +490,15 @@ pub(crate) fn checkpoint_identity(dir: &Path, h: &mut Sha256) -> Result<()> {
 }
 
 /// The identity of an engine loaded from `dir` with `drafter` (a companion directory, or the
-/// embedded head / none, which `dir` covers), matrices kept as `dtype` and KV caches of `kv`.
+/// embedded head / none, which `dir` covers), matrices kept as `dtype`, KV caches of `kv` and
+/// quantized products in `arith`.
 pub(crate) fn engine_identity(
     dir: &Path,
     drafter: Option<&Path>,
     head: bool,
     dtype: crate::loader::WeightDtype,
     kv: KvType,
+    arith: crate::arith::Arith,
 ) -> Result<String> {
     let mut h = Sha256::new();
     h.update(MAGIC);
@@ -515,6 +517,10 @@ pub(crate) fn engine_identity(
     // type stay the same)
     if kv != KvType::F32 {
         h.update(format!("KV cache {kv}").as_bytes());
+    }
+    // (likewise `exact`, the default)
+    if arith != crate::arith::Arith::Exact {
+        h.update(format!("arithmetic {arith}").as_bytes());
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -10,6 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::arith::{with_arith, Arith};
 use crate::cache::{KvType, SeqCache, VerifyMode};
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
@@ -404,6 +405,8 @@ pub struct Qwen35Model {
     lm_head: Linear,
     verify_mode: VerifyMode,
     kv_type: KvType,
+    /// The arithmetic of its quantized products (see [`Arith`]).
+    arith: Arith,
 }
 
 impl Qwen35Model {
@@ -436,6 +439,7 @@ impl Qwen35Model {
             lm_head,
             verify_mode: VerifyMode::Auto,
             kv_type: KvType::F32,
+            arith: Arith::Exact,
         })
     }
 
@@ -497,6 +501,17 @@ impl Qwen35Model {
         self.kv_type
     }
 
+    /// The arithmetic of its quantized products from now on (the default, [`Arith::Exact`],
+    /// is mlx's).
+    pub fn set_arith(&mut self, arith: Arith) {
+        self.arith = arith;
+    }
+
+    /// The arithmetic of its quantized products.
+    pub fn arith(&self) -> Arith {
+        self.arith
+    }
+
     /// Token embeddings `[n, hidden]`.
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
         self.embed.rows(ids)
@@ -504,7 +519,7 @@ impl Qwen35Model {
 
     /// LM head over hidden rows `[n, hidden]` → `[n, vocab]`.
     pub fn logits(&self, hidden: &[f32], n: usize) -> Result<Vec<f32>> {
-        self.lm_head.forward(hidden, n)
+        with_arith(self.arith, || self.lm_head.forward(hidden, n))
     }
 
     /// Runs `tokens` (one row per sequence, of any lengths of at least one token) through the
@@ -514,6 +529,16 @@ impl Qwen35Model {
     /// rows of sequence 0, then of sequence 1, ...; with [`LogitsAt::Last`], one logits row per
     /// sequence.
     pub fn forward(
+        &self,
+        tokens: &[Vec<u32>],
+        caches: &mut [SeqCache],
+        at: LogitsAt,
+    ) -> Result<ForwardOutput> {
+        with_arith(self.arith, || self.forward_in(tokens, caches, at))
+    }
+
+    /// [`Qwen35Model::forward`] in the model's arithmetic.
+    fn forward_in(
         &self,
         tokens: &[Vec<u32>],
         caches: &mut [SeqCache],

@@ -87,6 +87,8 @@ pub struct MtpHead {
     pub default_depth: Option<usize>,
     /// The element type of its KV caches.
     kv_type: KvType,
+    /// The arithmetic of its quantized products.
+    arith: crate::arith::Arith,
 }
 
 /// Every checkpoint rule of a companion drafter directory (`model_type: qwen3_5_mtp`, written by
@@ -169,6 +171,7 @@ impl MtpHead {
             hidden: d,
             default_depth: cfg.block_size.map(|b| b.saturating_sub(1).max(1)),
             kv_type: KvType::F32,
+            arith: crate::arith::Arith::Exact,
         })
     }
 
@@ -221,6 +224,11 @@ impl MtpHead {
     /// The [`KvType`] of the drafter caches made from now on (the default is f32).
     pub fn set_kv_type(&mut self, kv: KvType) {
         self.kv_type = kv;
+    }
+
+    /// The arithmetic of its quantized products from now on (see [`crate::Arith`]).
+    pub fn set_arith(&mut self, arith: crate::arith::Arith) {
+        self.arith = arith;
     }
 
     /// A fresh drafter cache.
@@ -284,10 +292,12 @@ impl MtpHead {
         }
         let lens: Vec<usize> = rows.iter().map(|r| r.0.len()).collect();
         let mut out = Vec::with_capacity(rows.len());
-        for g in crate::kernels::row_groups(&lens) {
-            out.extend(self.forward_group(target, &rows[g.clone()], &mut caches[g])?);
-        }
-        Ok(out)
+        crate::arith::with_arith(self.arith, || {
+            for g in crate::kernels::row_groups(&lens) {
+                out.extend(self.forward_group(target, &rows[g.clone()], &mut caches[g])?);
+            }
+            Ok(out)
+        })
     }
 
     fn forward_group(

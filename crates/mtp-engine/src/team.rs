@@ -39,11 +39,17 @@ struct Job<'a> {
     n: usize,
     next: AtomicUsize,
     panicked: AtomicBool,
+    /// The caller's quantized-product arithmetic, which every thread taking part runs in.
+    arith: crate::arith::Arith,
 }
 
 impl Job<'_> {
     /// Claims and runs chunks until none is left; a panicking chunk is recorded, not spread.
     fn work(&self) {
+        crate::arith::with_arith(self.arith, || self.claim());
+    }
+
+    fn claim(&self) {
         loop {
             let i = self.next.fetch_add(1, SeqCst);
             if i >= self.n {
@@ -182,6 +188,7 @@ pub(crate) fn run(n: usize, f: &(dyn Fn(usize) + Sync)) {
         n,
         next: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
+        arith: crate::arith::current(),
     };
     let shared = n >= 2
         && team.workers.load(SeqCst) > 0

@@ -12,7 +12,7 @@ use mtp_contract::{
 use mtp_detect::{
     check_drafter, probe_local, resolve_model, CacheConfig, ResolvedArtifact, Runtime,
 };
-use mtp_engine::{Engine, WeightDtype};
+use mtp_engine::{Arith, Engine, WeightDtype};
 
 use super::backend::{Backend, DrafterLane};
 use super::disk_cache::{DiskCache, DEFAULT_DISK_BUDGET_BYTES};
@@ -22,10 +22,11 @@ use super::provider::{Loaded, NativeProvider};
 use super::shared::SharedModels;
 
 /// The `extra` option keys the native provider reads.
-pub const EXTRA_KEYS: [&str; 12] = [
+pub const EXTRA_KEYS: [&str; 13] = [
     "device",
     "dtype",
     "cache_type",
+    "arith",
     "max_batch",
     "prefill_chunk",
     "prompt_cache_bytes",
@@ -112,6 +113,9 @@ pub struct NativeOptions {
     /// The KV cache's element type (f32 by default: the reference's output; f16 or bf16 halve
     /// the cache and the bytes a long context reads per step).
     pub cache_type: KvType,
+    /// The arithmetic of products with 4- and 8-bit MLX matrices (`exact` by default: mlx's, bit
+    /// for bit; `fast`: int8 activations, integer products).
+    pub arith: Arith,
     /// The prefix cache's memory budget.
     pub prompt_cache_bytes: usize,
     /// Checkpoints kept per prompt in the prefix cache.
@@ -138,6 +142,7 @@ impl Default for NativeOptions {
             device: NativeDevice::Cpu,
             dtype: NativeDtype::Auto,
             cache_type: KvType::F32,
+            arith: Arith::Exact,
             prompt_cache_bytes: DEFAULT_BUDGET_BYTES,
             prompt_cache_checkpoints: DEFAULT_CHECKPOINTS_PER_KEY,
             prompt_cache_dir: None,
@@ -258,6 +263,13 @@ impl NativeOptions {
                 message: format!("`cache_type`: {message}"),
             })?,
         };
+        let arith = match opts.extra.get("arith") {
+            None => Arith::Exact,
+            Some(a) => a.parse().map_err(|message| ProviderError::InvalidRequest {
+                field: "extra",
+                message: format!("`arith`: {message}"),
+            })?,
+        };
         let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
             match opts.extra.get(key) {
                 None => Ok(default),
@@ -304,6 +316,7 @@ impl NativeOptions {
             device,
             dtype,
             cache_type,
+            arith,
             prompt_cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
             prompt_cache_checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
             prompt_cache_dir,
@@ -437,6 +450,7 @@ fn build(
         device,
         dtype,
         cache_type,
+        arith,
         prompt_cache_bytes: cache_bytes,
         prompt_cache_checkpoints: checkpoints,
         prompt_cache_dir,
@@ -564,7 +578,7 @@ fn build(
     // the process that uses it, and providers without one must not write to it; so does one
     // that parses special tokens in client text, a setting of the loaded backend)
     let variant = format!(
-        "{runtime}:{dtype:?}:{cache_type}:{}{}{}",
+        "{runtime}:{dtype:?}:{cache_type}:{arith}:{}{}{}",
         match (&drafter_dir, want_head) {
             (Some(d), _) => d.display().to_string(),
             (None, true) => "embedded".into(),
@@ -604,6 +618,7 @@ fn build(
             ));
         }
         engine.set_kv_type(cache_type);
+        engine.set_arith(arith);
         let mut backend = EngineBackend::new(engine, drafter_lane.clone(), runtime.clone())
             .with_parse_special(parse_special);
         if let Some(c) = prefill_chunk {
@@ -638,6 +653,24 @@ fn build(
 #[cfg(test)]
 mod options_tests {
     use super::*;
+
+    #[test]
+    fn arith_is_exact_by_default_and_fast_on_request() {
+        let read = |o: ProviderOptions| NativeOptions::from_extra("m", &o);
+        assert_eq!(
+            read(ProviderOptions::default()).unwrap().arith,
+            Arith::Exact
+        );
+        let fast = ProviderOptions::default().extra("arith", "fast");
+        assert_eq!(read(fast).unwrap().arith, Arith::Fast);
+        let Err(e) = read(ProviderOptions::default().extra("arith", "int4")) else {
+            panic!("an unknown arithmetic was accepted")
+        };
+        assert!(
+            e.to_string().contains("`arith`: unknown arithmetic `int4`"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_strings_are_read_once_into_typed_options() {

@@ -76,11 +76,13 @@ fn cpu() -> Isa {
     })
 }
 
-/// Whether the CPU has what the AVX2 path needs (see [`has_avx`]).
+/// Whether the CPU has what the AVX2 path needs (see [`has_avx`]) and `MTP_NO_AVX2` does not
+/// turn it off (set, not empty nor `0`: every kernel takes the portable path, for comparisons).
 fn cpu_has_avx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx")
+        std::env::var_os("MTP_NO_AVX2").is_none_or(|v| v.is_empty() || v == "0")
+            && std::arch::is_x86_feature_detected!("avx")
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")

@@ -30,6 +30,7 @@ mod conv;
 pub(crate) mod cpu;
 mod delta;
 mod dot;
+pub(crate) mod int8;
 mod lanes;
 mod matmul;
 mod norm;

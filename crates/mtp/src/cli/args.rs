@@ -219,6 +219,12 @@ pub struct ModelArgs {
     /// (f16).
     #[arg(long, visible_alias = "ctk", value_name = "TYPE", value_parser = ["f32", "f16", "bf16"])]
     pub cache_type: Option<String>,
+    /// The native engine's arithmetic for 4- and 8-bit MLX weights: `exact` (the default:
+    /// mlx's f32 arithmetic, bit for bit) or `fast` (activations quantized to int8 per group,
+    /// integer products, as llama.cpp's Q8_0; greedy output with MTP still equals output
+    /// without).
+    #[arg(long, value_name = "MODE", value_parser = ["exact", "fast"])]
+    pub arith: Option<String>,
 }
 
 /// Sampling controls (see `Sampling` in the contract). Without any of temperature, top-p,

@@ -338,6 +338,12 @@ async fn open_provider_with(
         if let Some(kv) = cache_type {
             native.cache_type = kv;
         }
+        if let Some(a) = &m.arith {
+            native.arith = a.parse().map_err(|message| CliError::InvalidFlag {
+                flag: "--arith",
+                message,
+            })?;
+        }
         if let Some(d) = &m.dtype {
             native.dtype = d.parse().map_err(|message| CliError::InvalidFlag {
                 flag: "--dtype",
@@ -345,6 +351,12 @@ async fn open_provider_with(
             })?;
         }
     } else if gguf.is_some() {
+        if m.arith.is_some() {
+            return Err(CliError::InvalidFlag {
+                flag: "--arith",
+                message: "applies to the native engine; llama.cpp picks its own products".into(),
+            });
+        }
         if m.dtype.is_some() {
             return Err(CliError::InvalidFlag {
                 flag: "--dtype",
@@ -391,8 +403,8 @@ async fn open_provider_with(
     Ok((llm, model))
 }
 
-/// `--ctx-size`, `--threads`, `--dtype` and `--cache-type` as a registered provider's option
-/// strings (`ctx_size`, `threads`, `dtype`, `cache_type`); an HTTP server's context, threads and precision are its
+/// `--ctx-size`, `--threads`, `--dtype`, `--cache-type` and `--arith` as a registered
+/// provider's option strings (`ctx_size`, `threads`, `dtype`, `cache_type`, `arith`); an HTTP server's context, threads and precision are its
 /// launch settings, so there they are usage errors that say so. (The in-process providers get
 /// them typed: see [`open_provider_with`].)
 fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderOptions, CliError> {
@@ -408,6 +420,7 @@ fn runtime_options(m: &ModelArgs, mut opts: ProviderOptions) -> Result<ProviderO
             "--cache-type",
             m.cache_type.clone().map(|d| ("cache_type", d)),
         ),
+        ("--arith", m.arith.clone().map(|a| ("arith", a))),
     ];
     for (flag, value) in given {
         let Some((key, value)) = value else { continue };
