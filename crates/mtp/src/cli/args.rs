@@ -222,7 +222,9 @@ pub struct ModelArgs {
     /// The native engine's arithmetic for 4- and 8-bit MLX weights: `exact` (the default:
     /// mlx's f32 arithmetic, bit for bit) or `fast` (activations quantized to int8 per group,
     /// integer products, as llama.cpp's Q8_0; greedy output with MTP still equals output
-    /// without).
+    /// without). On an AVX2 CPU `fast` is about 3x faster for several rows at once (prefill,
+    /// verify rounds, batches) and slower for one (plain decode); its quality against `exact`
+    /// is not yet measured on real text (crates/mtp-engine/README.md).
     #[arg(long, value_name = "MODE", value_parser = ["exact", "fast"])]
     pub arith: Option<String>,
 }
