@@ -77,6 +77,45 @@ fn completion_logprobs_echo_and_token_prompts_match_the_engine() {
     let (st, info) = get(&srv, "/tokenizer_info");
     assert_eq!(st, 200);
     assert_eq!(info["model_max_length"], 4096);
+    // what a careless client sends to the tokenizer routes is a 4xx naming the field
+    for (path, body, status, field) in [
+        ("/detokenize", json!({"tokens": [1, 999999]}), 400, "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), 400, "tokens"),
+        ("/tokenize", json!({"content": 5}), 400, "content"),
+        (
+            "/tokenize",
+            json!({"content": "x", "with_pieces": "yes"}),
+            400,
+            "with_pieces",
+        ),
+        ("/tokenize", json!({"nothing": true}), 400, "content"),
+        (
+            "/tokenize",
+            json!({"content": "x".repeat(5 << 20)}),
+            413,
+            "content",
+        ),
+    ] {
+        let (st, v, _) = post(&srv, path, &body);
+        assert_eq!(
+            (st, v["error"]["param"].as_str()),
+            (status, Some(field)),
+            "{path}: {v}"
+        );
+    }
+    // llama-server's pieces: the text of each token, in order
+    let (_, pieces, _) = post(
+        &srv,
+        "/tokenize",
+        &json!({"content": text, "with_pieces": true}),
+    );
+    let joined: String = pieces["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text);
 
     let mut answers = Vec::new();
     for speculation in [
