@@ -147,6 +147,11 @@ impl Sampler {
         self.params.seed.is_some()
     }
 
+    /// Whether [`Sampler::apply_penalties`] may change a row (a penalty or a bias is set).
+    pub(crate) fn alters_logits(&self) -> bool {
+        !self.params.target_only_controls().is_empty()
+    }
+
     /// Applies repetition / presence / frequency penalties over the last [`PENALTY_CONTEXT`]
     /// tokens of `history`, and the logit bias, in place.
     pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {

@@ -453,14 +453,19 @@ impl Sequence {
         if let Some(tok) = unfed.take() {
             return Ok(Some(tok));
         }
-        // the log probabilities are the model's, before the penalties change the row
-        let raw = self.top_logprobs.map(|n| (n, logits.clone()));
+        // the log probabilities are the model's: the row is kept as it was only when the
+        // penalties (or a bias) will change it (`pick` leaves it as it is)
+        let raw = self
+            .top_logprobs
+            .filter(|_| self.sampler.alters_logits())
+            .map(|_| logits.clone());
         self.sampler.apply_penalties(logits, history);
         let tok = self.sampler.pick(logits, pos)?;
         history.push(tok);
         self.first_at.get_or_insert_with(Instant::now);
-        let lps = raw
-            .map(|(n, row)| vec![logprobs::of_row(&row, tok, n)])
+        let lps = self
+            .top_logprobs
+            .map(|n| vec![logprobs::of_row(raw.as_deref().unwrap_or(logits), tok, n)])
             .unwrap_or_default();
         if !self.emit(&[tok], lps, on) {
             return Ok(None);

@@ -181,10 +181,7 @@ impl<B: Backend> NativeProvider<B> {
         loaded: &Loaded<B>,
         request: &GenerateRequest,
     ) -> Result<Option<usize>, ProviderError> {
-        let ctx = match (loaded.backend.context_length(), self.ctx_size) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let ctx = self.context_of(loaded);
         if let Some(c) = ctx {
             let (bytes, most) = (
                 request.text_bytes(),
@@ -264,6 +261,14 @@ impl<B: Backend> NativeProvider<B> {
         tokio::task::spawn_blocking(render)
             .await
             .map_err(|e| self.join_error("rendering the prompt", e))?
+    }
+
+    /// The context requests are served with: the model's length, or `ctx_size` if shorter.
+    fn context_of(&self, loaded: &Loaded<B>) -> Option<usize> {
+        match (loaded.backend.context_length(), self.ctx_size) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A failure of the blocking pool, as this provider's error.
@@ -559,11 +564,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
     }
 
     fn context_length(&self) -> Option<usize> {
-        let loaded = self.loaded().ok()?;
-        match (loaded.backend.context_length(), self.ctx_size) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.context_of(&*self.loaded().ok()?)
     }
 
     fn recommended_sampling(&self) -> Option<mtp_contract::Sampling> {

@@ -40,29 +40,7 @@ async fn post(srv: &Killed, path: &str, body: &Value) -> (u16, Value) {
 
 /// POSTs a streamed request and reads its `(event, data)` pairs.
 async fn post_stream(srv: &Killed, body: &Value) -> Vec<(String, Value)> {
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/messages", srv.0.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let mut name = String::new();
-    for l in text.lines() {
-        if let Some(n) = l.strip_prefix("event:") {
-            name = n.trim().to_string();
-        } else if let Some(d) = l.strip_prefix("data:") {
-            let v: Value = serde_json::from_str(d.trim()).unwrap();
-            assert_eq!(v["type"], name.as_str(), "{text}");
-            out.push((std::mem::take(&mut name), v));
-        }
-    }
-    out
+    common::post_events(&srv.0.base, "/v1/messages", body).await
 }
 
 const PROMPT: &str = "fn main() {\n    let mut total = 0;\n";

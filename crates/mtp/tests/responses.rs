@@ -41,28 +41,9 @@ async fn post(srv: &Killed, body: &Value) -> (u16, Value) {
 /// POSTs a streamed request and reads its `(event, data)` pairs, checking that each event
 /// names its data's type and that the sequence numbers count from 0.
 async fn post_stream(srv: &Killed, body: &Value) -> Vec<(String, Value)> {
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/responses", srv.0.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let mut name = String::new();
-    for l in text.lines() {
-        if let Some(n) = l.strip_prefix("event:") {
-            name = n.trim().to_string();
-        } else if let Some(d) = l.strip_prefix("data:") {
-            let v: Value = serde_json::from_str(d.trim()).unwrap();
-            assert_eq!(v["type"], name.as_str(), "{text}");
-            assert_eq!(v["sequence_number"], out.len(), "{text}");
-            out.push((std::mem::take(&mut name), v));
-        }
+    let out = common::post_events(&srv.0.base, "/v1/responses", body).await;
+    for (i, (name, v)) in out.iter().enumerate() {
+        assert_eq!(v["sequence_number"], i, "{name}: {v}");
     }
     out
 }

@@ -23,6 +23,40 @@ impl Drop for Killed {
     }
 }
 
+/// POSTs `body` with `"stream": true` to `base` + `path` and reads the server-sent events as
+/// `(event, data)` pairs, checking that each event names its data's `type` (Anthropic's and
+/// the Responses API's streams).
+#[allow(dead_code)]
+pub async fn post_events(
+    base: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Vec<(String, serde_json::Value)> {
+    let mut body = body.clone();
+    body["stream"] = serde_json::json!(true);
+    let text = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for l in text.lines() {
+        if let Some(n) = l.strip_prefix("event:") {
+            name = n.trim().to_string();
+        } else if let Some(d) = l.strip_prefix("data:") {
+            let v: serde_json::Value = serde_json::from_str(d.trim()).unwrap();
+            assert_eq!(v["type"], name.as_str(), "{text}");
+            out.push((std::mem::take(&mut name), v));
+        }
+    }
+    out
+}
+
 /// The bundled demo model's folder.
 #[allow(dead_code)]
 pub fn demo_model() -> std::path::PathBuf {
