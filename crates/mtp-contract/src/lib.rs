@@ -48,8 +48,8 @@ pub use kind::ProviderKind;
 pub use kv::KvType;
 pub use logprob::{TokenLogprob, TokenizerInfo, TopLogprob, Vocabulary, MAX_TOP_LOGPROBS};
 pub use provider::{
-    plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan, Provider,
-    ProviderOptions, RenderedText, SpeculationStatus,
+    check_depth, plan, sampling_is_speculation_compatible, Capabilities, EventStream, Lane, Plan,
+    Provider, ProviderOptions, RenderedText, SpeculationStatus,
 };
 pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};

@@ -347,6 +347,33 @@ pub fn plan(
     })
 }
 
+/// The one rule for a depth a runtime cannot verify in one round: `depth` proposals against
+/// the most (`most`) its verify forward computes with each row's arithmetic that of a single
+/// step (what keeps greedy output exactly the target's). Every in-process runtime and the
+/// engine under it refuse through this function, so the refusal and its words live here.
+///
+/// ```
+/// use mtp_contract::{check_depth, ProviderError};
+/// assert!(check_depth(31, Some(31)).is_ok());
+/// assert!(check_depth(3, None).is_ok());
+/// let e = check_depth(32, Some(31)).unwrap_err();
+/// assert!(matches!(e, ProviderError::InvalidRequest { field: "speculation", .. }));
+/// assert!(e.to_string().contains("at most 31"), "{e}");
+/// ```
+pub fn check_depth(depth: u32, most: Option<u32>) -> Result<(), ProviderError> {
+    match most.filter(|&m| depth > m) {
+        None => Ok(()),
+        Some(most) => Err(ProviderError::InvalidRequest {
+            field: "speculation",
+            message: format!(
+                "num_draft_tokens {depth} is more than this runtime verifies in one round: at \
+                 most {most} proposals, so that every verified row is computed as a single step \
+                 is and output stays exactly the target's; ask for {most} or fewer"
+            ),
+        }),
+    }
+}
+
 /// Whether a drafter named in a block is the loaded one: the same name, compared as repo ids
 /// compare (case-insensitively) and without a path's trailing separator.
 fn same_drafter(named: &str, loaded: &str) -> bool {

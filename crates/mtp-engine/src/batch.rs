@@ -42,19 +42,20 @@
 //! [`Scheduler`]: crate::scheduler::Scheduler
 //! [`Scheduler::submit_paced`]: crate::scheduler::Scheduler::submit_paced
 
-use std::borrow::Cow;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mtp_contract::FinishReason;
 
 use crate::cache::SeqCache;
 use crate::depth::{self, Choice, Fixed};
-use crate::engine::{Engine, GenerateOptions, GenerationOutput};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::qwen3_5::LogitsAt;
+use crate::qwen3_5::{ForwardOutput, LogitsAt, FORWARD_PART};
+use crate::request::{GenerateOptions, GenerationOutput};
 use crate::resume::PromptState;
 use crate::sampling::Sampler;
-use crate::sequence::{Lane, OnTokens, Sequence};
+use crate::sequence::{Lane, OnTokens, Sequence, Work};
+use crate::spec::SeqSpec;
 use crate::speculative::{self, Drafts};
 
 /// Prompt tokens a step computes for one joining sequence, by default.
@@ -97,14 +98,8 @@ impl<'e> Batch<'e> {
     /// It resumes from [`GenerateOptions::resume`] and keeps the states
     /// [`GenerateOptions::checkpoint`] asks for, exactly as [`Engine::generate`] does.
     /// Errors of this sequence end only this sequence (in [`Batch::take_finished`]).
-    pub fn join(
-        &mut self,
-        id: u64,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
-    ) {
-        self.add(id, prompt, opts, false, on_tokens);
+    pub fn join(&mut self, id: u64, prompt: &[u32], opts: &GenerateOptions) {
+        self.add(id, prompt, opts, false);
     }
 
     /// [`Batch::join`] for a caller that answers each chunk later, from elsewhere: after each
@@ -113,29 +108,15 @@ impl<'e> Batch<'e> {
     /// would have ended it (its tokens, draft statistics, timings and states are the ones it
     /// gets alone). `on_tokens` returning false here means the caller is gone: the sequence
     /// is cancelled at once.
-    pub fn join_paced(
-        &mut self,
-        id: u64,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool,
-    ) {
-        self.add(id, prompt, opts, true, on_tokens);
+    pub fn join_paced(&mut self, id: u64, prompt: &[u32], opts: &GenerateOptions) {
+        self.add(id, prompt, opts, true);
     }
 
-    fn add(
-        &mut self,
-        id: u64,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        paced: bool,
-        on: &mut OnTokens<'_>,
-    ) {
-        match Sequence::join(self.engine, id, prompt, opts, (paced, self.chunk), on) {
-            Ok(seq) => {
-                self.slots.push(seq);
-                self.retire();
-            }
+    fn add(&mut self, id: u64, prompt: &[u32], opts: &GenerateOptions, paced: bool) {
+        match SeqSpec::resolve(self.engine, prompt, opts) {
+            Ok(spec) => self
+                .slots
+                .push(Sequence::join(self.engine, id, spec, paced)),
             Err(e) => self.done.push((id, Err(e))),
         }
     }
@@ -208,9 +189,21 @@ impl<'e> Batch<'e> {
         self.slots.sort_by_key(|s| s.id);
     }
 
-    /// One step for every sequence: a chunk of each prompt still filling, then a token for
-    /// each target-only sequence and a round for each speculating one, in one target forward
-    /// over all their rows (`1` per target-only sequence, `k + 1` per round of depth `k`).
+    /// One step for every sequence: plan, run, commit.
+    ///
+    /// 1. **plan** ([`Batch::plan`]): what each sequence puts in the step (a prompt chunk, its
+    ///    next token, or a round of a chosen depth), from the sequences' states and the depth
+    ///    model alone, before the model runs;
+    /// 2. **run** ([`Batch::run`]): the rounds draft together, then one target forward over
+    ///    every row (prompt chunks, target tokens, verify rows), each sequence with its own
+    ///    cache;
+    /// 3. **commit** ([`Batch::commit`]): each sequence takes its rows: picks, accepts, rolls
+    ///    back, keeps states, emits.
+    ///
+    /// The invariant: every row is computed as it is alone (the forward groups sequences so no
+    /// product changes arithmetic, see [`crate::Qwen35Model::forward_each`]), and every token
+    /// is picked in the commit of the step whose rows it comes from, so a sequence's tokens
+    /// are bit for bit the ones it gets alone.
     pub fn step(&mut self, on_tokens: &mut dyn FnMut(u64, &[u32]) -> bool) {
         // a cancelled request ends before its next prompt part or decode step
         if self
@@ -220,166 +213,221 @@ impl<'e> Batch<'e> {
         {
             self.retire();
         }
-        let engine = self.engine;
-        let model = engine.model();
-        let head = engine.drafter();
-        let mut failed: Vec<(usize, Error)> = Vec::new();
-        // 0. a chunk of each prompt still filling
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if let Err(e) = s.fill(engine, self.chunk, on_tokens) {
-                failed.push((i, e));
-            }
+        let plan = self.plan();
+        let mut failed = Vec::new();
+        if let Some(ran) = self.run(&plan, &mut failed) {
+            self.commit(ran, on_tokens, &mut failed);
         }
-        let t0 = Instant::now();
-        let chosen = self.choose_depths();
-        let mut head_calls = 0;
-        // 1. each sequence's row: a target-only sequence samples and emits its next token (the
-        //    row feeds it); a speculating one drafts its round
-        let mut rows: Vec<Vec<u32>> = Vec::new();
-        let mut members: Vec<(usize, Option<Drafts>)> = Vec::new();
-        // the speculating sequences draft together (one head forward per draft position)
-        let mut drafting: Vec<(usize, speculative::Drafting<'_>)> = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if !s.steps() || failed.iter().any(|f| f.0 == i) {
-                continue;
-            }
-            let pos = s.tokens.len();
-            let remaining = s.remaining();
-            // the lane's kind first: a target-only row borrows the whole sequence, a round
-            // keeps its borrows until the drafts are made
-            if matches!(s.lane, Lane::Target { .. }) {
-                match s.target_row(on_tokens) {
-                    Ok(Some(tok)) => {
-                        rows.push(vec![tok]);
-                        members.push((i, None));
-                    }
-                    Ok(None) => {}
-                    Err(e) => failed.push((i, e)),
-                }
-                continue;
-            }
-            match &mut s.lane {
-                Lane::Filling(_) | Lane::Ended | Lane::Target { .. } => {}
-                Lane::Mtp { round, depth, .. } => {
-                    if head.is_none() || remaining == 0 {
-                        s.finish = Some(FinishReason::Length);
-                        continue;
-                    }
-                    let k = chosen[i].unwrap_or((*depth).min(remaining));
-                    let it = speculative::Drafting {
-                        r: round,
-                        k,
-                        s: &mut s.sampler,
-                        pos,
-                    };
-                    drafting.push((i, it));
-                }
-            }
-        }
-        if let (Some(head), false) = (head, drafting.is_empty()) {
-            let (which, mut items): (Vec<usize>, Vec<speculative::Drafting<'_>>) =
-                drafting.into_iter().unzip();
-            let drafts = speculative::draft_batch(model, head, &mut items);
-            for ((i, it), d) in which.into_iter().zip(items).zip(drafts) {
-                match d {
-                    Ok(d) => {
-                        head_calls += d.heads;
-                        rows.push(speculative::verify_row(it.r, &d));
-                        members.push((i, Some(d)));
-                    }
-                    Err(e) => failed.push((i, e)),
-                }
-            }
-        }
-        let t1 = Instant::now();
-        // 2. one forward over every row, each with its own cache
-        if !rows.is_empty() {
-            let mut caches: Vec<SeqCache> = members
-                .iter()
-                .map(|(i, _)| self.slots[*i].take_cache())
-                .collect();
-            // while it runs, each constrained sequence computes the mask of its next pick: a
-            // target-only one's at its new position, a speculating one's after its drafts
-            let mut ahead_of: Vec<Option<&[u32]>> = vec![None; self.slots.len()];
-            for (i, d) in &members {
-                ahead_of[*i] = Some(d.as_ref().map_or(&[][..], Drafts::tokens));
-            }
-            let ahead: Vec<(&mut Sampler, &[u32])> = self
-                .slots
-                .iter_mut()
-                .zip(ahead_of)
-                .filter_map(|(s, a)| Some((&mut s.sampler, a?)))
-                .collect();
-            let out = crate::sampling::masks_beside(ahead, || {
-                model.forward(&rows, &mut caches, LogitsAt::All)
-            });
-            {
-                let forward_ms = t1.elapsed().as_secs_f64() * 1e3;
-                let mut m = speculative::lock(engine.depths());
-                m.cost
-                    .record_forward(rows.iter().map(Vec::len).sum(), forward_ms);
-                m.cost
-                    .record_heads(head_calls, (t1 - t0).as_secs_f64() * 1e3);
-            }
-            for ((i, _), c) in members.iter().zip(caches) {
-                self.slots[*i].put_cache(c);
-            }
-            let t2 = Instant::now();
-            // 3. each sequence reads its rows: the next logits, or its round's acceptance
-            match out {
-                Err(e) => {
-                    // a forward shared by several sequences that failed fails each of them
-                    let message = e.to_string();
-                    let mut e = Some(e);
-                    for (i, _) in &members {
-                        let e = e.take().unwrap_or_else(|| Error::Batch(message.clone()));
-                        failed.push((*i, e));
-                    }
-                }
-                Ok(mut out) => {
-                    let (vocab, dm) = (model.vocab_size(), model.hidden_size());
-                    // a forward whose only row is one target-only sequence's (a solo call's
-                    // step) hands its logits over instead of copying them (a vocabulary of
-                    // 248k is a megabyte per token)
-                    let whole = rows.len() == 1 && rows[0].len() == 1;
-                    let share = 1.0 / members.len() as f64;
-                    let draft_ms = (t1 - t0).as_secs_f64() * 1e3 * share;
-                    let verify_ms = (t2 - t1).as_secs_f64() * 1e3 * share;
-                    let mut off = 0;
-                    for ((i, d), row) in members.iter().zip(&rows) {
-                        let n = row.len();
-                        let hidden = &out.hidden[off * dm..(off + n) * dm];
-                        let logits = &out.logits[off * vocab..(off + n) * vocab];
-                        off += n;
-                        let s = &mut self.slots[*i];
-                        let took = match d {
-                            None if whole => {
-                                let logits = std::mem::take(&mut out.logits);
-                                s.take_target(Cow::Owned(logits), hidden, dm, on_tokens)
-                            }
-                            None => s.take_target(Cow::Borrowed(logits), hidden, dm, on_tokens),
-                            Some(d) => s.take_round(
-                                engine,
-                                d,
-                                (logits, hidden),
-                                (draft_ms, verify_ms),
-                                on_tokens,
-                            ),
-                        };
-                        if let Err(e) = took {
-                            failed.push((*i, e));
-                        }
-                    }
-                }
-            }
-        }
-        failed.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
+        failed.sort_unstable_by_key(|x: &(usize, Error)| std::cmp::Reverse(x.0));
         failed.dedup_by_key(|x| x.0);
         for (i, e) in failed {
             let s = self.slots.remove(i);
             self.done.push((s.id, Err(e)));
         }
         self.retire();
+    }
+
+    /// The step's plan: each stepping sequence's [`Work`], with the depths of the `auto` ones
+    /// chosen together. Reads no model output.
+    fn plan(&self) -> StepPlan {
+        let chosen = self.choose_depths();
+        StepPlan {
+            work: self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| Some((i, s.work(self.chunk, chosen[i])?)))
+                .collect(),
+        }
+    }
+
+    /// Runs a plan: the rounds' drafts, then the one forward. `None` when no row is left (every
+    /// sequence failed drafting, or none steps).
+    fn run(&mut self, plan: &StepPlan, failed: &mut Vec<(usize, Error)>) -> Option<Ran> {
+        let engine = self.engine;
+        let model = engine.model();
+        let t0 = Instant::now();
+        let mut ran = Ran::default();
+        for &(i, w) in &plan.work {
+            let s = &self.slots[i];
+            match w {
+                Work::Prompt { to } => {
+                    ran.rows.push(s.chunk_tokens(to));
+                    ran.at.push(match s.ends_prompt(to) {
+                        true => LogitsAt::Last,
+                        false => LogitsAt::None,
+                    });
+                    ran.members.push((i, Member::Prompt { to }));
+                }
+                Work::Target { token } => {
+                    ran.rows.push(vec![token]);
+                    ran.at.push(LogitsAt::All);
+                    ran.members.push((i, Member::Target));
+                }
+                Work::Round { .. } => {}
+            }
+        }
+        let heads = self.draft(plan, &mut ran, failed);
+        if ran.rows.is_empty() {
+            return None;
+        }
+        let t1 = Instant::now();
+        let mut caches: Vec<SeqCache> = ran
+            .members
+            .iter()
+            .map(|(i, _)| self.slots[*i].take_cache())
+            .collect();
+        // while it runs, each constrained sequence computes the mask of its next pick: a
+        // target-only one's at its new position, a speculating one's after its drafts
+        let mut ahead_of: Vec<Option<&[u32]>> = vec![None; self.slots.len()];
+        for (i, m) in &ran.members {
+            match m {
+                Member::Target => ahead_of[*i] = Some(&[]),
+                Member::Round(d) => ahead_of[*i] = Some(d.tokens()),
+                Member::Prompt { .. } => {}
+            }
+        }
+        let ahead: Vec<(&mut Sampler, &[u32])> = self
+            .slots
+            .iter_mut()
+            .zip(ahead_of)
+            .filter_map(|(s, a)| Some((&mut s.sampler, a?)))
+            .collect();
+        let out = crate::sampling::masks_beside(ahead, || {
+            model.forward_each(&ran.rows, &mut caches, &ran.at)
+        });
+        for ((i, _), c) in ran.members.iter().zip(caches) {
+            self.slots[*i].put_cache(c);
+        }
+        let t2 = Instant::now();
+        (ran.draft_ms, ran.forward_ms) = (ms(t1 - t0), ms(t2 - t1));
+        // the cost model learns from decode steps only (a prompt chunk is not a row's cost)
+        if !ran
+            .members
+            .iter()
+            .any(|(_, m)| matches!(m, Member::Prompt { .. }))
+        {
+            let mut m = speculative::lock(engine.depths());
+            m.cost
+                .record_forward(ran.rows.iter().map(Vec::len).sum(), ran.forward_ms);
+            m.cost.record_heads(heads, ran.draft_ms);
+        }
+        ran.out = Some(out);
+        Some(ran)
+    }
+
+    /// The rounds of a plan draft together (one head forward per draft position for all of
+    /// them); each adds its verify rows to the step. The head forwards run.
+    fn draft(&mut self, plan: &StepPlan, ran: &mut Ran, failed: &mut Vec<(usize, Error)>) -> usize {
+        let engine = self.engine;
+        let depth_of = |i: usize| {
+            plan.work.iter().find_map(|&(j, w)| match w {
+                Work::Round { depth } if j == i => Some(depth),
+                _ => None,
+            })
+        };
+        let mut drafting: Vec<(usize, speculative::Drafting<'_>)> = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(k) = depth_of(i) else { continue };
+            let pos = s.tokens.len();
+            if let Lane::Mtp { round, .. } = &mut s.lane {
+                let it = speculative::Drafting {
+                    r: round,
+                    k,
+                    s: &mut s.sampler,
+                    pos,
+                };
+                drafting.push((i, it));
+            }
+        }
+        if drafting.is_empty() {
+            return 0;
+        }
+        let Some(head) = engine.drafter() else {
+            for (i, _) in drafting {
+                failed.push((
+                    i,
+                    Error::Batch("a speculating sequence without a drafter".into()),
+                ));
+            }
+            return 0;
+        };
+        let mut heads = 0;
+        let (which, mut items): (Vec<usize>, Vec<speculative::Drafting<'_>>) =
+            drafting.into_iter().unzip();
+        let drafts = speculative::draft_batch(engine.model(), head, &mut items);
+        for ((i, it), d) in which.into_iter().zip(items).zip(drafts) {
+            match d {
+                Ok(d) => {
+                    heads += d.heads;
+                    ran.rows.push(speculative::verify_row(it.r, &d));
+                    ran.at.push(LogitsAt::All);
+                    ran.members.push((i, Member::Round(d)));
+                }
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        heads
+    }
+
+    /// Each sequence takes its rows of the step's forward: a prompt chunk's, its next token's
+    /// logits, or its round's verify rows. A forward that failed fails every sequence in it.
+    fn commit(
+        &mut self,
+        mut ran: Ran,
+        on_tokens: &mut OnTokens<'_>,
+        failed: &mut Vec<(usize, Error)>,
+    ) {
+        let engine = self.engine;
+        let mut out = match ran.out.take() {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => {
+                // a forward shared by several sequences that failed fails each of them
+                let message = e.to_string();
+                let mut e = Some(e);
+                for (i, _) in &ran.members {
+                    let e = e.take().unwrap_or_else(|| Error::Batch(message.clone()));
+                    failed.push((*i, e));
+                }
+                return;
+            }
+            None => return,
+        };
+        let (vocab, dm) = (engine.model().vocab_size(), engine.model().hidden_size());
+        let decoding = ran
+            .members
+            .iter()
+            .filter(|(_, m)| !matches!(m, Member::Prompt { .. }))
+            .count()
+            .max(1);
+        let share = 1.0 / decoding as f64;
+        let (draft_ms, verify_ms) = (ran.draft_ms * share, ran.forward_ms * share);
+        let ForwardOutput { hidden, logits } = &mut out;
+        let (mut h, mut l) = (0, 0);
+        for (((i, m), row), at) in ran.members.iter().zip(&ran.rows).zip(&ran.at) {
+            let n = row.len();
+            let nl = match at {
+                LogitsAt::All => n,
+                LogitsAt::Last => 1,
+                LogitsAt::None => 0,
+            };
+            let hid = &hidden[h * dm..(h + n) * dm];
+            let lg = &mut logits[l * vocab..(l + nl) * vocab];
+            (h, l) = (h + n, l + nl);
+            let s = &mut self.slots[*i];
+            let took = match m {
+                Member::Prompt { to } => {
+                    s.take_chunk(engine, *to, (hid, lg), ran.forward_ms, on_tokens)
+                }
+                Member::Target => s.take_target(lg, hid, dm, on_tokens),
+                Member::Round(d) => {
+                    s.take_round(engine, d, (lg, hid), (draft_ms, verify_ms), on_tokens)
+                }
+            };
+            if let Err(e) = took {
+                failed.push((*i, e));
+            }
+        }
     }
 
     /// The depth of every `auto` sequence for the next step, by slot (`None` for the others),
@@ -436,5 +484,64 @@ impl<'e> Batch<'e> {
             chosen[i] = Some(k);
         }
         chosen
+    }
+}
+
+/// Milliseconds of a duration.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What one step does: each stepping sequence's [`Work`], by slot, in slot order.
+struct StepPlan {
+    work: Vec<(usize, Work)>,
+}
+
+/// A sequence's part of the step's forward.
+enum Member {
+    /// A prompt chunk ending at `to`.
+    Prompt { to: usize },
+    /// A target-only sequence's token.
+    Target,
+    /// A round's verify rows, with its drafts.
+    Round(Drafts),
+}
+
+/// What [`Batch::run`] did: the forward's rows, by member, and its output.
+#[derive(Default)]
+struct Ran {
+    rows: Vec<Vec<u32>>,
+    at: Vec<LogitsAt>,
+    members: Vec<(usize, Member)>,
+    out: Option<Result<ForwardOutput>>,
+    draft_ms: f64,
+    forward_ms: f64,
+}
+
+impl Engine {
+    /// Generates from `prompt` token ids. `on_tokens` receives each accepted chunk (one token in
+    /// target-only decoding, up to `k + 1` per MTP round) and returns `false` to cancel.
+    ///
+    /// A solo call is a batch of one ([`Batch`]): the same sequence, stepped alone, its prompt
+    /// computed in parts of `FORWARD_PART` (1,024) tokens (as one forward of it would be, so
+    /// that [`GenerateOptions::on_prompt_progress`] hears of each). With
+    /// [`GenerateOptions::resume`] and [`GenerateOptions::checkpoint`] it resumes from and
+    /// keeps prefix-cache states.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_tokens: impl FnMut(&[u32]) -> bool,
+    ) -> Result<GenerationOutput> {
+        let mut batch = Batch::new(self).with_prefill_chunk(FORWARD_PART);
+        let mut on = |_: u64, t: &[u32]| on_tokens(t);
+        batch.join(0, prompt, opts);
+        while batch.active() > 0 {
+            batch.step(&mut on);
+        }
+        batch.take_finished().pop().map_or_else(
+            || Err(Error::Batch("the sequence did not end".into())),
+            |(_, r)| r,
+        )
     }
 }

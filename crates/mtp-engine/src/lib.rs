@@ -30,18 +30,21 @@ pub mod loader;
 pub mod logprobs;
 pub mod nn;
 pub mod persist;
+pub(crate) mod prefill;
 #[allow(unsafe_code)] // AVX2 / AVX-512 products over packed 4- and 8-bit matrices
 pub(crate) mod qdot;
 #[allow(unsafe_code)] // AVX2 / AVX-512 dequantization
 pub(crate) mod quant;
 pub mod qwen3_5;
 pub mod qwen3_5_mtp;
+pub mod request;
 pub mod resume;
 pub mod sampling;
 pub mod scheduler;
 pub(crate) mod scratch;
 pub mod seeded;
 pub(crate) mod sequence;
+pub(crate) mod spec;
 pub mod speculative;
 #[allow(unsafe_code)] // a loop borrowed by the workers, disjoint chunks of one slice
 pub mod team;
@@ -53,9 +56,7 @@ pub mod vision;
 pub use arith::Arith;
 pub use cache::{CacheSnapshot, KvType, SeqCache};
 pub use config::{GenerationConfig, ModelConfig};
-pub use engine::{
-    Engine, GenerateOptions, GenerationOutput, ProgressSink, SpeculationOutcome, MAX_VERIFY_DEPTH,
-};
+pub use engine::Engine;
 pub use error::{Error, Result};
 pub use loader::WeightDtype;
 pub use logprobs::{LogprobSink, TokenLogprob, MAX_TOP_LOGPROBS};
@@ -64,6 +65,9 @@ pub use mtp_contract::{
 };
 pub use qwen3_5::{ForwardOutput, LogitsAt, Qwen35Model};
 pub use qwen3_5_mtp::MtpHead;
+pub use request::{
+    GenerateOptions, GenerationOutput, ProgressSink, SpeculationOutcome, MAX_VERIFY_DEPTH,
+};
 pub use resume::{KeptStates, PromptState};
 pub use tokenizer::{TextTokenizer, TokenDecoder};
 

@@ -8,9 +8,10 @@
 
 use std::sync::Arc;
 
-use crate::engine::{Engine, GenerateOptions};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::qwen3_5::LogitsAt;
+use crate::request::GenerateOptions;
 
 /// The most alternatives a token's log probability may list (the contract's bound).
 pub const MAX_TOP_LOGPROBS: usize = mtp_contract::MAX_TOP_LOGPROBS as usize;

@@ -534,15 +534,36 @@ impl Qwen35Model {
         caches: &mut [SeqCache],
         at: LogitsAt,
     ) -> Result<ForwardOutput> {
+        self.forward_each(tokens, caches, &vec![at; tokens.len()])
+    }
+
+    /// [`Qwen35Model::forward`] with each sequence's own [`LogitsAt`] (`at[i]` for
+    /// `tokens[i]`): a batch step's decode and verify rows want every row's logits, a prompt
+    /// chunk riding in the same forward its last row's or none. `logits` holds, in sequence
+    /// order, every row of an [`LogitsAt::All`] sequence and the last row of a
+    /// [`LogitsAt::Last`] one; `hidden` every row of every sequence.
+    pub fn forward_each(
+        &self,
+        tokens: &[Vec<u32>],
+        caches: &mut [SeqCache],
+        at: &[LogitsAt],
+    ) -> Result<ForwardOutput> {
+        if at.len() != tokens.len() {
+            return Err(Error::InvalidRequest(format!(
+                "forward needs a logits choice per sequence: {} for {} sequences",
+                at.len(),
+                tokens.len()
+            )));
+        }
         with_arith(self.arith, || self.forward_in(tokens, caches, at))
     }
 
-    /// [`Qwen35Model::forward`] in the model's arithmetic.
+    /// [`Qwen35Model::forward_each`] in the model's arithmetic.
     fn forward_in(
         &self,
         tokens: &[Vec<u32>],
         caches: &mut [SeqCache],
-        at: LogitsAt,
+        at: &[LogitsAt],
     ) -> Result<ForwardOutput> {
         let b = tokens.len();
         if b == 0 || tokens.iter().all(Vec::is_empty) {
@@ -570,7 +591,7 @@ impl Qwen35Model {
             return self.forward_grouped(tokens, caches, at);
         }
         if b == 1 && total > FORWARD_PART {
-            return self.forward_chunks(&tokens[0], &mut caches[0], at, FORWARD_PART);
+            return self.forward_chunks(&tokens[0], &mut caches[0], at[0], FORWARD_PART);
         }
         let d = self.hidden_size();
         let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
@@ -611,17 +632,25 @@ impl Qwen35Model {
             d,
             self.cfg.text.rms_norm_eps as f32,
         );
-        let logits = match at {
-            LogitsAt::None => Vec::new(),
-            LogitsAt::All => self.logits(&x, rows)?,
-            LogitsAt::Last => {
-                let mut last = Vec::with_capacity(b * d);
-                let mut end = 0;
-                for &l in &lens {
-                    end += l;
-                    last.extend_from_slice(&x[(end - 1) * d..end * d]);
+        let logits = if at.iter().all(|a| matches!(a, LogitsAt::All)) {
+            self.logits(&x, rows)?
+        } else {
+            // the rows asked for, in order (each computed as it is alone: the LM head's
+            // few-row product keeps every row's bits whatever rows come with it)
+            let mut picked = Vec::new();
+            let mut end = 0;
+            for (&l, a) in lens.iter().zip(at) {
+                let start = end;
+                end += l;
+                match a {
+                    LogitsAt::None => {}
+                    LogitsAt::All => picked.extend_from_slice(&x[start * d..end * d]),
+                    LogitsAt::Last => picked.extend_from_slice(&x[(end - 1) * d..end * d]),
                 }
-                self.logits(&last, b)?
+            }
+            match picked.len() / d {
+                0 => Vec::new(),
+                n => self.logits(&picked, n)?,
             }
         };
         Ok(ForwardOutput { hidden: x, logits })
@@ -677,7 +706,7 @@ impl Qwen35Model {
         &self,
         tokens: &[Vec<u32>],
         caches: &mut [SeqCache],
-        at: LogitsAt,
+        at: &[LogitsAt],
     ) -> Result<ForwardOutput> {
         let mut out = ForwardOutput {
             hidden: Vec::new(),
@@ -685,7 +714,7 @@ impl Qwen35Model {
         };
         let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
         for g in kernels::row_groups(&lens) {
-            let part = self.forward(&tokens[g.clone()], &mut caches[g], at)?;
+            let part = self.forward_each(&tokens[g.clone()], &mut caches[g.clone()], &at[g])?;
             out.hidden.extend_from_slice(&part.hidden);
             out.logits.extend_from_slice(&part.logits);
         }

@@ -14,16 +14,6 @@ use crate::cache::SeqCache;
 use crate::qwen3_5_mtp::MtpCache;
 use crate::vision::MultimodalPrompt;
 
-/// A prompt as a sequence's prefill takes it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PromptIn<'a> {
-    pub(crate) ids: &'a [u32],
-    pub(crate) images: Option<&'a Arc<MultimodalPrompt>>,
-    /// The positions its caches get room for up front (prompt, reply and a verify's rows; see
-    /// [`SeqCache::reserve`]).
-    pub(crate) room: usize,
-}
-
 /// The decoding state after a prompt prefix.
 #[derive(Debug, Clone)]
 pub struct PromptState {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::batch::{Batch, DEFAULT_PREFILL_CHUNK};
-use crate::engine::{Engine, GenerateOptions, GenerationOutput};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::request::{GenerateOptions, GenerationOutput};
 
 /// What a [`Scheduler`] sends back for one request.
 #[derive(Debug)]
@@ -342,14 +343,11 @@ fn run_scheduler(engine: &Engine, rx: mpsc::Receiver<Msg>, max_batch: usize, chu
             }
             let id = job.id;
             senders.insert(id, job.events);
-            let s = &senders;
-            let mut on = |id, t: &[u32]| forward(s, id, t);
             if job.paced {
-                batch.join_paced(id, &job.prompt, &job.opts, &mut on);
+                batch.join_paced(id, &job.prompt, &job.opts);
             } else {
-                batch.join(id, &job.prompt, &job.opts, &mut on);
+                batch.join(id, &job.prompt, &job.opts);
             }
-            // a prompt computed as it joined: the requests after it share it at once
             forks.collect(&batch);
         }
         // those waiting for a shared state keep their places

@@ -1,73 +1,84 @@
 //! One sequence being generated: its caches, sampler (with its constraint), emitted tokens,
-//! prompt states and timings, and the two halves of its step.
+//! prompt states and timings, and its part of each step.
 //!
-//! A step is one target forward shared by every sequence of a [`crate::batch::Batch`]; a
+//! A sequence is built from its request's [`SeqSpec`] (every rule already applied) and makes
+//! no call back into the engine's rules; it reads the engine only for the model and the
+//! drafter that run its rows. A step of a [`crate::batch::Batch`] is plan, run, commit; a
 //! sequence's part of it is
-//! 1. [`Sequence::target_row`] (target-only: pick, emit and feed the next token) or a round's
-//!    drafts (speculating: `speculative::draft_batch`, with the other speculating sequences),
-//!    giving its row of the forward;
-//! 2. the forward, run by the batch over every sequence's row, each with its own cache;
-//! 3. [`Sequence::take_target`] (the next logits) or [`Sequence::take_round`] (accept, roll
+//! 1. plan: [`Sequence::work`] says what it puts in the step (a prompt chunk, its next token,
+//!    or a round of a given depth), from its state alone;
+//! 2. run: the batch drafts the rounds (`speculative::draft_batch`) and runs one target forward
+//!    over every sequence's rows, each with its own cache;
+//! 3. commit: [`Sequence::take_chunk`] (a prompt chunk: the drafter's pairs, the states kept;
+//!    the last chunk starts the decoding and emits the first token), [`Sequence::take_target`]
+//!    (pick and emit the next token from its row) or [`Sequence::take_round`] (accept, roll
 //!    back, update the drafter, emit).
 //!
-//! [`crate::Engine::generate`] is a batch of one, so there is one decode loop.
+//! Every token is picked and emitted in the commit of the step whose rows it comes from, and
+//! fed in the next step's forward. [`crate::Engine::generate`] is a batch of one, so there is
+//! one decode loop.
 
-use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Instant;
 
 use mtp_contract::{FinishReason, PromptProgress, Timings};
 
 use crate::cache::SeqCache;
 use crate::depth::Acceptance;
-use crate::engine::{prefill_target, Engine, GenerateOptions, GenerationOutput, ProgressSink};
-use crate::error::Result;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
 use crate::logprobs::{self, LogprobSink, TokenLogprob};
-use crate::resume::{Keep, KeptStates, PrefillKept, PromptIn, PromptState};
+use crate::prefill::PromptFill;
+use crate::request::{GenerationOutput, ProgressSink, SpeculationOutcome};
+use crate::resume::{Keep, KeptStates, PrefillKept, PromptState};
 use crate::sampling::Sampler;
+use crate::spec::{Decoding, SeqSpec};
 use crate::speculative::{self, Drafts, Round, SpecTimings};
-use crate::vision::MultimodalPrompt;
-use crate::SpeculationOutcome;
 
 /// A caller's callback: a sequence's id and its new tokens; false cancels it.
 pub(crate) type OnTokens<'a> = dyn FnMut(u64, &[u32]) -> bool + 'a;
 
-/// How a sequence decodes, decided when it joins.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
-    /// MTP rounds (the engine has a drafter and the sampling allows them).
-    pub(crate) speculate: bool,
-    /// Proposals per round (with `auto`, the most a round drafts).
-    pub(crate) depth: usize,
-    /// Each round's depth is chosen.
-    pub(crate) auto: bool,
+/// What a sequence puts in one step, decided before the model runs ([`Sequence::work`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// The prompt's tokens up to `to` (from where it stands) ride in the step's forward.
+    Prompt {
+        /// Where the chunk ends.
+        to: usize,
+    },
+    /// A target-only sequence feeds its last token (picked and emitted at the last commit).
+    Target {
+        /// That token.
+        token: u32,
+    },
+    /// An MTP round of `depth` proposals: drafted, then verified in the forward (`depth + 1`
+    /// rows).
+    Round {
+        /// Proposals this round.
+        depth: usize,
+    },
 }
 
 /// A prompt still being computed, a chunk per step.
 pub(crate) struct Filling {
-    prompt: Vec<u32>,
-    /// The state after the chunks computed so far.
-    state: Option<PromptState>,
-    images: Option<Arc<MultimodalPrompt>>,
+    fill: PromptFill,
     /// Milliseconds of the chunks so far.
     ms: f64,
 }
 
 /// How a sequence decodes.
 pub(crate) enum Lane {
-    /// Its prompt is being computed (the batch's prefill chunk per step).
+    /// Its prompt is being computed (a chunk per step).
     Filling(Box<Filling>),
-    /// One token per step; `logits` are the target's for the next token, `hidden` the last
-    /// fed position's hidden row (kept for a final state), `fed` the generated tokens fed.
+    /// One token per step: `next` is the token picked and emitted at the last commit, fed in
+    /// the next forward; `hidden` the last fed position's hidden row (kept for a final
+    /// state), `history` the prompt and the tokens picked (for penalties), `fed` the generated
+    /// tokens fed.
     Target {
         cache: SeqCache,
-        logits: Vec<f32>,
+        next: u32,
         hidden: Vec<f32>,
         history: Vec<u32>,
         fed: usize,
-        /// A paced sequence's last token, emitted and not yet fed (it is fed once the caller
-        /// has answered for it).
-        unfed: Option<u32>,
     },
     /// MTP rounds of at most `depth` proposals; with `auto`, each round's depth is chosen up to
     /// `depth` from this acceptance estimate.
@@ -105,18 +116,11 @@ fn close_timings(
     }
 }
 
-/// The most reply positions a sequence's KV caches get room for up front, beyond its prompt
-/// (see [`crate::SeqCache::reserve`]): the room is address space, not memory, but a limit
-/// keeps a request for a huge `max_tokens` from reserving gigabytes of it (which a host that
-/// does not overcommit would refuse); a longer reply grows its caches as it goes, a doubling
-/// at a time.
-const REPLY_ROOM: usize = 8192;
-
 /// One sequence of a batch.
 pub(crate) struct Sequence {
     pub(crate) id: u64,
-    prompt_len: usize,
-    plan: Plan,
+    prompt: Vec<u32>,
+    decoding: Decoding,
     pub(crate) sampler: Sampler,
     pub(crate) tokens: Vec<u32>,
     stops: Vec<u32>,
@@ -136,13 +140,9 @@ pub(crate) struct Sequence {
     pub(crate) held: bool,
     /// Where its prompt's progress goes.
     progress: Option<ProgressSink>,
-    /// Its request's cancellation ([`GenerateOptions::cancel`]).
+    /// Its request's cancellation ([`crate::GenerateOptions::cancel`]).
     cancel: Option<mtp_contract::Cancel>,
-    /// The positions its caches get room for up front: prompt, reply (up to [`REPLY_ROOM`])
-    /// and a verify's rows.
-    room: usize,
-    /// Alternatives per token's log probability, when they are reported
-    /// ([`GenerateOptions::logprobs`]).
+    /// Alternatives per token's log probability, when they are reported.
     top_logprobs: Option<usize>,
     /// The log probabilities of `tokens`, when reported.
     logprobs: Vec<TokenLogprob>,
@@ -150,185 +150,82 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    /// A joining sequence: checks it, then computes its prompt when it is at most `chunk`
-    /// tokens past the resumed state (a longer one is computed a chunk per step, see
-    /// [`Sequence::fill`]) and, when it speculates, emits its first token.
-    pub(crate) fn join(
-        engine: &Engine,
-        id: u64,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        (paced, chunk): (bool, usize),
-        on: &mut OnTokens<'_>,
-    ) -> Result<Sequence> {
-        engine.check(prompt, opts)?;
-        let (outcome, speculate) = engine.speculation_plan(opts);
-        let plan = Plan {
-            speculate: speculate && engine.drafter().is_some(),
-            depth: opts.num_draft_tokens.unwrap_or(0),
-            auto: opts.auto_depth,
-        };
-        let start = Instant::now();
-        // a state is resumed only when it leaves a token to compute, holds the same images
-        // and, for a speculating sequence, carries the drafter's cache
-        let resume = opts.resume.as_deref().filter(|st| {
-            st.tokens() < prompt.len()
-                && st.same_images(opts.images.as_ref())
-                && (!plan.speculate || st.has_drafter_cache())
-        });
-        let from = resume.map_or(0, PromptState::tokens);
-        let mut seq = Sequence {
+    /// A joining sequence, from its resolved request: its caches (from the state it resumes,
+    /// or empty), its prompt to be computed by the steps. No model work.
+    pub(crate) fn join(engine: &Engine, id: u64, spec: SeqSpec, paced: bool) -> Sequence {
+        let head = engine.drafter().filter(|_| spec.decoding.speculate);
+        let fill = PromptFill::new(
+            engine.model(),
+            head,
+            (spec.images.as_ref(), spec.room),
+            spec.resume.as_deref(),
+        );
+        let seq = Sequence {
             id,
-            prompt_len: prompt.len(),
-            plan,
-            sampler: engine.sampler(opts)?,
+            kept: PrefillKept {
+                computed: spec.prompt.len() - fill.done,
+                ..PrefillKept::default()
+            },
+            lane: Lane::Filling(Box::new(Filling { fill, ms: 0.0 })),
+            prompt: spec.prompt,
+            decoding: spec.decoding,
+            sampler: spec.sampler,
             tokens: Vec::new(),
-            stops: engine.stop_ids(opts),
-            max: opts.max_tokens,
+            stops: spec.stops,
+            max: spec.max_tokens,
             finish: None,
-            start,
+            start: Instant::now(),
             first_at: None,
             spec_timings: SpecTimings::default(),
             timings: Timings::default(),
-            outcome,
-            lane: Lane::Ended,
-            keep: opts.keep(),
-            kept: PrefillKept {
-                computed: prompt.len() - from,
-                ..PrefillKept::default()
-            },
+            outcome: spec.outcome,
+            keep: spec.keep,
             paced,
             held: false,
-            progress: opts.on_prompt_progress.clone(),
-            cancel: opts.cancel.clone(),
-            room: prompt
-                .len()
-                .saturating_add(opts.max_tokens.min(REPLY_ROOM))
-                .saturating_add(crate::kernels::MAX_ROWS),
-            top_logprobs: opts.logprobs,
+            progress: spec.progress,
+            cancel: spec.cancel,
+            top_logprobs: spec.top_logprobs,
             logprobs: Vec::new(),
-            on_logprobs: opts.on_logprobs.clone(),
+            on_logprobs: spec.on_logprobs,
         };
-        seq.report_prompt(from);
-        if prompt.len() - from > chunk {
-            seq.lane = Lane::Filling(Box::new(Filling {
-                prompt: prompt.to_vec(),
-                state: resume.cloned(),
-                images: opts.images.clone(),
-                ms: 0.0,
-            }));
-        } else {
-            let p = PromptIn {
-                ids: prompt,
-                images: opts.images.as_ref(),
-                room: seq.room,
-            };
-            seq.start_decoding(engine, p, resume.map(Cow::Borrowed))?;
-            seq.timings.prefill_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-            seq.report_prompt(prompt.len());
-        }
-        if seq.max == 0 {
-            seq.finish = Some(FinishReason::Length);
-        } else {
-            seq.first_speculative_token(on);
-        }
-        Ok(seq)
+        seq.report_prompt(seq.prompt.len() - seq.kept.computed);
+        seq
     }
 
-    /// Computes one chunk of a prompt still filling; its last chunk starts its decoding (and
-    /// emits a speculating sequence's first token). Nothing for a sequence that is decoding.
-    pub(crate) fn fill(
-        &mut self,
-        engine: &Engine,
-        chunk: usize,
-        on: &mut OnTokens<'_>,
-    ) -> Result<()> {
-        if !matches!(self.lane, Lane::Filling(_)) || self.finish.is_some() || self.held {
-            return Ok(());
+    /// What it puts in the next step (`None`: nothing), from its state alone: a prompt chunk
+    /// of at most `chunk` tokens, its next token, or a round of `depth` proposals (an `auto`
+    /// sequence's depth is chosen by the batch, else its own, at most what its budget leaves).
+    pub(crate) fn work(&self, chunk: usize, depth: Option<usize>) -> Option<Work> {
+        if !self.steps() {
+            return None;
         }
-        let Lane::Filling(mut f) = std::mem::replace(&mut self.lane, Lane::Ended) else {
-            return Ok(());
-        };
-        let t0 = Instant::now();
-        let done = f.state.as_ref().map_or(0, PromptState::tokens);
-        if f.prompt.len() - done > chunk {
-            let head = engine.drafter().filter(|_| self.plan.speculate);
-            // a chunk ends where a history state is to be kept
-            let to = match self.keep.at {
-                Some(h) if h > done && h < done + chunk => h,
-                _ => done + chunk,
-            };
-            let p = PromptIn {
-                ids: &f.prompt,
-                images: f.images.as_ref(),
-                room: self.room,
-            };
-            let st = speculative::prefill_part(engine.model(), head, p, f.state.take(), to)?;
-            if self.keep.at == Some(to) {
-                self.kept.history = Some(st.clone());
+        match &self.lane {
+            Lane::Filling(f) => Some(Work::Prompt {
+                to: f.fill.next_end(self.prompt.len(), chunk, self.keep),
+            }),
+            Lane::Target { next, .. } => Some(Work::Target { token: *next }),
+            Lane::Mtp { depth: own, .. } => {
+                let remaining = self.remaining();
+                (remaining > 0).then(|| Work::Round {
+                    depth: depth.unwrap_or((*own).min(remaining)),
+                })
             }
-            f.state = Some(st);
-            f.ms += t0.elapsed().as_secs_f64() * 1e3;
-            self.lane = Lane::Filling(f);
-            self.report_prompt(to);
-            return Ok(());
+            Lane::Ended => None,
         }
-        // the state of the first chunks is this sequence's own: moved on, not copied
-        let p = PromptIn {
-            ids: &f.prompt,
-            images: f.images.as_ref(),
-            room: self.room,
-        };
-        self.start_decoding(engine, p, f.state.take().map(Cow::Owned))?;
-        self.timings.prefill_ms = Some(f.ms + t0.elapsed().as_secs_f64() * 1e3);
-        self.report_prompt(self.prompt_len);
-        self.first_speculative_token(on);
-        Ok(())
     }
 
-    /// Computes the prompt (from `resume`, a prefix-cache state or the state after the first
-    /// chunks, when given) into the decoding lane: an MTP round state (its first token not
-    /// yet emitted) or the target's next logits. The prefix-cache states asked for are kept.
-    fn start_decoding(
-        &mut self,
-        engine: &Engine,
-        p: PromptIn<'_>,
-        resume: Option<Cow<'_, PromptState>>,
-    ) -> Result<()> {
-        let model = engine.model();
-        let (lane, kept) = match (self.plan.speculate, engine.drafter()) {
-            (true, Some(head)) => {
-                let (round, kept) =
-                    speculative::prefill(model, head, p, &mut self.sampler, resume, self.keep)?;
-                let lane = Lane::Mtp {
-                    round: Box::new(round),
-                    depth: self.plan.depth,
-                    auto: self
-                        .plan
-                        .auto
-                        .then(|| speculative::lock(engine.depths()).new_sequence()),
-                };
-                (lane, kept)
-            }
-            _ => {
-                let pre = prefill_target(model, p, resume, self.keep)?;
-                let lane = Lane::Target {
-                    cache: pre.cache,
-                    logits: pre.logits,
-                    hidden: if self.keep.on { pre.hidden } else { Vec::new() },
-                    history: p.ids.to_vec(),
-                    fed: 0,
-                    unfed: None,
-                };
-                (lane, pre.kept)
-            }
+    /// The prompt's tokens a [`Work::Prompt`] chunk ending at `to` computes.
+    pub(crate) fn chunk_tokens(&self, to: usize) -> Vec<u32> {
+        let done = match &self.lane {
+            Lane::Filling(f) => f.fill.done,
+            _ => to,
         };
-        self.lane = lane;
-        self.kept.prompt = kept.prompt;
-        if kept.history.is_some() {
-            self.kept.history = kept.history;
-        }
-        Ok(())
+        self.prompt[done.min(to)..to].to_vec()
+    }
+
+    /// Whether a chunk ending at `to` ends the prompt (its last row's logits are wanted).
+    pub(crate) fn ends_prompt(&self, to: usize) -> bool {
+        to == self.prompt.len()
     }
 
     /// Tells the progress sink that `processed` of the prompt's tokens are in (those of a
@@ -336,26 +233,11 @@ impl Sequence {
     fn report_prompt(&self, processed: usize) {
         if let Some(sink) = &self.progress {
             sink.report(PromptProgress {
-                total: self.prompt_len,
-                cache: self.prompt_len - self.kept.computed,
+                total: self.prompt.len(),
+                cache: self.prompt.len() - self.kept.computed,
                 processed,
                 time_ms: self.start.elapsed().as_millis() as u64,
             });
-        }
-    }
-
-    /// A speculating sequence's prefill produced its first token: emit it.
-    fn first_speculative_token(&mut self, on: &mut OnTokens<'_>) {
-        if let Lane::Mtp { round, .. } = &mut self.lane {
-            let b = round.bonus;
-            // the prompt's last logits, kept for this (a vocabulary of floats, freed now)
-            let row = std::mem::take(&mut round.first_logits);
-            let lps = self
-                .top_logprobs
-                .map(|n| vec![logprobs::of_row(&row, b, n)])
-                .unwrap_or_default();
-            self.first_at = Some(Instant::now());
-            self.emit(&[b], lps, on);
         }
     }
 
@@ -436,29 +318,109 @@ impl Sequence {
         self.finish.is_none()
     }
 
-    /// A target-only sequence's token for this step's forward: the one it picks and emits
-    /// now, or a paced sequence's token emitted earlier and answered since. `None` when
-    /// nothing is fed (it ended, or it waits for its caller's answer).
-    pub(crate) fn target_row(&mut self, on: &mut OnTokens<'_>) -> Result<Option<u32>> {
-        let pos = self.tokens.len();
-        let Lane::Target {
-            logits,
-            history,
-            unfed,
-            ..
-        } = &mut self.lane
-        else {
-            return Ok(None);
+    /// Tokens still allowed.
+    pub(crate) fn remaining(&self) -> usize {
+        self.max.saturating_sub(self.tokens.len())
+    }
+
+    /// Takes a prompt chunk's rows from the step's forward (`hidden`: the chunk's rows;
+    /// `logits`: the prompt's last row when the chunk ends it, else empty; `forward_ms`: the
+    /// forward it rode in). A chunk that does not end the prompt feeds the drafter its pairs
+    /// and keeps the state after the conversation when it ends there; the last one starts
+    /// the decoding (the state after the prompt kept) and emits the first token.
+    pub(crate) fn take_chunk(
+        &mut self,
+        engine: &Engine,
+        to: usize,
+        (hidden, logits): (&[f32], &mut [f32]),
+        forward_ms: f64,
+        on: &mut OnTokens<'_>,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let Lane::Filling(mut f) = std::mem::replace(&mut self.lane, Lane::Ended) else {
+            return Err(Error::Batch("a sequence changed lanes mid-step".into()));
         };
-        if let Some(tok) = unfed.take() {
-            return Ok(Some(tok));
+        let model = engine.model();
+        let head = engine.drafter().filter(|_| self.decoding.speculate);
+        if to < self.prompt.len() {
+            f.fill.absorb(model, head, &self.prompt, to, hidden)?;
+            if self.keep.on && self.keep.at == Some(to) {
+                self.kept.history = Some(f.fill.state());
+            }
+            f.ms += forward_ms + t0.elapsed().as_secs_f64() * 1e3;
+            self.lane = Lane::Filling(f);
+            self.report_prompt(to);
+            return Ok(());
         }
+        let ms = f.ms + forward_ms;
+        let first = match head {
+            Some(head) => {
+                let (round, state) = f.fill.into_round(
+                    model,
+                    head,
+                    &self.prompt,
+                    hidden,
+                    logits,
+                    &mut self.sampler,
+                    self.keep,
+                )?;
+                self.kept.prompt = state;
+                let b = round.bonus;
+                self.lane = Lane::Mtp {
+                    round: Box::new(round),
+                    depth: self.decoding.depth,
+                    auto: self
+                        .decoding
+                        .auto
+                        .then(|| speculative::lock(engine.depths()).new_sequence()),
+                };
+                Some(b)
+            }
+            None => {
+                let t = f
+                    .fill
+                    .into_target(model.hidden_size(), hidden, self.keep, to);
+                self.kept.prompt = t.state;
+                self.lane = Lane::Target {
+                    cache: t.cache,
+                    next: 0,
+                    hidden: if self.keep.on { t.hidden } else { Vec::new() },
+                    history: self.prompt.clone(),
+                    fed: 0,
+                };
+                None
+            }
+        };
+        self.timings.prefill_ms = Some(ms + t0.elapsed().as_secs_f64() * 1e3);
+        self.report_prompt(to);
+        match first {
+            // the round's first token, picked from the prompt's last logits
+            Some(b) => {
+                let lps = self
+                    .top_logprobs
+                    .map(|n| vec![logprobs::of_row(logits, b, n)])
+                    .unwrap_or_default();
+                self.first_at = Some(Instant::now());
+                self.emit(&[b], lps, on);
+                Ok(())
+            }
+            None => self.pick_next(logits, on),
+        }
+    }
+
+    /// A target-only sequence picks its next token from `logits` (its row of the step, or the
+    /// prompt's last) and emits it; it is fed in the next step's forward.
+    fn pick_next(&mut self, logits: &mut [f32], on: &mut OnTokens<'_>) -> Result<()> {
+        let pos = self.tokens.len();
+        let Lane::Target { history, .. } = &mut self.lane else {
+            return Err(Error::Batch("a sequence changed lanes mid-step".into()));
+        };
         // the log probabilities are the model's: the row is kept as it was only when the
         // penalties (or a bias) will change it (`pick` leaves it as it is)
         let raw = self
             .top_logprobs
             .filter(|_| self.sampler.alters_logits())
-            .map(|_| logits.clone());
+            .map(|_| logits.to_vec());
         self.sampler.apply_penalties(logits, history);
         let tok = self.sampler.pick(logits, pos)?;
         history.push(tok);
@@ -467,80 +429,57 @@ impl Sequence {
             .top_logprobs
             .map(|n| vec![logprobs::of_row(raw.as_deref().unwrap_or(logits), tok, n)])
             .unwrap_or_default();
-        if !self.emit(&[tok], lps, on) {
-            return Ok(None);
+        if let Lane::Target { next, .. } = &mut self.lane {
+            *next = tok;
         }
-        if self.held {
-            if let Lane::Target { unfed, .. } = &mut self.lane {
-                *unfed = Some(tok);
-            }
-            return Ok(None);
-        }
-        Ok(Some(tok))
+        self.emit(&[tok], lps, on);
+        Ok(())
     }
 
-    /// Tokens still allowed.
-    pub(crate) fn remaining(&self) -> usize {
-        self.max.saturating_sub(self.tokens.len())
-    }
-
-    /// The target cache, taken out for the step's forward (an empty one is left in its
-    /// place).
-    pub(crate) fn take_cache(&mut self) -> SeqCache {
-        match &mut self.lane {
-            Lane::Target { cache, .. } => std::mem::replace(cache, SeqCache::new(Vec::new())),
-            Lane::Mtp { round, .. } => round.take_cache(),
-            Lane::Filling(_) | Lane::Ended => SeqCache::new(Vec::new()),
-        }
-    }
-
-    /// Puts the target cache back after the step's forward.
-    pub(crate) fn put_cache(&mut self, c: SeqCache) {
-        match &mut self.lane {
-            Lane::Target { cache, .. } => *cache = c,
-            Lane::Mtp { round, .. } => round.put_cache(c),
-            Lane::Filling(_) | Lane::Ended => {}
-        }
-    }
-
-    /// A target-only sequence's rows of the step's forward (`n` rows of `dm` hidden values):
-    /// the next logits; a paced one emits its next token now, so that its caller answers for
-    /// it before the next step feeds it.
+    /// A target-only sequence's row of the step's forward (`dm` hidden values): its next
+    /// token is picked from `logits` and emitted now.
     pub(crate) fn take_target(
         &mut self,
-        logits: Cow<'_, [f32]>,
+        logits: &mut [f32],
         hidden: &[f32],
         dm: usize,
         on: &mut OnTokens<'_>,
     ) -> Result<()> {
         let keep = self.keep.on;
         let Lane::Target {
-            logits: next,
-            hidden: last,
-            fed,
-            ..
+            hidden: last, fed, ..
         } = &mut self.lane
         else {
-            return Err(crate::Error::Batch(
-                "a sequence changed lanes mid-step".into(),
-            ));
+            return Err(Error::Batch("a sequence changed lanes mid-step".into()));
         };
-        match logits {
-            Cow::Owned(v) => *next = v,
-            Cow::Borrowed(l) => {
-                next.clear();
-                next.extend_from_slice(l);
-            }
-        }
         *fed += 1;
         if keep {
             last.clear();
             last.extend_from_slice(&hidden[hidden.len() - dm..]);
         }
-        if self.paced {
-            self.target_row(on)?;
+        self.pick_next(logits, on)
+    }
+
+    /// The target cache, taken out for the step's forward (an empty one is left in its
+    /// place).
+    pub(crate) fn take_cache(&mut self) -> SeqCache {
+        let empty = || SeqCache::new(Vec::new());
+        match &mut self.lane {
+            Lane::Filling(f) => std::mem::replace(&mut f.fill.cache, empty()),
+            Lane::Target { cache, .. } => std::mem::replace(cache, empty()),
+            Lane::Mtp { round, .. } => round.take_cache(),
+            Lane::Ended => empty(),
         }
-        Ok(())
+    }
+
+    /// Puts the target cache back after the step's forward.
+    pub(crate) fn put_cache(&mut self, c: SeqCache) {
+        match &mut self.lane {
+            Lane::Filling(f) => f.fill.cache = c,
+            Lane::Target { cache, .. } => *cache = c,
+            Lane::Mtp { round, .. } => round.put_cache(c),
+            Lane::Ended => {}
+        }
     }
 
     /// A speculating sequence's verify rows of the step's forward: accept, roll back, update
@@ -556,9 +495,7 @@ impl Sequence {
     ) -> Result<()> {
         let pos = self.tokens.len();
         let Lane::Mtp { round, auto, .. } = &mut self.lane else {
-            return Err(crate::Error::Batch(
-                "a sequence changed lanes mid-step".into(),
-            ));
+            return Err(Error::Batch("a sequence changed lanes mid-step".into()));
         };
         self.spec_timings.draft_ms += draft_ms;
         self.spec_timings.verify_ms += verify_ms;
@@ -621,7 +558,7 @@ impl Sequence {
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
             timings: self.timings,
             speculation: self.outcome,
-            prompt_tokens: self.prompt_len,
+            prompt_tokens: self.prompt.len(),
             computed_prompt_tokens: self.kept.computed,
             states: KeptStates {
                 after_prompt: self.kept.prompt,
@@ -635,6 +572,7 @@ impl Sequence {
     /// The state after the last generated token fed to the model, when it extends the prompt
     /// with tokens the caller received.
     fn final_state(&mut self, engine: &Engine) -> Option<PromptState> {
+        let prompt_len = self.prompt.len();
         match std::mem::replace(&mut self.lane, Lane::Ended) {
             Lane::Target {
                 cache,
@@ -643,25 +581,20 @@ impl Sequence {
                 fed,
                 ..
             } => {
-                let fed_tokens = history.get(self.prompt_len..self.prompt_len + fed)?;
+                let fed_tokens = history.get(prompt_len..prompt_len + fed)?;
                 (fed > 0 && !hidden.is_empty() && self.tokens.starts_with(fed_tokens)).then(|| {
                     PromptState {
                         cache,
                         mcache: None,
                         last_hidden: hidden,
-                        tokens: self.prompt_len + fed,
+                        tokens: prompt_len + fed,
                     }
                 })
             }
             Lane::Mtp { round, .. } => {
                 let head = engine.drafter()?;
-                match speculative::end_state(
-                    engine.model(),
-                    head,
-                    *round,
-                    self.prompt_len,
-                    &self.tokens,
-                ) {
+                match speculative::end_state(engine.model(), head, *round, prompt_len, &self.tokens)
+                {
                     Ok(st) => st,
                     Err(e) => {
                         tracing::debug!(error = %e, "no final prefix-cache state");

@@ -21,7 +21,6 @@
 //! depth may choose) costs no drafter work and the last round's update is never computed; the
 //! drafter catches up with every pending pair in one forward.
 
-use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -30,9 +29,9 @@ use mtp_contract::DraftStats;
 use crate::cache::SeqCache;
 use crate::depth::DepthModel;
 use crate::error::{Error, Result};
-use crate::qwen3_5::{LogitsAt, Qwen35Model};
+use crate::qwen3_5::Qwen35Model;
 use crate::qwen3_5_mtp::{MtpCache, MtpHead};
-use crate::resume::{Keep, PrefillKept, PromptIn, PromptState};
+use crate::resume::PromptState;
 use crate::sampling::{argmax, Sampler};
 
 /// Milliseconds spent in each step.
@@ -52,9 +51,6 @@ pub(crate) struct Round {
     mcache: MtpCache,
     /// The target's last token (first input of the next verify).
     pub(crate) bonus: u32,
-    /// The prompt's last logits, from which `bonus` was picked as the first token (kept until
-    /// that token is emitted, for its log probability; empty after).
-    pub(crate) first_logits: Vec<f32>,
     /// The drafter's next proposal and its hidden state, produced when the drafter was updated.
     seed: u32,
     seed_q: Option<Vec<f32>>,
@@ -482,170 +478,6 @@ pub(crate) fn lock(m: &Mutex<DepthModel>) -> std::sync::MutexGuard<'_, DepthMode
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One chunk of a prompt computed into a state: the target's cache (and, with `head`, the
-/// drafter's pairs) from `state` (or the start) through `prompt[..to]`, no logits. The state
-/// resumes as a prefix-cache state does ([`prefill`]'s `resume`, or the target-only path).
-pub(crate) fn prefill_part(
-    model: &Qwen35Model,
-    head: Option<&MtpHead>,
-    p: PromptIn<'_>,
-    state: Option<PromptState>,
-    to: usize,
-) -> Result<PromptState> {
-    let dm = model.hidden_size();
-    let prompt = p.ids;
-    let (mut cache, mut mcache, start, mut hid) = match state {
-        Some(st) => {
-            let st = PromptState::resumed(Cow::Owned(st), p.room);
-            (st.cache, st.mcache, st.tokens, st.last_hidden)
-        }
-        None => {
-            let mut cache = model.new_cache();
-            cache.reserve(p.room);
-            cache.set_images(p.images.cloned());
-            let mcache = head.map(|h| {
-                let mut m = h.new_cache();
-                m.reserve(p.room);
-                m
-            });
-            (cache, mcache, 0, Vec::new())
-        }
-    };
-    let to = to.clamp(start, prompt.len());
-    let out = model.forward(
-        &[prompt[start..to].to_vec()],
-        std::slice::from_mut(&mut cache),
-        LogitsAt::None,
-    )?;
-    hid.extend_from_slice(&out.hidden);
-    // the pairs (token[p + 1], hidden[p]) for p < to - 1
-    if let (Some(head), Some(mc)) = (head, mcache.as_mut()) {
-        let pairs = &prompt[start.max(1)..to];
-        if !pairs.is_empty() {
-            head.forward(model, pairs, &hid[..pairs.len() * dm], mc)?;
-        }
-    }
-    let last = hid[hid.len().saturating_sub(dm)..].to_vec();
-    Ok(PromptState {
-        cache,
-        mcache,
-        last_hidden: last,
-        tokens: to,
-    })
-}
-
-/// The prompt forward of the target and the drafter's prefill: the round state whose `bonus`
-/// is the first generated token (not yet emitted), and the prefix-cache states `keep` asks
-/// for. Resumes from `resume` only when it carries the drafter's cache, leaves a token to
-/// compute and holds the same images.
-pub(crate) fn prefill(
-    model: &Qwen35Model,
-    head: &MtpHead,
-    p: PromptIn<'_>,
-    s: &mut Sampler,
-    resume: Option<Cow<'_, PromptState>>,
-    keep: Keep,
-) -> Result<(Round, PrefillKept)> {
-    let dm = model.hidden_size();
-    let (prompt, images) = (p.ids, p.images);
-    let mut kept = PrefillKept::default();
-    // Resume only from a state that carries the drafter's cache, leaves a token to compute and
-    // holds the same images.
-    let resume = resume
-        .filter(|st| st.mcache.is_some() && st.tokens < prompt.len() && st.same_images(images))
-        .map(|st| PromptState::resumed(st, p.room));
-    let (mut cache, mut mcache, start, mut hid_all) = match resume {
-        Some(st) => {
-            let mut cache = st.cache;
-            // the images of this prompt (those of the resumed prefix are the same)
-            cache.set_images(images.cloned());
-            (
-                cache,
-                st.mcache.unwrap_or_else(|| head.new_cache()),
-                st.tokens,
-                st.last_hidden,
-            )
-        }
-        None => {
-            let mut cache = model.new_cache();
-            cache.reserve(p.room);
-            cache.set_images(images.cloned());
-            let mut mcache = head.new_cache();
-            mcache.reserve(p.room);
-            (cache, mcache, 0, Vec::new())
-        }
-    };
-    kept.computed = prompt.len() - start;
-    let mut start = start;
-    // The state after the conversation before the generation prompt (`checkpoint_at`): prefill
-    // the target and the drafter up to there, keep both caches, then go on as if resumed there.
-    if let Some(n) = keep
-        .at
-        .filter(|&n| keep.on && n > start && n < prompt.len())
-    {
-        let from = PromptState {
-            cache,
-            mcache: Some(mcache),
-            last_hidden: hid_all,
-            tokens: start,
-        };
-        let st = prefill_part(model, Some(head), p, Some(from), n)?;
-        cache = st.cache.clone();
-        mcache = st.mcache.clone().unwrap_or_else(|| head.new_cache());
-        hid_all = st.last_hidden.clone();
-        start = n;
-        kept.history = Some(st);
-    }
-    let out = model.forward(
-        &[prompt[start..].to_vec()],
-        std::slice::from_mut(&mut cache),
-        LogitsAt::Last,
-    )?;
-    // Hidden rows for positions `start - 1` (resumed) or `0` .. `len - 1`.
-    hid_all.extend_from_slice(&out.hidden);
-    // Drafter prefill: the pairs (token[p + 1], hidden[p]) for p < len - 1, then (b, hidden[len - 1]).
-    let pair_toks = &prompt[start.max(1)..];
-    let n_pairs = pair_toks.len();
-    let b = s.pick(&out.logits, 0)?;
-    let last = if keep.on {
-        if n_pairs > 0 {
-            head.forward(model, pair_toks, &hid_all[..n_pairs * dm], &mut mcache)?;
-        }
-        kept.prompt = Some(PromptState {
-            cache: cache.clone(),
-            mcache: Some(mcache.clone()),
-            last_hidden: hid_all[n_pairs * dm..(n_pairs + 1) * dm].to_vec(),
-            tokens: prompt.len(),
-        });
-        head.forward(
-            model,
-            &[b],
-            &hid_all[n_pairs * dm..(n_pairs + 1) * dm],
-            &mut mcache,
-        )?
-    } else {
-        let mut shifted = pair_toks.to_vec();
-        shifted.push(b);
-        head.forward(model, &shifted, &hid_all[..(n_pairs + 1) * dm], &mut mcache)?
-    };
-    let (seed, seed_q) = draft_pick(s, &model.logits(&last, 1)?, 1)?;
-    let round = Round {
-        cache,
-        mcache,
-        bonus: b,
-        first_logits: out.logits,
-        seed,
-        seed_q,
-        seed_hidden: last,
-        appended: 0,
-        fed: Vec::new(),
-        last_hidden: Vec::new(),
-        pending: Vec::new(),
-        pending_hidden: Vec::new(),
-    };
-    Ok((round, kept))
-}
-
 /// What [`Round::finish`] did: the drafts accepted, the round's new tokens (the accepted
 /// drafts and the target's own token, which a completed grammar leaves out) and the
 /// milliseconds of its steps.
@@ -666,6 +498,34 @@ impl Finished {
         t.draft_ms += self.draft_ms;
         t.verify_ms += self.verify_ms;
         t.rollback_ms += self.rollback_ms;
+    }
+}
+
+impl Round {
+    /// The round state after a prompt (see [`crate::prefill::PromptFill::into_round`]): the
+    /// caches, the first token `bonus` (not yet emitted) and the drafter's hidden row after
+    /// `(bonus, hidden[len - 1])`, from which its first proposal is picked here.
+    pub(crate) fn start(
+        model: &Qwen35Model,
+        s: &mut Sampler,
+        (cache, mcache): (SeqCache, MtpCache),
+        bonus: u32,
+        head_hidden: Vec<f32>,
+    ) -> Result<Round> {
+        let (seed, seed_q) = draft_pick(s, &model.logits(&head_hidden, 1)?, 1)?;
+        Ok(Round {
+            cache,
+            mcache,
+            bonus,
+            seed,
+            seed_q,
+            seed_hidden: head_hidden,
+            appended: 0,
+            fed: Vec::new(),
+            last_hidden: Vec::new(),
+            pending: Vec::new(),
+            pending_hidden: Vec::new(),
+        })
     }
 }
 

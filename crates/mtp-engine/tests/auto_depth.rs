@@ -128,7 +128,7 @@ fn auto_depth_in_a_batch_gives_each_sequence_its_tokens() {
         true
     };
     for i in 0..n {
-        batch.join(i as u64, &ids(i), &opts(i), &mut on);
+        batch.join(i as u64, &ids(i), &opts(i));
     }
     let mut outs = Vec::new();
     while batch.active() > 0 {

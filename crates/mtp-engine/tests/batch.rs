@@ -75,14 +75,14 @@ fn batched_with(
     };
     let first = n.div_ceil(2);
     for i in 0..first {
-        batch.join(i as u64, &prompt(i), &opts(i), &mut on);
+        batch.join(i as u64, &prompt(i), &opts(i));
     }
     let mut steps = 0;
     let mut joined = first;
     while batch.active() > 0 || joined < n {
         if steps == late {
             for i in joined..n {
-                batch.join(i as u64, &prompt(i), &opts(i), &mut on);
+                batch.join(i as u64, &prompt(i), &opts(i));
             }
             joined = n;
         }
@@ -256,7 +256,7 @@ fn a_step_of_more_rows_than_one_product_takes_equals_solo() {
     let mut batch = Batch::new(&e);
     let mut on = |_: u64, _: &[u32]| true;
     for i in 0..n {
-        batch.join(i as u64, &prompt(i), &o(i), &mut on);
+        batch.join(i as u64, &prompt(i), &o(i));
     }
     let mut outs = BTreeMap::new();
     while batch.active() > 0 {
@@ -306,17 +306,12 @@ fn a_long_prompt_fills_while_the_others_decode() {
     };
     let count = |id: u64| got.borrow().get(&id).map_or(0, Vec::len);
     // a prompt of one token: it decodes from the first step
-    batch.join(
-        0,
-        &prompt(2),
-        &GenerateOptions::greedy(64).ignore_eos(true),
-        &mut on,
-    );
+    batch.join(0, &prompt(2), &GenerateOptions::greedy(64).ignore_eos(true));
     let long: Vec<u32> = (0..80).map(|i| 97 + (i % 26)).collect();
     let opts = GenerateOptions::greedy(4)
         .ignore_eos(true)
         .num_draft_tokens(2);
-    batch.join(1, &long, &opts, &mut on);
+    batch.join(1, &long, &opts);
     // 80 tokens at 8 per step: sequence 1 fills for 10 steps, its first token in the 10th
     for _ in 0..9 {
         batch.step(&mut on);
@@ -346,9 +341,9 @@ fn a_bad_sequence_fails_alone_and_cancel_ends_one() {
     let e = load("tiny-trained", None);
     let mut batch = Batch::new(&e);
     let mut on = |_: u64, _: &[u32]| true;
-    batch.join(0, &prompt(1), &opts(1), &mut on);
-    batch.join(1, &[1_000_000], &opts(0), &mut on); // outside the vocabulary
-    batch.join(2, &prompt(3), &opts(3), &mut on);
+    batch.join(0, &prompt(1), &opts(1));
+    batch.join(1, &[1_000_000], &opts(0)); // outside the vocabulary
+    batch.join(2, &prompt(3), &opts(3));
     let bad = batch.take_finished();
     assert_eq!(bad.len(), 1);
     assert_eq!(bad[0].0, 1);
@@ -551,7 +546,7 @@ fn checkpointed_and_caller_stopped_sequences_equal_solo() {
                         0 => (prompt(i), None),
                         _ => (later.clone(), resume(i)),
                     };
-                    batch.join(i as u64, &p, &opts_resumed(i, r), &mut on);
+                    batch.join(i as u64, &p, &opts_resumed(i, r));
                 }
                 let mut outs = BTreeMap::new();
                 let mut steps = 0;

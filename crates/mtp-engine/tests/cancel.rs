@@ -108,8 +108,8 @@ fn in_a_batch_only_the_cancelled_sequence_ends() {
     ob.cancel = Some(cancel.clone());
     let mut batch = Batch::new(&engine).with_prefill_chunk(256);
     let mut on = |_: u64, _: &[u32]| true;
-    batch.join(1, &a, &opts(2, 24), &mut on);
-    batch.join(2, &b, &ob, &mut on);
+    batch.join(1, &a, &opts(2, 24));
+    batch.join(2, &b, &ob);
     let mut steps = 0;
     while batch.active() > 0 {
         batch.step(&mut on);

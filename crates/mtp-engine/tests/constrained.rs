@@ -204,7 +204,7 @@ fn batched_constrained_sequences_equal_solo() {
         .collect();
     let mut batch = Batch::new(&e);
     for (i, (p, o)) in jobs.iter().enumerate() {
-        batch.join(i as u64, p, o, &mut |_, _| true);
+        batch.join(i as u64, p, o);
     }
     let mut got: Vec<Option<Vec<u32>>> = vec![None; jobs.len()];
     for _ in 0..10_000 {

@@ -158,12 +158,7 @@ fn streamed_chunks_carry_their_logprobs_in_a_batch_as_alone() {
                 s.lock().unwrap()[i].extend_from_slice(lps);
                 c.lock().unwrap().push(lps.len());
             });
-            batch.join(
-                i as u64,
-                &prompt(t),
-                &opts(depth, Some(sink)),
-                &mut |_, _| true,
-            );
+            batch.join(i as u64, &prompt(t), &opts(depth, Some(sink)));
         }
         let sizes = Arc::clone(&chunks);
         let mut on = |_: u64, t: &[u32]| {

@@ -291,9 +291,9 @@ fn batched(engine: &Engine, chunk: Option<usize>, seqs: &[Seq]) -> BTreeMap<u64,
         if let Some(r) = r {
             o = o.resume_from(Arc::clone(r));
         }
-        batch.join(i as u64, p, &o, &mut on);
+        batch.join(i as u64, p, &o);
     }
-    batch.join(99, &ids("a neighbour "), &opts(0, 7), &mut on);
+    batch.join(99, &ids("a neighbour "), &opts(0, 7));
     let mut outs = BTreeMap::new();
     let mut steps = 0;
     while batch.active() > 0 {

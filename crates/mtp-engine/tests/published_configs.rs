@@ -567,12 +567,11 @@ fn each_published_config_loads_and_runs() {
             let spec = got.speculation.expect("speculation requested");
             assert_eq!(spec.used, c.head, "{d}: {:?}", spec.not_used_reason);
             if !c.head {
-                assert!(
-                    spec.not_used_reason
-                        .as_deref()
-                        .is_some_and(|r| r.contains("mtp_head_missing")),
+                assert_eq!(
+                    spec.not_used_reason,
+                    Some(mtp_contract::Reason::NoMtpHead),
                     "{d}: {:?}",
-                    spec.not_used_reason
+                    spec.not_used_message
                 );
             }
         }

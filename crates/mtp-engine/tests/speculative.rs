@@ -274,9 +274,14 @@ fn penalties_run_target_only_and_say_why() {
         .expect("gen");
     let sp = out.speculation.expect("outcome");
     assert!(!sp.used);
+    // the contract's code and message (the rule lives in `mtp_contract::plan`)
+    assert_eq!(
+        sp.not_used_reason,
+        Some(mtp_contract::Reason::SamplingRequiresTargetOnly)
+    );
     assert!(sp
-        .not_used_reason
-        .expect("reason")
+        .not_used_message
+        .expect("message")
         .contains("repetition_penalty"));
 }
 

@@ -191,7 +191,7 @@ fn batched_prompts_with_images_match_solo() {
             opts = opts.num_draft_tokens(2);
         }
         want.push(ids(&case["off"])[..16].to_vec());
-        batch.join(ci as u64, &prompt, &opts, &mut |_, _| true);
+        batch.join(ci as u64, &prompt, &opts);
     }
     let mut done = Vec::new();
     while batch.active() > 0 {

@@ -216,7 +216,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// The most proposals one round can verify, when the backend has a limit.
-    fn max_depth(&self) -> Option<usize> {
+    fn max_depth(&self) -> Option<u32> {
         None
     }
 

@@ -615,8 +615,8 @@ impl Backend for EngineBackend {
             .collect())
     }
 
-    fn max_depth(&self) -> Option<usize> {
-        Some(mtp_engine::MAX_VERIFY_DEPTH)
+    fn max_depth(&self) -> Option<u32> {
+        Some(mtp_engine::MAX_VERIFY_DEPTH as u32)
     }
 
     fn tool_calls(

@@ -407,17 +407,7 @@ impl<B: Backend> Provider for NativeProvider<B> {
         // refused here, naming the limit (the report warns of depths past the measured range).
         if let Plan::Speculate { depth, .. } = &plan {
             let d = *depth as usize;
-            if let Some(most) = loaded.backend.max_depth().filter(|&m| d > m) {
-                return Err(ProviderError::InvalidRequest {
-                    field: "speculation",
-                    message: format!(
-                        "num_draft_tokens {d} is more than the native engine verifies in one \
-                         round (at most {most} proposals, so that every verified row is \
-                         computed as a single step is and output stays exactly the target's); \
-                         ask for {most} or fewer"
-                    ),
-                });
-            }
+            mtp_contract::check_depth(*depth, loaded.backend.max_depth())?;
             if let Some(c) = ctx.filter(|&c| d.saturating_add(2) > c) {
                 return Err(ProviderError::InvalidRequest {
                     field: "speculation",
