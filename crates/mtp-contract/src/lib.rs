@@ -54,9 +54,10 @@ pub use provider::{
 pub use reason::Reason;
 pub use report::{DraftKind, DraftStats, SpeculationReport, Timings};
 pub use request::{
-    tool_name, FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageRef, Message,
-    Metadata, PromptProgress, Role, StreamEvent, ToolCall, ToolCallDelta, ToolChoice, Usage,
-    MAX_PROMPT_BYTES_PER_TOKEN, MAX_PROMPT_CACHE_KEY_BYTES, RESERVED_TEMPLATE_VARIABLES,
+    tool_name, FinishReason, FunctionCall, GenerateRequest, GenerateResponse, ImageInput, ImageRef,
+    Message, Metadata, ProgressSink, PromptProgress, Role, StreamEvent, ToolCall, ToolCallDelta,
+    ToolChoice, Usage, MAX_PROMPT_BYTES_PER_TOKEN, MAX_PROMPT_CACHE_KEY_BYTES,
+    RESERVED_TEMPLATE_VARIABLES,
 };
 pub use sampling::Sampling;
 pub use speculation::{

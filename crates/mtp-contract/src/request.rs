@@ -885,3 +885,38 @@ pub enum StreamEvent {
     /// The final response (content is the whole text).
     Done(Box<GenerateResponse>),
 }
+
+/// The bytes of one image of a request and the name errors give it (a path, or
+/// `image N (data URL)`): what a runtime reads an image reference into before its vision
+/// tower takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInput {
+    /// A path, or `image N (data URL)`.
+    pub name: String,
+    /// The file's bytes (PNG, JPEG, WebP, ...).
+    pub bytes: std::sync::Arc<[u8]>,
+}
+
+/// Where a generation reports its prompt's progress: called on the thread that computes the
+/// prompt, when it starts (with the tokens resumed), after each part of a long prompt and when
+/// the prompt is in, so it must return at once.
+#[derive(Clone)]
+pub struct ProgressSink(std::sync::Arc<dyn Fn(crate::PromptProgress) + Send + Sync>);
+
+impl ProgressSink {
+    /// A sink calling `f` with each report.
+    pub fn new(f: impl Fn(crate::PromptProgress) + Send + Sync + 'static) -> Self {
+        ProgressSink(std::sync::Arc::new(f))
+    }
+
+    /// Tells the sink of `p`.
+    pub fn report(&self, p: crate::PromptProgress) {
+        (self.0)(p)
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}

@@ -1,8 +1,7 @@
 //! Generic building blocks of the models: linear layers over every weight format the engine
 //! keeps ([`Linear`]: f32, bf16, f16, mapped or in parts, packed quantized), a tensor store that
 //! names missing tensors and wrong shapes ([`Store`]), and where a forward's tokens sit
-//! ([`Positions`]). Qwen3.5's decoder layer is the model's own (`crate::qwen3_5`); it is
-//! re-exported here under its old path.
+//! ([`Positions`]). Qwen3.5's decoder layer is the model's own (`crate::qwen3_5`).
 
 use std::collections::HashMap;
 
@@ -13,9 +12,7 @@ use crate::kernels;
 use crate::loader::{MappedTensor, Param, WeightDtype};
 use crate::quant::QuantMatrix;
 
-pub use crate::qwen3_5::{Attention, DecoderLayer, DeltaNet, Mixer, Mlp, Moe};
-
-/// The cached attention kernel that [`Attention`] runs, on its own (for the `attention`
+/// The cached attention kernel that [`Attention`](crate::qwen3_5::Attention) runs, on its own (for the `attention`
 /// example, which times it), and the element types it reads keys and values in (f32, `f16`,
 /// `bf16`). It checks every length it reads, panicking otherwise.
 pub use crate::kernels::{attention, AttentionShape, Weight};

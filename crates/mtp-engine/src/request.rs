@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use mtp_contract::{
-    DraftStats, FinishReason, PromptProgress, Reason, ResponseFormat, Sampling, Timings,
-};
+pub use mtp_contract::ProgressSink;
+use mtp_contract::{DraftStats, FinishReason, Reason, ResponseFormat, Sampling, Timings};
 
 use crate::constraint::Constraint;
 use crate::resume::{Keep, KeptStates, PromptState};
@@ -84,27 +83,6 @@ pub struct GenerateOptions {
     /// Told each chunk's log probabilities (with `logprobs`), just before the chunk's tokens
     /// reach the caller's callback.
     pub on_logprobs: Option<crate::LogprobSink>,
-}
-
-/// Where a generation reports its prompt's progress ([`GenerateOptions::on_prompt_progress`]).
-#[derive(Clone)]
-pub struct ProgressSink(Arc<dyn Fn(PromptProgress) + Send + Sync>);
-
-impl ProgressSink {
-    /// A sink calling `f` with each report.
-    pub fn new(f: impl Fn(PromptProgress) + Send + Sync + 'static) -> Self {
-        ProgressSink(Arc::new(f))
-    }
-
-    pub(crate) fn report(&self, p: PromptProgress) {
-        (self.0)(p)
-    }
-}
-
-impl std::fmt::Debug for ProgressSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ProgressSink")
-    }
 }
 
 impl Default for GenerateOptions {
@@ -192,7 +170,7 @@ impl GenerateOptions {
     /// Reports the prompt's progress to `f` (see [`GenerateOptions::on_prompt_progress`]).
     pub fn on_prompt_progress(
         mut self,
-        f: impl Fn(PromptProgress) + Send + Sync + 'static,
+        f: impl Fn(mtp_contract::PromptProgress) + Send + Sync + 'static,
     ) -> Self {
         self.on_prompt_progress = Some(ProgressSink::new(f));
         self

@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use mtp_engine::config::ModelConfig;
 use mtp_engine::loader::{Checkpoint, Param};
 use mtp_engine::nn::Positions;
-use mtp_engine::nn::{attention, AttentionShape, DecoderLayer, Linear, Store};
+use mtp_engine::nn::{attention, AttentionShape, Linear, Store};
+use mtp_engine::qwen3_5::DecoderLayer;
 use mtp_engine::{Error, KvType, WeightDtype};
 
 fn fixture(name: &str) -> PathBuf {

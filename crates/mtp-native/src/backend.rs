@@ -23,7 +23,7 @@ pub struct RenderedPrompt {
     pub history_len: Option<usize>,
     /// The request's images in the order the prompt shows them; `ids` holds each one's run of
     /// image tokens already.
-    pub images: Vec<mtp_engine::vision::ImageInput>,
+    pub images: Vec<mtp_contract::ImageInput>,
     /// With images: `ids` with each image's run of tokens replaced by words of the image's
     /// digest, the prompt's key in the prefix cache (the image tokens are alike whatever the
     /// picture; the engine checks the images again before it resumes).
@@ -74,21 +74,21 @@ pub struct Job<'a, S> {
     pub response_format: Option<&'a mtp_contract::ResponseFormat>,
     /// `response_format` compiled ahead ([`Backend::compile_constraint`]), when the backend
     /// compiles its constraints itself.
-    pub constraint: Option<mtp_engine::constraint::Constraint>,
+    pub constraint: Option<mtp_grammar::Constraint>,
     /// Keep the state at the end of the prompt and at the end of generation.
     pub checkpoint: bool,
     /// Also keep the state after this many prompt tokens (see
     /// [`RenderedPrompt::history_len`]), when `checkpoint` is set.
     pub checkpoint_at: Option<usize>,
     /// The prompt's images (see [`RenderedPrompt::images`]).
-    pub images: &'a [mtp_engine::vision::ImageInput],
+    pub images: &'a [mtp_contract::ImageInput],
     /// Called with each batch of accepted tokens and, when `logprobs` asked for them, their
     /// log probabilities (else none); returning `false` stops generation.
     pub on_tokens: &'a mut dyn FnMut(&[u32], Vec<TokenLogprob>) -> bool,
     /// Report each token's log probability with this many alternatives.
     pub logprobs: Option<u32>,
     /// Told how far the prompt's computation has got (from the thread that computes it).
-    pub on_prompt_progress: Option<mtp_engine::ProgressSink>,
+    pub on_prompt_progress: Option<mtp_contract::ProgressSink>,
     /// The request's cancellation: the backend stops at its next step once it is cancelled
     /// (a prompt part, a decode step), as when `on_tokens` returns `false`.
     pub cancel: mtp_contract::Cancel,
@@ -136,7 +136,7 @@ pub trait Backend: Send + Sync + 'static {
     fn compile_constraint(
         &self,
         format: &mtp_contract::ResponseFormat,
-    ) -> Result<Option<mtp_engine::constraint::Constraint>, ProviderError> {
+    ) -> Result<Option<mtp_grammar::Constraint>, ProviderError> {
         let _ = format;
         Ok(None)
     }
@@ -205,7 +205,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         prompt: &[u32],
         top: u32,
-        images: &[mtp_engine::vision::ImageInput],
+        images: &[mtp_contract::ImageInput],
         cancel: &mtp_contract::Cancel,
     ) -> Result<Vec<TokenLogprob>, ProviderError> {
         let _ = (prompt, top, images, cancel);

@@ -587,9 +587,9 @@ impl<B: Backend> Provider for NativeProvider<B> {
 /// stream full (its reader behind) is dropped, as the next one says more.
 fn progress_sink(
     tx: &mpsc::Sender<Result<StreamEvent, ProviderError>>,
-) -> mtp_engine::ProgressSink {
+) -> mtp_contract::ProgressSink {
     let tx = tx.clone();
-    mtp_engine::ProgressSink::new(move |p| {
+    mtp_contract::ProgressSink::new(move |p| {
         let _ = tx.try_send(Ok(StreamEvent::PromptProgress(p)));
     })
 }
@@ -602,7 +602,7 @@ fn tokio_stream_from(mut rx: mpsc::Receiver<Result<StreamEvent, ProviderError>>)
 /// the grammar of a forced tool call) compiled and as given, and the tool-call format its
 /// text is read in.
 struct Decoding {
-    constraint: Option<mtp_engine::constraint::Constraint>,
+    constraint: Option<mtp_grammar::Constraint>,
     format: Option<mtp_contract::ResponseFormat>,
     tool_format: Option<mtp_chat::toolcall::ToolCallFormat>,
 }

@@ -9,14 +9,7 @@ use mtp_contract::ImageRef;
 
 use crate::error::{Error, Result};
 
-/// The bytes of one image and the name errors give it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageInput {
-    /// A path, or `image N (data URL)`.
-    pub name: String,
-    /// The file's bytes (PNG, JPEG, WebP, ...).
-    pub bytes: std::sync::Arc<[u8]>,
-}
+pub use mtp_contract::ImageInput;
 
 /// Reads images larger than this refused (the decoder's own pixel limit comes on top).
 pub const MAX_IMAGE_BYTES: u64 = 64 << 20;

@@ -17,8 +17,6 @@
 //! The goldens in `tests/fixtures/vision-resize/` (written by Pillow 13.0.0 and mlx-vlm 0.7.10,
 //! see its README) are what the tests compare against.
 
-use std::path::PathBuf;
-
 mod config;
 mod decode;
 mod resize;
@@ -27,110 +25,7 @@ pub use config::*;
 pub use decode::*;
 pub use resize::*;
 
-/// Errors of image decoding, configuration and preprocessing; each names the image or the file
-/// at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum ImageError {
-    /// The bytes are not a PNG, JPEG or WebP file (or are one of a format this build does not
-    /// decode).
-    #[error(
-        "{name}: unsupported image format{}; PNG, JPEG and WebP are supported",
-        in_parens(detected)
-    )]
-    UnsupportedFormat {
-        /// The image (a path, or e.g. "image 2").
-        name: String,
-        /// The format recognised from the file's signature, if any.
-        detected: Option<String>,
-    },
-    /// The file is corrupt or truncated.
-    #[error("{name}: cannot decode the image: {message}")]
-    Decode {
-        /// The image.
-        name: String,
-        /// What the decoder said.
-        message: String,
-    },
-    /// The file, or the image its header describes, is over the [`ImageLimits`] (checked before
-    /// any pixel is decoded), or the resized image would be unreasonably large.
-    #[error("{name}: {detail}")]
-    TooLarge {
-        /// The image.
-        name: String,
-        /// What is over which limit.
-        detail: String,
-    },
-    /// The image has no pixels.
-    #[error("{name}: the image is empty ({width}x{height} pixels)")]
-    Empty {
-        /// The image.
-        name: String,
-        /// Its width in pixels.
-        width: usize,
-        /// Its height in pixels.
-        height: usize,
-    },
-    /// One side is more than 200 times the other (mlx-vlm refuses those too).
-    #[error("{name}: absolute aspect ratio must be smaller than 200, got {ratio} ({width}x{height} pixels)")]
-    AspectRatio {
-        /// The image.
-        name: String,
-        /// Its width in pixels.
-        width: usize,
-        /// Its height in pixels.
-        height: usize,
-        /// `max(width, height) / min(width, height)`.
-        ratio: f64,
-    },
-    /// The smart resize gives a zero side (only possible with `min_pixels` 0), which Pillow
-    /// refuses to resize to.
-    #[error(
-        "{name}: {width}x{height} pixels resize to {new_width}x{new_height} (min_pixels is 0?)"
-    )]
-    ResizeToZero {
-        /// The image.
-        name: String,
-        /// Its width in pixels.
-        width: usize,
-        /// Its height in pixels.
-        height: usize,
-        /// The width smart resize computed.
-        new_width: usize,
-        /// The height smart resize computed.
-        new_height: usize,
-    },
-    /// The [`RgbImage`]'s buffer does not hold `width * height * 3` bytes.
-    #[error("{name}: {message}")]
-    InvalidImage {
-        /// The image.
-        name: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// A checkpoint's `preprocessor_config.json` / `processor_config.json` is unreadable,
-    /// malformed, or has a value of the wrong type.
-    #[error("{}: {message}", path.display())]
-    Config {
-        /// The file at fault.
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// An [`ImageProcessorConfig`] value that cannot work (a zero patch size, `max_pixels` 0).
-    #[error("invalid image processor config: {message}")]
-    InvalidConfig {
-        /// What is wrong.
-        message: String,
-    },
-}
-
-/// `" (x)"` for `Some(x)`, nothing for `None`.
-fn in_parens(detected: &Option<String>) -> String {
-    detected
-        .as_ref()
-        .map(|f| format!(" ({f})"))
-        .unwrap_or_default()
-}
+pub use crate::error::ImageError;
 
 // ------------------------------------------------------------------------------------------
 // Patches
