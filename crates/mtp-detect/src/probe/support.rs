@@ -184,10 +184,14 @@ impl Lines<'_> {
         }
     }
 
-    /// A llama.cpp runtime and a safetensors checkpoint: convert it first.
+    /// A llama.cpp runtime and a safetensors checkpoint: convert it first. llama.cpp b11434's
+    /// converter keeps a NextN or `mtp.*` head as `blk.N.nextn.*`, but drops ERNIE-4.5's
+    /// `model.mtp_*` tensors (`conversion/ernie.py`, `Ernie4_5MoeModel.filter_tensors`: "skip
+    /// all other MTP tensors for now"), so for ERNIE the converted file is served without MTP.
     fn convert_first(&self, rt: Runtime) -> RuntimeSupport {
         let r = self.r;
         let mlx_quant = self.mlx_quant();
+        let dropped = r.mtp_style == Some(MtpStyle::Ernie);
         let source = if mlx_quant {
             "<original checkpoint>"
         } else {
@@ -197,12 +201,12 @@ impl Lines<'_> {
             "{} {} {}",
             convert_command(source, "model.gguf"),
             if rt == Runtime::Gguf { "; then" } else { "&&" },
-            self.launch(rt, "./model.gguf", None, r.mtp_head)
+            self.launch(rt, "./model.gguf", None, r.mtp_head && !dropped)
         );
-        let note = if mlx_quant {
-            "llama.cpp serves GGUF, and its convert_hf_to_gguf.py does not read MLX-quantized weights: convert the original checkpoint (it keeps the nextn head) or use a GGUF repo"
-        } else {
-            "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo"
+        let note = match (mlx_quant, dropped) {
+            (true, _) => "llama.cpp serves GGUF, and its convert_hf_to_gguf.py does not read MLX-quantized weights: convert the original checkpoint (it keeps the nextn head) or use a GGUF repo",
+            (false, true) => "llama.cpp serves GGUF, and its convert_hf_to_gguf.py drops ERNIE-4.5's MTP tensors: the converted model runs without MTP",
+            (false, false) => "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo",
         };
         line(
             rt,
