@@ -8,6 +8,9 @@
 //!   build-dependencies included); false positives are listed, with why, in the crate's
 //!   `[package.metadata.cargo-machete]`.
 //!
+//! * the module graph of each crate in [`crate::modgraph::ACYCLIC_CRATES`] has no import
+//!   cycle (first, as it needs no tool).
+//!
 //! Both tools are installed with `cargo install --locked --debug` at the pinned versions below
 //! when missing or at another version (about 3 minutes on a 2-core machine, both together);
 //! otherwise this step takes seconds.
@@ -141,6 +144,10 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         bail!("`cargo xtask deps` takes no arguments (got `{a}`)");
     }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the workspace root")?;
+    crate::modgraph::run(root)?;
     ensure_tools()?;
     // bans, licenses and sources need only the crates' manifests (no advisory database)
     run_step(

@@ -15,6 +15,7 @@ mod fixtures;
 mod fuzz;
 mod gguf;
 mod llama;
+mod modgraph;
 mod probe;
 mod py_clients;
 mod real_vocab;
@@ -42,8 +43,9 @@ commands:
   soak [--minutes N] [options]    mtp serve under mixed normal, malformed and slow clients
   train-tiny [options]            train the bundled demo model
   setup                           install the system packages the tests need (cmake, libclang)
-  deps                            dependency checks (cargo deny: bans, licenses, sources;
-                                  cargo machete), installing the pinned tools when missing
+  deps                            dependency checks (no module import cycle in the crates
+                                  listed in xtask/src/modgraph.rs; cargo deny: bans, licenses,
+                                  sources; cargo machete), installing the pinned tools when missing
   test                            the project's full test command (what CI runs)
   prepare-llama-server            build (once, cached) the llama-server that `test` uses
 ";

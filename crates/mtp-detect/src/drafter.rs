@@ -12,10 +12,10 @@ use serde::Serialize;
 
 use crate::config::{parse_config, ConfigInfo, MAX_CONFIG_LEN};
 use crate::error::DetectError;
-use crate::probe::read_weight_names;
 use crate::registry::Registry;
 use crate::source::{LocalReader, Reader};
 use crate::tensors::{MtpTensorSummary, QWEN_DRAFTER_REQUIRED};
+use crate::weights::read_weight_names;
 
 /// What a valid drafter looks like.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -731,6 +731,28 @@ fn parse_into(c: &mut Cursor<'_>, h: &mut GgufHeader) -> Result<(), Stop> {
     Ok(())
 }
 
+/// File names of GGUF artifacts: llama.cpp's split naming and which file is the model.
+/// `(stem, index, count)` of a split GGUF name `…-00001-of-00003.gguf`.
+pub fn split_parts(name: &str) -> Option<(&str, u32, u32)> {
+    let base = name.strip_suffix(".gguf")?;
+    let (rest, count) = base.rsplit_once("-of-")?;
+    let (stem, idx) = rest.rsplit_once('-')?;
+    if idx.len() != 5 || count.len() != 5 {
+        return None;
+    }
+    Some((stem, idx.parse().ok()?, count.parse().ok()?))
+}
+
+/// Whether `name` (a file name or repo-relative path) is a GGUF one loads as a model: a
+/// `.gguf` that is not a vision projector (`mmproj*`) and, of a split model, the first shard
+/// (llama.cpp finds the others from it).
+pub fn is_gguf_model_file(name: &str) -> bool {
+    let l = name.to_ascii_lowercase();
+    l.ends_with(".gguf")
+        && !l.rsplit('/').next().unwrap_or(&l).starts_with("mmproj")
+        && split_parts(name).is_none_or(|(_, i, _)| i == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

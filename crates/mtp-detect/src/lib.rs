@@ -28,11 +28,15 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+// From the bottom up: each module imports only modules above it in this list (no import
+// cycle; `cargo xtask deps` checks it, see docs/ARCHITECTURE.md).
+pub mod cache;
 pub mod config;
 pub mod drafter;
 mod error;
 pub mod gguf;
 pub mod hub;
+pub mod names;
 pub mod probe;
 pub mod registry;
 pub mod repo;
@@ -40,24 +44,29 @@ pub mod runtimes;
 pub mod source;
 pub mod st;
 pub mod tensors;
+pub mod weights;
 
+pub use cache::{resolve_model, CacheConfig, ResolvedArtifact};
 pub use drafter::{check_drafter, DrafterError, DrafterInfo, Mismatch, MismatchField};
-pub use error::DetectError;
+pub use error::{DetectError, HubError};
+pub use gguf::is_gguf_model_file;
+pub use hub::HubConfig;
 #[cfg(feature = "hub")]
 pub use hub::{HubClient, HubReader};
-pub use hub::{HubConfig, HubError};
+pub use names::{is_safe_relative, shown_name};
 #[cfg(feature = "hub")]
 pub use probe::probe_async;
 pub use probe::{
-    default_depth, is_gguf_model_file, probe, probe_local, probe_reader, CompanionStatus, Format,
-    ProbeOptions, ProbeReport, RegistryView, Role,
+    default_depth, probe, probe_local, probe_reader, CompanionStatus, Format, ProbeOptions,
+    ProbeReport, RegistryView, Role,
 };
 pub use registry::{registry, Entry, Registry};
-pub use repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
+pub use repo::RepoId;
 pub use runtimes::{
-    launch_command, launch_command_in, CommandStyle, Runtime, RuntimeSupport, Verdict,
+    convert_command, launch_command, launch_command_in, CommandStyle, Runtime, RuntimeSupport,
+    Verdict,
 };
-pub use source::{is_safe_relative, shown_name, LocalReader, Reader};
+pub use source::{LocalReader, Reader};
 pub use tensors::{
     classify_tensor, drafter_tensor_key, is_mlx_quant_tensor, is_mtp_tensor, mtp_layer_index,
     mtp_namespace_key, mtp_tensor_names, vision_tensor_key, MtpStyle, MtpTensor, MtpTensorSummary,

@@ -180,6 +180,26 @@ pub fn launch_command(
     }
 }
 
+/// The command that converts a Hugging Face checkpoint to GGUF with llama.cpp's converter
+/// (`convert_hf_to_gguf.py`, run in a llama.cpp checkout), for llama-server and LM Studio,
+/// which load GGUF only. Written here once: the probe's report and the HTTP adapters' hints
+/// both use it.
+///
+/// ```
+/// use mtp_detect::runtimes::convert_command;
+/// assert_eq!(
+///     convert_command("org/model", "model.gguf"),
+///     "python convert_hf_to_gguf.py org/model --outfile model.gguf"
+/// );
+/// ```
+pub fn convert_command(checkpoint: &str, outfile: &str) -> String {
+    format!(
+        "python convert_hf_to_gguf.py {} --outfile {}",
+        shell_quote(checkpoint),
+        shell_quote(outfile)
+    )
+}
+
 /// How a report writes the way to run a model: as code (`mtp::create_llm(…)`, for library
 /// users and `--json`), or as the `mtp` command line (what a person at the terminal types).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::DetectError;
+use crate::names::is_safe_relative;
 
 /// One file of an artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,30 +34,6 @@ pub trait Reader {
     /// Whether the bytes come over the network.
     fn is_remote(&self) -> bool {
         false
-    }
-}
-
-/// Whether `p` is a plain relative path: no `..`, `.` or empty components, no leading `/`,
-/// no backslashes, drive letters or control characters.
-pub fn is_safe_relative(p: &str) -> bool {
-    !p.is_empty()
-        && p.len() <= 1024
-        && !p.starts_with('/')
-        && !p.contains('\\')
-        && !p.contains(':')
-        && !p.chars().any(char::is_control)
-        && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
-}
-
-/// A file name from outside (a listing, an index) fit for a message or a log line: control
-/// characters escaped, at most 120 characters (a longer one says how many bytes it had).
-pub fn shown_name(name: &str) -> String {
-    let escaped: String = name.escape_debug().collect();
-    if escaped.chars().count() > 120 {
-        let cut: String = escaped.chars().take(117).collect();
-        format!("{cut}... ({} bytes)", name.len())
-    } else {
-        escaped
     }
 }
 
@@ -171,7 +148,7 @@ impl Reader for LocalReader {
                 size: Some(meta.len()),
             }];
             // The first shard of a split GGUF brings its siblings along.
-            if let Some((stem, 1, count)) = crate::probe::split_parts(f) {
+            if let Some((stem, 1, count)) = crate::gguf::split_parts(f) {
                 for i in 2..=count.min(256) {
                     let name = format!("{stem}-{i:05}-of-{count:05}.gguf");
                     if let Ok(m) = std::fs::metadata(self.root.join(&name)) {
@@ -239,53 +216,5 @@ impl Reader for LocalReader {
 
     fn bytes_read(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The one path rule: plain relative paths pass; everything a hostile listing or index may
-    /// send to escape the folder, or to confuse a terminal or a file system, does not.
-    #[test]
-    fn only_plain_relative_paths_are_safe() {
-        for ok in [
-            "model.safetensors",
-            "sub/dir/model-Q4_K_M.gguf",
-            "a b.json",
-            "模型.gguf",
-        ] {
-            assert!(is_safe_relative(ok), "{ok}");
-        }
-        let long = "a".repeat(2000);
-        for bad in [
-            "",
-            "../x",
-            "a/../../b",
-            "./x",
-            "a//b",
-            "a/",
-            "/etc/passwd",
-            "C:x",
-            "c:\\x",
-            "a\\..\\b",
-            "nul\0byte",
-            "new\nline",
-            "esc\u{1b}[2J",
-            long.as_str(),
-        ] {
-            assert!(!is_safe_relative(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn names_are_shown_escaped_and_short() {
-        assert_eq!(shown_name("a\0b\nc"), "a\\0b\\nc");
-        let long = shown_name(&"a".repeat(2000));
-        assert!(
-            long.ends_with("... (2000 bytes)") && long.len() < 140,
-            "{long}"
-        );
     }
 }

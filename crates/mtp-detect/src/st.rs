@@ -180,13 +180,13 @@ pub fn parse_index(bytes: &[u8], file: &str) -> Result<BTreeMap<String, String>,
         let shard = v.as_str().ok_or_else(|| {
             DetectError::json(file, format!("`weight_map.{k}` is not a file name"))
         })?;
-        if !crate::source::is_safe_relative(shard) {
+        if !crate::names::is_safe_relative(shard) {
             return Err(DetectError::json(
                 file,
                 format!(
                     "`weight_map.{}` names an unsafe path `{}`",
-                    crate::source::shown_name(k),
-                    crate::source::shown_name(shard)
+                    crate::names::shown_name(k),
+                    crate::names::shown_name(shard)
                 ),
             ));
         }

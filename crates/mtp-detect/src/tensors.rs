@@ -35,6 +35,9 @@ pub enum MtpStyle {
     /// A companion drafter's own weights, without the `mtp.` prefix (`fc.weight`,
     /// `layers.N.*`, `norm.weight`, `pre_fc_norm_*`), as MLX drafters store them.
     Drafter,
+    /// ERNIE-4.5: per MTP layer `N`, `model.mtp_linear_proj.N`, `model.mtp_emb_norm.N`,
+    /// `model.mtp_hidden_norm.N` and the decoder layer `model.mtp_block.N.*`.
+    Ernie,
 }
 
 /// One tensor name classified as part of an MTP head.
@@ -65,6 +68,11 @@ pub const LAYER_PREFIXES: [&str; 4] = [
     "model.layers.",
     "layers.",
 ];
+
+/// ERNIE-4.5's MTP modules, each numbered by MTP layer: `model.mtp_{module}.N.…`, the names
+/// llama.cpp b11434's converter matches in ERNIE-4.5 MoE checkpoints, and drops
+/// (`conversion/ernie.py`, `Ernie4_5MoeModel.filter_tensors`).
+pub const ERNIE_MTP_MODULES: [&str; 4] = ["linear_proj", "emb_norm", "hidden_norm", "block"];
 
 /// Components that only a NextN layer has.
 pub const NEXTN_MARKERS: [&str; 4] = ["eh_proj.", "enorm.", "hnorm.", "shared_head."];
@@ -120,6 +128,9 @@ pub fn classify_tensor(name: &str, base_layers: Option<u64>) -> Option<MtpTensor
             _ => None,
         };
     }
+    if let Some(t) = classify_ernie(name) {
+        return Some(t);
+    }
     if let Some(rest) = name.strip_prefix("model.mtp_layers.") {
         let (n, comp) = split_layer(rest)?;
         return Some(MtpTensor {
@@ -162,20 +173,40 @@ pub fn classify_tensor(name: &str, base_layers: Option<u64>) -> Option<MtpTensor
     None
 }
 
+/// ERNIE-4.5's `model.mtp_{module}.N.…`: the layer is `N`, the component what follows
+/// `model.mtp_` (`linear_proj.0.weight`, `block.0.self_attn.q_proj.weight`).
+fn classify_ernie(name: &str) -> Option<MtpTensor<'_>> {
+    let component = name.strip_prefix("model.mtp_")?;
+    let (module, rest) = component.split_once('.')?;
+    if !ERNIE_MTP_MODULES.contains(&module) {
+        return None;
+    }
+    let (n, tail) = split_layer(rest)?;
+    if tail.is_empty() {
+        return None;
+    }
+    Some(MtpTensor {
+        style: MtpStyle::Ernie,
+        layer: Some(n),
+        component,
+    })
+}
+
 /// Whether `name` is an MTP tensor by name alone (no config needed): an `mtp.` namespace,
-/// a GGUF `blk.N.nextn.*` tensor, or a NextN marker (`eh_proj`, `enorm`, `hnorm`,
-/// `shared_head`) inside a decoder layer.
+/// a GGUF `blk.N.nextn.*` tensor, ERNIE-4.5's `model.mtp_{linear_proj,emb_norm,hidden_norm,
+/// block}.N.*`, or a NextN marker (`eh_proj`, `enorm`, `hnorm`, `shared_head`) inside a decoder
+/// layer.
 pub fn is_mtp_tensor(name: &str) -> bool {
     classify_tensor(name, None).is_some()
 }
 
-/// The MTP layer a tensor belongs to, counted from 0 within the head: `mtp.layers.N` → N;
-/// NextN layer `M` → `M - base_layers`. `None` for tensors outside a layer, tensors that are
+/// The MTP layer a tensor belongs to, counted from 0 within the head: `mtp.layers.N` and
+/// ERNIE's `model.mtp_*.N` → N; NextN layer `M` → `M - base_layers`. `None` for tensors outside a layer, tensors that are
 /// not MTP tensors, or NextN tensors when `base_layers` is unknown.
 pub fn mtp_layer_index(name: &str, base_layers: Option<u64>) -> Option<u64> {
     let t = classify_tensor(name, base_layers)?;
     match t.style {
-        MtpStyle::MtpPrefix | MtpStyle::Drafter => t.layer,
+        MtpStyle::MtpPrefix | MtpStyle::Drafter | MtpStyle::Ernie => t.layer,
         MtpStyle::NextN | MtpStyle::GgufNextN => t.layer?.checked_sub(base_layers?),
     }
 }

@@ -32,6 +32,33 @@ fn nextn_names(base: u64, n: u64) -> Vec<String> {
     v
 }
 
+/// An ERNIE-4.5 checkpoint's names (the Hugging Face layout of `baidu/ERNIE-4.5-*-PT`): `base`
+/// decoder layers, then, with `mtp`, the head's four numbered module families.
+fn ernie_names(base: u64, mtp: bool) -> Vec<String> {
+    let mut v = vec![
+        "model.embed_tokens.weight".to_string(),
+        "model.norm.weight".to_string(),
+        "lm_head.weight".to_string(),
+    ];
+    for l in 0..base {
+        v.push(format!("model.layers.{l}.self_attn.q_proj.weight"));
+        v.push(format!("model.layers.{l}.mlp.up_proj.weight"));
+    }
+    if mtp {
+        for t in [
+            "mtp_linear_proj.0.weight",
+            "mtp_emb_norm.0.weight",
+            "mtp_hidden_norm.0.weight",
+            "mtp_block.0.input_layernorm.weight",
+            "mtp_block.0.self_attn.q_proj.weight",
+            "mtp_block.0.mlp.up_proj.weight",
+        ] {
+            v.push(format!("model.{t}"));
+        }
+    }
+    v
+}
+
 struct StCase {
     name: &'static str,
     config: serde_json::Value,
@@ -65,6 +92,7 @@ fn safetensors_evidence_table() {
     let mut mlx_cfg = qwen_config(64, 256, 4, Some(1));
     mlx_cfg["quantization"] = serde_json::json!({"group_size": 64, "bits": 4});
     let ds_cfg = serde_json::json!({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3, "num_nextn_predict_layers": 1});
+    let ernie_cfg = serde_json::json!({"model_type": "ernie4_5_moe", "hidden_size": 64, "vocab_size": 256, "num_hidden_layers": 2, "num_nextn_predict_layers": 1});
     let cases = vec![
         StCase {
             name: "qwen3.5 single file with embedded mtp.* head",
@@ -164,6 +192,48 @@ fn safetensors_evidence_table() {
             vllm: false,
             native: false,
         },
+        StCase {
+            name: "ERNIE-4.5 model.mtp_* head, sharded with index",
+            config: ernie_cfg.clone(),
+            names: ernie_names(2, true),
+            dtype: Dtype::BF16,
+            sharded: true,
+            head: true,
+            layers: 1,
+            claims: true,
+            warning: None,
+            quantized: false,
+            vllm: true,
+            native: false,
+        },
+        StCase {
+            name: "ERNIE-4.5 model.mtp_* head, one file",
+            config: ernie_cfg.clone(),
+            names: ernie_names(2, true),
+            dtype: Dtype::BF16,
+            sharded: false,
+            head: true,
+            layers: 1,
+            claims: true,
+            warning: None,
+            quantized: false,
+            vllm: true,
+            native: false,
+        },
+        StCase {
+            name: "ERNIE-4.5 config claims a head, weights have no model.mtp_*",
+            config: ernie_cfg,
+            names: ernie_names(2, false),
+            dtype: Dtype::BF16,
+            sharded: true,
+            head: false,
+            layers: 0,
+            claims: true,
+            warning: Some("claims 1 MTP layer(s)"),
+            quantized: false,
+            vllm: false,
+            native: false,
+        },
     ];
     for c in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -216,6 +286,53 @@ fn safetensors_evidence_table() {
         // Reads only JSON and headers: far less than the weights.
         assert!(r.bytes_read > 0);
     }
+}
+
+/// llama.cpp b11434's converter drops ERNIE-4.5's `model.mtp_*` tensors
+/// (`conversion/ernie.py`), so the convert-then-serve line for an ERNIE head carries no MTP
+/// flags and says why; a head the converter keeps (DeepSeek NextN) does carry them.
+#[test]
+fn ernie_head_is_named_and_its_gguf_conversion_runs_without_mtp() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_nextn_predict_layers": 1});
+    write_checkpoint(dir.path(), &cfg, &ernie_names(2, true), Dtype::BF16, true);
+    let r = probe_local(dir.path()).unwrap();
+    assert_eq!(r.mtp_style, Some(mtp_detect::MtpStyle::Ernie));
+    assert_eq!(r.mtp_tensor_count, 6);
+    assert_eq!(r.mtp_dtypes, ["BF16"]);
+    let llama = r.runtime(Runtime::LlamaServer).unwrap();
+    assert!(
+        llama.command.starts_with("python convert_hf_to_gguf.py ")
+            && llama.command.ends_with("llama-server -m ./model.gguf"),
+        "{}",
+        llama.command
+    );
+    assert!(
+        llama.note.contains("drops ERNIE-4.5's MTP tensors"),
+        "{}",
+        llama.note
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3, "num_nextn_predict_layers": 1});
+    write_checkpoint(dir.path(), &cfg, &nextn_names(3, 1), Dtype::BF16, false);
+    let llama = probe_local(dir.path())
+        .unwrap()
+        .runtime(Runtime::LlamaServer)
+        .unwrap()
+        .clone();
+    assert!(
+        llama
+            .command
+            .ends_with("llama-server -m ./model.gguf --spec-type draft-mtp --spec-draft-n-max 3"),
+        "{}",
+        llama.command
+    );
+    assert!(
+        llama.note.contains("keeps the nextn head"),
+        "{}",
+        llama.note
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use mtp_detect::hub::cache::{cached_repo, scan, RepoFolder};
+use mtp_detect::cache::{cached_repo, scan, RepoFolder};
 use mtp_detect::hub::{download_snapshot, HubClient, HubConfig, HubError, NoProgress};
 use mtp_detect::{CacheConfig, RepoId};
 use mtp_fakehub::{FakeFile, FakeHub, FakeRepo, Fault};

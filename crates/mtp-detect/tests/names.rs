@@ -128,6 +128,36 @@ fn tensor_name_table() {
             None,
             None,
         ),
+        // ERNIE-4.5 (baidu/ERNIE-4.5-*-PT): numbered `model.mtp_*` modules, the layer counted
+        // within the head whatever the base depth
+        (
+            "model.mtp_linear_proj.0.weight",
+            None,
+            Some(MtpStyle::Ernie),
+            Some(0),
+        ),
+        (
+            "model.mtp_emb_norm.0.weight",
+            Some(28),
+            Some(MtpStyle::Ernie),
+            Some(0),
+        ),
+        (
+            "model.mtp_hidden_norm.1.weight",
+            None,
+            Some(MtpStyle::Ernie),
+            Some(1),
+        ),
+        (
+            "model.mtp_block.0.self_attn.q_proj.weight",
+            Some(28),
+            Some(MtpStyle::Ernie),
+            Some(0),
+        ),
+        ("model.mtp_block.weight", None, None, None),
+        ("model.mtp_linear_proj.0", None, None, None),
+        ("model.mtp_other.0.weight", None, None, None),
+        ("mtp_block.0.self_attn.q_proj.weight", None, None, None),
         ("model.language_model.embed_tokens.weight", None, None, None),
         ("lm_head.weight", None, None, None),
         ("mtp.", None, None, None),

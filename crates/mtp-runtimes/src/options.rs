@@ -98,16 +98,17 @@ impl ServerKind {
     /// assert!(hint.contains("convert_hf_to_gguf.py") && hint.contains(".gguf --spec-type draft-mtp"));
     /// ```
     pub fn launch_hint(self, model: &str, depth: u32) -> String {
-        use mtp_detect::{launch_command, Runtime};
+        use mtp_detect::{convert_command, launch_command, Runtime};
         let cmd = |rt: Runtime| launch_command(rt, model, None, true, depth);
+        let cmd_at = |gguf: &str| launch_command(Runtime::LlamaServer, gguf, None, true, depth);
         // llama-server runs a GGUF: a model named as a checkpoint folder must be converted first
         let folder = std::path::Path::new(model).is_dir();
         let gguf_hint = |what: &str| {
             let out = format!("{}.gguf", model.trim_end_matches('/'));
             format!(
-                "{what} a GGUF with the MTP head (llama.cpp's convert_hf_to_gguf.py {model} \
-                 --outfile {out}), then `{}`",
-                launch_command(Runtime::LlamaServer, &out, None, true, depth)
+                "{what} a GGUF with the MTP head (`{}`, in a llama.cpp checkout), then `{}`",
+                convert_command(model, &out),
+                cmd_at(&out)
             )
         };
         match self {

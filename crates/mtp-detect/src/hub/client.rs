@@ -18,8 +18,8 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::hub::{HubConfig, HubError};
+use crate::names::is_safe_relative;
 use crate::repo::RepoId;
-use crate::source::is_safe_relative;
 
 /// The largest JSON answer read (a listing page, a revision).
 const MAX_JSON: u64 = 32 * 1024 * 1024;

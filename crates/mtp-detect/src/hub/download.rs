@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
-use crate::hub::cache::{snapshot_files, tag_cache, RepoFolder};
+use crate::cache::{snapshot_files, tag_cache, RepoFolder};
 use crate::hub::client::{transport_message, Subject};
 use crate::hub::{HubClient, HubError};
 use crate::repo::RepoId;

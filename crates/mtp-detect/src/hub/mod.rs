@@ -1,13 +1,13 @@
 //! The one Hugging Face Hub client: configuration from the environment (as `huggingface_hub`
-//! reads it), the cache layout every other tool reads, and — with the `hub` feature — the
-//! HTTP client that probes, lists and downloads.
+//! reads it) and — with the `hub` feature — the HTTP client that probes, lists and downloads
+//! into the cache [`crate::cache`] lays out.
 //!
 //! The pieces:
 //! - [`HubConfig`]: endpoint (`HF_ENDPOINT`, else the public Hub), token (`HF_TOKEN`, else the
 //!   token file `huggingface_hub` writes at login), `HF_HUB_OFFLINE`, timeouts. Always built,
 //!   so the engine can name the Hub without pulling in an HTTP stack.
-//! - [`cache`]: the standard cache layout (`models--org--name/{blobs,snapshots,refs}`), read
-//!   and written the way `huggingface_hub` does. Always built.
+//! - [`HubError`] (defined with the crate's other errors in `error`, below the cache that
+//!   also returns it): what a Hub or cache operation reports.
 //! - `HubClient` (feature `hub`): the Hub's API as `huggingface_hub` uses it — revision to
 //!   commit, the paginated tree listing, `HEAD` for ETag/size/commit, `resolve` downloads with
 //!   redirects, ranged reads for probes.
@@ -18,10 +18,13 @@
 //! Why not the `hf-hub` crate: see docs/detection.md ("One Hub client").
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub mod cache;
+use crate::cache::{expand_home, hf_home};
+use crate::error::DetectError;
+pub use crate::error::HubError;
+use crate::repo::{validate_revision, RepoId};
+
 #[cfg(feature = "hub")]
 mod client;
 #[cfg(feature = "hub")]
@@ -54,35 +57,6 @@ pub fn env_true(v: &str) -> bool {
         v.trim().to_ascii_uppercase().as_str(),
         "1" | "ON" | "YES" | "TRUE"
     )
-}
-
-/// `~` and `~/…` expanded with `HOME`, as `os.path.expanduser` does.
-pub(crate) fn expand_home(p: &str, get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    let home = || get("HOME").filter(|h| !h.is_empty());
-    if p == "~" {
-        if let Some(h) = home() {
-            return PathBuf::from(h);
-        }
-    }
-    if let Some(rest) = p.strip_prefix("~/") {
-        if let Some(h) = home() {
-            return Path::new(&h).join(rest);
-        }
-    }
-    PathBuf::from(p)
-}
-
-/// `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
-pub fn hf_home(get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
-    if let Some(h) = nonempty("HF_HOME") {
-        return expand_home(&h, get);
-    }
-    let base = match nonempty("XDG_CACHE_HOME") {
-        Some(x) => expand_home(&x, get),
-        None => expand_home("~/.cache", get),
-    };
-    base.join("huggingface")
 }
 
 /// Hub endpoint, credentials and manners.
@@ -187,154 +161,10 @@ impl HubConfig {
     }
 }
 
-/// A Hub or cache failure. Messages follow `huggingface_hub`'s words where it has them, and
-/// each says what to do next.
-#[derive(Debug, thiserror::Error)]
-pub enum HubError {
-    /// `HF_HUB_OFFLINE` is set and the cache does not hold what was asked for.
-    #[error("cannot find {what} in the disk cache{} and outgoing traffic has been disabled (HF_HUB_OFFLINE is set); to enable Hub look-ups and downloads, set HF_HUB_OFFLINE=0", cache.as_ref().map(|c| format!(" ({})", c.display())).unwrap_or_default())]
-    Offline {
-        /// What was looked for.
-        what: String,
-        /// The cache searched, when one was.
-        cache: Option<PathBuf>,
-    },
-    /// The Hub does not know the repository, or it is private and no token grants it.
-    #[error("Repository Not Found for url: {url}. Please make sure you specified the correct repo id (`{repo}`). If you are trying to access a private or gated repo, make sure you are authenticated (HF_TOKEN, or `hf auth login`) and your token has the required permissions.")]
-    RepoNotFound {
-        /// The repository.
-        repo: String,
-        /// The URL asked.
-        url: String,
-    },
-    /// A gated repository the token does not open.
-    #[error("Cannot access gated repo for url {url}. {message} (set HF_TOKEN, or `hf auth login`, with a token that has been granted access)")]
-    GatedRepo {
-        /// The repository.
-        repo: String,
-        /// The URL asked.
-        url: String,
-        /// The Hub's own words.
-        message: String,
-    },
-    /// The revision (branch, tag or commit) does not exist.
-    #[error(
-        "Revision Not Found for url: {url}. `{revision}` is not a branch, tag or commit of {repo}."
-    )]
-    RevisionNotFound {
-        /// The repository.
-        repo: String,
-        /// The revision.
-        revision: String,
-        /// The URL asked.
-        url: String,
-    },
-    /// The file does not exist at that revision.
-    #[error("Entry Not Found for url: {url}.")]
-    EntryNotFound {
-        /// The repository.
-        repo: String,
-        /// The file.
-        file: String,
-        /// The URL asked.
-        url: String,
-    },
-    /// Any other failed request: an error status, a dead server, a dropped connection.
-    #[error("Hub request {url} failed: {message}")]
-    Http {
-        /// The URL (never carries the token).
-        url: String,
-        /// The status, when there was an answer.
-        status: Option<u16>,
-        /// What went wrong.
-        message: String,
-    },
-    /// An answer that is not what the Hub sends (bad JSON, a missing header, too large).
-    #[error("unexpected answer from {url}: {message}")]
-    BadAnswer {
-        /// The URL.
-        url: String,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// A downloaded file whose bytes do not match what the Hub announced; nothing installed.
-    #[error("{repo}/{}: the downloaded bytes do not match: expected {what} {expected}, got {actual}; the file was discarded and nothing was installed", crate::source::shown_name(file))]
-    Mismatch {
-        /// The repository.
-        repo: String,
-        /// The file.
-        file: String,
-        /// What was compared (`sha256`, `size`, `git blob sha1`).
-        what: &'static str,
-        /// The announced value.
-        expected: String,
-        /// The value of the bytes received.
-        actual: String,
-    },
-    /// The Hub named a file that is not a safe relative path.
-    #[error(
-        "{repo} lists an unsafe file name `{}`; refusing to write it",
-        crate::source::shown_name(file)
-    )]
-    UnsafePath {
-        /// The repository.
-        repo: String,
-        /// The name.
-        file: String,
-    },
-    /// A repository id or revision that is not acceptable.
-    #[error("invalid repository id or revision `{id}`: {why}")]
-    InvalidRepo {
-        /// As given.
-        id: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// A cache file could not be read or written.
-    #[error("cache error at {}: {source}", path.display())]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The repository is not (completely) in the cache.
-    #[error("{repo} is not installed in {}: {why}; run `mtp models download {repo}`", cache.display())]
-    NotInstalled {
-        /// The repository.
-        repo: String,
-        /// The cache.
-        cache: PathBuf,
-        /// What is missing.
-        why: String,
-    },
-}
-
-impl HubError {
-    /// An I/O error at `path`.
-    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
-        move |source| HubError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-
-    /// The HTTP status, when the Hub answered.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            HubError::Http { status, .. } => *status,
-            HubError::RepoNotFound { .. } => Some(401),
-            HubError::GatedRepo { .. } => Some(401),
-            HubError::RevisionNotFound { .. } | HubError::EntryNotFound { .. } => Some(404),
-            _ => None,
-        }
-    }
-}
-
-/// Validates a repository id with [`crate::RepoId::parse`]'s rules, as a [`HubError`].
-pub fn parse_repo(id: &str) -> Result<crate::RepoId, HubError> {
-    crate::RepoId::parse(id).map_err(|e| match e {
-        crate::DetectError::InvalidRepoId { id, why } => HubError::InvalidRepo { id, why },
+/// Validates a repository id with [`RepoId::parse`]'s rules, as a [`HubError`].
+pub fn parse_repo(id: &str) -> Result<RepoId, HubError> {
+    RepoId::parse(id).map_err(|e| match e {
+        DetectError::InvalidRepoId { id, why } => HubError::InvalidRepo { id, why },
         other => HubError::InvalidRepo {
             id: id.chars().take(200).collect(),
             why: other.to_string(),
@@ -342,9 +172,9 @@ pub fn parse_repo(id: &str) -> Result<crate::RepoId, HubError> {
     })
 }
 
-/// Validates a revision with [`crate::repo::validate_revision`]'s rules, as a [`HubError`].
+/// Validates a revision with [`validate_revision`]'s rules, as a [`HubError`].
 pub fn check_revision(rev: &str) -> Result<(), HubError> {
-    crate::repo::validate_revision(rev).map_err(|_| HubError::InvalidRepo {
+    validate_revision(rev).map_err(|_| HubError::InvalidRepo {
         id: rev.chars().take(200).collect(),
         why: "a revision may hold only ASCII letters, digits, `-`, `_` and `.`".into(),
     })

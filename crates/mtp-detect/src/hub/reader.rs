@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::DetectError;
 use crate::hub::client::{transport_message, Subject};
 use crate::hub::{HubClient, HubConfig, HubError};
+use crate::names::is_safe_relative;
 use crate::repo::RepoId;
-use crate::source::{is_safe_relative, FileEntry, Reader};
+use crate::source::{FileEntry, Reader};
 
 /// A Hub repository read over HTTP, on its own single-threaded runtime so that synchronous
 /// callers (the engine, the CLI) can use it.

@@ -2,61 +2,8 @@
 //! headers (split files included).
 
 use super::*;
-
-/// Tensor names with their dtype when a header gave one.
-pub(crate) type WeightNames = Vec<(String, Option<String>)>;
-
-/// Reads every tensor name of a safetensors artifact listed in `files`: from the index when
-/// there is one (names only; the weight map is returned too), else from each file's header.
-pub(crate) fn read_weight_names(
-    reader: &dyn Reader,
-    files: &[FileEntry],
-    only: Option<&str>,
-    files_read: &mut Vec<String>,
-) -> Result<(WeightNames, Option<BTreeMap<String, String>>), DetectError> {
-    if only.is_none() && files.iter().any(|f| f.path == INDEX_FILE) {
-        if let Some(b) = reader.read_small(INDEX_FILE, MAX_INDEX_LEN)? {
-            files_read.push(INDEX_FILE.to_string());
-            let wm = parse_index(&b, &reader.describe(INDEX_FILE))?;
-            let names = wm.keys().map(|k| (k.clone(), None)).collect();
-            return Ok((names, Some(wm)));
-        }
-    }
-    let mut out = Vec::new();
-    let st: Vec<&FileEntry> = files
-        .iter()
-        .filter(|f| match only {
-            Some(o) => f.path == o,
-            None => f.path.to_ascii_lowercase().ends_with(".safetensors"),
-        })
-        .take(MAX_HEADERS)
-        .collect();
-    for f in st {
-        let h = read_st_header(reader, &f.path, files_read)?;
-        out.extend(h.tensors.into_iter().map(|t| (t.name, Some(t.dtype))));
-    }
-    Ok((out, None))
-}
-
-/// Reads exactly the 8-byte length and the JSON header of one safetensors file.
-fn read_st_header(
-    reader: &dyn Reader,
-    file: &str,
-    files_read: &mut Vec<String>,
-) -> Result<crate::st::StHeader, DetectError> {
-    let desc = reader.describe(file);
-    let (first, total) = reader.read_range(file, 0, 8)?;
-    let n = header_len(&first, total, &desc)?;
-    let (json, _) = reader.read_range(file, 8, n)?;
-    if (json.len() as u64) < n {
-        return Err(DetectError::Safetensors {
-            file: desc,
-            message: format!("header of {n} bytes was cut at {} bytes", json.len()),
-        });
-    }
-    files_read.push(file.to_string());
-    parse_header(&json, total, &desc)
-}
+use crate::tensors::{drafter_tensor_key, is_mlx_quant_tensor, vision_tensor_key};
+use crate::weights::WeightNames;
 
 fn read_config(
     reader: &dyn Reader,
@@ -80,114 +27,33 @@ pub(super) fn probe_safetensors(
 ) -> Result<ProbeReport, DetectError> {
     let mut r = empty_report(Format::Safetensors);
     let cfg = read_config(reader, files_read)?;
-    let reg = opts.registry();
     if let Some(c) = &cfg {
-        r.model_type = c.model_type.clone();
-        r.arch = c.model_type.clone();
-        r.hidden_size = c.hidden_size;
-        r.vocab_size = c.vocab_size;
-        r.base_layers = c.num_hidden_layers;
-        if let Some((k, n)) = &c.mtp_claim {
-            r.config_claim = Some(format!("{k} = {n}"));
-        }
-        r.config_claims_mtp = c.claims_mtp();
-        let mt = c.model_type.as_deref().unwrap_or_default();
-        if reg.runtimes.is_drafter_type(mt) {
-            r.role = Role::Drafter;
-        }
+        apply_config(&mut r, c, opts.registry());
     }
-    let base = r.base_layers;
     let only = chosen.map(|f| f.path.as_str());
     let (mut names, index) = read_weight_names(reader, files, only, files_read)?;
-    let pairs = |names: &[(String, Option<String>)]| -> MtpTensorSummary {
-        let it = names.iter().map(|(n, d)| (n.as_str(), d.as_deref()));
-        match r.role {
-            Role::Drafter => MtpTensorSummary::from_drafter_names(it),
-            Role::Target => MtpTensorSummary::from_names(it, base),
-        }
-    };
-    let mut summary = pairs(&names);
+    let mut summary = summarise(&names, r.role, r.base_layers);
     if let Some(wm) = index.filter(|_| !summary.is_empty()) {
         // The index gives names only: read the headers of the shards that hold the head,
         // for its dtypes.
-        let mut shards: Vec<&String> = summary.tensors.iter().filter_map(|t| wm.get(t)).collect();
-        shards.sort();
-        shards.dedup();
-        let mut dtypes: BTreeMap<String, String> = BTreeMap::new();
-        for shard in shards.into_iter().take(MAX_HEADERS) {
-            let h = read_st_header(reader, shard, files_read)?;
-            dtypes.extend(h.tensors.into_iter().map(|t| (t.name, t.dtype)));
-        }
-        for (n, d) in names.iter_mut() {
-            if let Some(dt) = dtypes.get(n) {
-                *d = Some(dt.clone());
-            }
-        }
-        summary = pairs(&names);
+        read_head_dtypes(reader, &wm, &summary, &mut names, files_read)?;
+        summary = summarise(&names, r.role, r.base_layers);
     }
     apply_summary(&mut r, &summary);
-    if let Some((n, _)) = names
-        .iter()
-        .find(|(n, _)| crate::tensors::vision_tensor_key(n).is_some())
-    {
+    if let Some((n, _)) = names.iter().find(|(n, _)| vision_tensor_key(n).is_some()) {
         r.vision = true;
         r.vision_evidence = Some(n.clone());
     }
     r.mlx_quantized_weights = cfg.as_ref().is_some_and(|c| c.quant_bits.is_some())
-        || names
-            .iter()
-            .any(|(n, _)| crate::tensors::is_mlx_quant_tensor(n));
+        || names.iter().any(|(n, _)| is_mlx_quant_tensor(n));
     if r.role == Role::Drafter {
-        // A drafter without its core tensors is no head at all.
-        let keys: Vec<&str> = summary
-            .tensors
-            .iter()
-            .filter_map(|n| crate::tensors::drafter_tensor_key(n))
-            .collect();
-        let has_core = keys
-            .iter()
-            .any(|k| k.starts_with("fc.") || k.starts_with("eh_proj."))
-            && !summary.layers.is_empty();
-        if !has_core {
-            r.mtp_head = false;
-            r.warnings.push(format!(
-                "config.json declares drafter type `{}` but the weights lack its core tensors (fc/eh_proj and layers.N.*)",
-                r.model_type.as_deref().unwrap_or_default()
-            ));
-        }
+        check_drafter_core(&mut r, &summary);
     }
-    if let Some(c) = &cfg {
-        let claim = c.mtp_claim.clone();
-        match (&claim, r.mtp_head) {
-            (Some((k, n)), false) if *n > 0 && r.role == Role::Target => r.warnings.push(format!(
-                "config.json claims {n} MTP layer(s) (`{k}`) but the weights carry no MTP tensors; the claim is ignored (MLX quantizations that drop the head keep this key)"
-            )),
-            (Some((k, n)), true) if *n != r.mtp_layers && r.role == Role::Target => {
-                r.warnings.push(format!(
-                    "config.json claims {n} MTP layer(s) (`{k}`) but the weights carry {}",
-                    r.mtp_layers
-                ))
-            }
-            (None, true) if r.role == Role::Target => r.warnings.push(
-                "the weights carry MTP tensors that config.json does not declare; loaders that read only the config will ignore the head".into(),
-            ),
-            _ => {}
-        }
-        if c.quant_bits.is_some() {
-            r.mlx_affine_quantized |= r.mtp_head && summary.mlx_affine_quantized;
-        }
-        if r.role == Role::Target
-            && r.mtp_head
-            && summary.styles.contains(&MtpStyle::MtpPrefix)
-            && (c.quant_bits.is_some() || summary.mlx_affine_quantized)
-        {
-            r.warnings.push(
-                "an MLX checkpoint that keeps mtp.* tensors: released mlx-lm (0.31.3 and earlier) mis-loads it without an error; load it through mlx-vlm".into(),
-            );
-        }
-    } else {
-        r.warnings
-            .push("no config.json: architecture and base depth unknown; NextN layers are recognised by their eh_proj/enorm/hnorm tensors only".into());
+    match &cfg {
+        Some(c) => config_warnings(&mut r, c, &summary),
+        None => r.warnings.push(
+            "no config.json: architecture and base depth unknown; NextN layers are recognised by their eh_proj/enorm/hnorm tensors only".into(),
+        ),
     }
     if r.mtp_head && !r.mtp_dtypes.is_empty() {
         r.evidence.truncate(EVIDENCE_NAMES + 1);
@@ -195,64 +61,107 @@ pub(super) fn probe_safetensors(
     Ok(r)
 }
 
-/// Reads a GGUF header through `reader`, growing the prefix from `first` up to `cap` when
-/// the metadata is longer. Returns the header and whether it is complete.
-pub fn read_gguf_header(
+/// What `config.json` says goes into the report as it is: type, sizes, base depth, the MTP
+/// claim, and whether the checkpoint is a companion drafter.
+fn apply_config(r: &mut ProbeReport, c: &ConfigInfo, reg: &Registry) {
+    r.model_type = c.model_type.clone();
+    r.arch = c.model_type.clone();
+    r.hidden_size = c.hidden_size;
+    r.vocab_size = c.vocab_size;
+    r.base_layers = c.num_hidden_layers;
+    if let Some((k, n)) = &c.mtp_claim {
+        r.config_claim = Some(format!("{k} = {n}"));
+    }
+    r.config_claims_mtp = c.claims_mtp();
+    let mt = c.model_type.as_deref().unwrap_or_default();
+    if reg.runtimes.is_drafter_type(mt) {
+        r.role = Role::Drafter;
+    }
+}
+
+/// The head among `names`, by the rules of the artifact's role.
+fn summarise(names: &WeightNames, role: Role, base: Option<u64>) -> MtpTensorSummary {
+    let it = names.iter().map(|(n, d)| (n.as_str(), d.as_deref()));
+    match role {
+        Role::Drafter => MtpTensorSummary::from_drafter_names(it),
+        Role::Target => MtpTensorSummary::from_names(it, base),
+    }
+}
+
+/// Fills in the dtypes of the head's tensors from the headers of the shards that hold them
+/// (`wm`, the index's weight map), at most [`MAX_HEADERS`] of them.
+fn read_head_dtypes(
     reader: &dyn Reader,
-    file: &str,
-    first: u64,
-    cap: u64,
-) -> Result<(GgufHeader, bool), DetectError> {
-    let desc = reader.describe(file);
-    let (mut buf, total) = reader.read_range(file, 0, first.min(cap).max(8))?;
-    loop {
-        match parse_gguf(&buf, total) {
-            Ok(GgufParse::Complete(h)) => return Ok((h, true)),
-            Ok(GgufParse::NeedMore { needed, partial }) => {
-                let limit = cap.min(total);
-                let have = buf.len() as u64;
-                if have >= limit {
-                    return Ok((partial, false));
-                }
-                let want = needed.max(have.saturating_mul(2)).min(limit);
-                let (more, _) = reader.read_range(file, have, want - have)?;
-                if more.is_empty() {
-                    return Err(DetectError::Gguf {
-                        file: desc,
-                        kind: gguf::GgufErrorKind::Truncated {
-                            what: "header".into(),
-                            at: have,
-                            needed: want - have,
-                            file_len: have,
-                        },
-                    });
-                }
-                buf.extend_from_slice(&more);
-            }
-            Err(kind) => return Err(DetectError::Gguf { file: desc, kind }),
+    wm: &BTreeMap<String, String>,
+    summary: &MtpTensorSummary,
+    names: &mut WeightNames,
+    files_read: &mut Vec<String>,
+) -> Result<(), DetectError> {
+    let mut shards: Vec<&String> = summary.tensors.iter().filter_map(|t| wm.get(t)).collect();
+    shards.sort();
+    shards.dedup();
+    let mut dtypes: BTreeMap<String, String> = BTreeMap::new();
+    for shard in shards.into_iter().take(MAX_HEADERS) {
+        let h = read_st_header(reader, shard, files_read)?;
+        dtypes.extend(h.tensors.into_iter().map(|t| (t.name, t.dtype)));
+    }
+    for (n, d) in names.iter_mut() {
+        if let Some(dt) = dtypes.get(n) {
+            *d = Some(dt.clone());
         }
     }
+    Ok(())
 }
 
-/// `(stem, index, count)` of a split GGUF name `…-00001-of-00003.gguf`.
-pub(crate) fn split_parts(name: &str) -> Option<(&str, u32, u32)> {
-    let base = name.strip_suffix(".gguf")?;
-    let (rest, count) = base.rsplit_once("-of-")?;
-    let (stem, idx) = rest.rsplit_once('-')?;
-    if idx.len() != 5 || count.len() != 5 {
-        return None;
+/// A drafter without its core tensors (fc or eh_proj, and layers.N.*) is no head at all.
+fn check_drafter_core(r: &mut ProbeReport, summary: &MtpTensorSummary) {
+    let keys: Vec<&str> = summary
+        .tensors
+        .iter()
+        .filter_map(|n| drafter_tensor_key(n))
+        .collect();
+    let has_core = keys
+        .iter()
+        .any(|k| k.starts_with("fc.") || k.starts_with("eh_proj."))
+        && !summary.layers.is_empty();
+    if !has_core {
+        r.mtp_head = false;
+        r.warnings.push(format!(
+            "config.json declares drafter type `{}` but the weights lack its core tensors (fc/eh_proj and layers.N.*)",
+            r.model_type.as_deref().unwrap_or_default()
+        ));
     }
-    Some((stem, idx.parse().ok()?, count.parse().ok()?))
 }
 
-/// Whether `name` (a file name or repo-relative path) is a GGUF one loads as a model: a
-/// `.gguf` that is not a vision projector (`mmproj*`) and, of a split model, the first shard
-/// (llama.cpp finds the others from it).
-pub fn is_gguf_model_file(name: &str) -> bool {
-    let l = name.to_ascii_lowercase();
-    l.ends_with(".gguf")
-        && !l.rsplit('/').next().unwrap_or(&l).starts_with("mmproj")
-        && split_parts(name).is_none_or(|(_, i, _)| i == 1)
+/// Where the config's claim and the weights disagree, and what MLX quantization means for the
+/// head: warnings, and the head's quantization flag.
+fn config_warnings(r: &mut ProbeReport, c: &ConfigInfo, summary: &MtpTensorSummary) {
+    let target = r.role == Role::Target;
+    match (&c.mtp_claim, r.mtp_head) {
+        (Some((k, n)), false) if *n > 0 && target => r.warnings.push(format!(
+            "config.json claims {n} MTP layer(s) (`{k}`) but the weights carry no MTP tensors; the claim is ignored (MLX quantizations that drop the head keep this key)"
+        )),
+        (Some((k, n)), true) if *n != r.mtp_layers && target => r.warnings.push(format!(
+            "config.json claims {n} MTP layer(s) (`{k}`) but the weights carry {}",
+            r.mtp_layers
+        )),
+        (None, true) if target => r.warnings.push(
+            "the weights carry MTP tensors that config.json does not declare; loaders that read only the config will ignore the head".into(),
+        ),
+        _ => {}
+    }
+    if c.quant_bits.is_some() {
+        r.mlx_affine_quantized |= r.mtp_head && summary.mlx_affine_quantized;
+    }
+    if target
+        && r.mtp_head
+        && summary.styles.contains(&MtpStyle::MtpPrefix)
+        && (c.quant_bits.is_some() || summary.mlx_affine_quantized)
+    {
+        r.warnings.push(
+            "an MLX checkpoint that keeps mtp.* tensors: released mlx-lm (0.31.3 and earlier) mis-loads it without an error; load it through mlx-vlm".into(),
+        );
+    }
 }
 
 fn choose_gguf<'a>(

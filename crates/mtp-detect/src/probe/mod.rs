@@ -2,13 +2,14 @@
 //! which runtime can run it and how to start it.
 //!
 //! In files: `report` (the report and the options, the types callers read), `render` (the
-//! report for a person), `formats` (reading safetensors and GGUF artifacts into a report);
-//! here, the orchestration: resolving a spec, reading an artifact, the companion drafter and
-//! which runtime can run it.
+//! report for a person), `formats` (reading safetensors and GGUF artifacts into a report),
+//! `support` (which runtime can run it, and with which command); here, the orchestration:
+//! resolving a spec, reading an artifact, the companion drafter.
 
 mod formats;
 mod render;
 mod report;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,33 +17,33 @@ use std::path::Path;
 use mtp_contract::{DepthSource, Lane, Reason};
 use serde::Serialize;
 
+use crate::cache::{repo_from_cache_path, resolve_model, CacheConfig, ResolvedArtifact};
 use crate::config::{parse_config, ConfigInfo, MAX_CONFIG_LEN};
 use crate::drafter::{check_drafter_with, DrafterError};
-use crate::error::DetectError;
-use crate::gguf::{self, parse_gguf, GgufHeader, GgufParse};
+use crate::error::{DetectError, HubError};
+use crate::gguf::{self, is_gguf_model_file, split_parts};
 use crate::hub::HubConfig;
 use crate::registry::{registry, Entry, MatchKind, Registry, Status};
-use crate::repo::{resolve_model, CacheConfig, RepoId, ResolvedArtifact};
+use crate::repo::RepoId;
 use crate::runtimes::{
-    launch_command_in, native_in, shell_quote, CommandStyle, Runtime, RuntimeSupport, Verdict,
+    convert_command, launch_command_in, native_in, shell_quote, CommandStyle, Runtime,
+    RuntimeSupport, Verdict,
 };
 use crate::source::{FileEntry, LocalReader, Reader};
-use crate::st::{header_len, parse_header, parse_index, MAX_INDEX_LEN};
 use crate::tensors::{MtpStyle, MtpTensorSummary};
+use crate::weights::{read_gguf_header, read_st_header, read_weight_names, MAX_HEADERS};
 
-/// The index file of a sharded safetensors checkpoint.
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The index file of a sharded safetensors checkpoint (kept here for callers of
+/// `probe::INDEX_FILE`; the readers own it).
+pub use crate::weights::INDEX_FILE;
 /// How many tensor names the report's `evidence` lists before summarising the rest.
 pub const EVIDENCE_NAMES: usize = 12;
-/// The most safetensors headers read for one probe.
-const MAX_HEADERS: usize = 64;
 /// Initial prefix for the second and later shards of a split GGUF (their metadata is short).
 const SHARD_PREFIX: u64 = 256 * 1024;
 
-pub use formats::{is_gguf_model_file, read_gguf_header};
 use formats::{probe_gguf, probe_safetensors};
-pub(crate) use formats::{read_weight_names, split_parts};
 pub use report::{CompanionStatus, Format, ProbeOptions, ProbeReport, RegistryView, Role};
+use support::{runtime_support, ModelRef};
 
 /// Probes `spec` (a path, `org/name` or `org/name@rev`): a path or cache snapshot is read
 /// locally; otherwise the Hub is read over HTTP when `opts.hub` is set.
@@ -58,7 +59,7 @@ pub fn probe(spec: &str, opts: &ProbeOptions) -> Result<ProbeReport, DetectError
             probe_reader(&r, Some(repo), None, opts)
         }
         ResolvedArtifact::Remote { repo, revision } => {
-            let offline = || crate::hub::HubError::Offline {
+            let offline = || HubError::Offline {
                 what: format!("{repo}@{revision}"),
                 cache: Some(opts.cache.hub_cache.clone()),
             };
@@ -89,7 +90,7 @@ fn remote(
     revision: &str,
     _opts: &ProbeOptions,
 ) -> Result<ProbeReport, DetectError> {
-    Err(crate::hub::HubError::Http {
+    Err(HubError::Http {
         url: hub.endpoint.clone(),
         status: None,
         message: format!(
@@ -114,7 +115,7 @@ pub async fn probe_async(spec: String, opts: ProbeOptions) -> Result<ProbeReport
 pub fn probe_local(path: &Path) -> Result<ProbeReport, DetectError> {
     let opts = ProbeOptions::offline(CacheConfig::from_env());
     let r = LocalReader::new(path)?;
-    let repo = crate::repo::repo_from_cache_path(path);
+    let repo = repo_from_cache_path(path);
     probe_reader(&r, repo.as_ref(), local_name(path).as_deref(), &opts)
 }
 
@@ -361,206 +362,6 @@ fn apply_summary(r: &mut ProbeReport, s: &MtpTensorSummary) {
     r.mtp_dtypes = s.dtypes.iter().cloned().collect();
     r.mlx_affine_quantized = s.mlx_affine_quantized;
     r.evidence = evidence_names(&s.tensors);
-}
-
-struct ModelRef<'a> {
-    model: &'a str,
-    file: Option<&'a str>,
-}
-
-fn runtime_support(
-    r: &ProbeReport,
-    reg: &Registry,
-    target: &ModelRef<'_>,
-    depth: u32,
-    companion_ok: bool,
-    style: CommandStyle,
-) -> Vec<RuntimeSupport> {
-    let model = target.model;
-    let launch_command =
-        |rt, model: &str, file, mtp, depth| launch_command_in(style, rt, model, file, mtp, depth);
-    let native_code =
-        |model: &str, drafter, mtp, depth| native_in(style, model, drafter, mtp, depth);
-    // the drafter option as the reader will write it
-    let drafter_opt = match style {
-        CommandStyle::Library => "`drafter`",
-        CommandStyle::Cli => "--drafter",
-    };
-    let mlx_quant = r.mlx_affine_quantized || r.mlx_quantized_weights;
-    let t = &reg.runtimes;
-    let line =
-        |runtime, can: bool, verdict, reason: Option<Reason>, command: String, note: String| {
-            RuntimeSupport {
-                runtime,
-                can_run_mtp: can,
-                verdict,
-                reason: if can { None } else { reason },
-                command,
-                note,
-            }
-        };
-    let arch = r.arch.clone().unwrap_or_default();
-    let mt = r.model_type.clone().unwrap_or_default();
-    let mut out = Vec::new();
-    if r.role == Role::Drafter {
-        let target = r
-            .registry
-            .as_ref()
-            .and_then(|e| reg.models.iter().find(|m| m.id == e.id))
-            .and_then(|m| m.targets.first().cloned())
-            .unwrap_or_else(|| "<target>".into());
-        let ok = r.mtp_head && mt == "qwen3_5_mtp";
-        for rt in Runtime::ALL {
-            out.push(match rt {
-                Runtime::Native => line(
-                    rt,
-                    ok,
-                    if ok { Verdict::CompanionReady } else { Verdict::FormatUnsupported },
-                    Some(if r.mtp_head { Reason::RuntimeUnsupported } else { Reason::DrafterMismatch }),
-                    native_code(&target, Some(model), true, depth),
-                    if ok {
-                        format!("a companion drafter: load the target and pass this as {drafter_opt}")
-                    } else {
-                        format!("the native engine runs qwen3_5_mtp drafters with their core tensors; this is `{mt}`")
-                    },
-                ),
-                _ => line(
-                    rt,
-                    false,
-                    Verdict::FormatUnsupported,
-                    Some(Reason::RuntimeUnsupported),
-                    launch_command(rt, model, None, false, depth),
-                    "a companion drafter is loaded next to its target, not served on its own".into(),
-                ),
-            });
-        }
-        return out;
-    }
-    for rt in Runtime::ALL {
-        let cmd = |mtp: bool| launch_command(rt, model, target.file, mtp, depth);
-        out.push(match (rt, r.format) {
-            (Runtime::Ollama, _) => line(
-                rt,
-                false,
-                Verdict::NotExposed,
-                Some(Reason::RuntimeUnsupported),
-                cmd(false),
-                "Ollama does not expose MTP; serve the GGUF from llama-server or LM Studio".into(),
-            ),
-            (Runtime::LlamaServer | Runtime::LmStudio | Runtime::Gguf, Format::Safetensors) => line(
-                rt,
-                false,
-                Verdict::FormatUnsupported,
-                Some(Reason::RuntimeUnsupported),
-                format!(
-                    "python convert_hf_to_gguf.py {} --outfile model.gguf {} {}",
-                    if mlx_quant { "<original checkpoint>".to_string() } else { shell_quote(model) },
-                    if rt == Runtime::Gguf { "; then" } else { "&&" },
-                    launch_command(rt, "./model.gguf", None, r.mtp_head, depth)
-                ),
-                if mlx_quant {
-                    "llama.cpp serves GGUF, and its convert_hf_to_gguf.py does not read MLX-quantized weights: convert the original checkpoint (it keeps the nextn head) or use a GGUF repo".into()
-                } else {
-                    "llama.cpp serves GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it keeps the nextn head) or use a GGUF repo".into()
-                },
-            ),
-            (Runtime::LlamaServer | Runtime::LmStudio | Runtime::Gguf, Format::Gguf) => {
-                let graph = t.llama_cpp_supports(&arch);
-                match (r.mtp_head, graph) {
-                    (true, true) => line(
-                        rt,
-                        true,
-                        Verdict::HeadPresentRuntimeReady,
-                        None,
-                        cmd(true),
-                        format!("head present; llama.cpp {} has the {arch} MTP graph", t.llama_cpp_build),
-                    ),
-                    (false, true) => line(
-                        rt,
-                        false,
-                        Verdict::RuntimeReadyNoHead,
-                        Some(Reason::NoMtpHead),
-                        cmd(false),
-                        format!("llama.cpp implements MTP for {arch}, but this file carries no nextn tensors; use a quantization that keeps the head"),
-                    ),
-                    (true, false) => line(
-                        rt,
-                        false,
-                        Verdict::HeadPresentNeedsNewerRuntime,
-                        Some(Reason::RuntimeUnsupported),
-                        cmd(false),
-                        format!("head present, but llama.cpp {} has no MTP graph for `{arch}`; needs a newer build", t.llama_cpp_build),
-                    ),
-                    (false, false) => line(
-                        rt,
-                        false,
-                        Verdict::NoHeadRuntimeUnsupported,
-                        Some(Reason::NoMtpHead),
-                        cmd(false),
-                        format!("no head, and no llama.cpp MTP graph for `{arch}`"),
-                    ),
-                }
-            }
-            (Runtime::Vllm, Format::Gguf) => line(
-                rt,
-                false,
-                Verdict::FormatUnsupported,
-                Some(Reason::RuntimeUnsupported),
-                cmd(false),
-                "vLLM runs MTP from Hugging Face safetensors checkpoints, not GGUF".into(),
-            ),
-            (Runtime::Vllm, Format::Safetensors) => {
-                let supported = t.vllm_supports(&mt);
-                if mlx_quant {
-                    line(rt, false, Verdict::FormatUnsupported, Some(Reason::RuntimeUnsupported), cmd(false),
-                        "MLX affine-quantized weights do not load in vLLM; use the original checkpoint".into())
-                } else {
-                    match (r.mtp_head, supported) {
-                        (true, true) => line(rt, true, Verdict::HeadPresentRuntimeReady, None, cmd(true),
-                            format!("head present; vLLM runs MTP for {mt}")),
-                        (false, true) => line(rt, false, Verdict::RuntimeReadyNoHead, Some(Reason::NoMtpHead), cmd(false),
-                            format!("vLLM runs MTP for {mt}, but these weights carry no head (vLLM cannot use a separate MLX drafter)")),
-                        (true, false) => line(rt, false, Verdict::HeadPresentNeedsNewerRuntime, Some(Reason::RuntimeUnsupported), cmd(false),
-                            format!("head present, but `{mt}` is not in the vLLM MTP table")),
-                        (false, false) => line(rt, false, Verdict::NoHeadRuntimeUnsupported, Some(Reason::NoMtpHead), cmd(false),
-                            format!("no head, and `{mt}` is not in the vLLM MTP table")),
-                    }
-                }
-            }
-            (Runtime::Native, Format::Gguf) => line(
-                rt,
-                false,
-                Verdict::FormatUnsupported,
-                Some(Reason::RuntimeUnsupported),
-                native_code(model, None, false, depth),
-                "the native engine reads safetensors; serve this GGUF from llama-server or LM Studio".into(),
-            ),
-            (Runtime::Native, Format::Safetensors) => {
-                let supported = t.native_supports(&mt);
-                let companion = r.companion.as_ref();
-                if !supported {
-                    line(rt, false,
-                        if r.mtp_head { Verdict::HeadPresentNeedsNewerRuntime } else { Verdict::NoHeadRuntimeUnsupported },
-                        Some(Reason::RuntimeUnsupported), native_code(model, None, false, depth),
-                        format!("the native engine runs {}; this is `{mt}`", t.native_model_types.join(", ")))
-                } else if r.mtp_head {
-                    line(rt, true, Verdict::HeadPresentRuntimeReady, None, native_code(model, None, true, depth),
-                        "head embedded in the weights".into())
-                } else if let Some(c) = companion {
-                    let code = native_code(model, Some(&c.repo), companion_ok, depth);
-                    match (c.cached, companion_ok) {
-                        (true, true) => line(rt, true, Verdict::CompanionReady, None, code, c.message.clone()),
-                        (true, false) => line(rt, false, Verdict::CompanionMismatch, c.reason, code, c.message.clone()),
-                        _ => line(rt, false, Verdict::CompanionNotCached, Some(Reason::MtpHeadNotCached), code, c.message.clone()),
-                    }
-                } else {
-                    line(rt, false, Verdict::RuntimeReadyNoHead, Some(Reason::NoMtpHead), native_code(model, None, false, depth),
-                        format!("the weights carry no MTP head and no companion drafter is registered; name one with {drafter_opt}"))
-                }
-            }
-        });
-    }
-    out
 }
 
 /// A lane's message: "MTP acceleration off: " once before what says why (a runtime's note may

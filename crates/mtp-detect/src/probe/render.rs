@@ -108,5 +108,6 @@ fn style_name(s: MtpStyle) -> &'static str {
         MtpStyle::NextN => "NextN layers",
         MtpStyle::GgufNextN => "GGUF nextn blocks",
         MtpStyle::Drafter => "drafter layout",
+        MtpStyle::Ernie => "ERNIE mtp_* modules",
     }
 }

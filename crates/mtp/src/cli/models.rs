@@ -18,7 +18,7 @@ use crate::cli::hub::{self, Companions};
 use crate::cli::output::{speculation_phrase, Out};
 use crate::{GenerateRequest, ProviderOptions, Sampling, Speculation};
 use mtp_contract::ProviderKind;
-use mtp_detect::hub::cache::{cached_repo, scan, CachedRepo};
+use mtp_detect::cache::{cached_repo, scan, CachedRepo};
 use mtp_detect::hub::{download_snapshot, parse_repo, HubClient, HubConfig, HubError};
 use mtp_detect::RepoId;
 

@@ -1,6 +1,8 @@
-//! The Hugging Face cache layout, read and written as `huggingface_hub` does, so that
-//! `snapshot_download(local_files_only=True)`, `scan_cache_dir()`, transformers and mlx-lm
-//! find what `mtp` downloaded, and `mtp` finds what they did:
+//! The Hugging Face cache, in one place: where it is (the environment, as `huggingface_hub`
+//! reads it: [`CacheConfig`]), its layout, read and written as `huggingface_hub` does
+//! ([`RepoFolder`], [`scan`], [`cached_repo`]), and resolving a "repo or path" argument against
+//! it ([`resolve_model`]). So `snapshot_download(local_files_only=True)`, `scan_cache_dir()`,
+//! transformers and mlx-lm find what `mtp` downloaded, and `mtp` finds what they did:
 //!
 //! ```text
 //! $HF_HUB_CACHE/
@@ -12,12 +14,220 @@
 //!     snapshots/<commit>/<path> -> ../../blobs/<etag>   relative symlinks
 //!     refs/<revision>                            the commit a branch or tag pointed to
 //! ```
+//!
+//! It sits below the Hub client (which downloads into it) and the probe (which reads from it).
+//!
+//! ```
+//! use mtp_detect::{resolve_model, CacheConfig, ResolvedArtifact};
+//! let dir = tempfile::tempdir().unwrap();
+//! let cache = CacheConfig::new(dir.path());
+//! // Not a path on disk and not cached: the Hub is the only place left.
+//! let r = resolve_model("mlx-community/Qwen3.8-27B-MTP-4bit", &cache).unwrap();
+//! assert!(matches!(r, ResolvedArtifact::Remote { .. }));
+//! // `..` never reaches the filesystem.
+//! assert!(resolve_model("org/../../etc", &cache).is_err());
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::hub::HubError;
+use crate::error::{DetectError, HubError};
 use crate::repo::{validate_revision, RepoId};
+
+/// `~` and `~/…` expanded with `HOME`, as `os.path.expanduser` does.
+pub(crate) fn expand_home(p: &str, get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    let home = || get("HOME").filter(|h| !h.is_empty());
+    if p == "~" {
+        if let Some(h) = home() {
+            return PathBuf::from(h);
+        }
+    }
+    if let Some(rest) = p.strip_prefix("~/") {
+        if let Some(h) = home() {
+            return Path::new(&h).join(rest);
+        }
+    }
+    PathBuf::from(p)
+}
+
+/// `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+pub fn hf_home(get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
+    if let Some(h) = nonempty("HF_HOME") {
+        return expand_home(&h, get);
+    }
+    let base = match nonempty("XDG_CACHE_HOME") {
+        Some(x) => expand_home(&x, get),
+        None => expand_home("~/.cache", get),
+    };
+    base.join("huggingface")
+}
+
+/// Where the Hugging Face cache lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The hub cache directory (holding `models--org--name/`).
+    pub hub_cache: PathBuf,
+}
+
+impl CacheConfig {
+    /// A cache rooted at `hub_cache`.
+    pub fn new(hub_cache: impl Into<PathBuf>) -> Self {
+        CacheConfig {
+            hub_cache: hub_cache.into(),
+        }
+    }
+
+    /// The cache `huggingface_hub` uses: `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE`, else
+    /// `$HF_HOME/hub`, where `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, else
+    /// `~/.cache/huggingface`.
+    pub fn from_env() -> Self {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// The same rule over any variable lookup (testable without touching the environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        let nonempty = |k: &str| get(k).filter(|v| !v.is_empty());
+        if let Some(c) = nonempty("HF_HUB_CACHE").or_else(|| nonempty("HUGGINGFACE_HUB_CACHE")) {
+            return CacheConfig::new(expand_home(&c, &get));
+        }
+        CacheConfig::new(hf_home(&get).join("hub"))
+    }
+
+    /// The snapshot directory of `repo` at `revision` (a branch name in `refs/`, or a commit),
+    /// if it is in the cache.
+    pub fn snapshot(&self, repo: &RepoId, revision: &str) -> Option<(PathBuf, String)> {
+        RepoFolder::new(&self.hub_cache, repo)
+            .resolve(revision)
+            .map(|(commit, dir)| (dir, commit))
+    }
+
+    /// Whether `repo` has a `main` snapshot in the cache.
+    pub fn is_cached(&self, repo: &RepoId) -> bool {
+        self.snapshot(repo, "main").is_some()
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self::from_env()
+    }
+}
+
+/// Where a "repo or path" argument points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolvedArtifact {
+    /// A file or directory on disk that the caller named.
+    Local {
+        /// The path.
+        path: PathBuf,
+        /// The repository, when the path lies inside the Hugging Face cache.
+        repo: Option<RepoId>,
+    },
+    /// A snapshot in the Hugging Face cache.
+    Cached {
+        /// The repository.
+        repo: RepoId,
+        /// The commit of the snapshot.
+        revision: String,
+        /// The snapshot directory.
+        snapshot: PathBuf,
+    },
+    /// Not on disk: only the Hub has it.
+    Remote {
+        /// The repository.
+        repo: RepoId,
+        /// The revision to read.
+        revision: String,
+    },
+}
+
+impl ResolvedArtifact {
+    /// The repository id, when known.
+    pub fn repo(&self) -> Option<&RepoId> {
+        match self {
+            ResolvedArtifact::Local { repo, .. } => repo.as_ref(),
+            ResolvedArtifact::Cached { repo, .. } | ResolvedArtifact::Remote { repo, .. } => {
+                Some(repo)
+            }
+        }
+    }
+
+    /// The local path, when there is one.
+    pub fn local_path(&self) -> Option<&Path> {
+        match self {
+            ResolvedArtifact::Local { path, .. } => Some(path),
+            ResolvedArtifact::Cached { snapshot, .. } => Some(snapshot),
+            ResolvedArtifact::Remote { .. } => None,
+        }
+    }
+}
+
+/// Whether the argument is written as a path rather than a repository id.
+fn looks_like_path(s: &str) -> bool {
+    s.starts_with('/')
+        || s.starts_with("./")
+        || s.starts_with("../")
+        || s.starts_with('~')
+        || s == "."
+        || s == ".."
+        || s.contains('\\')
+        || s.ends_with(".gguf")
+        || s.ends_with(".safetensors")
+}
+
+/// The repository a path inside the cache belongs to (`…/models--org--name/snapshots/<rev>/…`).
+pub fn repo_from_cache_path(path: &Path) -> Option<RepoId> {
+    let comps: Vec<String> = path
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let i = comps.iter().rposition(|c| c == "snapshots")?;
+    let folder = comps.get(i.checked_sub(1)?)?.strip_prefix("models--")?;
+    RepoId::parse(&folder.replace("--", "/")).ok()
+}
+
+/// Resolves `spec` (a path, `org/name` or `org/name@revision`) to an artifact: an existing
+/// path wins; then a cache snapshot; then the Hub. Repository ids are validated first, so
+/// nothing like `../` reaches the filesystem through the cache.
+pub fn resolve_model(spec: &str, cache: &CacheConfig) -> Result<ResolvedArtifact, DetectError> {
+    let p = Path::new(spec);
+    if looks_like_path(spec) || p.exists() {
+        let expanded = match spec.strip_prefix("~/") {
+            Some(rest) => match std::env::var_os("HOME") {
+                Some(h) => Path::new(&h).join(rest),
+                None => p.to_path_buf(),
+            },
+            None => p.to_path_buf(),
+        };
+        if !expanded.exists() {
+            return Err(DetectError::NotFound {
+                path: spec.to_string(),
+            });
+        }
+        let repo = repo_from_cache_path(&expanded);
+        return Ok(ResolvedArtifact::Local {
+            path: expanded,
+            repo,
+        });
+    }
+    let (id, revision) = match spec.split_once('@') {
+        Some((id, rev)) => {
+            validate_revision(rev)?;
+            (id, rev.to_string())
+        }
+        None => (spec, "main".to_string()),
+    };
+    let repo = RepoId::parse(id)?;
+    if let Some((snapshot, commit)) = cache.snapshot(&repo, &revision) {
+        return Ok(ResolvedArtifact::Cached {
+            repo,
+            revision: commit,
+            snapshot,
+        });
+    }
+    Ok(ResolvedArtifact::Remote { repo, revision })
+}
 
 /// The content of `CACHEDIR.TAG` (the Cache Directory Tagging Standard's signature line, then
 /// the same comment `huggingface_hub` writes).
