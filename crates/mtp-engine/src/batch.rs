@@ -1,26 +1,38 @@
 //! Continuous batching: sequences join and leave between steps, and each step reads the
 //! weights once per row shape for every sequence in it.
 //!
-//! A step runs one target forward over every sequence's rows, each with its own cache: the next
-//! token of each target-only sequence (one row) and the round of each speculating one (`k + 1`
-//! rows at its depth `k`; each drafts on its own, then all verify in that forward, then each
-//! accepts and rolls back on its own), so the weights are read once for the whole step. The kernels compute every row
-//! independently, so a sequence's tokens are bit for bit the ones it gets alone
-//! ([`Engine::generate`]); the tests check that at several batch sizes, with and without MTP and
-//! with mixed depths.
+//! A step is **plan, run, commit** ([`Batch::step`]), the shape of vLLM's v1 scheduler:
+//! 1. *plan*: what each sequence puts in the step (`sequence::Work`): a chunk of a prompt
+//!    still being computed, the next token of a target-only sequence (picked at the last
+//!    commit), or a round of `k` proposals for a speculating one (`auto` depths chosen
+//!    together, `depth.rs`). The plan reads the sequences' states and the depth model, never
+//!    the model or its logits;
+//! 2. *run*: the rounds draft together (`speculative::draft_batch`: each draft position is one
+//!    MTP-head forward and one LM-head product over every sequence still drafting), then one
+//!    target forward over every row (prompt chunks, target tokens, `k + 1` verify rows per
+//!    round), each sequence with its own cache ([`crate::Qwen35Model::forward_each`]: the
+//!    logits of the rows that need them only);
+//! 3. *commit*: each sequence takes its rows: a prompt chunk feeds the drafter its pairs and
+//!    keeps the states asked for, the prompt's last chunk starts the decoding and emits the
+//!    first token; a target-only sequence picks and emits its next token; a round accepts,
+//!    rolls back, updates the drafter and emits.
 //!
-//! [`Batch`] is the synchronous core (the caller decides when to step); [`Scheduler`] is the
-//! thread that owns a batch and takes requests from any thread.
+//! **The step's invariant**: every row is computed as it would be alone (the forward groups
+//! sequences so that no product changes arithmetic with the rows beside it), and every token
+//! is picked in the commit of the step whose rows it comes from, from the sequence's own state;
+//! so a sequence's tokens are bit for bit the ones it gets alone ([`Engine::generate`]). The
+//! tests check that at several batch sizes, with and without MTP and with mixed depths.
 //!
-//! Sequences asking for `auto` depths get them chosen jointly each step (`depth.rs`):
-//! one forward's rows are shared, so as the batch fills each draft buys less than the row it
-//! costs and depths fall, to plain target steps where drafting would cost more than it gains.
+//! A joining request is resolved once (`spec::SeqSpec`: its checks, the speculation decision
+//! by the contract's `plan`, its sampler, stops and the state it resumes), then joins with no
+//! model work; its prompt is computed by the steps, at most the batch's prefill chunk
+//! ([`DEFAULT_PREFILL_CHUNK`] tokens unless set) per step, so one long prompt does not stall
+//! the sequences already decoding. A chunked prompt resumes exactly as a prefix-cache state
+//! does, so its tokens are still the ones it gets alone.
 //!
-//! A joining prompt longer than the batch's prefill chunk ([`DEFAULT_PREFILL_CHUNK`] tokens
-//! unless set) is computed a chunk per step, so one long prompt does not stall the sequences
-//! already decoding: each step computes one chunk of each prompt still filling, then the
-//! others' rows. A chunked prompt resumes exactly as a prefix-cache state does, so its tokens
-//! are still the ones it gets alone.
+//! Sequences asking for `auto` depths get them chosen jointly each step: one forward's rows
+//! are shared, so as the batch fills each draft buys less than the row it costs and depths
+//! fall, to plain target steps where drafting would cost more than it gains.
 //!
 //! A sequence may resume from a prefix-cache state and keep the states a solo call keeps
 //! ([`GenerateOptions::resume`], [`GenerateOptions::checkpoint`]: after the conversation
@@ -28,16 +40,14 @@
 //! chat turn resumes the last one's state exactly as [`Engine::generate`] does. A solo call
 //! *is* a batch of one: each sequence (`sequence::Sequence`) has one decode loop.
 //!
-//! The speculating sequences draft together: each draft position is one MTP-head forward and
-//! one LM-head product over every sequence still drafting (`speculative::draft_batch`), so the
-//! head's weights are read once per position, not once per sequence.
-//!
-//! A caller on another thread (a [`Scheduler`] request) cannot answer a chunk of tokens while
-//! the step that emitted it runs, so its sequence is *paced* ([`Batch::join_paced`],
-//! [`Scheduler::submit_paced`]): after each chunk it waits, out of the steps, for the caller's
-//! answer ([`Batch::answer`]) before it goes on or ends. Everything else is as with a callback
-//! that answers at once, so a sequence its caller stops (a stop string) ends with the output,
-//! the draft statistics, the timings and the prefix-cache states it gets alone.
+//! [`Batch`] is the synchronous core (the caller decides when to step); [`Scheduler`] is the
+//! thread that owns a batch and takes requests from any thread. A caller on another thread
+//! cannot answer a chunk of tokens while the step that emitted it runs, so its sequence is
+//! *paced* ([`Batch::join_paced`], [`Scheduler::submit_paced`]): after each chunk it waits,
+//! out of the steps, for the caller's answer ([`Batch::answer`]) before it goes on or ends.
+//! Everything else is as with a callback that answers at once, so a sequence its caller stops
+//! (a stop string) ends with the output, the draft statistics, the timings and the
+//! prefix-cache states it gets alone.
 //!
 //! [`Scheduler`]: crate::scheduler::Scheduler
 //! [`Scheduler::submit_paced`]: crate::scheduler::Scheduler::submit_paced
@@ -80,8 +90,7 @@ impl<'e> Batch<'e> {
         }
     }
 
-    /// Sets the prompt tokens a step computes for each joining sequence (at least 1; a prompt
-    /// no longer than this is computed when it joins).
+    /// Sets the prompt tokens a step computes for each joining sequence (at least 1).
     pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
         self.chunk = tokens.max(1);
         self
@@ -92,12 +101,13 @@ impl<'e> Batch<'e> {
         self.slots.len()
     }
 
-    /// Adds a sequence: checks it, computes its prompt (alone, or a chunk per step when it is
-    /// longer than the prefill chunk) and, when it speculates, emits its first token.
-    /// `on_tokens(id, chunk)` receives its tokens here and in later steps (false cancels it).
-    /// It resumes from [`GenerateOptions::resume`] and keeps the states
-    /// [`GenerateOptions::checkpoint`] asks for, exactly as [`Engine::generate`] does.
-    /// Errors of this sequence end only this sequence (in [`Batch::take_finished`]).
+    /// Adds a sequence: resolves its request (every check and decision, before any model
+    /// work; a refused request ends at once with its error in [`Batch::take_finished`]), and
+    /// its prompt is computed by the next steps, a chunk per step. `on_tokens` of each
+    /// [`Batch::step`] receives its tokens (false cancels it). It resumes from
+    /// [`GenerateOptions::resume`] and keeps the states [`GenerateOptions::checkpoint`] asks
+    /// for, exactly as [`Engine::generate`] does. Errors of this sequence end only this
+    /// sequence.
     pub fn join(&mut self, id: u64, prompt: &[u32], opts: &GenerateOptions) {
         self.add(id, prompt, opts, false);
     }
@@ -106,8 +116,8 @@ impl<'e> Batch<'e> {
     /// chunk that does not end it, the sequence sits out the steps until [`Batch::answer`]
     /// says whether it goes on, so it ends exactly where a callback returning that answer
     /// would have ended it (its tokens, draft statistics, timings and states are the ones it
-    /// gets alone). `on_tokens` returning false here means the caller is gone: the sequence
-    /// is cancelled at once.
+    /// gets alone). `on_tokens` of a step returning false means the caller is gone: the
+    /// sequence is cancelled at once.
     pub fn join_paced(&mut self, id: u64, prompt: &[u32], opts: &GenerateOptions) {
         self.add(id, prompt, opts, true);
     }

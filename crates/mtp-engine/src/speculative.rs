@@ -141,9 +141,30 @@ pub(crate) fn draft_batch(
 ) -> Vec<Result<Drafts>> {
     let n = items.len();
     let mut out: Vec<Option<Result<Drafts>>> = (0..n).map(|_| None).collect();
-    let mut heads = vec![0usize; n];
-    // 1. the catch-up: a long run of plain steps catches the drafter up now and then rather
-    //    than hold every hidden state until the next draft
+    let heads = catch_up(model, head, items, &mut out);
+    let mut walks = seed_walks(items, &heads, &mut out);
+    recurrent_drafts(model, head, items, &mut walks, &mut out);
+    for (i, it) in items.iter_mut().enumerate() {
+        if let Some(w) = walks[i].take() {
+            out[i] = Some(it.s.rollback(w.fed).map(|()| w.d));
+        }
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(Error::Batch("a draft was not made".into()))))
+        .collect()
+}
+
+/// Step 1a of [`draft_batch`], the catch-up: a long run of plain steps catches the drafter up
+/// now and then rather than hold every hidden state until the next draft; a sequence that
+/// drafts this round feeds its pending pairs and picks its seed from them. The head forwards
+/// each sequence ran.
+fn catch_up(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    items: &mut [Drafting<'_>],
+    out: &mut [Option<Result<Drafts>>],
+) -> Vec<usize> {
+    let mut heads = vec![0usize; items.len()];
     let mut catch: Vec<usize> = Vec::new();
     for (i, it) in items.iter_mut().enumerate() {
         it.r.appended = 0;
@@ -168,7 +189,7 @@ pub(crate) fn draft_batch(
             .collect();
         let lasts = heads_and_logits(model, head, items, &catch, &rows);
         match lasts {
-            Err(e) => share_error(e, &catch, &mut out),
+            Err(e) => share_error(e, &catch, out),
             Ok(lasts) => {
                 for (&i, (last, logits)) in catch.iter().zip(lasts) {
                     let it = &mut items[i];
@@ -185,10 +206,20 @@ pub(crate) fn draft_batch(
             }
         }
     }
-    // 2. the seeds; under a constraint the grammar walks through the drafts (each is picked
-    //    with the state after the ones before it) and is rolled back before verifying;
-    //    drafting stops at an end token or where the grammar is complete (only the end could
-    //    follow)
+    heads
+}
+
+/// Step 1b of [`draft_batch`], the seeds: each sequence's first draft (a depth-0 round drafts
+/// nothing and is done here). Under a constraint the grammar walks through the drafts (each
+/// is picked with the state after the ones before it) and is rolled back before verifying;
+/// drafting stops at an end token or where the grammar is complete (only the end could
+/// follow).
+fn seed_walks(
+    items: &mut [Drafting<'_>],
+    heads: &[usize],
+    out: &mut [Option<Result<Drafts>>],
+) -> Vec<Option<DraftWalk>> {
+    let n = items.len();
     let mut walks: Vec<Option<DraftWalk>> = (0..n).map(|_| None).collect();
     for (i, it) in items.iter_mut().enumerate() {
         if out[i].is_some() {
@@ -228,7 +259,19 @@ pub(crate) fn draft_batch(
         }
         walks[i] = Some(w);
     }
-    // 3. the recurrent drafts, one head forward per position for every sequence still drafting
+    walks
+}
+
+/// Step 1c of [`draft_batch`], the recurrent drafts: one head forward per position for every
+/// sequence still drafting.
+fn recurrent_drafts(
+    model: &Qwen35Model,
+    head: &MtpHead,
+    items: &mut [Drafting<'_>],
+    walks: &mut [Option<DraftWalk>],
+    out: &mut [Option<Result<Drafts>>],
+) {
+    let n = items.len();
     loop {
         let active: Vec<usize> = (0..n)
             .filter(|&i| {
@@ -257,7 +300,7 @@ pub(crate) fn draft_batch(
                 for &i in &active {
                     walks[i] = None;
                 }
-                share_error(e, &active, &mut out);
+                share_error(e, &active, out);
                 continue;
             }
         };
@@ -288,14 +331,6 @@ pub(crate) fn draft_batch(
             }
         }
     }
-    for (i, it) in items.iter_mut().enumerate() {
-        if let Some(w) = walks[i].take() {
-            out[i] = Some(it.s.rollback(w.fed).map(|()| w.d));
-        }
-    }
-    out.into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(Error::Batch("a draft was not made".into()))))
-        .collect()
 }
 
 /// A forward shared by the sequences `which` failed: the first gets the error, the others
