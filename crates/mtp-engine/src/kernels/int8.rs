@@ -199,15 +199,12 @@ impl IntPath {
     pub(crate) fn cpu_has(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::is_x86_feature_detected as has;
-            let avx2 = has!("avx") && has!("avx2") && has!("fma");
+            use super::cpu::{cpu_has_avx2_fma, cpu_has_avx512vnni, cpu_has_avxvnni};
             match self {
                 IntPath::Portable => true,
-                IntPath::Avx2 => avx2,
-                IntPath::AvxVnni => avx2 && has!("avxvnni"),
-                IntPath::Avx512Vnni => {
-                    avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
-                }
+                IntPath::Avx2 => cpu_has_avx2_fma(),
+                IntPath::AvxVnni => cpu_has_avx2_fma() && cpu_has_avxvnni(),
+                IntPath::Avx512Vnni => cpu_has_avx2_fma() && cpu_has_avx512vnni(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
