@@ -558,7 +558,9 @@ mod tests {
                 &mut [],
             );
             let mut all_state = init.clone();
-            let Steps { q, k, v, g, beta, .. } = &steps;
+            let Steps {
+                q, k, v, g, beta, ..
+            } = &steps;
             let all = gated_delta_steps(d, q, k, v, g, beta, &mut all_state);
             assert!(same_bits(&peeked, &all) && same_bits(&untouched, init));
             settling_and_backups_match(&steps, &all, &all_state);

@@ -462,7 +462,6 @@ unsafe fn dequantize_row_avx512<const B: usize>(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -258,9 +258,7 @@ fn tile<const R: usize>(
                 }
             };
         }
-        Isa::Avx2 if np == 1 && R <= TILE => {
-            return unsafe { x86::tile::<R>(x, panel, inp, res) }
-        }
+        Isa::Avx2 if np == 1 && R <= TILE => return unsafe { x86::tile::<R>(x, panel, inp, res) },
         _ => {}
     }
     let _ = isa;
