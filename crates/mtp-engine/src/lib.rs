@@ -6,10 +6,11 @@
 //!
 //! See the crate README for the API tour.
 //!
-//! `unsafe` code lives in the kernel modules only (`kernels`, `fgemm`, `qdot`, `quant`, `team`)
-//! and in the loader's memory maps; each kernel module is private to the crate, and every safe
-//! function that reaches `unsafe` code checks the lengths it relies on once per call (a typed
-//! error where it returns `Result`, else a panic that names the length at fault).
+//! `unsafe` code lives in `kernels` (every SIMD kernel, on the one instruction-set dispatch of
+//! `kernels::cpu`), in `team` (disjoint chunks of one slice) and in the loader's memory maps;
+//! `kernels` is private to the crate, and every safe function that reaches `unsafe` code checks
+//! the lengths it relies on once per call (a typed error where it returns `Result`, else a panic
+//! that names the length at fault).
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
@@ -21,8 +22,6 @@ pub mod constraint;
 pub(crate) mod depth;
 pub mod engine;
 pub mod error;
-#[allow(unsafe_code)] // AVX2 f32 products over packed panels for prefill
-pub(crate) mod fgemm;
 #[allow(unsafe_code)] // the vector kernels and their CPU dispatch (see `kernels::cpu`)
 pub(crate) mod kernels;
 #[allow(unsafe_code)] // checkpoint files are memory-mapped
@@ -31,10 +30,6 @@ pub mod logprobs;
 pub mod nn;
 pub mod persist;
 pub(crate) mod prefill;
-#[allow(unsafe_code)] // AVX2 / AVX-512 products over packed 4- and 8-bit matrices
-pub(crate) mod qdot;
-#[allow(unsafe_code)] // AVX2 / AVX-512 dequantization
-pub(crate) mod quant;
 pub mod qwen3_5;
 pub mod qwen3_5_mtp;
 pub mod request;

@@ -15,7 +15,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::quant::QuantMatrix;
+use crate::kernels::quant::QuantMatrix;
 
 /// The precision weight matrices are kept in once loaded. On the CPU the arithmetic is f32
 /// whichever is chosen: the matrix products widen bf16 and f16 weights exactly as they read them

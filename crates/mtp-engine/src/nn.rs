@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::kernels;
+use crate::kernels::quant::QuantMatrix;
 use crate::loader::{MappedTensor, Param, WeightDtype};
-use crate::quant::QuantMatrix;
 
 /// The cached attention kernel that [`Attention`](crate::qwen3_5::Attention) runs, on its own (for the `attention`
 /// example, which times it), and the element types it reads keys and values in (f32, `f16`,
@@ -553,7 +553,7 @@ impl Linear {
                         if n <= kernels::MAX_ROWS {
                             return Ok(kernels::matmul_rows(x, n, w, inp));
                         }
-                        return Ok(crate::fgemm::matmul(
+                        return Ok(kernels::fgemm::matmul(
                             x,
                             n,
                             w.len() / inp.max(1),
@@ -603,7 +603,7 @@ pub(crate) fn tally(
 
 /// `x [n, inp] · w^T` for half-precision weights `w [out, inp]`, in f32: up to
 /// [`kernels::MAX_ROWS`] rows through [`kernels::matmul_rows`]; more (prefill) through
-/// [`crate::fgemm`], over panels of at most [`WIDEN_BLOCK`] weights widened to f32 as they are
+/// [`kernels::fgemm`], over panels of at most [`WIDEN_BLOCK`] weights widened to f32 as they are
 /// packed.
 fn half_product<E: kernels::Weight>(x: &[f32], n: usize, w: &[E], inp: usize) -> Result<Vec<f32>> {
     half_product_in(x, n, w, inp, WIDEN_BLOCK)
@@ -620,7 +620,7 @@ fn half_product_in<E: kernels::Weight>(
     if n <= kernels::MAX_ROWS {
         return Ok(kernels::matmul_rows(x, n, w, inp));
     }
-    Ok(crate::fgemm::matmul(
+    Ok(kernels::fgemm::matmul(
         x,
         n,
         w.len() / inp.max(1),
@@ -643,7 +643,7 @@ fn parts_product<E: kernels::Weight>(
         return Ok(kernels::matmul_rows_parts(x, n, parts, inp));
     }
     let out: usize = parts.iter().map(|p| p.len() / inp.max(1)).sum();
-    Ok(crate::fgemm::matmul(
+    Ok(kernels::fgemm::matmul(
         x,
         n,
         out,
@@ -671,7 +671,8 @@ fn parts_product<E: kernels::Weight>(
 }
 
 /// [`half_product`] for a quantized matrix kept packed: [`kernels::matmul_quant`] up to
-/// [`kernels::MAX_ROWS`] rows; beyond, [`crate::fgemm`] over panels dequantized as they are packed.
+/// [`kernels::MAX_ROWS`] rows; beyond, [`kernels::fgemm`] over panels dequantized as they are
+/// packed.
 fn quant_product(x: &[f32], n: usize, q: &QuantMatrix) -> Result<Vec<f32>> {
     quant_product_in(x, n, q, WIDEN_BLOCK)
 }
@@ -689,7 +690,7 @@ fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Resul
         return Ok(kernels::matmul_quant(x, n, q));
     }
     let inp = q.in_features();
-    Ok(crate::fgemm::matmul(
+    Ok(kernels::fgemm::matmul(
         x,
         n,
         q.out_features(),
@@ -699,7 +700,7 @@ fn quant_product_in(x: &[f32], n: usize, q: &QuantMatrix, block: usize) -> Resul
     ))
 }
 
-/// Most weights a many-row product ([`crate::fgemm`]) packs as f32 at once (16 MiB).
+/// Most weights a many-row product ([`kernels::fgemm`]) packs as f32 at once (16 MiB).
 const WIDEN_BLOCK: usize = 1 << 22;
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! cache line, for the values kernels read many times.
 
 /// Values held from a 64-byte boundary on, for buffers that kernels read many times: the input
-/// rows of the packed products ([`crate::qdot`]), the keys and values of the attention cache
+/// rows of the packed products ([`super::qdot`]), the keys and values of the attention cache
 /// ([`crate::cache::KvCache`]) and attention's queries. With rows of a multiple of 16 values,
 /// every 64-byte vector load of them then sits in one cache line. From a buffer 16 bytes off a
 /// line (where the allocator puts large ones) each such load was split in two, and on AVX-512,

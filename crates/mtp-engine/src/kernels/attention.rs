@@ -296,6 +296,45 @@ fn softmax_weights(s: &mut [f32]) -> f32 {
     1.0 / sum
 }
 
+/// What task `(kvh, tile)` of [`attention`] covers: the heads of KV head `kvh` at positions
+/// `i0..i1`, and the keys they see.
+#[derive(Clone, Copy)]
+struct TaskSpan {
+    kvh: usize,
+    i0: usize,
+    i1: usize,
+    /// Query heads per KV head.
+    rep: usize,
+    /// Keys before `shared` are visible to every query; key `shared + i` only to positions > i.
+    shared: usize,
+    /// The keys the tile's last position sees (earlier positions' extra scores go unread).
+    seen: usize,
+    /// The task's queries: query `j` is position `i0 + j / rep`, head `j % rep` of the group.
+    nq: usize,
+}
+
+impl TaskSpan {
+    #[inline(always)]
+    fn new<E>(job: &AttentionJob<'_, E>, kvh: usize, tile: usize) -> TaskSpan {
+        let AttentionShape { l, h, hkv, hd, .. } = job.shape;
+        let t_total = job.keys.len() / (hkv * hd);
+        let rep = h / hkv;
+        let shared = t_total - l + 1;
+        let i0 = tile * job.tile;
+        let i1 = (i0 + job.tile).min(l);
+        let seen = shared + i1 - 1;
+        TaskSpan {
+            kvh,
+            i0,
+            i1,
+            rep,
+            shared,
+            seen,
+            nq: (i1 - i0) * rep,
+        }
+    }
+}
+
 /// Task `(kvh, tile)` of [`attention`]: the heads of KV head `kvh` at the positions of `tile`.
 ///
 /// # Safety
@@ -306,156 +345,225 @@ unsafe fn attention_task<L: Lanes, E: Weight>(job: &AttentionJob<'_, E>, kvh: us
         static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let AttentionShape {
-        l,
-        h,
-        hkv,
-        hd,
-        scale,
-    } = job.shape;
-    let t_total = job.keys.len() / (hkv * hd);
-    let rep = h / hkv;
-    // Keys before `shared` are visible to every query; key `shared + i` only to positions > i.
-    let shared = t_total - l + 1;
-    let stride = hkv * hd;
-    let i0 = tile * job.tile;
-    let i1 = (i0 + job.tile).min(l);
-    // the keys the tile's last position sees (earlier positions' extra scores go unread)
-    let seen = shared + i1 - 1;
-    // query j = (position i0 + j / rep, head r = j % rep of the group)
-    let nq = (i1 - i0) * rep;
-    let qp = |j: usize| {
-        let head = kvh * rep + j % rep;
-        job.q[((i0 + j / rep) * h + head) * hd..].as_ptr()
-    };
-    let key = |t: usize| job.keys[(t * hkv + kvh) * hd..].as_ptr();
+    let task = TaskSpan::new(job, kvh, tile);
     // (taken out of the thread's buffer and put back: code in a closure would not be compiled
     // for `L`'s instruction set)
     let mut scores = SCORES.with_borrow_mut(std::mem::take);
     {
         // scores[j * seen + t]
         scores.resize(
-            nq.checked_mul(seen)
+            task.nq
+                .checked_mul(task.seen)
                 .expect("attention: too many scores for one task"),
             0.0,
         );
-        let sp = scores.as_mut_ptr();
-        // SAFETY: every query and key row holds `hd` floats and `t + 8 <= seen` (or `t <
-        // seen`) keys exist; `sp` holds `nq * seen` floats; the caller guarantees `L`.
-        unsafe {
-            let mut t = 0;
-            while t + 8 <= seen {
-                let ks = std::array::from_fn(|m| key(t + m));
-                let mut j = 0;
-                // two queries share each key load where the registers allow it
-                while L::WIDE && j + 2 <= nq {
-                    let [s0, s1] = dots8::<L, E, 2>([qp(j), qp(j + 1)], ks, hd);
-                    L::store(sp.add(j * seen + t), L::mul(s0, L::splat(scale)));
-                    L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(scale)));
-                    j += 2;
-                }
-                while j < nq {
-                    let [s] = dots8::<L, E, 1>([qp(j)], ks, hd);
-                    L::store(sp.add(j * seen + t), L::mul(s, L::splat(scale)));
-                    j += 1;
-                }
-                t += 8;
-            }
-            while t < seen {
-                for j in 0..nq {
-                    let [[v]] = dots::<L, E, 1, 1>([qp(j)], [key(t)], hd);
-                    *sp.add(j * seen + t) = v * scale;
-                }
-                t += 1;
-            }
-        }
-        let mut inv = vec![0f32; nq];
-        for i in i0..i1 {
-            let visible = shared + i;
-            for r in 0..rep {
-                let j = (i - i0) * rep + r;
-                inv[j] = softmax_weights(&mut scores[j * seen..j * seen + visible]);
-            }
-        }
+        // SAFETY: the caller guarantees `L`.
+        unsafe { task_scores::<L, E>(job, task, &mut scores) };
+        let inv = task_softmax(task, &mut scores);
         // each query's partial sums between blocks: even chains, then odd ones, per head group
         let mut part = PARTS.with_borrow_mut(std::mem::take);
-        let block = job.value_block;
-        if seen > block {
-            part.resize(nq * 2 * hd, 0.0);
+        if task.seen > job.value_block {
+            part.resize(task.nq * 2 * job.shape.hd, 0.0);
         }
-        let vals = job.values[kvh * hd..].as_ptr();
-        let (sp, pp) = (scores.as_ptr(), part.as_mut_ptr());
-        let mut t0 = 0;
-        while t0 < seen {
-            let t1 = t0.saturating_add(block).min(seen);
-            for i in i0..i1 {
-                let visible = shared + i;
-                if visible <= t0 {
-                    continue;
-                }
-                let span = t0..t1.min(visible);
-                let rows = ValueRows {
-                    values: vals,
-                    stride,
-                    visible,
-                    hd,
-                };
-                let row = (i - i0) * rep;
-                // SAFETY (both): `(row + r) * seen + seen <= nq * seen`, the scores' length;
-                // `(i * h + head) * hd + hd <= l * h * hd`, the result's.
-                let w = |r: usize| unsafe { sp.add((row + r) * seen) };
-                let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
-                // inside the partial sums (`nq * 2 * hd`) when a span is not all the keys, and
-                // not read otherwise
-                let p = |r: usize| pp.wrapping_add((row + r) * 2 * hd);
-                // the heads of this position, four, two or one at a time
-                let mut r = 0;
-                // SAFETY: each weight row holds `visible` floats, each output `hd`, each group's
-                // partial sums `2 N hd` where used, and `values` `visible` rows of `stride`;
-                // spans start on even keys (`block` is even); the caller guarantees `L` and
-                // that no other task writes these outputs.
-                unsafe {
-                    while r + 4 <= rep {
-                        let heads = Heads {
-                            ws: [w(r), w(r + 1), w(r + 2), w(r + 3)],
-                            inv: [
-                                inv[row + r],
-                                inv[row + r + 1],
-                                inv[row + r + 2],
-                                inv[row + r + 3],
-                            ],
-                            part: p(r),
-                            outs: [o(r), o(r + 1), o(r + 2), o(r + 3)],
-                        };
-                        weighted_values::<L, E, 4>(heads, rows, span.clone());
-                        r += 4;
-                    }
-                    if r + 2 <= rep {
-                        let heads = Heads {
-                            ws: [w(r), w(r + 1)],
-                            inv: [inv[row + r], inv[row + r + 1]],
-                            part: p(r),
-                            outs: [o(r), o(r + 1)],
-                        };
-                        weighted_values::<L, E, 2>(heads, rows, span.clone());
-                        r += 2;
-                    }
-                    if r < rep {
-                        let heads = Heads {
-                            ws: [w(r)],
-                            inv: [inv[row + r]],
-                            part: p(r),
-                            outs: [o(r)],
-                        };
-                        weighted_values::<L, E, 1>(heads, rows, span);
-                    }
-                }
-            }
-            t0 = t1;
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { task_values::<L, E>(job, task, &scores, &inv, &mut part) };
         PARTS.with_borrow_mut(|p| *p = part);
     }
     SCORES.with_borrow_mut(|s| *s = scores);
+}
+
+/// The scaled scores of the task's queries against the keys they see: `scores[j · seen + t]`.
+///
+/// # Safety
+/// The CPU supports `L`.
+///
+/// # Panics
+/// When `scores` is not `nq · seen` floats.
+#[inline(always)]
+unsafe fn task_scores<L: Lanes, E: Weight>(
+    job: &AttentionJob<'_, E>,
+    task: TaskSpan,
+    scores: &mut [f32],
+) {
+    let AttentionShape {
+        h, hkv, hd, scale, ..
+    } = job.shape;
+    let TaskSpan {
+        kvh,
+        i0,
+        rep,
+        seen,
+        nq,
+        ..
+    } = task;
+    assert_eq!(scores.len(), nq * seen, "attention: the scores of a task");
+    let qp = |j: usize| {
+        let head = kvh * rep + j % rep;
+        job.q[((i0 + j / rep) * h + head) * hd..].as_ptr()
+    };
+    let key = |t: usize| job.keys[(t * hkv + kvh) * hd..].as_ptr();
+    let sp = scores.as_mut_ptr();
+    // SAFETY: every query and key row holds `hd` floats and `t + 8 <= seen` (or `t <
+    // seen`) keys exist; `sp` holds `nq * seen` floats; the caller guarantees `L`.
+    unsafe {
+        let mut t = 0;
+        while t + 8 <= seen {
+            let ks = std::array::from_fn(|m| key(t + m));
+            let mut j = 0;
+            // two queries share each key load where the registers allow it
+            while L::WIDE && j + 2 <= nq {
+                let [s0, s1] = dots8::<L, E, 2>([qp(j), qp(j + 1)], ks, hd);
+                L::store(sp.add(j * seen + t), L::mul(s0, L::splat(scale)));
+                L::store(sp.add((j + 1) * seen + t), L::mul(s1, L::splat(scale)));
+                j += 2;
+            }
+            while j < nq {
+                let [s] = dots8::<L, E, 1>([qp(j)], ks, hd);
+                L::store(sp.add(j * seen + t), L::mul(s, L::splat(scale)));
+                j += 1;
+            }
+            t += 8;
+        }
+        while t < seen {
+            for j in 0..nq {
+                let [[v]] = dots::<L, E, 1, 1>([qp(j)], [key(t)], hd);
+                *sp.add(j * seen + t) = v * scale;
+            }
+            t += 1;
+        }
+    }
+}
+
+/// Each query's scores, over the keys its position sees, turned into softmax weights (see
+/// [`softmax_weights`]); their sums' inverses, one per query.
+#[inline(always)]
+fn task_softmax(task: TaskSpan, scores: &mut [f32]) -> Vec<f32> {
+    let TaskSpan {
+        i0,
+        i1,
+        rep,
+        shared,
+        seen,
+        nq,
+        ..
+    } = task;
+    let mut inv = vec![0f32; nq];
+    for i in i0..i1 {
+        let visible = shared + i;
+        for r in 0..rep {
+            let j = (i - i0) * rep + r;
+            inv[j] = softmax_weights(&mut scores[j * seen..j * seen + visible]);
+        }
+    }
+    inv
+}
+
+/// The task's outputs: each query's value rows weighted by its softmax weights (`scores`,
+/// scaled by `inv`), in blocks of `job.value_block` keys, the partial sums between blocks in
+/// `part` (`nq · 2 · hd` floats where the keys seen are more than one block).
+///
+/// # Safety
+/// The CPU supports `L`; no other task writes the same heads and positions of `job.out`.
+///
+/// # Panics
+/// When `scores` is not `nq · seen` floats, `inv` not `nq`, or `part` too short for the
+/// partial sums.
+#[inline(always)]
+unsafe fn task_values<L: Lanes, E: Weight>(
+    job: &AttentionJob<'_, E>,
+    task: TaskSpan,
+    scores: &[f32],
+    inv: &[f32],
+    part: &mut [f32],
+) {
+    let AttentionShape { h, hkv, hd, .. } = job.shape;
+    let TaskSpan {
+        kvh,
+        i0,
+        i1,
+        rep,
+        shared,
+        seen,
+        nq,
+    } = task;
+    let block = job.value_block;
+    assert!(
+        scores.len() == nq * seen
+            && inv.len() == nq
+            && (seen <= block || part.len() >= nq * 2 * hd),
+        "attention: the buffers of a task"
+    );
+    let stride = hkv * hd;
+    let vals = job.values[kvh * hd..].as_ptr();
+    let (sp, pp) = (scores.as_ptr(), part.as_mut_ptr());
+    let mut t0 = 0;
+    while t0 < seen {
+        let t1 = t0.saturating_add(block).min(seen);
+        for i in i0..i1 {
+            let visible = shared + i;
+            if visible <= t0 {
+                continue;
+            }
+            let span = t0..t1.min(visible);
+            let rows = ValueRows {
+                values: vals,
+                stride,
+                visible,
+                hd,
+            };
+            let row = (i - i0) * rep;
+            // SAFETY (both): `(row + r) * seen + seen <= nq * seen`, the scores' length;
+            // `(i * h + head) * hd + hd <= l * h * hd`, the result's.
+            let w = |r: usize| unsafe { sp.add((row + r) * seen) };
+            let o = |r: usize| unsafe { job.out.add((i * h + kvh * rep + r) * hd) };
+            // inside the partial sums (`nq * 2 * hd`) when a span is not all the keys, and
+            // not read otherwise
+            let p = |r: usize| pp.wrapping_add((row + r) * 2 * hd);
+            // the heads of this position, four, two or one at a time
+            let mut r = 0;
+            // SAFETY: each weight row holds `visible` floats, each output `hd`, each group's
+            // partial sums `2 N hd` where used, and `values` `visible` rows of `stride`;
+            // spans start on even keys (`block` is even); the caller guarantees `L` and
+            // that no other task writes these outputs.
+            unsafe {
+                while r + 4 <= rep {
+                    let heads = Heads {
+                        ws: [w(r), w(r + 1), w(r + 2), w(r + 3)],
+                        inv: [
+                            inv[row + r],
+                            inv[row + r + 1],
+                            inv[row + r + 2],
+                            inv[row + r + 3],
+                        ],
+                        part: p(r),
+                        outs: [o(r), o(r + 1), o(r + 2), o(r + 3)],
+                    };
+                    weighted_values::<L, E, 4>(heads, rows, span.clone());
+                    r += 4;
+                }
+                if r + 2 <= rep {
+                    let heads = Heads {
+                        ws: [w(r), w(r + 1)],
+                        inv: [inv[row + r], inv[row + r + 1]],
+                        part: p(r),
+                        outs: [o(r), o(r + 1)],
+                    };
+                    weighted_values::<L, E, 2>(heads, rows, span.clone());
+                    r += 2;
+                }
+                if r < rep {
+                    let heads = Heads {
+                        ws: [w(r)],
+                        inv: [inv[row + r]],
+                        part: p(r),
+                        outs: [o(r)],
+                    };
+                    weighted_values::<L, E, 1>(heads, rows, span);
+                }
+            }
+        }
+        t0 = t1;
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
-//! The one CPU-feature dispatch point: which instruction set the kernels run on ([`isa`],
-//! detected once per process), the test cap that narrows it per thread ([`with_isa`]), and the
-//! [`multiversion!`] wrapper that compiles a plain loop for AVX2 next to the baseline. Every
-//! kernel module (`matmul`, `attention`, `delta`, `crate::qdot`, `crate::fgemm`,
-//! `crate::quant`, the slice kernels) asks here, never the CPU itself.
+//! The one CPU-feature dispatch point: the instruction sets there are ([`Isa`]), which one the
+//! kernels run on ([`isa`], detected once per process; `MTP_NO_AVX2` and `MTP_NO_AVX512` narrow
+//! it), the test cap that narrows it per thread ([`with_isa`]), and the [`multiversion!`]
+//! wrapper that compiles a plain loop for AVX2 next to the baseline. Every kernel module
+//! (`matmul`, `qdot`, `int8`, `fgemm`, `dequant`, `attention`, `delta`, the slice kernels) asks
+//! here, never the CPU itself; the extensions some paths add on top (AVX-512BW, VNNI) are asked
+//! for here too, on top of the [`Isa`] they narrow.
 
 /// The instruction sets the kernels choose between, narrowest first: the portable lanes, AVX2
 /// (with FMA and F16C), and AVX-512F next to AVX2.
@@ -106,6 +108,29 @@ fn cpu_has_avx512() -> bool {
     }
 }
 
+/// Whether the CPU has AVX, AVX2 and FMA, whatever `MTP_NO_AVX2` says (the integer products
+/// check their paths against the CPU with it; [`isa`] decides whether they run).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Whether the CPU has AVX-VNNI (`vpdpbusd` on VEX-encoded 256-bit registers).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_has_avxvnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
+}
+
+/// Whether the CPU has AVX512-VNNI on 256-bit registers (AVX-512F, VL and VNNI).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_has_avx512vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
 /// The vector path needs AVX for the lanes, AVX2 for the integer half of `exp` and for widening
 /// bfloat16 weights, and F16C for half-precision weights (every AVX2 CPU has it). True only
 /// where the CPU has them all.
@@ -116,15 +141,17 @@ pub(crate) fn has_avx() -> bool {
 
 /// Whether the kernels may use 512-bit vectors: AVX-512F next to the AVX2 path. Set
 /// `MTP_NO_AVX512=1` to keep them to 256 bits (same results; for comparisons).
+#[cfg(test)]
 #[inline]
 pub(crate) fn has_avx512() -> bool {
     isa() >= Isa::Avx512
 }
 
-/// Whether the AVX-512 path may run and the CPU has AVX-512BW (byte shuffles).
+/// Whether `isa` (what [`isa`] chose) is the AVX-512 path and the CPU has AVX-512BW (byte
+/// shuffles).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx512bw() -> bool {
-    has_avx512() && std::arch::is_x86_feature_detected!("avx512bw")
+pub(crate) fn has_avx512bw(isa: Isa) -> bool {
+    isa >= Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// Defines a function over slices whose body is compiled twice: for AVX2 and FMA, used where

@@ -484,6 +484,55 @@ mod tests {
         }
     }
 
+    /// The operands of `s` delta-rule steps over `d`, and the state before them.
+    struct Steps {
+        d: DeltaDims,
+        s: usize,
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        g: Vec<f32>,
+        beta: Vec<f32>,
+        init: Vec<f32>,
+    }
+
+    impl Steps {
+        /// Random steps (decays and write strengths in `0..1`) and state, from `next`.
+        fn random(d: DeltaDims, s: usize, next: &mut impl FnMut() -> f32) -> Steps {
+            let DeltaDims { hk, hv, dk, dv } = d;
+            Steps {
+                d,
+                s,
+                q: (0..s * hk * dk).map(|_| next()).collect(),
+                k: (0..s * hk * dk).map(|_| next()).collect(),
+                v: (0..s * hv * dv).map(|_| next()).collect(),
+                g: (0..s * hv).map(|_| 0.5 + next()).collect(),
+                beta: (0..s * hv).map(|_| 0.5 + next()).collect(),
+                init: (0..hv * dv * dk).map(|_| next()).collect(),
+            }
+        }
+
+        /// The whole call's operands; the cases change where it settles and whether it
+        /// advances.
+        fn all(&self) -> DeltaIn<'_> {
+            DeltaIn {
+                d: self.d,
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                g: &self.g,
+                beta: &self.beta,
+                settle: 0,
+                advance: true,
+            }
+        }
+    }
+
+    /// Whether `a` and `b` have the same bits, as far as both go.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// Several delta-rule steps at once give the bits of one step at a time (with the state
     /// recorded after each), the portable path the same bits, and both follow the definition.
     #[test]
@@ -497,25 +546,8 @@ mod tests {
             (2, 4, 128, 128),
         ] {
             let d = DeltaDims { hk, hv, dk, dv };
-            let s = 4;
-            let q: Vec<f32> = (0..s * hk * dk).map(|_| next()).collect();
-            let k: Vec<f32> = (0..s * hk * dk).map(|_| next()).collect();
-            let v: Vec<f32> = (0..s * hv * dv).map(|_| next()).collect();
-            let g: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
-            let beta: Vec<f32> = (0..s * hv).map(|_| 0.5 + next()).collect();
-            let init: Vec<f32> = (0..hv * dv * dk).map(|_| next()).collect();
-            // the whole call's operands; the cases below change where it settles and whether it
-            // advances
-            let inp = DeltaIn {
-                d,
-                q: &q,
-                k: &k,
-                v: &v,
-                g: &g,
-                beta: &beta,
-                settle: 0,
-                advance: true,
-            };
+            let steps = Steps::random(d, 4, &mut next);
+            let (inp, init) = (steps.all(), &steps.init);
             let mut untouched = init.clone();
             let peeked = gated_delta(
                 DeltaIn {
@@ -526,98 +558,141 @@ mod tests {
                 &mut [],
             );
             let mut all_state = init.clone();
-            let all = gated_delta_steps(d, &q, &k, &v, &g, &beta, &mut all_state);
-            let mut portable_state = init.clone();
-            let mut portable = vec![0f32; s * hv * dv];
-            for h in 0..hv {
-                let mut yh = vec![0f32; s * dv];
-                let st = &mut portable_state[h * dv * dk..(h + 1) * dv * dk];
-                // SAFETY: no particular instruction set needed.
-                unsafe { delta_head::<Portable>(inp, h, st, &mut yh, &mut []) };
-                for t in 0..s {
-                    portable[(t * hv + h) * dv..(t * hv + h + 1) * dv]
-                        .copy_from_slice(&yh[t * dv..(t + 1) * dv]);
-                }
-            }
-            let bits =
-                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(bits(&peeked, &all) && bits(&untouched, &init));
-            // settling: the first two steps as a verify left them, then two more
-            let mut settled = init.clone();
-            let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut settled, &mut []);
-            assert!(bits(&y, &all[2 * hv * dv..]) && bits(&settled, &all_state));
-            let mut settled = init.clone();
-            let y = gated_delta(
-                DeltaIn {
-                    settle: s,
-                    advance: false,
-                    ..inp
-                },
-                &mut settled,
-                &mut [],
-            );
-            assert!(y.is_empty() && bits(&settled, &all_state));
-            // advancing with a backup: the state after the settled steps is kept aside
-            let (mut two, mut after_two) = (init.clone(), init.clone());
-            gated_delta(
-                DeltaIn {
-                    d,
-                    q: &q[..2 * hk * dk],
-                    k: &k[..2 * hk * dk],
-                    v: &v[..2 * hv * dv],
-                    g: &g[..2 * hv],
-                    beta: &beta[..2 * hv],
-                    settle: 2,
-                    advance: true,
-                },
-                &mut after_two,
-                &mut [],
-            );
-            let mut backup = vec![0f32; init.len()];
-            let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut two, &mut backup);
-            assert!(bits(&y, &all[2 * hv * dv..]) && bits(&two, &all_state));
-            assert!(bits(&backup, &after_two));
-            let y = gated_delta(DeltaIn { settle: s, ..inp }, &mut init.clone(), &mut backup);
-            assert!(y.is_empty() && bits(&backup, &all_state));
-            if Portable::FUSED == detected_fused() {
-                assert!(bits(&all, &portable) && bits(&all_state, &portable_state));
-            } else {
-                assert!(all.iter().zip(&portable).all(|(a, b)| (a - b).abs() < 1e-4));
-            }
-            let mut one_state = init.clone();
-            let mut want_state: Vec<f64> = init.iter().map(|x| *x as f64).collect();
-            for t in 0..s {
-                let y = gated_delta_steps(
-                    d,
-                    &q[t * hk * dk..(t + 1) * hk * dk],
-                    &k[t * hk * dk..(t + 1) * hk * dk],
-                    &v[t * hv * dv..(t + 1) * hv * dv],
-                    &g[t * hv..(t + 1) * hv],
-                    &beta[t * hv..(t + 1) * hv],
-                    &mut one_state,
-                );
-                assert!(bits(&y, &all[t * hv * dv..(t + 1) * hv * dv]));
-                for h in 0..hv {
-                    let kh = h / (hv / hk);
-                    let kk = &k[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
-                    let qq = &q[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
-                    for r in 0..dv {
-                        let row = &mut want_state[(h * dv + r) * dk..(h * dv + r + 1) * dk];
-                        row.iter_mut().for_each(|x| *x *= g[t * hv + h] as f64);
-                        let kv: f64 = row.iter().zip(kk).map(|(a, b)| a * *b as f64).sum();
-                        let delta =
-                            (v[(t * hv + h) * dv + r] as f64 - kv) * beta[t * hv + h] as f64;
-                        row.iter_mut()
-                            .zip(kk)
-                            .for_each(|(a, b)| *a += delta * *b as f64);
-                        let want: f64 = row.iter().zip(qq).map(|(a, b)| a * *b as f64).sum();
-                        let got = y[h * dv + r] as f64;
-                        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
-                    }
-                }
-            }
-            assert!(bits(&one_state, &all_state));
+            let Steps {
+                q, k, v, g, beta, ..
+            } = &steps;
+            let all = gated_delta_steps(d, q, k, v, g, beta, &mut all_state);
+            assert!(same_bits(&peeked, &all) && same_bits(&untouched, init));
+            settling_and_backups_match(&steps, &all, &all_state);
+            portable_matches(&steps, &all, &all_state);
+            single_steps_match_the_definition(&steps, &all, &all_state);
         }
+    }
+
+    /// Settling steps a verify left, with and without advancing, and with a backup, gives the
+    /// outputs and states of `all` (every step at once) and `all_state` (the state after them).
+    fn settling_and_backups_match(steps: &Steps, all: &[f32], all_state: &[f32]) {
+        let Steps {
+            d,
+            s,
+            ref q,
+            ref k,
+            ref v,
+            ref g,
+            ref beta,
+            ref init,
+        } = *steps;
+        let DeltaDims { hk, hv, dk, dv } = d;
+        let inp = steps.all();
+        // settling: the first two steps as a verify left them, then two more
+        let mut settled = init.clone();
+        let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut settled, &mut []);
+        assert!(same_bits(&y, &all[2 * hv * dv..]) && same_bits(&settled, all_state));
+        let mut settled = init.clone();
+        let y = gated_delta(
+            DeltaIn {
+                settle: s,
+                advance: false,
+                ..inp
+            },
+            &mut settled,
+            &mut [],
+        );
+        assert!(y.is_empty() && same_bits(&settled, all_state));
+        // advancing with a backup: the state after the settled steps is kept aside
+        let (mut two, mut after_two) = (init.clone(), init.clone());
+        gated_delta(
+            DeltaIn {
+                d,
+                q: &q[..2 * hk * dk],
+                k: &k[..2 * hk * dk],
+                v: &v[..2 * hv * dv],
+                g: &g[..2 * hv],
+                beta: &beta[..2 * hv],
+                settle: 2,
+                advance: true,
+            },
+            &mut after_two,
+            &mut [],
+        );
+        let mut backup = vec![0f32; init.len()];
+        let y = gated_delta(DeltaIn { settle: 2, ..inp }, &mut two, &mut backup);
+        assert!(same_bits(&y, &all[2 * hv * dv..]) && same_bits(&two, all_state));
+        assert!(same_bits(&backup, &after_two));
+        let y = gated_delta(DeltaIn { settle: s, ..inp }, &mut init.clone(), &mut backup);
+        assert!(y.is_empty() && same_bits(&backup, all_state));
+    }
+
+    /// The portable lanes, one head at a time, give the bits of `all` and `all_state` where
+    /// they fuse multiply-adds as the detected path does, else values close to them.
+    fn portable_matches(steps: &Steps, all: &[f32], all_state: &[f32]) {
+        let DeltaDims { hv, dk, dv, .. } = steps.d;
+        let s = steps.s;
+        let mut portable_state = steps.init.clone();
+        let mut portable = vec![0f32; s * hv * dv];
+        for h in 0..hv {
+            let mut yh = vec![0f32; s * dv];
+            let st = &mut portable_state[h * dv * dk..(h + 1) * dv * dk];
+            // SAFETY: no particular instruction set needed.
+            unsafe { delta_head::<Portable>(steps.all(), h, st, &mut yh, &mut []) };
+            for t in 0..s {
+                portable[(t * hv + h) * dv..(t * hv + h + 1) * dv]
+                    .copy_from_slice(&yh[t * dv..(t + 1) * dv]);
+            }
+        }
+        if Portable::FUSED == detected_fused() {
+            assert!(same_bits(all, &portable) && same_bits(all_state, &portable_state));
+        } else {
+            assert!(all.iter().zip(&portable).all(|(a, b)| (a - b).abs() < 1e-4));
+        }
+    }
+
+    /// One step at a time gives the bits of `all` and `all_state`, and every output is within
+    /// 1e-4 of the definition computed in f64.
+    fn single_steps_match_the_definition(steps: &Steps, all: &[f32], all_state: &[f32]) {
+        let Steps {
+            d,
+            s,
+            ref q,
+            ref k,
+            ref v,
+            ref g,
+            ref beta,
+            ref init,
+        } = *steps;
+        let DeltaDims { hk, hv, dk, dv } = d;
+        let mut one_state = init.clone();
+        let mut want_state: Vec<f64> = init.iter().map(|x| *x as f64).collect();
+        for t in 0..s {
+            let y = gated_delta_steps(
+                d,
+                &q[t * hk * dk..(t + 1) * hk * dk],
+                &k[t * hk * dk..(t + 1) * hk * dk],
+                &v[t * hv * dv..(t + 1) * hv * dv],
+                &g[t * hv..(t + 1) * hv],
+                &beta[t * hv..(t + 1) * hv],
+                &mut one_state,
+            );
+            assert!(same_bits(&y, &all[t * hv * dv..(t + 1) * hv * dv]));
+            for h in 0..hv {
+                let kh = h / (hv / hk);
+                let kk = &k[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
+                let qq = &q[(t * hk + kh) * dk..(t * hk + kh + 1) * dk];
+                for r in 0..dv {
+                    let row = &mut want_state[(h * dv + r) * dk..(h * dv + r + 1) * dk];
+                    row.iter_mut().for_each(|x| *x *= g[t * hv + h] as f64);
+                    let kv: f64 = row.iter().zip(kk).map(|(a, b)| a * *b as f64).sum();
+                    let delta = (v[(t * hv + h) * dv + r] as f64 - kv) * beta[t * hv + h] as f64;
+                    row.iter_mut()
+                        .zip(kk)
+                        .for_each(|(a, b)| *a += delta * *b as f64);
+                    let want: f64 = row.iter().zip(qq).map(|(a, b)| a * *b as f64).sum();
+                    let got = y[h * dv + r] as f64;
+                    assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+                }
+            }
+        }
+        assert!(same_bits(&one_state, all_state));
     }
 
     /// `gated_delta` checks every input, the state and the backup against the dimensions.

@@ -33,7 +33,7 @@
 
 use super::cpu::{isa, Isa};
 use crate::error::{Error, Result};
-use crate::quant::QuantMatrix;
+use crate::kernels::quant::QuantMatrix;
 
 /// Values per block: 16 packed bytes at 4 bits, 32 at 8.
 const BLOCK: usize = 32;
@@ -199,15 +199,12 @@ impl IntPath {
     pub(crate) fn cpu_has(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::is_x86_feature_detected as has;
-            let avx2 = has!("avx") && has!("avx2") && has!("fma");
+            use super::cpu::{cpu_has_avx2_fma, cpu_has_avx512vnni, cpu_has_avxvnni};
             match self {
                 IntPath::Portable => true,
-                IntPath::Avx2 => avx2,
-                IntPath::AvxVnni => avx2 && has!("avxvnni"),
-                IntPath::Avx512Vnni => {
-                    avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
-                }
+                IntPath::Avx2 => cpu_has_avx2_fma(),
+                IntPath::AvxVnni => cpu_has_avx2_fma() && cpu_has_avxvnni(),
+                IntPath::Avx512Vnni => cpu_has_avx2_fma() && cpu_has_avx512vnni(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -792,7 +789,7 @@ mod tests {
             spread in prop::sample::select(vec![1e-3f32, 1.0, 300.0]),
             seed in any::<u64>(),
         ) {
-            let (q, deq) = crate::quant::random_matrix(bits, group, groups, out, params_dtype, seed);
+            let (q, deq) = crate::kernels::quant::random_matrix(bits, group, groups, out, params_dtype, seed);
             let inp = q.in_features();
             let groups = inp / group;
             let (codes, s, b) = parts(&q);
@@ -863,7 +860,7 @@ mod tests {
     /// A value that is not finite makes its row's outputs not finite; zero rows give zero.
     #[test]
     fn edge_inputs() {
-        let (q, _) = crate::quant::random_matrix(4, 64, 3, 5, DType::BF16, 7);
+        let (q, _) = crate::kernels::quant::random_matrix(4, 64, 3, 5, DType::BF16, 7);
         let inp = q.in_features();
         for path in paths() {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
@@ -884,7 +881,7 @@ mod tests {
     /// Every length is checked: a mismatch is a typed error, never a read out of bounds.
     #[test]
     fn lengths_are_checked() {
-        let (q, _) = crate::quant::random_matrix(4, 64, 2, 3, DType::F32, 1);
+        let (q, _) = crate::kernels::quant::random_matrix(4, 64, 2, 3, DType::F32, 1);
         let inp = q.in_features();
         assert!(matches!(
             Q8Rows::quantize(&[0.0; 127], 1, inp, 64, 4),
@@ -957,7 +954,8 @@ mod tests {
         );
         for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)] {
             for n in 1..=5 {
-                let (q, _) = crate::quant::random_matrix(bits, group, 3, 67, DType::BF16, n as u64);
+                let (q, _) =
+                    crate::kernels::quant::random_matrix(bits, group, 3, 67, DType::BF16, n as u64);
                 let inp = q.in_features();
                 let mut next = crate::testing::rng(n as u64 + 9);
                 let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();

@@ -2,7 +2,7 @@
 //! each weight row is read once for all the rows, blocks of output features run on the worker
 //! team, on the instruction set [`super::cpu`] names. Weights in f32, bf16 or f16
 //! ([`matmul_rows`], [`matmul_rows_parts`]) and quantized matrices kept packed
-//! ([`matmul_quant`]; 4 and 8 bits through `crate::qdot`). More rows go to `crate::fgemm`.
+//! ([`matmul_quant`]; 4 and 8 bits through `qdot`). More rows go to `fgemm`.
 
 use super::cpu::{self, Isa};
 use super::dot::{dots, dots_many, first};
@@ -10,7 +10,7 @@ use super::dot::{dots, dots_many, first};
 use super::lanes::{Avx, Avx512};
 use super::lanes::{Lanes, Portable};
 use super::weights::{Unpacked, Weight};
-use crate::quant::QuantMatrix;
+use crate::kernels::quant::QuantMatrix;
 
 /// Output features of `w` computed per task when a product is split across threads.
 const BLOCK: usize = 64;
@@ -278,7 +278,7 @@ fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
 }
 
 /// `x [n, inp] · w^T → [n, out]` for a quantized matrix kept packed, `1 <= n <=`
-/// [`MAX_ROWS`]. 4- and 8-bit matrices in whole 32-value blocks go to [`crate::qdot`], which
+/// [`MAX_ROWS`]. 4- and 8-bit matrices in whole 32-value blocks go to [`super::qdot`], which
 /// dequantizes in registers. Other widths: each block of output features
 /// dequantizes [`QUANT_ROWS`] weight rows at a time into a buffer kept per thread and multiplies
 /// them as f32 rows, so row `r` of the result has the bits of [`matmul_rows`] over the matrix
@@ -289,8 +289,8 @@ fn check_rows(what: &str, x: &[f32], n: usize, inp: usize) {
 pub fn matmul_quant(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
     let (inp, out) = (q.in_features(), q.out_features());
     check_rows("matmul_quant", x, n, inp);
-    if crate::qdot::supports(q.bits(), q.group()) {
-        return crate::qdot::matmul(x, n, q);
+    if super::qdot::supports(q.bits(), q.group()) {
+        return super::qdot::matmul(x, n, q);
     }
     thread_local! {
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -650,7 +650,7 @@ mod tests {
     /// `matmul_quant` checks the input against the matrix's width.
     #[test]
     fn matmul_quant_checks_the_input() {
-        let (q, _) = crate::quant::random_matrix(4, 32, 2, 3, candle_core::DType::BF16, 2);
+        let (q, _) = crate::kernels::quant::random_matrix(4, 32, 2, 3, candle_core::DType::BF16, 2);
         let x = vec![0f32; 33 * 64];
         expect_panic(
             "matmul_quant: the input holds 63 floats, expected 1 rows of 64",
@@ -747,10 +747,10 @@ mod tests {
             out in 1usize..=40,
             seed in any::<u64>(),
         ) {
-            let (q, deq) = crate::quant::random_matrix(
+            let (q, deq) = crate::kernels::quant::random_matrix(
                 bits, group, groups, out, candle_core::DType::BF16, seed,
             );
-            prop_assume!(!crate::qdot::supports(bits, q.group()));
+            prop_assume!(!crate::kernels::qdot::supports(bits, q.group()));
             let inp = q.in_features();
             let mut next = testing::rng(!seed);
             let x: Vec<f32> = (0..n * inp).map(|_| next()).collect();

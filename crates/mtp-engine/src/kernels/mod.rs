@@ -1,16 +1,20 @@
 //! The engine's CPU kernels, laid out as llama.cpp's ggml-cpu lays out its own: vector
-//! primitives, one CPU-feature dispatch point, and one file per op.
+//! primitives, one CPU-feature dispatch point, and one file per op. Every SIMD kernel of the
+//! engine lives here and runs on the one [`cpu::Isa`] that [`cpu::isa`] detects (nothing outside
+//! `kernels` asks the CPU or holds `unsafe` vector code); each is reached through a safe function
+//! that checks every length it relies on.
 //!
 //! - `lanes`: 8-lane f32 vectors, each kernel written once over them and compiled portably and
 //!   for AVX2 / AVX-512; `dot`: the dot products the few-row kernels share.
 //! - `cpu`: the instruction set a kernel call runs on (detected once), the one place that asks
-//!   the CPU.
+//!   the CPU and the one list of the instruction sets there are.
 //! - `aligned`: buffers that start on a cache line; `weights`: the weight element types (f32,
 //!   bf16, f16) and their exact widening.
-//! - one file per op: `matmul` (few-row products), `attention` (cached attention), `delta` (the
-//!   gated delta rule), `norm` (RMS norm), `rope` (rotary embedding), `act` (activations on an
-//!   `exp` of our own) and `conv` (the causal depthwise conv). Products of many rows are
-//!   `crate::fgemm`'s, packed 4- and 8-bit products `crate::qdot`'s.
+//! - one file per op: `matmul` (few-row products), `qdot` (few-row products of packed 4- and
+//!   8-bit matrices), `int8` (the same with int8 activations, `fast` arithmetic), `fgemm`
+//!   (many-row products, prefill), `dequant` (MLX affine rows to f32), `attention` (cached
+//!   attention), `delta` (the gated delta rule), `norm` (RMS norm), `rope` (rotary embedding),
+//!   `act` (activations on an `exp` of our own) and `conv` (the causal depthwise conv).
 //!
 //! Every dot product here has one fixed arithmetic: two sets of 8 lanes (even and odd 8-float
 //! chunks), each `acc[j] = fma(x[j], y[j], acc[j])`, added lane by lane, reduced as
@@ -29,11 +33,15 @@ mod attention;
 mod conv;
 pub(crate) mod cpu;
 mod delta;
+mod dequant;
 mod dot;
+pub(crate) mod fgemm;
 pub(crate) mod int8;
 mod lanes;
 mod matmul;
 mod norm;
+mod qdot;
+pub(crate) mod quant;
 mod rope;
 mod weights;
 
@@ -42,6 +50,7 @@ pub(crate) use aligned::Aligned;
 pub use attention::{attention, AttentionShape};
 pub use conv::{causal_conv_silu, conv_window_push};
 pub use delta::{gated_delta, DeltaDims, DeltaIn};
+pub(crate) use dequant::dequantize_row;
 pub(crate) use matmul::row_groups;
 pub use matmul::{matmul_quant, matmul_rows, matmul_rows_parts, MAX_ROWS};
 pub use norm::rms_norm_rows;

@@ -3,7 +3,7 @@
 //! `DecoderLayer`, which the target model and the MTP head both stack. Numerics follow
 //! mlx-vlm 0.7.10 `models/qwen3_5`, `qwen3_5_moe` and `qwen3_next`.
 
-use crate::cache::LayerCache;
+use crate::cache::{LayerCache, LinearState, PendingSteps};
 use crate::config::{Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, AttentionShape, DeltaDims, DeltaIn, Rope};
@@ -123,129 +123,14 @@ impl DecoderLayer {
         full: bool,
         moe: bool,
     ) -> Result<Self> {
-        let t = &cfg.text;
-        let d = t.hidden_size;
-        let eps = t.rms_norm_eps as f32;
+        let d = cfg.text.hidden_size;
+        let eps = cfg.text.rms_norm_eps as f32;
         let mixer = if full {
-            let hd = cfg.head_dim();
-            let (h, kvh) = (t.num_attention_heads, t.num_key_value_heads);
-            let p = format!("{prefix}.self_attn");
-            let qkv = st.fused_linear(
-                &[
-                    (&format!("{p}.q_proj"), h * hd * 2),
-                    (&format!("{p}.k_proj"), kvh * hd),
-                    (&format!("{p}.v_proj"), kvh * hd),
-                ],
-                d,
-            )?;
-            let rot = (hd as f64 * cfg.partial_rotary_factor()) as usize;
-            Mixer::Attention(Attention {
-                qkv,
-                o: st.linear(&format!("{p}.o_proj"), d, h * hd)?,
-                q_norm: st.vec(&format!("{p}.q_norm.weight"), hd)?,
-                k_norm: st.vec(&format!("{p}.k_norm.weight"), hd)?,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: hd,
-                rope: Rope::interleaved(rot, cfg.rope_theta(), cfg.rope.mrope_section),
-                eps,
-            })
+            Mixer::Attention(Attention::load(st, cfg, prefix, eps)?)
         } else {
-            let dims = DeltaDims {
-                hk: t.linear_num_key_heads,
-                hv: t.linear_num_value_heads,
-                dk: t.linear_key_head_dim,
-                dv: t.linear_value_head_dim,
-            };
-            let key_dim = dims.hk * dims.dk;
-            let value_dim = dims.hv * dims.dv;
-            let conv_dim = 2 * key_dim + value_dim;
-            let k = t.linear_conv_kernel_dim;
-            let p = format!("{prefix}.linear_attn");
-            let proj = st.fused_linear(
-                &[
-                    (&format!("{p}.in_proj_qkv"), conv_dim),
-                    (&format!("{p}.in_proj_z"), value_dim),
-                    (&format!("{p}.in_proj_b"), dims.hv),
-                    (&format!("{p}.in_proj_a"), dims.hv),
-                ],
-                d,
-            )?;
-            let a_log = st.vec(&format!("{p}.A_log"), dims.hv)?;
-            Mixer::Linear(DeltaNet {
-                proj,
-                conv_w: {
-                    // `[conv_dim, k]` to the kernel's tap-major `[k, conv_dim]`
-                    let w = st.mat_f32(&format!("{p}.conv1d.weight"), &[conv_dim, k])?;
-                    (0..k * conv_dim)
-                        .map(|i| w[(i % conv_dim) * k + i / conv_dim])
-                        .collect()
-                },
-                a_exp: a_log.iter().map(|a| a.exp()).collect(),
-                dt_bias: st.vec(&format!("{p}.dt_bias"), dims.hv)?,
-                norm_w: st.vec(&format!("{p}.norm.weight"), dims.dv)?,
-                out: st.linear(&format!("{p}.out_proj"), d, value_dim)?,
-                dims,
-                kernel: k,
-                // Qwen3.5 folds the l2norm epsilon into an RMSNorm as eps / dk; Qwen3-Next uses
-                // 1e-6 directly.
-                qk_eps: match cfg.family {
-                    Family::Qwen35 => 1e-6 / dims.dk as f32,
-                    Family::Qwen3Next => 1e-6,
-                },
-                eps,
-            })
+            Mixer::Linear(DeltaNet::load(st, cfg, prefix, eps)?)
         };
-        let p = format!("{prefix}.mlp");
-        let mlp = if moe {
-            let e = t.num_experts;
-            let i = t.moe_intermediate_size;
-            let gate_up = st.expert_linears(
-                &[
-                    (&format!("{p}.switch_mlp.gate_proj"), i),
-                    (&format!("{p}.switch_mlp.up_proj"), i),
-                ],
-                e,
-                d,
-            )?;
-            let down = st.expert_linears(&[(&format!("{p}.switch_mlp.down_proj"), d)], e, i)?;
-            let si = t.shared_expert_intermediate_size;
-            let (sgu, sd, sg) = if si > 0 {
-                (
-                    Some(st.fused_linear(
-                        &[
-                            (&format!("{p}.shared_expert.gate_proj"), si),
-                            (&format!("{p}.shared_expert.up_proj"), si),
-                        ],
-                        d,
-                    )?),
-                    Some(st.linear(&format!("{p}.shared_expert.down_proj"), d, si)?),
-                    Some(st.linear(&format!("{p}.shared_expert_gate"), 1, d)?),
-                )
-            } else {
-                (None, None, None)
-            };
-            Mlp::Moe(Moe {
-                router: st.linear(&format!("{p}.gate"), e, d)?,
-                gate_up,
-                down,
-                inter: i,
-                top_k: t.num_experts_per_tok.max(1),
-                norm_topk: cfg.norm_topk_prob(),
-                shared_gate_up: sgu,
-                shared_down: sd,
-                shared_gate: sg,
-            })
-        } else {
-            let i = t.intermediate_size;
-            Mlp::Dense {
-                gate_up: st.fused_linear(
-                    &[(&format!("{p}.gate_proj"), i), (&format!("{p}.up_proj"), i)],
-                    d,
-                )?,
-                down: st.linear(&format!("{p}.down_proj"), d, i)?,
-            }
-        };
+        let mlp = Mlp::load(st, cfg, &format!("{prefix}.mlp"), moe)?;
         Ok(DecoderLayer {
             in_norm: st.vec(&format!("{prefix}.input_layernorm.weight"), d)?,
             post_norm: st.vec(&format!("{prefix}.post_attention_layernorm.weight"), d)?,
@@ -420,6 +305,35 @@ impl DecoderLayer {
 }
 
 impl Attention {
+    /// Builds layer `prefix`'s full attention (`{prefix}.self_attn`).
+    fn load(st: &mut Store, cfg: &ModelConfig, prefix: &str, eps: f32) -> Result<Self> {
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let hd = cfg.head_dim();
+        let (h, kvh) = (t.num_attention_heads, t.num_key_value_heads);
+        let p = format!("{prefix}.self_attn");
+        let qkv = st.fused_linear(
+            &[
+                (&format!("{p}.q_proj"), h * hd * 2),
+                (&format!("{p}.k_proj"), kvh * hd),
+                (&format!("{p}.v_proj"), kvh * hd),
+            ],
+            d,
+        )?;
+        let rot = (hd as f64 * cfg.partial_rotary_factor()) as usize;
+        Ok(Attention {
+            qkv,
+            o: st.linear(&format!("{p}.o_proj"), d, h * hd)?,
+            q_norm: st.vec(&format!("{p}.q_norm.weight"), hd)?,
+            k_norm: st.vec(&format!("{p}.k_norm.weight"), hd)?,
+            heads: h,
+            kv_heads: kvh,
+            head_dim: hd,
+            rope: Rope::interleaved(rot, cfg.rope_theta(), cfg.rope.mrope_section),
+            eps,
+        })
+    }
+
     /// With `last_only`, every position is cached but only the last one's output is computed
     /// (`[b, 1, hidden]`).
     fn forward(
@@ -514,19 +428,95 @@ impl Attention {
     }
 }
 
+/// The widths of a [`DeltaNet`]'s rows.
+#[derive(Clone, Copy)]
+struct DeltaWidths {
+    /// `hk · dk`: a step's queries, or keys.
+    key: usize,
+    /// `hv · dv`: a step's values, or outputs.
+    value: usize,
+    /// `2 key + value`: the conv's channels, `[q | k | v]`.
+    conv: usize,
+    /// `conv + value + 2 hv`: a projected row, `[q | k | v | z | b | a]`.
+    proj: usize,
+}
+
 impl DeltaNet {
+    /// Builds layer `prefix`'s Gated DeltaNet (`{prefix}.linear_attn`).
+    fn load(st: &mut Store, cfg: &ModelConfig, prefix: &str, eps: f32) -> Result<Self> {
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let dims = DeltaDims {
+            hk: t.linear_num_key_heads,
+            hv: t.linear_num_value_heads,
+            dk: t.linear_key_head_dim,
+            dv: t.linear_value_head_dim,
+        };
+        let key_dim = dims.hk * dims.dk;
+        let value_dim = dims.hv * dims.dv;
+        let conv_dim = 2 * key_dim + value_dim;
+        let k = t.linear_conv_kernel_dim;
+        let p = format!("{prefix}.linear_attn");
+        let proj = st.fused_linear(
+            &[
+                (&format!("{p}.in_proj_qkv"), conv_dim),
+                (&format!("{p}.in_proj_z"), value_dim),
+                (&format!("{p}.in_proj_b"), dims.hv),
+                (&format!("{p}.in_proj_a"), dims.hv),
+            ],
+            d,
+        )?;
+        let a_log = st.vec(&format!("{p}.A_log"), dims.hv)?;
+        Ok(DeltaNet {
+            proj,
+            conv_w: {
+                // `[conv_dim, k]` to the kernel's tap-major `[k, conv_dim]`
+                let w = st.mat_f32(&format!("{p}.conv1d.weight"), &[conv_dim, k])?;
+                (0..k * conv_dim)
+                    .map(|i| w[(i % conv_dim) * k + i / conv_dim])
+                    .collect()
+            },
+            a_exp: a_log.iter().map(|a| a.exp()).collect(),
+            dt_bias: st.vec(&format!("{p}.dt_bias"), dims.hv)?,
+            norm_w: st.vec(&format!("{p}.norm.weight"), dims.dv)?,
+            out: st.linear(&format!("{p}.out_proj"), d, value_dim)?,
+            dims,
+            kernel: k,
+            // Qwen3.5 folds the l2norm epsilon into an RMSNorm as eps / dk; Qwen3-Next uses
+            // 1e-6 directly.
+            qk_eps: match cfg.family {
+                Family::Qwen35 => 1e-6 / dims.dk as f32,
+                Family::Qwen3Next => 1e-6,
+            },
+            eps,
+        })
+    }
+
+    /// The widths of this mixer's rows.
+    fn widths(&self) -> DeltaWidths {
+        let dm = self.dims;
+        let (key, value) = (dm.hk * dm.dk, dm.hv * dm.dv);
+        let conv = 2 * key + value;
+        DeltaWidths {
+            key,
+            value,
+            conv,
+            proj: conv + value + 2 * dm.hv,
+        }
+    }
+
     fn forward(
         &self,
         x: &[f32],
         lens: &[usize],
         caches: &mut [&mut LayerCache],
     ) -> Result<Vec<f32>> {
-        let dm = self.dims;
         let rows_total: usize = lens.iter().sum();
-        let key_dim = dm.hk * dm.dk;
-        let value_dim = dm.hv * dm.dv;
-        let conv_dim = 2 * key_dim + value_dim;
-        let width = conv_dim + value_dim + 2 * dm.hv;
+        let DeltaWidths {
+            value: value_dim,
+            proj: width,
+            ..
+        } = self.widths();
         let proj = self.proj.forward(x, rows_total)?; // [rows, width]
         let mut out = scratch::zeroed(rows_total * value_dim);
         let mut off = 0usize;
@@ -536,104 +526,14 @@ impl DeltaNet {
                     "a KV cache on a linear-attention layer".into(),
                 ));
             };
-            let deferring = st.deferring;
-            let settle = st.pending.settle;
             if st.verify_pending() {
                 return Err(Error::Unsupported(
                     crate::cache::SECOND_VERIFY_FORWARD.into(),
                 ));
             }
             let rows = &proj[off * width..(off + l) * width];
-            let mut mixed = scratch::with_capacity(l * conv_dim);
-            let mut z = scratch::with_capacity(l * value_dim);
-            // the steps a verify kept come first, settled in this forward's pass
-            let mut g = Vec::with_capacity((settle + l) * dm.hv);
-            let mut beta = Vec::with_capacity((settle + l) * dm.hv);
-            g.extend_from_slice(&st.pending.g[..settle * dm.hv]);
-            beta.extend_from_slice(&st.pending.beta[..settle * dm.hv]);
-            for t in 0..l {
-                let r = &rows[t * width..(t + 1) * width];
-                mixed.extend_from_slice(&r[..conv_dim]);
-                z.extend_from_slice(&r[conv_dim..conv_dim + value_dim]);
-                let bb = &r[conv_dim + value_dim..conv_dim + value_dim + dm.hv];
-                let aa = &r[conv_dim + value_dim + dm.hv..];
-                for h in 0..dm.hv {
-                    beta.push(kernels::sigmoid(bb[h]));
-                    // g = exp(-exp(A_log) * softplus(a + dt_bias))
-                    g.push(kernels::exp(
-                        -self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h]),
-                    ));
-                }
-            }
-            // a verify forward works on a copy of the conv window (a few rows)
-            let mut window_copy;
-            let window = if deferring {
-                window_copy = st.conv.clone();
-                &mut window_copy
-            } else {
-                &mut st.conv
-            };
-            let conv_out = kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim);
-            // split [q | k | v] per step and normalise q, k per head
-            let mut q = scratch::with_capacity((settle + l) * key_dim);
-            let mut k = scratch::with_capacity((settle + l) * key_dim);
-            let mut v = scratch::with_capacity((settle + l) * value_dim);
-            v.extend_from_slice(&st.pending.v[..settle * value_dim]);
-            for t in 0..l {
-                let r = &conv_out[t * conv_dim..(t + 1) * conv_dim];
-                q.extend_from_slice(&r[..key_dim]);
-                k.extend_from_slice(&r[key_dim..2 * key_dim]);
-                v.extend_from_slice(&r[2 * key_dim..]);
-            }
-            let inv = 1.0 / (dm.dk as f32).sqrt();
-            kernels::rms_norm_rows(&mut q, None, dm.dk, self.qk_eps);
-            kernels::rms_norm_rows(&mut k, None, dm.dk, self.qk_eps);
-            q.iter_mut().for_each(|x| *x *= inv * inv);
-            k.iter_mut().for_each(|x| *x *= inv);
-            if settle > 0 {
-                q.splice(0..0, st.pending.q[..settle * key_dim].iter().copied());
-                k.splice(0..0, st.pending.k[..settle * key_dim].iter().copied());
-            }
-            // a verify forward either leaves the state (its steps settle later) or advances it
-            // and keeps a copy from before its steps (see `cache`)
-            let in_place = deferring && st.backs_up;
-            if in_place {
-                st.backup.resize(st.state.len(), 0.0);
-            }
-            let backup: &mut [f32] = if in_place { &mut st.backup } else { &mut [] };
-            let mut y = kernels::gated_delta(
-                DeltaIn {
-                    d: dm,
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    g: &g,
-                    beta: &beta,
-                    settle,
-                    advance: !deferring || in_place,
-                },
-                &mut st.state,
-                backup,
-            );
-            let p = &mut st.pending;
-            p.clear();
-            if deferring {
-                // this forward's steps wait for `commit_verify`
-                p.dims = dm;
-                p.conv_in.extend_from_slice(&mixed);
-                p.q.extend_from_slice(&q[settle * key_dim..]);
-                p.k.extend_from_slice(&k[settle * key_dim..]);
-                p.v.extend_from_slice(&v[settle * value_dim..]);
-                p.g.extend_from_slice(&g[settle * dm.hv..]);
-                p.beta.extend_from_slice(&beta[settle * dm.hv..]);
-            }
-            // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
-            kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
             let dst = &mut out[off * value_dim..(off + l) * value_dim];
-            kernels::silu_mul(dst, &z, &y);
-            [mixed, z, conv_out, q, k, v, y]
-                .into_iter()
-                .for_each(scratch::recycle);
+            self.sequence(st, rows, l, dst);
             off += l;
         }
         scratch::recycle(proj);
@@ -641,9 +541,180 @@ impl DeltaNet {
         scratch::recycle(out);
         y
     }
+
+    /// One sequence's `l` steps: its projected rows `rows` `[l, width]` through the conv and
+    /// the delta rule (after the steps a verify kept, settled in this pass), gated into `dst`
+    /// `[l, value_dim]`.
+    fn sequence(&self, st: &mut LinearState, rows: &[f32], l: usize, dst: &mut [f32]) {
+        let dm = self.dims;
+        let deferring = st.deferring;
+        let (mixed, z, g, beta) = self.split_gates(rows, l, &st.pending);
+        // a verify forward works on a copy of the conv window (a few rows)
+        let mut window_copy;
+        let window = if deferring {
+            window_copy = st.conv.clone();
+            &mut window_copy
+        } else {
+            &mut st.conv
+        };
+        let conv_dim = self.widths().conv;
+        let conv_out = kernels::causal_conv_silu(window, &mixed, &self.conv_w, conv_dim);
+        let (q, k, v) = self.queries_keys_values(&conv_out, l, &st.pending);
+        let mut y = self.delta_rule(st, [&q, &k, &v, &g, &beta], &mixed);
+        // gated RMSNorm: rms_norm(y) * w * silu(z), per value head
+        kernels::rms_norm_rows(&mut y, Some(&self.norm_w), dm.dv, self.eps);
+        kernels::silu_mul(dst, &z, &y);
+        [mixed, z, conv_out, q, k, v, y]
+            .into_iter()
+            .for_each(scratch::recycle);
+    }
+
+    /// Splits projected rows `[l, width]` into the conv's input `[l, conv_dim]`, the output
+    /// gate `z` `[l, value_dim]`, and each head's decay `g` and write strength `beta`
+    /// `[settle + l, hv]`, the `settle` steps a verify kept first.
+    fn split_gates(
+        &self,
+        rows: &[f32],
+        l: usize,
+        pending: &PendingSteps,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let dm = self.dims;
+        let settle = pending.settle;
+        let DeltaWidths {
+            value: value_dim,
+            conv: conv_dim,
+            proj: width,
+            ..
+        } = self.widths();
+        let mut mixed = scratch::with_capacity(l * conv_dim);
+        let mut z = scratch::with_capacity(l * value_dim);
+        // the steps a verify kept come first, settled in this forward's pass
+        let mut g = Vec::with_capacity((settle + l) * dm.hv);
+        let mut beta = Vec::with_capacity((settle + l) * dm.hv);
+        g.extend_from_slice(&pending.g[..settle * dm.hv]);
+        beta.extend_from_slice(&pending.beta[..settle * dm.hv]);
+        for t in 0..l {
+            let r = &rows[t * width..(t + 1) * width];
+            mixed.extend_from_slice(&r[..conv_dim]);
+            z.extend_from_slice(&r[conv_dim..conv_dim + value_dim]);
+            let bb = &r[conv_dim + value_dim..conv_dim + value_dim + dm.hv];
+            let aa = &r[conv_dim + value_dim + dm.hv..];
+            for h in 0..dm.hv {
+                beta.push(kernels::sigmoid(bb[h]));
+                // g = exp(-exp(A_log) * softplus(a + dt_bias))
+                g.push(kernels::exp(
+                    -self.a_exp[h] * kernels::softplus(aa[h] + self.dt_bias[h]),
+                ));
+            }
+        }
+        (mixed, z, g, beta)
+    }
+
+    /// The conv's output `[l, conv_dim]` split into `[q | k | v]` per step, q and k normalised
+    /// per head: `[settle + l, key_dim]`, `[settle + l, key_dim]`, `[settle + l, value_dim]`,
+    /// the `settle` steps a verify kept first.
+    fn queries_keys_values(
+        &self,
+        conv_out: &[f32],
+        l: usize,
+        pending: &PendingSteps,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let dm = self.dims;
+        let settle = pending.settle;
+        let DeltaWidths {
+            key: key_dim,
+            value: value_dim,
+            conv: conv_dim,
+            ..
+        } = self.widths();
+        let mut q = scratch::with_capacity((settle + l) * key_dim);
+        let mut k = scratch::with_capacity((settle + l) * key_dim);
+        let mut v = scratch::with_capacity((settle + l) * value_dim);
+        v.extend_from_slice(&pending.v[..settle * value_dim]);
+        for t in 0..l {
+            let r = &conv_out[t * conv_dim..(t + 1) * conv_dim];
+            q.extend_from_slice(&r[..key_dim]);
+            k.extend_from_slice(&r[key_dim..2 * key_dim]);
+            v.extend_from_slice(&r[2 * key_dim..]);
+        }
+        let inv = 1.0 / (dm.dk as f32).sqrt();
+        kernels::rms_norm_rows(&mut q, None, dm.dk, self.qk_eps);
+        kernels::rms_norm_rows(&mut k, None, dm.dk, self.qk_eps);
+        q.iter_mut().for_each(|x| *x *= inv * inv);
+        k.iter_mut().for_each(|x| *x *= inv);
+        if settle > 0 {
+            q.splice(0..0, pending.q[..settle * key_dim].iter().copied());
+            k.splice(0..0, pending.k[..settle * key_dim].iter().copied());
+        }
+        (q, k, v)
+    }
+
+    /// The delta rule over the steps `[q, k, v, g, beta]` (the kept ones first), `[settle + l,
+    /// hv, dv]` out. A verify forward either leaves the state (its steps settle later) or
+    /// advances it and keeps a copy from before its steps (see `cache`); its own steps (and
+    /// their conv input `mixed`) then wait in `st.pending` for `commit_verify`.
+    fn delta_rule(&self, st: &mut LinearState, steps: [&[f32]; 5], mixed: &[f32]) -> Vec<f32> {
+        let [q, k, v, g, beta] = steps;
+        let dm = self.dims;
+        let (deferring, settle) = (st.deferring, st.pending.settle);
+        let DeltaWidths {
+            key: key_dim,
+            value: value_dim,
+            ..
+        } = self.widths();
+        let in_place = deferring && st.backs_up;
+        if in_place {
+            st.backup.resize(st.state.len(), 0.0);
+        }
+        let backup: &mut [f32] = if in_place { &mut st.backup } else { &mut [] };
+        let y = kernels::gated_delta(
+            DeltaIn {
+                d: dm,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                settle,
+                advance: !deferring || in_place,
+            },
+            &mut st.state,
+            backup,
+        );
+        let p = &mut st.pending;
+        p.clear();
+        if deferring {
+            // this forward's steps wait for `commit_verify`
+            p.dims = dm;
+            p.conv_in.extend_from_slice(mixed);
+            p.q.extend_from_slice(&q[settle * key_dim..]);
+            p.k.extend_from_slice(&k[settle * key_dim..]);
+            p.v.extend_from_slice(&v[settle * value_dim..]);
+            p.g.extend_from_slice(&g[settle * dm.hv..]);
+            p.beta.extend_from_slice(&beta[settle * dm.hv..]);
+        }
+        y
+    }
 }
 
 impl Mlp {
+    /// Builds the MLP `p` (`{prefix}.mlp`): sparse (see [`Moe::load`]) or dense SwiGLU.
+    fn load(st: &mut Store, cfg: &ModelConfig, p: &str, moe: bool) -> Result<Self> {
+        if moe {
+            return Ok(Mlp::Moe(Moe::load(st, cfg, p)?));
+        }
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let i = t.intermediate_size;
+        Ok(Mlp::Dense {
+            gate_up: st.fused_linear(
+                &[(&format!("{p}.gate_proj"), i), (&format!("{p}.up_proj"), i)],
+                d,
+            )?,
+            down: st.linear(&format!("{p}.down_proj"), d, i)?,
+        })
+    }
+
     fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         match self {
             Mlp::Dense { gate_up, down } => {
@@ -674,6 +745,50 @@ fn swiglu_rows(gu: &[f32], n: usize, i: usize) -> Vec<f32> {
 }
 
 impl Moe {
+    /// Builds the sparse MLP `p` (`{prefix}.mlp`): routed experts and an optional shared one.
+    fn load(st: &mut Store, cfg: &ModelConfig, p: &str) -> Result<Self> {
+        let t = &cfg.text;
+        let d = t.hidden_size;
+        let e = t.num_experts;
+        let i = t.moe_intermediate_size;
+        let gate_up = st.expert_linears(
+            &[
+                (&format!("{p}.switch_mlp.gate_proj"), i),
+                (&format!("{p}.switch_mlp.up_proj"), i),
+            ],
+            e,
+            d,
+        )?;
+        let down = st.expert_linears(&[(&format!("{p}.switch_mlp.down_proj"), d)], e, i)?;
+        let si = t.shared_expert_intermediate_size;
+        let (sgu, sd, sg) = if si > 0 {
+            (
+                Some(st.fused_linear(
+                    &[
+                        (&format!("{p}.shared_expert.gate_proj"), si),
+                        (&format!("{p}.shared_expert.up_proj"), si),
+                    ],
+                    d,
+                )?),
+                Some(st.linear(&format!("{p}.shared_expert.down_proj"), d, si)?),
+                Some(st.linear(&format!("{p}.shared_expert_gate"), 1, d)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        Ok(Moe {
+            router: st.linear(&format!("{p}.gate"), e, d)?,
+            gate_up,
+            down,
+            inter: i,
+            top_k: t.num_experts_per_tok.max(1),
+            norm_topk: cfg.norm_topk_prob(),
+            shared_gate_up: sgu,
+            shared_down: sd,
+            shared_gate: sg,
+        })
+    }
+
     /// Routes every row to its `top_k` experts, then runs each chosen expert once over all of
     /// its rows (a verify's or a batch step's rows read each expert's weights once) and the
     /// shared expert, as one parallel loop whose tasks are whole experts: a decode step starts

@@ -30,6 +30,8 @@
 // time, so the loops unroll to registers.
 #![allow(clippy::needless_range_loop)]
 
+use super::cpu::{self, Isa};
+
 /// Output features per panel (two 8-lane vectors).
 const PAIR: usize = 16;
 
@@ -52,40 +54,20 @@ const PANEL_VALUES: usize = 1 << 22;
 /// of both tiles' rows).
 const BAND: usize = 12 * WIDE_TILE;
 
-/// The kernel a product runs on, decided once by the calling thread (the team's threads do
-/// not see a test's instruction-set cap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
-    Portable,
-    /// AVX2 + FMA: one panel per tile.
-    Avx2,
-    /// AVX-512F: up to [`WIDE_PANELS`] panels per tile.
-    Avx512,
-}
-
-impl Kernel {
-    fn detect() -> Kernel {
-        use crate::kernels::cpu::{isa, Isa};
-        match isa() {
-            Isa::Avx512 => Kernel::Avx512,
-            Isa::Avx2 => Kernel::Avx2,
-            Isa::Portable => Kernel::Portable,
-        }
-    }
-
-    /// Input rows and panels per tile.
-    fn tile(self) -> (usize, usize) {
-        match self {
-            Kernel::Avx512 => (WIDE_TILE, WIDE_PANELS),
-            _ => (TILE, 1),
-        }
+/// Input rows and panels per tile on `isa`: AVX-512 takes up to [`WIDE_PANELS`] panels per
+/// tile, AVX2 and the portable loops one.
+fn tile_shape(isa: Isa) -> (usize, usize) {
+    match isa {
+        Isa::Avx512 => (WIDE_TILE, WIDE_PANELS),
+        Isa::Avx2 | Isa::Portable => (TILE, 1),
     }
 }
 
 /// `x [n, inp] · w^T` for a matrix of `out` rows of `inp` weights, `[n, out]`, where
 /// `fill(o0, rows)` writes the matrix's rows `o0..o0 + rows.len() / inp` as f32 (it may run on
 /// any thread, several at once, and is called with up to 16 rows), packing at most
-/// `panel_values` weights at a time (at least one panel).
+/// `panel_values` weights at a time (at least one panel). The instruction set is decided once,
+/// by the calling thread ([`cpu::isa`]; the team's threads do not see a test's cap).
 ///
 /// # Panics
 /// When `x` is not `n` rows of `inp`.
@@ -97,7 +79,7 @@ pub(crate) fn matmul(
     panel_values: usize,
     fill: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    matmul_with(x, n, out, inp, fill, Kernel::detect(), panel_values)
+    matmul_with(x, n, out, inp, fill, cpu::isa(), panel_values)
 }
 
 fn matmul_with(
@@ -106,7 +88,7 @@ fn matmul_with(
     out: usize,
     inp: usize,
     fill: impl Fn(usize, &mut [f32]) + Sync,
-    kernel: Kernel,
+    isa: Isa,
     panel_values: usize,
 ) -> Vec<f32> {
     assert!(
@@ -117,6 +99,8 @@ fn matmul_with(
     if n == 0 || out == 0 || inp == 0 {
         return vec![0f32; n * out];
     }
+    // never wider than this CPU runs (the tests pass each path)
+    let isa = isa.min(cpu::isa());
     // every element is written below (each band, panel and row of a tile)
     let mut y = crate::scratch::overwritten(n * out);
     thread_local! {
@@ -138,14 +122,14 @@ fn matmul_with(
             if panels.len() < pairs * PAIR * inp {
                 panels.resize(pairs * PAIR * inp, 0.0);
             }
-            pack(&fill, o0, m, inp, &mut panels[..pairs * PAIR * inp], kernel);
+            pack(&fill, o0, m, inp, &mut panels[..pairs * PAIR * inp], isa);
             let panels = &panels[..pairs * PAIR * inp];
             crate::team::chunks_mut(&mut y, band * out, |ti, ys| {
                 let r0 = ti * band;
                 let rows = ys.len() / out;
                 let xs = &x[r0 * inp..(r0 + rows) * inp];
                 let mut res = [[0f32; WIDE_PANELS * PAIR]; WIDE_TILE];
-                let (tile_rows, tile_panels) = kernel.tile();
+                let (tile_rows, tile_panels) = tile_shape(isa);
                 let mut pi = 0;
                 while pi < pairs {
                     let np = tile_panels.min(pairs - pi);
@@ -158,8 +142,8 @@ fn matmul_with(
                         macro_rules! tiles {
                             ($($r:literal)*) => {
                                 match take {
-                                    $($r => tile::<$r>(tx, panel, inp, kernel, &mut res),)*
-                                    _ => tile::<1>(tx, panel, inp, kernel, &mut res),
+                                    $($r => tile::<$r>(tx, panel, inp, isa, &mut res),)*
+                                    _ => tile::<1>(tx, panel, inp, isa, &mut res),
                                 }
                             };
                         }
@@ -195,11 +179,12 @@ fn pack(
     m: usize,
     inp: usize,
     panels: &mut [f32],
-    kernel: Kernel,
+    isa: Isa,
 ) {
     thread_local! {
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let isa = isa.min(cpu::isa());
     crate::team::chunks_mut(panels, PAIR * inp, |pi, panel| {
         let width = PAIR.min(m - pi * PAIR);
         ROWS.with_borrow_mut(|rows| {
@@ -218,18 +203,18 @@ fn pack(
                 let k0 = kb * PAIR;
                 #[cfg(target_arch = "x86_64")]
                 if width == PAIR && block.len() == PAIR * PAIR {
-                    // SAFETY (both): the instruction set was detected (`Kernel::detect`); the
-                    // 16 rows hold `inp >= k0 + 16` floats each (a whole block) and `block` 256.
-                    match kernel {
-                        Kernel::Avx512 => {
+                    // SAFETY (both): the instruction set was detected (`cpu::isa`); the 16
+                    // rows hold `inp >= k0 + 16` floats each (a whole block) and `block` 256.
+                    match isa {
+                        Isa::Avx512 => {
                             unsafe { x86::transpose16(rows, inp, k0, block) };
                             continue;
                         }
-                        Kernel::Avx2 => {
+                        Isa::Avx2 => {
                             unsafe { x86::transpose16_avx(rows, inp, k0, block) };
                             continue;
                         }
-                        Kernel::Portable => {}
+                        Isa::Portable => {}
                     }
                 }
                 for (c, row) in rows.chunks_exact(inp).enumerate() {
@@ -243,12 +228,13 @@ fn pack(
 }
 
 /// `R` rows of `x` (`inp` each) against 1 to [`WIDE_PANELS`] consecutive panels (`panel`:
-/// `16 · inp` floats each), into `res[..R]` (16 features per panel).
+/// `16 · inp` floats each), into `res[..R]` (16 features per panel), on `isa` (which
+/// [`matmul_with`] narrowed to what this CPU runs).
 fn tile<const R: usize>(
     x: &[f32],
     panel: &[f32],
     inp: usize,
-    kernel: Kernel,
+    isa: Isa,
     res: &mut [[f32; WIDE_PANELS * PAIR]; WIDE_TILE],
 ) {
     let np = panel.len() / (PAIR * inp).max(1);
@@ -259,10 +245,10 @@ fn tile<const R: usize>(
             && panel.len() == np * PAIR * inp
     );
     #[cfg(target_arch = "x86_64")]
-    match kernel {
-        // SAFETY (all): the CPU has the instruction sets (`Kernel::detect`); `x` holds `R`
-        // rows of `inp` floats and `panel` `np` panels of `inp` groups of 16 (asserted above).
-        Kernel::Avx512 => {
+    match isa {
+        // SAFETY (all): the CPU has the instruction sets (`cpu::isa`); `x` holds `R` rows of
+        // `inp` floats and `panel` `np` panels of `inp` groups of 16 (asserted above).
+        Isa::Avx512 => {
             const { assert!(WIDE_PANELS == 3) };
             return unsafe {
                 match np {
@@ -272,12 +258,10 @@ fn tile<const R: usize>(
                 }
             };
         }
-        Kernel::Avx2 if np == 1 && R <= TILE => {
-            return unsafe { x86::tile::<R>(x, panel, inp, res) }
-        }
+        Isa::Avx2 if np == 1 && R <= TILE => return unsafe { x86::tile::<R>(x, panel, inp, res) },
         _ => {}
     }
-    let _ = kernel;
+    let _ = isa;
     for (p, panel) in panel.chunks_exact(PAIR * inp).enumerate() {
         for i in 0..R {
             let xr = &x[i * inp..(i + 1) * inp];
@@ -537,6 +521,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::isas;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
@@ -601,9 +586,9 @@ mod tests {
                 rows.copy_from_slice(&w[r0 * inp..r0 * inp + rows.len()]);
             };
             let pairs = m.div_ceil(PAIR);
-            for kernel in kernels() {
+            for isa in isas() {
                 let mut panels = vec![f32::NAN; pairs * PAIR * inp];
-                pack(&fill, o0, m, inp, &mut panels, kernel);
+                pack(&fill, o0, m, inp, &mut panels, isa);
                 for p in 0..pairs {
                     for k in 0..inp {
                         for c in 0..PAIR {
@@ -612,7 +597,7 @@ mod tests {
                             assert_eq!(
                                 panels[(p * inp + k) * PAIR + c].to_bits(),
                                 want.to_bits(),
-                                "{kernel:?}: {m} of {out} x {inp} from {o0}, feature {f}, input {k}"
+                                "{isa:?}: {m} of {out} x {inp} from {o0}, feature {f}, input {k}"
                             );
                         }
                     }
@@ -632,14 +617,14 @@ mod tests {
         let fill = |o0: usize, rows: &mut [f32]| {
             rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]);
         };
-        for kernel in kernels() {
+        for isa in isas() {
             // (other tests share the pool: offer several)
             for _ in 0..4 {
                 crate::scratch::recycle(vec![f32::NAN; n * out]);
             }
-            let got = matmul_with(&x, n, out, inp, fill, kernel, PANEL_VALUES);
+            let got = matmul_with(&x, n, out, inp, fill, isa, PANEL_VALUES);
             assert_eq!(got.len(), n * out);
-            assert_chains(&x, &w, &got, n, out, inp, &format!("{kernel:?}"));
+            assert_chains(&x, &w, &got, n, out, inp, &format!("{isa:?}"));
         }
     }
 
@@ -660,7 +645,7 @@ mod tests {
                 rows.copy_from_slice(&w[o0 * inp..o0 * inp + rows.len()]);
             };
             let want = reference(&x, n, &w, out, inp);
-            let got = matmul_with(&x, n, out, inp, fill, Kernel::Portable, PANEL_VALUES);
+            let got = matmul_with(&x, n, out, inp, fill, Isa::Portable, PANEL_VALUES);
             for (a, b) in want.iter().zip(&got) {
                 assert!(
                     (a - f64::from(*b)).abs() <= 1e-5 * (inp as f64),
@@ -671,12 +656,12 @@ mod tests {
             assert_chains(&x, &w, &got, n, out, inp, "");
             // every kernel this CPU runs, small panel groups (one or three panels), and each
             // row alone: the same bits
-            for kernel in kernels() {
+            for isa in isas() {
                 for panel_values in [16 * inp, 48 * inp, PANEL_VALUES] {
-                    let ys = matmul_with(&x, n, out, inp, fill, kernel, panel_values);
+                    let ys = matmul_with(&x, n, out, inp, fill, isa, panel_values);
                     assert!(
                         ys.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{n}x{out}x{inp}: {kernel:?} with panel groups of {panel_values} differs"
+                        "{n}x{out}x{inp}: {isa:?} with panel groups of {panel_values} differs"
                     );
                 }
                 for r in 0..n {
@@ -686,30 +671,18 @@ mod tests {
                         out,
                         inp,
                         fill,
-                        kernel,
+                        isa,
                         PANEL_VALUES,
                     );
                     assert!(
                         one.iter()
                             .zip(&got[r * out..(r + 1) * out])
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{n}x{out}x{inp}: {kernel:?} row {r} alone differs"
+                        "{n}x{out}x{inp}: {isa:?} row {r} alone differs"
                     );
                 }
             }
         }
-    }
-
-    /// The kernels this CPU runs.
-    fn kernels() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Portable];
-        if crate::kernels::cpu::has_avx() {
-            all.push(Kernel::Avx2);
-        }
-        if crate::kernels::cpu::has_avx512() {
-            all.push(Kernel::Avx512);
-        }
-        all
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Few-row products with 4- and 8-bit MLX matrices kept packed, dequantized in registers: each
 //! 32-value block is unpacked, widened and scaled (`w = fma(q, s, b)`) once for all the input
 //! rows of a pass, and multiplied into their accumulators straight away. Nothing is written
-//! back: [`crate::kernels::matmul_quant`]'s general path, which dequantizes four rows into a buffer
+//! back: [`super::matmul_quant`]'s general path, which dequantizes four rows into a buffer
 //! and multiplies them as f32 rows, spent more on the buffer than on the products (a 4-bit matrix
 //! streamed at a third of bf16's speed, `examples/matmul_rows`).
 //!
@@ -29,8 +29,9 @@
 // which `R` fixes at compile time, so the loops unroll to registers.
 #![allow(clippy::needless_range_loop)]
 
-use crate::kernels::Aligned;
-use crate::quant::QuantMatrix;
+use super::cpu::{self, Isa};
+use super::Aligned;
+use crate::kernels::quant::QuantMatrix;
 
 /// Values per block: 16 packed bytes at 4 bits, 32 at 8.
 const BLOCK: usize = 32;
@@ -97,7 +98,8 @@ pub(crate) fn matmul(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
         x.len()
     );
     let xs = arrange(x, bits);
-    let path = Path::detect();
+    // decided once, by the calling thread (the team's threads do not see a test's cap)
+    let isa = cpu::isa();
     let mut y = vec![0f32; n * out];
     let words = inp * bits / 32;
     thread_local! {
@@ -125,10 +127,10 @@ pub(crate) fn matmul(x: &[f32], n: usize, q: &QuantMatrix) -> Vec<f32> {
                 };
                 let mut res = [[0f32; TILE]; TASK_ROWS];
                 match tile {
-                    4 => path.run::<4>(&job, bits, &mut res),
-                    3 => path.run::<3>(&job, bits, &mut res),
-                    2 => path.run::<2>(&job, bits, &mut res),
-                    _ => path.run::<1>(&job, bits, &mut res),
+                    4 => run::<4>(isa, &job, bits, &mut res),
+                    3 => run::<3>(isa, &job, bits, &mut res),
+                    2 => run::<2>(isa, &job, bits, &mut res),
+                    _ => run::<1>(isa, &job, bits, &mut res),
                 }
                 for (i, row) in res.iter().take(rows).enumerate() {
                     for (t, &v) in row.iter().take(tile).enumerate() {
@@ -166,55 +168,36 @@ impl Out {
     }
 }
 
-/// The instruction set a product runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Path {
-    fn detect() -> Path {
-        use crate::kernels::cpu::{isa, Isa};
-        match isa() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Path::Avx512,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Path::Avx2,
-            _ => Path::Portable,
-        }
-    }
-
-    /// Writes `res[i][t]`, the product of weight row `i` of the job and input row `r0 + t`.
-    fn run<const R: usize>(self, job: &Job<'_>, bits: usize, res: &mut [[f32; TILE]; TASK_ROWS]) {
-        let groups = job.inp / job.group.max(1);
-        assert!(
-            R <= TILE
-                && job.rows <= TASK_ROWS
-                && supports(bits, job.group)
-                && job.inp == groups * job.group
-                && job.w.len() == job.rows * job.inp * bits / 32
-                && job.s.len() >= job.rows * groups
-                && job.b.len() >= job.rows * groups
-                && job.r0 + R <= job.x.len() / job.inp,
-            "qdot: a job that does not fit its buffers"
-        );
-        match self {
-            Path::Portable => portable::<R>(job, bits, res),
-            // SAFETY (all four): the lengths were checked above; the CPU has the instruction
-            // sets (`detect`).
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 if bits == 4 => unsafe { x86::rows_avx2::<4, R>(job, res) },
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => unsafe { x86::rows_avx2::<8, R>(job, res) },
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx512 if bits == 4 => unsafe { x86::rows_avx512::<4, R>(job, res) },
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx512 => unsafe { x86::rows_avx512::<8, R>(job, res) },
-        }
+/// Writes `res[i][t]`, the product of weight row `i` of the job and input row `r0 + t`, on
+/// `isa` (what [`cpu::isa`] detected, or narrower).
+///
+/// # Panics
+/// When the job does not fit its buffers (the lengths every path relies on).
+fn run<const R: usize>(isa: Isa, job: &Job<'_>, bits: usize, res: &mut [[f32; TILE]; TASK_ROWS]) {
+    let groups = job.inp / job.group.max(1);
+    assert!(
+        R <= TILE
+            && job.rows <= TASK_ROWS
+            && supports(bits, job.group)
+            && job.inp == groups * job.group
+            && job.w.len() == job.rows * job.inp * bits / 32
+            && job.s.len() >= job.rows * groups
+            && job.b.len() >= job.rows * groups
+            && job.r0 + R <= job.x.len() / job.inp,
+        "qdot: a job that does not fit its buffers"
+    );
+    match isa {
+        // SAFETY (all four): the lengths were checked above; the CPU has the instruction sets
+        // (`cpu::isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if bits == 4 => unsafe { x86::rows_avx2::<4, R>(job, res) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::rows_avx2::<8, R>(job, res) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if bits == 4 => unsafe { x86::rows_avx512::<4, R>(job, res) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::rows_avx512::<8, R>(job, res) },
+        _ => portable::<R>(job, bits, res),
     }
 }
 
@@ -273,7 +256,7 @@ fn portable<const R: usize>(job: &Job<'_>, bits: usize, res: &mut [[f32; TILE]; 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The 256- and 512-bit paths. Every offset they read was checked by [`super::Path::run`]:
+    //! The 256- and 512-bit paths. Every offset they read was checked by [`super::run`]:
     //! the job's weight rows hold `rows · inp · bits / 8` bytes, its scales and biases
     //! `rows · groups` floats, the inputs `r0 + R` rows of `inp`.
 
@@ -319,7 +302,7 @@ mod x86 {
     /// (`k = 1, 3`). Each lane's chain is the same every way.
     ///
     /// # Safety
-    /// AVX2 and FMA; the job fits its buffers (see [`super::Path::run`]).
+    /// AVX2 and FMA; the job fits its buffers (see [`super::run`]).
     #[target_feature(enable = "avx,avx2,fma")]
     pub(super) unsafe fn rows_avx2<const BITS: usize, const R: usize>(
         job: &Job<'_>,
@@ -385,7 +368,7 @@ mod x86 {
         let (inp, group) = (job.inp, if G == 0 { job.group } else { G });
         let groups = inp / group;
         let words = inp * BITS / 32;
-        // SAFETY: every offset below stays inside the buffers `Path::run` checked.
+        // SAFETY: every offset below stays inside the buffers `run` checked.
         unsafe {
             let m15 = _mm256_set1_epi32(15);
             let (xp, sp, bp) = (job.x.as_ptr(), job.s.as_ptr(), job.b.as_ptr());
@@ -438,7 +421,7 @@ mod x86 {
     /// 32 registers).
     ///
     /// # Safety
-    /// AVX2, FMA and AVX-512F; the job fits its buffers (see [`super::Path::run`]).
+    /// AVX2, FMA and AVX-512F; the job fits its buffers (see [`super::run`]).
     #[target_feature(enable = "avx,avx2,fma,avx512f")]
     pub(super) unsafe fn rows_avx512<const BITS: usize, const R: usize>(
         job: &Job<'_>,
@@ -494,7 +477,7 @@ mod x86 {
         let (inp, group) = (job.inp, if G == 0 { job.group } else { G });
         let groups = inp / group;
         let words = inp * BITS / 32;
-        // SAFETY: every offset below stays inside the buffers `Path::run` checked.
+        // SAFETY: every offset below stays inside the buffers `run` checked.
         unsafe {
             let iota = _mm512_setr_ps(
                 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
@@ -590,7 +573,7 @@ mod tests {
             spread in prop::sample::select(vec![1e-3f32, 1.0, 300.0]),
             seed in any::<u64>(),
         ) {
-            let (q, deq) = crate::quant::random_matrix(bits, group, groups, out, params_dtype, seed);
+            let (q, deq) = crate::kernels::quant::random_matrix(bits, group, groups, out, params_dtype, seed);
             let inp = q.in_features();
             let mut next = crate::testing::rng(!seed);
             // one group in three much larger than the rest (activation outliers)
@@ -643,7 +626,7 @@ mod tests {
     /// does); zero inputs give exactly zero; huge and tiny inputs stay close.
     #[test]
     fn edge_inputs() {
-        let (q, deq) = crate::quant::random_matrix(4, 64, 3, 5, DType::BF16, 7);
+        let (q, deq) = crate::kernels::quant::random_matrix(4, 64, 3, 5, DType::BF16, 7);
         let inp = q.in_features();
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let mut x = vec![0.25f32; 2 * inp];
@@ -679,14 +662,14 @@ mod tests {
     /// The entry point checks the input against the matrix.
     #[test]
     fn checks_the_input() {
-        let (q, _) = crate::quant::random_matrix(8, 64, 2, 3, DType::F32, 1);
+        let (q, _) = crate::kernels::quant::random_matrix(8, 64, 2, 3, DType::F32, 1);
         expect_panic(
             "qdot: the input holds 127 floats, expected 1 rows of 128",
             || {
                 matmul(&[0.0; 127], 1, &q);
             },
         );
-        let (q3, _) = crate::quant::random_matrix(3, 64, 2, 3, DType::F32, 1);
+        let (q3, _) = crate::kernels::quant::random_matrix(3, 64, 2, 3, DType::F32, 1);
         expect_panic("qdot: 3 bits", || {
             matmul(&[0.0; 128], 1, &q3);
         });
