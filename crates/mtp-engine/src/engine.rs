@@ -12,6 +12,7 @@ use crate::constraint::{compiler, Constraint, ConstraintCompiler};
 use crate::depth::DepthModel;
 use crate::error::{Error, Result};
 use crate::loader::WeightDtype;
+use crate::logprobs;
 use crate::qwen3_5::{self, LogitsAt, Qwen35Model};
 use crate::qwen3_5_mtp::MtpHead;
 use crate::request::GenerateOptions;
@@ -449,12 +450,57 @@ impl Engine {
             self.check_images(m.spans().len())?;
             m.check_fits(prompt, self.model.hidden_size())?;
         }
-        if let Some(n) = opts.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+        if let Some(n) = opts.logprobs.filter(|&n| n > logprobs::MAX_TOP_LOGPROBS) {
             return Err(Error::InvalidRequest(format!(
                 "at most {} alternatives per token's log probability, {n} asked for",
-                crate::MAX_TOP_LOGPROBS
+                logprobs::MAX_TOP_LOGPROBS
             )));
         }
         Ok(())
+    }
+}
+
+impl Engine {
+    /// The log probability of each prompt token after the ones before it (the first has none:
+    /// nothing comes before it), with the `top` most likely alternatives at each position (at
+    /// most [`crate::MAX_TOP_LOGPROBS`]): what `echo` with `logprobs` returns. One forward over the
+    /// prompt (with the images of `opts`), its logits reduced a block of rows at a time.
+    pub fn prompt_logprobs(
+        &self,
+        prompt: &[u32],
+        top: usize,
+        opts: &GenerateOptions,
+    ) -> Result<Vec<Option<logprobs::TokenLogprob>>> {
+        let most = logprobs::MAX_TOP_LOGPROBS;
+        if top > most {
+            return Err(Error::InvalidRequest(format!(
+                "at most {most} alternatives per token, {top} asked for"
+            )));
+        }
+        self.check(prompt, opts)?;
+        let model = self.model();
+        let mut cache = [self.new_cache(opts)];
+        let out = model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::None)?;
+        let dm = model.hidden_size();
+        let vocab = model.vocab_size();
+        let mut lps = Vec::with_capacity(prompt.len());
+        lps.push(None);
+        // row p's logits give token p + 1
+        let rows = prompt.len() - 1;
+        let mut p = 0;
+        while p < rows {
+            if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+                return Err(Error::Cancelled);
+            }
+            let n = logprobs::PROMPT_ROWS.min(rows - p);
+            let logits = model.logits(&out.hidden[p * dm..(p + n) * dm], n)?;
+            lps.extend(
+                logprobs::of_rows(&logits, vocab, &prompt[p + 1..p + 1 + n], top)
+                    .into_iter()
+                    .map(Some),
+            );
+            p += n;
+        }
+        Ok(lps)
     }
 }

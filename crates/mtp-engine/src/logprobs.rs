@@ -8,18 +8,13 @@
 
 use std::sync::Arc;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::qwen3_5::LogitsAt;
-use crate::request::GenerateOptions;
-
 /// The most alternatives a token's log probability may list (the contract's bound).
 pub const MAX_TOP_LOGPROBS: usize = mtp_contract::MAX_TOP_LOGPROBS as usize;
 
 /// Rows of prompt logits computed at once for [`Engine::prompt_logprobs`]: each row is a
 /// vocabulary of floats (about 1 MB on a 250k vocabulary), reduced to its log probabilities
 /// before the next block.
-const PROMPT_ROWS: usize = 16;
+pub(crate) const PROMPT_ROWS: usize = 16;
 
 /// One token's log probability and the most likely alternatives at its position.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,50 +107,6 @@ pub(crate) fn of_rows(logits: &[f32], vocab: usize, ids: &[u32], n: usize) -> Ve
                 .map(|row| of_row(row, id, n))
         })
         .collect()
-}
-
-impl Engine {
-    /// The log probability of each prompt token after the ones before it (the first has none:
-    /// nothing comes before it), with the `top` most likely alternatives at each position (at
-    /// most [`MAX_TOP_LOGPROBS`]): what `echo` with `logprobs` returns. One forward over the
-    /// prompt (with the images of `opts`), its logits reduced a block of rows at a time.
-    pub fn prompt_logprobs(
-        &self,
-        prompt: &[u32],
-        top: usize,
-        opts: &GenerateOptions,
-    ) -> Result<Vec<Option<TokenLogprob>>> {
-        if top > MAX_TOP_LOGPROBS {
-            return Err(Error::InvalidRequest(format!(
-                "at most {MAX_TOP_LOGPROBS} alternatives per token, {top} asked for"
-            )));
-        }
-        self.check(prompt, opts)?;
-        let model = self.model();
-        let mut cache = [self.new_cache(opts)];
-        let out = model.forward(&[prompt.to_vec()], &mut cache, LogitsAt::None)?;
-        let dm = model.hidden_size();
-        let vocab = model.vocab_size();
-        let mut lps = Vec::with_capacity(prompt.len());
-        lps.push(None);
-        // row p's logits give token p + 1
-        let rows = prompt.len() - 1;
-        let mut p = 0;
-        while p < rows {
-            if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-                return Err(Error::Cancelled);
-            }
-            let n = PROMPT_ROWS.min(rows - p);
-            let logits = model.logits(&out.hidden[p * dm..(p + n) * dm], n)?;
-            lps.extend(
-                of_rows(&logits, vocab, &prompt[p + 1..p + 1 + n], top)
-                    .into_iter()
-                    .map(Some),
-            );
-            p += n;
-        }
-        Ok(lps)
-    }
 }
 
 #[cfg(test)]
