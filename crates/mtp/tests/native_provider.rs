@@ -795,7 +795,7 @@ async fn special_token_strings_in_messages_are_text_unless_parse_special() {
         panic!("a bad parse_special value is refused")
     };
     assert!(
-        matches!(&e, ProviderError::InvalidOption(o) if o.key() == "parse_special"),
+        matches!(&e, mtp::Error::Provider(ProviderError::InvalidOption(o)) if o.key() == "parse_special"),
         "{e}"
     );
 }
