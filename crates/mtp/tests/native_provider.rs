@@ -374,8 +374,8 @@ async fn weight_dtype_option() {
     };
     assert!(
         matches!(
-            e,
-            mtp::Error::Provider(ProviderError::InvalidRequest { .. })
+            &e,
+            mtp::Error::Provider(ProviderError::InvalidOption(o)) if o.key() == "dtype"
         ),
         "{e}"
     );
@@ -414,8 +414,8 @@ async fn kv_cache_type_option() {
     };
     assert!(
         matches!(
-            e,
-            mtp::Error::Provider(ProviderError::InvalidRequest { .. })
+            &e,
+            mtp::Error::Provider(ProviderError::InvalidOption(o)) if o.key() == "cache_type"
         ),
         "{e}"
     );
