@@ -1,5 +1,6 @@
 //! The typed errors of every provider.
 
+use crate::extra::OptionError;
 use crate::reason::Reason;
 use crate::speculation::SpeculationError;
 
@@ -24,6 +25,10 @@ pub enum ProviderError {
         /// What does not fit and what to do.
         message: String,
     },
+    /// A provider option (`ProviderOptions::extra`, or a typed lane option) is unknown, malformed,
+    /// out of range or contradicted: the error names the key and the value.
+    #[error("invalid option: {0}")]
+    InvalidOption(#[from] OptionError),
     /// The speculation block is malformed.
     #[error("invalid speculation block: {0}")]
     InvalidSpeculation(#[from] SpeculationError),
@@ -104,6 +109,7 @@ impl ProviderError {
         matches!(
             self,
             ProviderError::InvalidRequest { .. }
+                | ProviderError::InvalidOption(_)
                 | ProviderError::ContextLengthExceeded { .. }
                 | ProviderError::InvalidSpeculation(_)
                 | ProviderError::SpeculationUnavailable { .. }

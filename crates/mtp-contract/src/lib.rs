@@ -30,6 +30,7 @@
 
 mod cancel;
 mod error;
+mod extra;
 mod format;
 mod kind;
 mod kv;
@@ -43,6 +44,7 @@ mod speculation;
 
 pub use cancel::{Cancel, Idle, Lease};
 pub use error::ProviderError;
+pub use extra::{parse_flag, Extra, IntRange, OptionError, FLAG_SPELLINGS, MIN_CTX_SIZE};
 pub use format::{json_kind, JsonSchemaFormat, ResponseFormat, MAX_CONSTRAINT_BYTES};
 pub use kind::ProviderKind;
 pub use kv::KvType;

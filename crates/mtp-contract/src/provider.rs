@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProviderError;
+use crate::extra::OptionError;
 use crate::logprob::Vocabulary;
 use crate::reason::Reason;
 use crate::report::{DraftStats, SpeculationReport};
@@ -32,7 +33,8 @@ pub struct ProviderOptions {
     /// API key of an HTTP runtime (never logged).
     #[serde(default, skip_serializing)]
     pub api_key: Option<String>,
-    /// Provider-specific settings (e.g. `device`, `prompt_cache_bytes`), as strings.
+    /// Provider-specific settings (e.g. `device`, `prompt_cache_bytes`), as strings; each
+    /// provider reads them with [`Extra`](crate::Extra), one rule per kind of value.
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
 }
@@ -59,7 +61,8 @@ impl ProviderOptions {
         self
     }
     /// For a provider given its own options typed (`typed` names their type): an `extra`
-    /// string beside them would be ignored, so any is an `InvalidRequest` naming it.
+    /// string beside them would be ignored, so any is an [`OptionError::BesideTyped`] naming
+    /// it.
     ///
     /// ```
     /// use mtp_contract::ProviderOptions;
@@ -69,13 +72,11 @@ impl ProviderOptions {
     /// ```
     pub fn refuse_extra(&self, typed: &str) -> Result<(), ProviderError> {
         match self.extra.keys().next() {
-            Some(k) => Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!(
-                    "`{k}` is given as a string option beside typed {typed}, which would \
-                     ignore it; set it in {typed}"
-                ),
-            }),
+            Some(k) => Err(OptionError::BesideTyped {
+                key: k.clone(),
+                typed: typed.to_string(),
+            }
+            .into()),
             None => Ok(()),
         }
     }

@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
 use mtp_contract::{
-    resolve, KvType, Lane, Provider, ProviderError, ProviderOptions, Reason, SpeculationMode,
+    resolve, Extra, IntRange, KvType, Lane, OptionError, Provider, ProviderError, ProviderOptions,
+    Reason, SpeculationMode,
 };
 use mtp_detect::{
     check_drafter, probe_local, resolve_model, CacheConfig, ResolvedArtifact, Runtime,
@@ -186,176 +187,140 @@ pub const SEED_ALIASES: [&str; 2] = ["mlx_batching", "mlx_ple_offload"];
 /// "scheduled" runtime (continuous batching, MTP cohorts) with room for a few callers.
 pub const SEED_BATCHING_MAX_BATCH: usize = 4;
 
-/// A boolean option as Python and the CLI spell it.
-fn flag(key: &str, v: &str) -> Result<bool, ProviderError> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(ProviderError::InvalidRequest {
-            field: "extra",
-            message: format!("`{key}` must be true or false, got `{v}`"),
-        }),
-    }
-}
+/// The names `dtype` takes.
+const DTYPES: [(&str, NativeDtype); 4] = [
+    ("auto", NativeDtype::Auto),
+    ("f32", NativeDtype::F32),
+    ("bf16", NativeDtype::Bf16),
+    ("f16", NativeDtype::F16),
+];
+
+/// The names `cache_type` takes.
+const KV_TYPES: [(&str, KvType); 3] = [
+    ("f32", KvType::F32),
+    ("f16", KvType::F16),
+    ("bf16", KvType::Bf16),
+];
+
+/// The names `arith` takes.
+const ARITHS: [(&str, Arith); 2] = [("exact", Arith::Exact), ("fast", Arith::Fast)];
 
 /// `max_batch` from ours or the seed's `mlx_batching` (true: batching at
 /// [`SEED_BATCHING_MAX_BATCH`] unless `max_batch` says; false: one call at a time, which a
 /// `max_batch` beside it contradicts).
-fn max_batch(opts: &ProviderOptions, given: Option<usize>) -> Result<Option<usize>, ProviderError> {
-    let Some(v) = opts.extra.get("mlx_batching") else {
-        return Ok(given);
-    };
-    match (flag("mlx_batching", v)?, given) {
-        (true, Some(n)) => Ok(Some(n)),
-        (true, None) => Ok(Some(SEED_BATCHING_MAX_BATCH)),
-        (false, None) => Ok(None),
-        (false, Some(n)) => Err(ProviderError::InvalidRequest {
-            field: "extra",
-            message: format!(
-                "`mlx_batching` false (one call at a time) contradicts `max_batch` {n}; \
-                 `mlx_batching` is the seed's name for batching: give `max_batch` alone"
+fn max_batch(x: &Extra, given: Option<usize>) -> Result<Option<usize>, OptionError> {
+    match (x.flag("mlx_batching")?, given) {
+        (None, given) => Ok(given),
+        (Some(true), Some(n)) => Ok(Some(n)),
+        (Some(true), None) => Ok(Some(SEED_BATCHING_MAX_BATCH)),
+        (Some(false), None) => Ok(None),
+        (Some(false), Some(n)) => Err(OptionError::conflict(
+            "mlx_batching",
+            format!(
+                "false (one call at a time) contradicts `max_batch` {n}; `mlx_batching` is the \
+                 seed's name for batching: give `max_batch` alone"
             ),
-        }),
+        )),
     }
+}
+
+/// A count as the engine takes it (a `usize`; on a 32-bit host a larger one is refused).
+fn size(key: &str, n: Option<u64>) -> Result<Option<usize>, OptionError> {
+    n.map(|n| {
+        usize::try_from(n).map_err(|_| {
+            OptionError::invalid(key, n.to_string(), "an integer this machine can address")
+        })
+    })
+    .transpose()
 }
 
 impl NativeOptions {
     /// Reads [`ProviderOptions::extra`] (keys [`EXTRA_KEYS`], and the seed's names in
-    /// [`SEED_ALIASES`]): the one place the native options' strings are parsed. An unknown
-    /// key, a value that does not parse, or a contradiction is an error naming it.
-    pub fn from_extra(model: &str, opts: &ProviderOptions) -> Result<NativeOptions, ProviderError> {
-        if let Some(v) = opts.extra.get("mlx_ple_offload") {
-            flag("mlx_ple_offload", v)?;
-            return Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: "`mlx_ple_offload` is not applicable to this engine: it offloads the \
-                          per-layer embedding (n-gram) tables of the models that have them, and the \
-                          Qwen3.5-family models this engine runs have none; leave it out"
-                    .into(),
-            });
+    /// [`SEED_ALIASES`]) with the contract's [`Extra`], one rule per kind of value: the one
+    /// place the native options' strings are parsed. An unknown key, a value that does not
+    /// parse or is out of range, or a contradiction is an [`OptionError`] naming the key.
+    pub fn from_extra(opts: &ProviderOptions) -> Result<NativeOptions, ProviderError> {
+        let keys: Vec<&str> = EXTRA_KEYS.iter().chain(&SEED_ALIASES).copied().collect();
+        let x = Extra::new("native", &keys, &opts.extra)?;
+        if let Some(v) = x.flag("mlx_ple_offload")? {
+            return Err(OptionError::unusable(
+                "mlx_ple_offload",
+                v.to_string(),
+                "not applicable to this engine: it offloads the per-layer embedding (n-gram) \
+                 tables of the models that have them, and the Qwen3.5-family models this engine \
+                 runs have none; leave it out",
+            )
+            .into());
         }
-        for k in opts.extra.keys() {
-            if !EXTRA_KEYS.contains(&k.as_str()) && !SEED_ALIASES.contains(&k.as_str()) {
-                return Err(ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: format!(
-                        "unknown native option `{k}`; known: {}",
-                        EXTRA_KEYS.join(", ")
-                    ),
-                });
-            }
-        }
-        let device = match opts.extra.get("device") {
+        let device = match x.value("device") {
             None => NativeDevice::Cpu,
-            Some(d) => d.parse().map_err(|m: String| load_err(model, m))?,
-        };
-        let dtype = match opts.extra.get("dtype") {
-            None => NativeDtype::Auto,
-            Some(d) => d.parse().map_err(|message| ProviderError::InvalidRequest {
-                field: "extra",
-                message,
-            })?,
-        };
-        let cache_type = match opts.extra.get("cache_type") {
-            None => KvType::F32,
-            Some(d) => d.parse().map_err(|message| ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!("`cache_type`: {message}"),
-            })?,
-        };
-        let arith = match opts.extra.get("arith") {
-            None => Arith::Exact,
-            Some(a) => a.parse().map_err(|message| ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!("`arith`: {message}"),
-            })?,
-        };
-        let num = |key: &'static str, default: usize| -> Result<usize, ProviderError> {
-            match opts.extra.get(key) {
-                None => Ok(default),
-                Some(v) => v.parse().map_err(|_| ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: format!("`{key}` must be a non-negative integer, got `{v}`"),
-                }),
-            }
-        };
-        let positive = |key: &'static str| -> Result<Option<usize>, ProviderError> {
-            match opts.extra.get(key) {
-                None => Ok(None),
-                Some(v) => match v.parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(Some(n)),
-                    _ => Err(ProviderError::InvalidRequest {
-                        field: "extra",
-                        message: format!("`{key}` must be a positive integer, got `{v}`"),
-                    }),
-                },
-            }
-        };
-        let prompt_cache_dir = match (
-            opts.extra.get("prompt_cache_dir"),
-            opts.extra.get("prompt_cache_disk_bytes"),
-        ) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                return Err(ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: "`prompt_cache_disk_bytes` needs `prompt_cache_dir` (--cache-dir), \
-                              the folder the checkpoints go to"
-                        .into(),
-                })
-            }
-            (Some(d), _) if d.is_empty() => {
-                return Err(ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: "`prompt_cache_dir` is empty".into(),
-                })
-            }
-            (Some(d), _) => Some(PathBuf::from(d)),
-        };
-        Ok(NativeOptions {
-            device,
-            dtype,
-            cache_type,
-            arith,
-            prompt_cache_bytes: num("prompt_cache_bytes", DEFAULT_BUDGET_BYTES)?,
-            prompt_cache_checkpoints: num("prompt_cache_checkpoints", DEFAULT_CHECKPOINTS_PER_KEY)?,
-            prompt_cache_dir,
-            prompt_cache_disk_bytes: num(
-                "prompt_cache_disk_bytes",
-                DEFAULT_DISK_BUDGET_BYTES as usize,
-            )? as u64,
-            ctx_size: positive("ctx_size")?,
-            threads: positive("threads")?,
-            max_batch: max_batch(opts, positive("max_batch")?)?,
-            prefill_chunk: positive("prefill_chunk")?,
-            parse_special: match opts.extra.get("parse_special").map(String::as_str) {
-                None | Some("false") => false,
-                Some("true") => true,
-                Some(other) => {
-                    return Err(ProviderError::InvalidRequest {
-                        field: "extra",
-                        message: format!("`parse_special` must be true or false, got `{other}`"),
-                    })
+            Some(d) => match d.trim() {
+                "cpu" => NativeDevice::Cpu,
+                _ => {
+                    return Err(OptionError::unusable(
+                        "device",
+                        d,
+                        "this version of the native engine runs on the CPU only (`cpu`)",
+                    )
+                    .into())
                 }
             },
-        })
+        };
+        // (a disk budget without the folder it is for is a mistake, not a default)
+        if x.has("prompt_cache_disk_bytes") && !x.has("prompt_cache_dir") {
+            return Err(OptionError::conflict(
+                "prompt_cache_disk_bytes",
+                "needs `prompt_cache_dir` (--cache-dir), the folder the checkpoints go to",
+            )
+            .into());
+        }
+        let d = NativeOptions::default();
+        let native = NativeOptions {
+            device,
+            dtype: x.choice("dtype", &DTYPES)?.unwrap_or(d.dtype),
+            cache_type: x.choice("cache_type", &KV_TYPES)?.unwrap_or(d.cache_type),
+            arith: x.choice("arith", &ARITHS)?.unwrap_or(d.arith),
+            // 0 bytes is a cache that keeps nothing
+            prompt_cache_bytes: size(
+                "prompt_cache_bytes",
+                x.bytes("prompt_cache_bytes", IntRange::ANY)?,
+            )?
+            .unwrap_or(d.prompt_cache_bytes),
+            prompt_cache_checkpoints: size(
+                "prompt_cache_checkpoints",
+                x.count("prompt_cache_checkpoints")?,
+            )?
+            .unwrap_or(d.prompt_cache_checkpoints),
+            prompt_cache_dir: x.path("prompt_cache_dir")?,
+            prompt_cache_disk_bytes: x
+                .bytes("prompt_cache_disk_bytes", IntRange::ANY)?
+                .unwrap_or(d.prompt_cache_disk_bytes),
+            ctx_size: x.ctx_size("ctx_size")?.map(|n| n as usize),
+            threads: x.threads("threads")?.map(|n| n as usize),
+            max_batch: max_batch(&x, size("max_batch", x.count("max_batch")?)?)?,
+            prefill_chunk: size("prefill_chunk", x.count("prefill_chunk")?)?,
+            parse_special: x.flag("parse_special")?.unwrap_or(d.parse_special),
+        };
+        Ok(native)
     }
 
-    /// Refuses values no engine could use (the typed path's checks; `from_extra` makes the same
-    /// ones as it parses).
-    fn check(&self) -> Result<(), ProviderError> {
-        let zero = [
-            ("ctx_size", self.ctx_size),
-            ("threads", self.threads),
-            ("max_batch", self.max_batch),
-            ("prefill_chunk", self.prefill_chunk),
+    /// Refuses values no engine could use, by the same ranges [`NativeOptions::from_extra`]
+    /// reads strings with ([`IntRange`]): the typed path's checks.
+    fn check(&self) -> Result<(), OptionError> {
+        let ranged = [
+            ("ctx_size", self.ctx_size, IntRange::CTX_SIZE),
+            ("threads", self.threads, IntRange::THREADS),
+            ("max_batch", self.max_batch, IntRange::POSITIVE),
+            ("prefill_chunk", self.prefill_chunk, IntRange::POSITIVE),
+            (
+                "prompt_cache_checkpoints",
+                Some(self.prompt_cache_checkpoints),
+                IntRange::POSITIVE,
+            ),
         ];
-        for (key, v) in zero {
-            if v == Some(0) {
-                return Err(ProviderError::InvalidRequest {
-                    field: "extra",
-                    message: format!("`{key}` must be a positive integer, got `0`"),
-                });
+        for (key, v, range) in ranged {
+            if let Some(n) = v {
+                range.check(key, n as u64)?;
             }
         }
         if self
@@ -363,10 +328,11 @@ impl NativeOptions {
             .as_ref()
             .is_some_and(|d| d.as_os_str().is_empty())
         {
-            return Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: "`prompt_cache_dir` is empty".into(),
-            });
+            return Err(OptionError::invalid(
+                "prompt_cache_dir",
+                "",
+                "a path (it is empty)",
+            ));
         }
         Ok(())
     }
@@ -422,7 +388,7 @@ pub fn create(
     model: &str,
     opts: &ProviderOptions,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let native = NativeOptions::from_extra(model, opts)?;
+    let native = NativeOptions::from_extra(opts)?;
     build(name, model, opts, native)
 }
 
@@ -469,13 +435,15 @@ fn build(
     if let Some(n) = threads {
         let running = mtp_engine::team::set_threads(n);
         if running != n {
-            return Err(ProviderError::InvalidRequest {
-                field: "extra",
-                message: format!(
-                    "`threads` {n}: the engine's threads are set once per process, and this one \
-                     already runs with {running}"
+            return Err(OptionError::unusable(
+                "threads",
+                n.to_string(),
+                format!(
+                    "the engine's threads are set once per process, and this one already runs \
+                     with {running}; leave `threads` out or give {running}"
                 ),
-            });
+            )
+            .into());
         }
     }
     let cache = CacheConfig::from_env();
@@ -656,7 +624,7 @@ mod options_tests {
 
     #[test]
     fn arith_is_exact_by_default_and_fast_on_request() {
-        let read = |o: ProviderOptions| NativeOptions::from_extra("m", &o);
+        let read = |o: ProviderOptions| NativeOptions::from_extra(&o);
         assert_eq!(
             read(ProviderOptions::default()).unwrap().arith,
             Arith::Exact
@@ -666,9 +634,9 @@ mod options_tests {
         let Err(e) = read(ProviderOptions::default().extra("arith", "int4")) else {
             panic!("an unknown arithmetic was accepted")
         };
-        assert!(
-            e.to_string().contains("`arith`: unknown arithmetic `int4`"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "invalid option: `arith` must be one of exact, fast, got `int4`"
         );
     }
 
@@ -680,7 +648,7 @@ mod options_tests {
             .extra("prompt_cache_dir", "/tmp/x")
             .extra("parse_special", "true")
             .extra("mlx_batching", "true");
-        let n = NativeOptions::from_extra("m", &opts).unwrap();
+        let n = NativeOptions::from_extra(&opts).unwrap();
         assert_eq!(n.dtype, NativeDtype::Bf16);
         assert_eq!(n.ctx_size, Some(4096));
         assert_eq!(n.prompt_cache_dir, Some(PathBuf::from("/tmp/x")));
@@ -688,15 +656,26 @@ mod options_tests {
         assert!(n.parse_special);
         assert_eq!(n.max_batch, Some(SEED_BATCHING_MAX_BATCH));
         assert_eq!(
-            NativeOptions::from_extra("m", &ProviderOptions::default()).unwrap(),
+            NativeOptions::from_extra(&ProviderOptions::default()).unwrap(),
             NativeOptions::default()
         );
         let bad = ProviderOptions::default().extra("dtype", "f8");
-        let e = NativeOptions::from_extra("m", &bad).unwrap_err();
-        assert!(e.to_string().contains("dtype `f8` is not known"), "{e}");
-        let e = NativeOptions::from_extra("m", &ProviderOptions::default().extra("device", "cuda"))
+        let e = NativeOptions::from_extra(&bad).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`dtype` must be one of auto, f32, bf16, f16, got `f8`"),
+            "{e}"
+        );
+        // a device this build cannot honour: refused naming the key and the value
+        let e = NativeOptions::from_extra(&ProviderOptions::default().extra("device", "cuda"))
             .unwrap_err();
-        assert!(matches!(e, ProviderError::ModelLoad { .. }), "{e:?}");
+        match e {
+            ProviderError::InvalidOption(OptionError::Unusable { key, value, why }) => {
+                assert_eq!((key.as_str(), value.as_str()), ("device", "cuda"));
+                assert!(why.contains("CPU only"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -722,5 +701,85 @@ mod options_tests {
                 .contains("`prefill_chunk` must be a positive integer"),
             "{e}"
         );
+        // the typed path is held to the ranges the strings are read with
+        for (typed, key) in [
+            (
+                NativeOptions {
+                    ctx_size: Some(8),
+                    ..NativeOptions::default()
+                },
+                "ctx_size",
+            ),
+            (
+                NativeOptions {
+                    threads: Some(0),
+                    ..NativeOptions::default()
+                },
+                "threads",
+            ),
+            (
+                NativeOptions {
+                    prompt_cache_checkpoints: 0,
+                    ..NativeOptions::default()
+                },
+                "prompt_cache_checkpoints",
+            ),
+        ] {
+            match create_with("native", "m", &ProviderOptions::default(), typed) {
+                Err(ProviderError::InvalidOption(e)) => assert_eq!(e.key(), key, "{e}"),
+                Err(e) => panic!("{key}: {e:?}"),
+                Ok(_) => panic!("{key}: accepted"),
+            }
+        }
+    }
+
+    /// The same strings mean what they mean in every lane: the contract's rules (the gguf and
+    /// HTTP lanes' tests hold them to the same table).
+    #[test]
+    fn shared_rules_hold_in_the_native_lane() {
+        let read =
+            |k: &str, v: &str| NativeOptions::from_extra(&ProviderOptions::default().extra(k, v));
+        for v in ["true", "True", "1", "yes", "on", "ON"] {
+            assert!(read("parse_special", v).unwrap().parse_special, "{v}");
+        }
+        for v in ["false", "0", "no", "off", "Off"] {
+            assert!(!read("parse_special", v).unwrap().parse_special, "{v}");
+        }
+        for v in ["maybe", "", "2", "y"] {
+            let e = read("parse_special", v).unwrap_err();
+            assert!(
+                matches!(&e, ProviderError::InvalidOption(o) if o.key() == "parse_special"),
+                "{e:?}"
+            );
+        }
+        // threads: positive; 0 or negative is refused (leave it out for the default)
+        assert_eq!(read("threads", "2").unwrap().threads, Some(2));
+        for v in ["0", "-1", "two"] {
+            let e = read("threads", v).unwrap_err().to_string();
+            assert!(
+                e.contains("`threads` must be a positive integer") && e.contains(v),
+                "{e}"
+            );
+        }
+        // ctx_size: 16 and up; a smaller one is refused, never replaced
+        assert_eq!(read("ctx_size", "16").unwrap().ctx_size, Some(16));
+        for v in ["8", "0", "15"] {
+            let e = read("ctx_size", v).unwrap_err().to_string();
+            assert!(
+                e.contains("`ctx_size` must be an integer of at least 16"),
+                "{e}"
+            );
+        }
+        let e = read("flash_attn", "on").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown option `flash_attn` for the native provider"),
+            "{e}"
+        );
+        // prompt_cache_bytes 0 is a cache that keeps nothing; checkpoints must be positive
+        assert_eq!(
+            read("prompt_cache_bytes", "0").unwrap().prompt_cache_bytes,
+            0
+        );
+        assert!(read("prompt_cache_checkpoints", "0").is_err());
     }
 }

@@ -76,6 +76,39 @@ pub fn create(
     Ok(Arc::new(HttpProvider::new(kind, model, opts)?))
 }
 
+/// [`create`] with the adapter's settings typed ([`HttpOptions`], checked by the ranges the
+/// `extra` strings are read with); `opts` carries only what every provider shares (the
+/// speculation block): an `extra` key, `base_url` or `api_key` there is refused, since `http`
+/// holds them.
+///
+/// ```
+/// use std::time::Duration;
+/// use mtp_contract::ProviderOptions;
+/// use mtp_runtimes::{HttpOptions, ServerKind};
+/// let mut http = HttpOptions::new(ServerKind::Vllm);
+/// http.idle_timeout = Duration::from_secs(30);
+/// let p = mtp_runtimes::create_with("vllm", "m", &ProviderOptions::default(), http.clone()).unwrap();
+/// assert_eq!(p.name(), "vllm");
+/// // a string option beside the typed ones would be ignored: refused
+/// let beside = ProviderOptions::default().extra("idle_timeout_ms", "5");
+/// assert!(mtp_runtimes::create_with("vllm", "m", &beside, http.clone()).is_err());
+/// // the typed path's ranges are the strings' ranges
+/// http.connect_retries = 11;
+/// let e = mtp_runtimes::create_with("vllm", "m", &ProviderOptions::default(), http).err().unwrap();
+/// assert!(e.to_string().contains("`connect_retries` must be an integer from 0 to 10"));
+/// ```
+pub fn create_with(
+    provider_name: &str,
+    model: &str,
+    opts: &ProviderOptions,
+    http: HttpOptions,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let kind = kind_named(provider_name)?;
+    Ok(Arc::new(HttpProvider::with_options(
+        kind, model, opts, http,
+    )?))
+}
+
 /// The model a single-model server serves, for callers that name none (`mtp --provider
 /// llama-server` without `--model`): the one id of its OpenAI `GET /v1/models`. A server that
 /// lists several is an `InvalidRequest` naming them (pick one with `--model`); one that lists

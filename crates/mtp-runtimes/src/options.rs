@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use mtp_contract::{ProviderError, ProviderKind, ProviderOptions};
+use mtp_contract::{Extra, IntRange, OptionError, ProviderError, ProviderKind, ProviderOptions};
 
 /// The HTTP servers this crate speaks to (the contract's HTTP [`ProviderKind`]s). Each has its
 /// own endpoints and its own evidence of speculation.
@@ -199,13 +199,18 @@ pub enum MetricsMode {
 /// | `idle_timeout_ms` | 120000 | longest silence between two received chunks (per token when streaming) |
 /// | `request_timeout_ms` | 600000 | longest wait for the response headers (prompt processing included) |
 /// | `connect_retries` | 2 | extra attempts after a connect error (never after the request was sent) |
-/// | `metrics` | `auto` for vLLM, `off` otherwise | `auto`, `on` or `off`: read `/metrics` around each call |
+/// | `metrics` | `auto` for vLLM, `off` otherwise | `auto` or a flag (`on`/`off`, `true`/`false`, …): read `/metrics` around each call |
 /// | `max_body_bytes` | 67108864 (64 MiB) | largest response body read whole (replies, `/props`, `/slots`, `/metrics`), and the most reply text one streamed call may gather |
 /// | `max_sse_event_bytes` | 16777216 (16 MiB) | largest line, or event (its lines together), of a streamed response |
 /// | `max_tool_calls` | 128 | most tool calls one reply may carry (their names and arguments count toward `max_body_bytes`) |
 ///
-/// Going over any cap is a [`ProviderError::Api`] that names the URL, the cap and the
-/// option; nothing a server sends is buffered beyond them.
+/// The strings are read by the contract's [`Extra`], the rules every lane shares; a bad one
+/// is a [`ProviderError::InvalidOption`] naming the key and the value. Going over any cap is
+/// a [`ProviderError::Api`] that names the URL, the cap and the option; nothing a server
+/// sends is buffered beyond them.
+///
+/// Built typed (the fields set directly), they go to [`crate::create_with`], which checks
+/// them by the same ranges ([`HttpOptions::checked`]).
 ///
 /// ```
 /// use mtp_contract::ProviderOptions;
@@ -279,94 +284,89 @@ impl HttpOptions {
         }
     }
 
-    /// Reads the settings; an unknown `extra` key or a bad value is an `InvalidRequest`
-    /// naming it.
+    /// Reads the settings: `base_url` and `api_key` from their fields, the `extra` keys
+    /// ([`EXTRA_KEYS`]) with the contract's [`Extra`], whose rules every lane shares (durations
+    /// and caps are positive integers; `metrics` is `auto` or a flag). An unknown key or a bad
+    /// value is an [`OptionError`] naming it.
     pub fn from_provider_options(
         kind: ServerKind,
         opts: &ProviderOptions,
     ) -> Result<Self, ProviderError> {
-        let mut o = HttpOptions::new(kind);
-        if let Some(url) = &opts.base_url {
-            o.base_url = normalize_base_url(url)?;
-        }
-        o.api_key = opts
-            .api_key
-            .as_ref()
-            .filter(|k| !k.is_empty())
-            .map(ApiKey::new);
-        for (key, value) in &opts.extra {
-            let ms = || -> Result<Duration, ProviderError> {
-                match value.trim().parse::<u64>() {
-                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
-                    _ => Err(bad_extra(format!(
-                        "`{key}` must be a positive number of milliseconds, got {value:?}"
-                    ))),
-                }
-            };
-            let bytes = || -> Result<usize, ProviderError> {
-                match value.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(bad_extra(format!(
-                        "`{key}` must be a positive number of bytes, got {value:?}"
-                    ))),
-                }
-            };
-            match key.as_str() {
-                "connect_timeout_ms" => o.connect_timeout = ms()?,
-                "idle_timeout_ms" => o.idle_timeout = ms()?,
-                "request_timeout_ms" => o.request_timeout = ms()?,
-                "connect_retries" => {
-                    o.connect_retries = match value.trim().parse::<u32>() {
-                        Ok(n) if n <= 10 => n,
-                        _ => {
-                            return Err(bad_extra(format!(
-                                "`connect_retries` must be an integer from 0 to 10, got {value:?}"
-                            )))
-                        }
-                    }
-                }
-                "metrics" => {
-                    o.metrics = match value.trim() {
-                        "auto" => MetricsMode::Auto,
-                        "on" | "true" => MetricsMode::On,
-                        "off" | "false" => MetricsMode::Off,
-                        _ => {
-                            return Err(bad_extra(format!(
-                                "`metrics` must be auto, on or off, got {value:?}"
-                            )))
-                        }
-                    }
-                }
-                "max_body_bytes" => o.max_body_bytes = bytes()?,
-                "max_sse_event_bytes" => o.max_sse_event_bytes = bytes()?,
-                "max_tool_calls" => {
-                    o.max_tool_calls = match value.trim().parse::<usize>() {
-                        Ok(n) if n > 0 => n,
-                        _ => {
-                            return Err(bad_extra(format!(
-                                "`max_tool_calls` must be a positive number of calls, got {value:?}"
-                            )))
-                        }
-                    }
-                }
-                other => {
-                    return Err(bad_extra(format!(
-                        "unknown option `{other}` for the {kind} provider; valid options are {}",
-                        EXTRA_KEYS.join(", ")
-                    )))
-                }
+        let d = HttpOptions::new(kind);
+        let x = Extra::new(kind.name(), &EXTRA_KEYS, &opts.extra)?;
+        let cap = |key: &str, default: usize| -> Result<usize, OptionError> {
+            Ok(match x.bytes(key, IntRange::POSITIVE)? {
+                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                None => default,
+            })
+        };
+        let o = HttpOptions {
+            base_url: match &opts.base_url {
+                Some(url) => normalize_base_url(url)?,
+                None => d.base_url,
+            },
+            api_key: opts
+                .api_key
+                .as_ref()
+                .filter(|k| !k.is_empty())
+                .map(ApiKey::new),
+            connect_timeout: x.millis("connect_timeout_ms")?.unwrap_or(d.connect_timeout),
+            idle_timeout: x.millis("idle_timeout_ms")?.unwrap_or(d.idle_timeout),
+            request_timeout: x.millis("request_timeout_ms")?.unwrap_or(d.request_timeout),
+            connect_retries: match x.int("connect_retries", CONNECT_RETRIES)? {
+                Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+                None => d.connect_retries,
+            },
+            metrics: match x.auto_flag("metrics")? {
+                None => d.metrics,
+                Some(None) => MetricsMode::Auto,
+                Some(Some(true)) => MetricsMode::On,
+                Some(Some(false)) => MetricsMode::Off,
+            },
+            max_body_bytes: cap("max_body_bytes", d.max_body_bytes)?,
+            max_sse_event_bytes: cap("max_sse_event_bytes", d.max_sse_event_bytes)?,
+            max_tool_calls: match x.count("max_tool_calls")? {
+                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                None => d.max_tool_calls,
+            },
+        };
+        Ok(o)
+    }
+
+    /// Refuses typed settings outside the ranges [`HttpOptions::from_provider_options`] reads
+    /// strings with (a zero timeout or cap, more than 10 retries, a base URL that is not an
+    /// http(s) URL), and returns them with the base URL normalized: the typed path's checks.
+    pub fn checked(mut self) -> Result<Self, ProviderError> {
+        for (key, t) in [
+            ("connect_timeout_ms", self.connect_timeout),
+            ("idle_timeout_ms", self.idle_timeout),
+            ("request_timeout_ms", self.request_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(OptionError::invalid(
+                    key,
+                    t.as_millis().to_string(),
+                    "a positive integer of milliseconds",
+                )
+                .into());
             }
         }
-        Ok(o)
+        CONNECT_RETRIES.check("connect_retries", self.connect_retries.into())?;
+        for (key, n) in [
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_sse_event_bytes", self.max_sse_event_bytes),
+            ("max_tool_calls", self.max_tool_calls),
+        ] {
+            IntRange::POSITIVE.check(key, n as u64)?;
+        }
+        self.base_url = normalize_base_url(&self.base_url)?;
+        Ok(self)
     }
 }
 
-fn bad_extra(message: String) -> ProviderError {
-    ProviderError::InvalidRequest {
-        field: "extra",
-        message,
-    }
-}
+/// `connect_retries`: at most 10 extra attempts (a server that refuses ten connections in a
+/// row is down).
+const CONNECT_RETRIES: IntRange = IntRange::new(0, 10);
 
 /// Checks a base URL and strips a trailing `/` and `/v1` (the adapters add the paths).
 pub(crate) fn normalize_base_url(url: &str) -> Result<String, ProviderError> {
@@ -446,9 +446,66 @@ mod tests {
             let err = ok(k, v).unwrap_err().to_string();
             assert!(err.contains(k), "{err}");
         }
+        // every refusal is the contract's typed error, naming the key
+        match ok("connect_retries", "-1") {
+            Err(ProviderError::InvalidOption(e)) => assert_eq!(e.key(), "connect_retries"),
+            other => panic!("{other:?}"),
+        }
         let h = HttpOptions::from_provider_options(ServerKind::Vllm, &base.api_key("sk")).unwrap();
         assert_eq!(h.metrics, MetricsMode::Auto);
         assert!(!format!("{h:?}").contains("sk\""));
         assert!(format!("{h:?}").contains("<redacted>"));
+    }
+
+    /// The same strings mean what they mean in every lane (the native and gguf lanes' tests
+    /// hold them to the same table): `metrics` takes any flag spelling besides `auto`, an
+    /// in-process option is an unknown key here, and typed settings get the strings' ranges.
+    #[test]
+    fn shared_rules_hold_in_the_http_lane() {
+        let read = |k: &str, v: &str| {
+            HttpOptions::from_provider_options(
+                ServerKind::LlamaServer,
+                &ProviderOptions::default().extra(k, v),
+            )
+        };
+        for v in ["true", "True", "1", "yes", "on"] {
+            assert_eq!(read("metrics", v).unwrap().metrics, MetricsMode::On, "{v}");
+        }
+        for v in ["false", "0", "no", "off", "OFF"] {
+            assert_eq!(read("metrics", v).unwrap().metrics, MetricsMode::Off, "{v}");
+        }
+        assert_eq!(read("metrics", "auto").unwrap().metrics, MetricsMode::Auto);
+        for v in ["maybe", "", "2"] {
+            let e = read("metrics", v).unwrap_err().to_string();
+            assert!(e.contains("`metrics` must be auto or true or false"), "{e}");
+        }
+        for k in ["threads", "ctx_size", "flash_attn"] {
+            let e = read(k, "1").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "unknown option `{k}` for the llama-server provider"
+                )),
+                "{e}"
+            );
+        }
+        // durations and caps: positive integers, as every lane's counts
+        for (k, v) in [
+            ("idle_timeout_ms", "0"),
+            ("max_body_bytes", "+5"),
+            ("max_tool_calls", "1.0"),
+        ] {
+            assert!(read(k, v).is_err(), "{k}={v}");
+        }
+        let mut typed = HttpOptions::new(ServerKind::Vllm);
+        typed.base_url = "http://h:1/v1/".into();
+        assert_eq!(typed.clone().checked().unwrap().base_url, "http://h:1");
+        typed.idle_timeout = Duration::ZERO;
+        let Err(ProviderError::InvalidOption(e)) = typed.checked() else {
+            panic!("a zero timeout was accepted")
+        };
+        assert_eq!(e.key(), "idle_timeout_ms");
+        let mut typed = HttpOptions::new(ServerKind::Vllm);
+        typed.max_body_bytes = 0;
+        assert!(typed.checked().is_err());
     }
 }

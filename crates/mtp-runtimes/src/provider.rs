@@ -84,13 +84,48 @@ impl HttpProvider {
         model: &str,
         opts: &ProviderOptions,
     ) -> Result<HttpProvider, ProviderError> {
+        let http = HttpOptions::from_provider_options(kind, opts)?;
+        Self::build(kind, model, opts, http)
+    }
+
+    /// An adapter with its settings typed: `opts` carries what every provider shares (the
+    /// speculation block); an `extra` string, a `base_url` or an `api_key` there would be
+    /// ignored beside `http`, so any is refused. `http` is held to the ranges the strings are
+    /// read with ([`HttpOptions::checked`]).
+    pub fn with_options(
+        kind: ServerKind,
+        model: &str,
+        opts: &ProviderOptions,
+        http: HttpOptions,
+    ) -> Result<HttpProvider, ProviderError> {
+        opts.refuse_extra("HttpOptions")?;
+        for (key, given) in [
+            ("base_url", opts.base_url.is_some()),
+            ("api_key", opts.api_key.is_some()),
+        ] {
+            if given {
+                return Err(mtp_contract::OptionError::BesideTyped {
+                    key: key.into(),
+                    typed: "HttpOptions".into(),
+                }
+                .into());
+            }
+        }
+        Self::build(kind, model, opts, http.checked()?)
+    }
+
+    fn build(
+        kind: ServerKind,
+        model: &str,
+        opts: &ProviderOptions,
+        http: HttpOptions,
+    ) -> Result<HttpProvider, ProviderError> {
         if model.trim().is_empty() {
             return Err(ProviderError::InvalidRequest {
                 field: "model",
                 message: format!("the {kind} provider needs the model name the server serves"),
             });
         }
-        let http = HttpOptions::from_provider_options(kind, opts)?;
         Ok(HttpProvider {
             inner: Arc::new(Inner {
                 t: Transport::new(kind, model.to_string(), http)?,

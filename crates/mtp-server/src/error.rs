@@ -163,6 +163,14 @@ impl ApiError {
                 Some(field.to_string()),
                 None,
             ),
+            // (a provider's options are set when it is made, not by a request; an error about
+            // one still names the option, should a provider refuse one late)
+            ProviderError::InvalidOption(o) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some(o.key().to_string()),
+                Some("invalid_option".into()),
+            ),
             // OpenAI's and vLLM's code, which litellm and agent frameworks look for
             ProviderError::ContextLengthExceeded { .. } => (
                 StatusCode::BAD_REQUEST,

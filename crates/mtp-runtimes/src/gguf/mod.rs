@@ -232,10 +232,10 @@ impl std::fmt::Debug for GgufProvider {
 /// Loads `model` (a `.gguf` path, or a directory holding one) for in-process generation.
 ///
 /// The header is read first: the MTP head is loaded only when the linked llama.cpp has an MTP
-/// graph for the architecture. `opts.extra` takes `n_ctx` (default 4096), `threads`
-/// (default: the available cores) and `cache_type` (`f32`, `f16`, `bf16`; default
-/// llama.cpp's f16), read once by [`GgufOptions::from_extra`]; any other key is
-/// an `InvalidRequest` listing these.
+/// graph for the architecture. `opts.extra` takes `n_ctx` or `ctx_size` (at least 16;
+/// default 4096), `threads` (positive; default: the available cores) and `cache_type` (`f32`,
+/// `f16`, `bf16`; default llama.cpp's f16), read once by [`GgufOptions::from_extra`] with the
+/// contract's rules; any other key is an `InvalidOption` listing these.
 pub fn create(model: &str, opts: &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> {
     Ok(Arc::new(GgufProvider::new(model, opts)?))
 }
@@ -264,16 +264,16 @@ impl GgufProvider {
         opts: &ProviderOptions,
         gguf: GgufOptions,
     ) -> Result<GgufProvider, ProviderError> {
-        let n_ctx = gguf.n_ctx.filter(|n| *n >= 16).unwrap_or(DEFAULT_N_CTX);
-        let threads = gguf
-            .threads
-            .and_then(|n| i32::try_from(n).ok())
-            .filter(|n| *n > 0)
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map(|n| i32::try_from(n.get()).unwrap_or(4))
-                    .unwrap_or(4)
-            });
+        // (values out of range are refused, never replaced by the default)
+        gguf.check()?;
+        let n_ctx = gguf.n_ctx.unwrap_or(DEFAULT_N_CTX);
+        let threads = match gguf.threads {
+            // check() bounds it by i32::MAX
+            Some(n) => i32::try_from(n).unwrap_or(i32::MAX),
+            None => std::thread::available_parallelism()
+                .map(|n| i32::try_from(n.get()).unwrap_or(4))
+                .unwrap_or(4),
+        };
         let path = locate(model)?;
         let load_err = |message: String| ProviderError::ModelLoad {
             model: model.to_string(),

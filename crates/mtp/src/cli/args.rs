@@ -6,6 +6,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{DraftDepth, Speculation};
 
+/// `--threads`' range: the one every lane reads `threads` with.
+const THREADS: mtp_contract::IntRange = mtp_contract::IntRange::THREADS;
+
 /// `mtp`: multi-token-prediction speculative decoding of local LLMs.
 #[derive(Debug, Parser)]
 #[command(
@@ -203,10 +206,10 @@ pub struct ModelArgs {
     /// Context length (prompt and reply) of an in-process runtime: for `native`, a limit below
     /// the model's own (`max_position_embeddings`); for `gguf`, llama.cpp's n_ctx (default 4096).
     /// An HTTP server sets its context when it starts.
-    #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
+    #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u32).range(mtp_contract::MIN_CTX_SIZE as i64..))]
     pub ctx_size: Option<u32>,
     /// CPU threads of an in-process runtime (default: every core; MTP_NUM_THREADS for native).
-    #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(THREADS.min as i64..=THREADS.max as i64))]
     pub threads: Option<u32>,
     /// The precision the native engine keeps weights in: `auto` (as the checkpoint stores them:
     /// bf16 stays bf16), `f32`, `bf16` or `f16`.
