@@ -595,8 +595,16 @@ impl<W: Write> Write for HashingWriter<W> {
 fn read_header(path: &Path, identity: &str) -> Result<(String, Vec<u32>, u64), FileError> {
     let f = File::open(path)?;
     let len = f.metadata()?.len();
-    let mut r = BufReader::new(f);
-    let (key, tokens, payload, header) = parse_header(&mut r, len, identity)?;
+    check_header(&mut BufReader::new(f), len, identity)
+}
+
+/// [`read_header`] of a file of `len` bytes read from `r`.
+fn check_header(
+    r: &mut impl Read,
+    len: u64,
+    identity: &str,
+) -> Result<(String, Vec<u32>, u64), FileError> {
+    let (key, tokens, payload, header) = parse_header(r, len, identity)?;
     if header + payload + 32 != len {
         return Err(bad(format!(
             "{len} bytes where its header says {} (torn write?)",
@@ -664,7 +672,16 @@ fn read_checked(
     key: &str,
     tokens: &[u32],
 ) -> Result<Vec<u8>, FileError> {
-    let mut all = std::fs::read(path)?;
+    check_file(std::fs::read(path)?, identity, key, tokens)
+}
+
+/// [`read_checked`] of a file's bytes, `all`.
+fn check_file(
+    mut all: Vec<u8>,
+    identity: &str,
+    key: &str,
+    tokens: &[u32],
+) -> Result<Vec<u8>, FileError> {
     if all.len() < 32 {
         return Err(bad(format!("{} bytes", all.len())));
     }
@@ -685,6 +702,22 @@ fn read_checked(
     all.truncate(body);
     all.drain(..header as usize);
     Ok(all)
+}
+
+/// A checkpoint file's bytes read back as the cache reads a file of the model with `identity`:
+/// the header check [`DiskCache::open`] makes of every file, then, when it passes, the checked
+/// read of [`DiskCache::lookup`] with the key and tokens the header gave. `Ok`: the key, the
+/// tokens and the state's bytes; `Err`: why the file would be removed. (For `mtp-fuzz`'s
+/// `disk-cache` target; nothing else needs it.)
+#[doc(hidden)]
+pub fn read_checkpoint_bytes(
+    bytes: &[u8],
+    identity: &str,
+) -> Result<(String, Vec<u32>, Vec<u8>), String> {
+    let (key, tokens, _) =
+        check_header(&mut &bytes[..], bytes.len() as u64, identity).map_err(|e| e.to_string())?;
+    let state = check_file(bytes.to_vec(), identity, &key, &tokens).map_err(|e| e.to_string())?;
+    Ok((key, tokens, state))
 }
 
 #[cfg(test)]
