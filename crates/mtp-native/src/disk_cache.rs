@@ -661,6 +661,12 @@ fn parse_header(
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let payload = u64::from_le_bytes(take(8, r)?.try_into().expect("8"));
+    // (a hostile length must not overflow the sums the callers check it with)
+    if payload > len - at {
+        return Err(bad(format!(
+            "a state of {payload} bytes after a header of {at} in a file of {len} bytes"
+        )));
+    }
     Ok((key, tokens, payload, at))
 }
 
@@ -813,6 +819,32 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let _c = open(&root, 1 << 20);
         assert_eq!(mode(&dir), 0o700);
+    }
+
+    /// A state length near 2^64 (found by `mtp-fuzz`'s `disk-cache` target: the header check
+    /// added it to the header's length and overflowed) is refused, in the header check on
+    /// opening and in the checked read, however the file is sealed.
+    #[test]
+    fn a_state_length_past_the_file_is_refused_not_overflowed() {
+        let mut file = MAGIC.to_vec();
+        file.extend(VERSION.to_le_bytes());
+        file.extend(ID.as_bytes());
+        file.extend(1u32.to_le_bytes());
+        file.extend(b"k");
+        file.extend(1u64.to_le_bytes());
+        file.extend(7u32.to_le_bytes());
+        for payload in [u64::MAX, u64::MAX - 31, u64::MAX - 100, 1 << 40] {
+            let mut f = file.clone();
+            f.extend(payload.to_le_bytes());
+            f.extend(b"state");
+            let digest = Sha256::digest(&f);
+            f.extend(digest);
+            let err = read_checkpoint_bytes(&f, ID).expect_err("a state past the file");
+            assert!(err.contains("a state of"), "{payload}: {err}");
+            let body = (f.len() - 32) as u64;
+            let err = check_file(f.clone(), ID, "k", &[7]).expect_err("checked read");
+            assert!(err.to_string().contains("a state of"), "{body}: {err}");
+        }
     }
 
     #[test]
