@@ -90,12 +90,36 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>, CheckpointError> 
     let Some(text) = read_small(path)? else {
         return Ok(None);
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| CheckpointError::Invalid {
-            path: path.to_path_buf(),
-            message: format!("not valid JSON: {e}"),
-        })
+    parse_json(text.as_bytes(), path).map(Some)
+}
+
+fn parse_json(bytes: &[u8], path: &Path) -> Result<serde_json::Value, CheckpointError> {
+    serde_json::from_slice(bytes).map_err(|e| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        message: format!("not valid JSON: {e}"),
+    })
+}
+
+/// The special tokens a `tokenizer_config.json` sets ([`SPECIAL_TOKEN_KEYS`]).
+fn special_tokens_of(config: &serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    let mut special_tokens = serde_json::Map::new();
+    for key in SPECIAL_TOKEN_KEYS {
+        if let Some(s) = config.get(key).and_then(token_string) {
+            special_tokens.insert(key.into(), s.into());
+        }
+    }
+    special_tokens
+}
+
+/// Compiles `(name, origin, source)` templates.
+fn compile(
+    sources: Vec<(String, String, String)>,
+) -> Result<BTreeMap<String, ChatTemplate>, CheckpointError> {
+    let mut templates = BTreeMap::new();
+    for (name, origin, src) in sources {
+        templates.insert(name, ChatTemplate::new(src, origin)?);
+    }
+    Ok(templates)
 }
 
 /// A special token as tokenizer_config.json spells it: a string, or an `AddedToken` object
@@ -156,21 +180,38 @@ impl ChatTemplates {
                 }
             }
         }
-        let mut special_tokens = serde_json::Map::new();
-        if let Some(cfg) = &config {
-            for key in SPECIAL_TOKEN_KEYS {
-                if let Some(s) = cfg.get(key).and_then(token_string) {
-                    special_tokens.insert(key.into(), s.into());
-                }
-            }
-        }
-        let mut templates = BTreeMap::new();
-        for (name, origin, src) in sources {
-            templates.insert(name, ChatTemplate::new(src, origin)?);
-        }
+        let special_tokens = config.as_ref().map(special_tokens_of).unwrap_or_default();
         Ok(ChatTemplates {
-            templates,
+            templates: compile(sources)?,
             special_tokens,
+        })
+    }
+
+    /// What [`ChatTemplates::from_dir`] reads from a checkpoint whose only template source is
+    /// its `tokenizer_config.json`, from that file's bytes (`path` names it in errors): the
+    /// `chat_template` (a string or a list of `{name, template}`), compiled, and the special
+    /// tokens.
+    ///
+    /// ```
+    /// use mtp_chat::ChatTemplates;
+    /// let cfg = br#"{"chat_template": "{{ bos_token }}", "bos_token": {"content": "<s>"}}"#;
+    /// let t = ChatTemplates::from_tokenizer_config(cfg, "tokenizer_config.json".as_ref())?;
+    /// assert_eq!(t.names().collect::<Vec<_>>(), ["default"]);
+    /// assert_eq!(t.special_tokens()["bos_token"], "<s>");
+    /// # Ok::<(), mtp_chat::CheckpointError>(())
+    /// ```
+    pub fn from_tokenizer_config(bytes: &[u8], path: &Path) -> Result<Self, CheckpointError> {
+        let config = parse_json(bytes, path)?;
+        let sources = match config.get("chat_template") {
+            Some(t) => {
+                let origin = format!("{} chat_template", path.display());
+                Self::config_templates(t, &origin, path)?
+            }
+            None => Vec::new(),
+        };
+        Ok(ChatTemplates {
+            templates: compile(sources)?,
+            special_tokens: special_tokens_of(&config),
         })
     }
 

@@ -444,18 +444,31 @@ fn module_key(key: &str) -> (bool, &str) {
 }
 
 impl ModelConfig {
-    /// Reads `dir/config.json`.
+    /// Reads `dir/config.json` (through [`ModelConfig::from_json`]).
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
             path: path.clone(),
             source,
         })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.clone(),
+        Self::from_json(&bytes, &path)
+    }
+
+    /// Parses the bytes of a `config.json` (`path` is only used in errors): malformed JSON is
+    /// an [`Error::Config`] naming the file, the value then goes through
+    /// [`ModelConfig::from_value`].
+    ///
+    /// ```
+    /// use mtp_engine::{Error, ModelConfig};
+    /// let err = ModelConfig::from_json(b"{\"model_type\": ", "config.json".as_ref());
+    /// assert!(matches!(err, Err(Error::Config { .. })));
+    /// ```
+    pub fn from_json(bytes: &[u8], path: &Path) -> Result<Self> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        Self::from_value(&v, &path)
+        Self::from_value(&v, path)
     }
 
     /// Parses a config.json value (`path` is only used in errors).
@@ -967,18 +980,32 @@ impl GenerationConfig {
     /// ignored (as transformers ignores them).
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("generation_config.json");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
             Err(source) => return Err(Error::Io { path, source }),
         };
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.clone(),
+        Self::from_json(&bytes, &path)
+    }
+
+    /// Parses the bytes of a `generation_config.json` (`path` is only used in errors), as
+    /// [`GenerationConfig::load`] reads the file.
+    ///
+    /// ```
+    /// use mtp_engine::GenerationConfig;
+    /// let g = GenerationConfig::from_json(br#"{"eos_token_id": [1, 2], "top_k": "x"}"#,
+    ///     "generation_config.json".as_ref())?;
+    /// assert_eq!((g.eos_token_ids, g.top_k), (vec![1, 2], None));
+    /// # Ok::<(), mtp_engine::Error>(())
+    /// ```
+    pub fn from_json(bytes: &[u8], path: &Path) -> Result<Self> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
             message: e.to_string(),
         })?;
         if !v.is_object() {
             return Err(Error::Config {
-                path,
+                path: path.to_path_buf(),
                 message: "not a JSON object".into(),
             });
         }

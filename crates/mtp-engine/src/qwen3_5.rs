@@ -415,7 +415,9 @@ impl Qwen35Model {
     pub fn load(cfg: &ModelConfig, st: &mut Store) -> Result<Self> {
         let t = &cfg.text;
         let embed = st.linear("embed_tokens", t.vocab_size, t.hidden_size)?;
-        let mut layers = Vec::with_capacity(t.num_hidden_layers);
+        // grown layer by layer: a config claiming more layers than the weights hold stops at the
+        // first missing tensor, never at an allocation sized by the claim
+        let mut layers = Vec::new();
         for i in 0..t.num_hidden_layers {
             layers.push(DecoderLayer::load(
                 st,

@@ -546,6 +546,197 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 16 * KIB,
         },
         Target {
+            name: "model-config",
+            about: "a checkpoint's config.json, a target's or a qwen3_5_mtp drafter's, as the engine reads it (mtp_engine::ModelConfig::from_json: text_config, rope, quantization, vision_config) and asks it per layer",
+            seeds: model_config_seeds,
+            dictionary: CONFIG_DICTIONARY,
+            run: |b| {
+                let Ok(c) = mtp_engine::ModelConfig::from_json(b, Path::new("config.json")) else {
+                    return;
+                };
+                // what building the model asks of it (the layer count itself is only checked
+                // against the weights, so a few layers here)
+                for i in 0..c.text.num_hidden_layers.min(64) {
+                    let _ = (c.is_full_attention(i), c.is_moe_layer(i));
+                }
+                let _ = (c.head_dim(), c.rotary_dim(), c.norm_topk_prob(), c.rope_theta());
+                for (module, canonical) in [
+                    ("model.layers.0.mlp.up_proj", "layers.0.mlp.up_proj"),
+                    ("mtp.layers.0.mlp.up_proj", "layers.0.mlp.up_proj"),
+                    ("model.language_model.embed_tokens", "embed_tokens"),
+                ] {
+                    let _ = c.quant_bits(module, canonical);
+                }
+                if let Some(Ok(v)) = &c.vision {
+                    let _ = (v.head_dim(), v.grid_per_side());
+                }
+            },
+            alloc_cap: |n| 64 * KIB + 64 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "detect-config",
+            about: "config.json as the probe and the drafter check read it (mtp_detect::config::parse_config: model types, sizes, MTP claims, block_size, MLX bits)",
+            seeds: model_config_seeds,
+            dictionary: CONFIG_DICTIONARY,
+            run: |b| {
+                if let Ok(c) = mtp_detect::config::parse_config(b, "config.json") {
+                    let _ = c.claims_mtp();
+                }
+            },
+            alloc_cap: |n| 64 * KIB + 64 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "generation-config",
+            about: "generation_config.json (mtp_engine::GenerationConfig::from_json: eos ids and sampling defaults)",
+            seeds: || {
+                let mut s = checkpoint_files("generation_config.json");
+                s.push(br#"{"eos_token_id": [248046, 248044], "do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.05}"#.to_vec());
+                s
+            },
+            dictionary: &[
+                b"\"eos_token_id\"",
+                b"\"do_sample\"",
+                b"\"temperature\"",
+                b"\"top_p\"",
+                b"\"top_k\"",
+                b"\"min_p\"",
+                b"\"repetition_penalty\"",
+                b"4294967296",
+                b"-1",
+                b"1e309",
+                b"null",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                let _ = mtp_engine::GenerationConfig::from_json(b, Path::new("generation_config.json"));
+            },
+            alloc_cap: |n| 64 * KIB + 32 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
+            name: "preprocessor-config",
+            about: "preprocessor_config.json and processor_config.json (split at the input's first NUL byte) as the vision lane reads them (mtp_engine::vision::preprocess::ImageProcessorConfig::from_json), then the resize rule on a few sizes",
+            seeds: preprocessor_seeds,
+            dictionary: &[
+                b"\"patch_size\"",
+                b"\"temporal_patch_size\"",
+                b"\"merge_size\"",
+                b"\"size\"",
+                b"\"shortest_edge\"",
+                b"\"longest_edge\"",
+                b"\"min_pixels\"",
+                b"\"max_pixels\"",
+                b"\"image_mean\"",
+                b"\"image_std\"",
+                b"\"rescale_factor\"",
+                b"\"do_rescale\"",
+                b"\"do_normalize\"",
+                b"\"do_convert_rgb\"",
+                b"\"image_processor\"",
+                b"\0",
+                b"18446744073709551615",
+                b"1e300",
+                b"0",
+                b"null",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                use mtp_engine::vision::preprocess::ImageProcessorConfig;
+                let dir = Path::new("model");
+                let (pre, pro) = match b.iter().position(|&c| c == 0) {
+                    Some(i) => (Some(&b[..i]), Some(&b[i + 1..])),
+                    None => (Some(b), None),
+                };
+                for (pre, pro) in [(pre, pro), (None, Some(b))] {
+                    if let Ok(cfg) = ImageProcessorConfig::from_json(pre, pro, dir) {
+                        for (h, w) in [(1, 1), (28, 28), (480, 640), (1, 200), (65535, 65535)] {
+                            let _ = cfg.resized_size(h, w);
+                        }
+                    }
+                }
+            },
+            alloc_cap: |n| 64 * KIB + 32 * n,
+            max_len: 16 * KIB,
+        },
+        Target {
+            name: "tokenizer-config",
+            about: "tokenizer_config.json as mtp-chat reads it (mtp_chat::ChatTemplates::from_tokenizer_config: chat_template as a string or a named list, compiled; the special tokens)",
+            seeds: tokenizer_config_seeds,
+            dictionary: &[
+                b"\"chat_template\"",
+                b"\"name\"",
+                b"\"template\"",
+                b"\"tool_use\"",
+                b"\"default\"",
+                b"\"bos_token\"",
+                b"\"eos_token\"",
+                b"\"pad_token\"",
+                b"\"unk_token\"",
+                b"\"content\"",
+                b"\"added_tokens_decoder\"",
+                b"{{ ",
+                b" }}",
+                b"{% ",
+                b" %}",
+                b"null",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+            ],
+            run: |b| {
+                let path = Path::new("tokenizer_config.json");
+                if let Ok(t) = mtp_chat::ChatTemplates::from_tokenizer_config(b, path) {
+                    let _ = (t.select(true), t.select(false), t.special_tokens().len());
+                }
+            },
+            // the templates compile to a few times their size
+            alloc_cap: |n| 16 * 1024 * KIB + 256 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
+            name: "disk-cache",
+            about: "a prefix-cache checkpoint file (`mtp serve --cache-dir`) read back as mtp_native's disk cache reads one (the header check on opening the folder, the SHA-256-checked read on lookup), as mutated and resealed with a matching SHA-256",
+            seeds: disk_cache_seeds,
+            dictionary: &[
+                b"MTPCACHE",
+                b"\x01\0\0\0",
+                DISK_CACHE_IDENTITY_BYTES,
+                b"\0\0\0\0\0\0\0\0",
+                b"\xff\xff\xff\xff",
+                b"\xff\xff\xff\xff\xff\xff\xff\xff",
+                b"\xe0\xff\xff\xff\xff\xff\xff\xff",
+                b"\0\0\x01\0",
+            ],
+            run: |b| {
+                use sha2::{Digest, Sha256};
+                let _ = mtp_native::read_checkpoint_bytes(b, DISK_CACHE_IDENTITY);
+                // a mutated file almost never keeps its SHA-256: reseal it so that what comes
+                // after the check is reached too
+                if b.len() >= 32 {
+                    let body = b.len() - 32;
+                    let mut sealed = b[..body].to_vec();
+                    sealed.extend_from_slice(&Sha256::digest(&b[..body]));
+                    if let Ok((_, tokens, state)) =
+                        mtp_native::read_checkpoint_bytes(&sealed, DISK_CACHE_IDENTITY)
+                    {
+                        assert!(!tokens.is_empty() && state.len() < sealed.len());
+                    }
+                }
+            },
+            // the file's copy, its resealed copy, and what is read out of each
+            alloc_cap: |n| 64 * KIB + 8 * n,
+            max_len: 64 * KIB,
+        },
+        Target {
             name: "prometheus",
             about: "a /metrics page (mtp_runtimes::prometheus::Metrics::parse)",
             seeds: || files(&repo().join("crates/mtp-runtimes/tests/fixtures"), &[".txt"]),
@@ -558,6 +749,165 @@ pub(crate) fn all() -> Vec<Target> {
             max_len: 64 * KIB,
         },
     ]
+}
+
+// ---- checkpoint files ----
+
+/// Keys of `config.json` (the engine's and the probe's), with values that stress them.
+const CONFIG_DICTIONARY: &[&[u8]] = &[
+    b"\"model_type\"",
+    b"\"qwen3_5_mtp\"",
+    b"\"qwen3_next\"",
+    b"\"qwen3_5_moe\"",
+    b"\"text_config\"",
+    b"\"vision_config\"",
+    b"\"hidden_size\"",
+    b"\"num_hidden_layers\"",
+    b"\"num_attention_heads\"",
+    b"\"num_key_value_heads\"",
+    b"\"head_dim\"",
+    b"\"linear_num_value_heads\"",
+    b"\"linear_num_key_heads\"",
+    b"\"layer_types\"",
+    b"\"full_attention_interval\"",
+    b"\"rope_parameters\"",
+    b"\"rope_scaling\"",
+    b"\"full_attention\"",
+    b"\"mrope_section\"",
+    b"\"partial_rotary_factor\"",
+    b"\"rope_theta\"",
+    b"\"quantization\"",
+    b"\"quantization_config\"",
+    b"\"bits\"",
+    b"\"group_size\"",
+    b"\"num_experts\"",
+    b"\"num_experts_per_tok\"",
+    b"\"mlp_only_layers\"",
+    b"\"mtp_num_hidden_layers\"",
+    b"\"num_nextn_predict_layers\"",
+    b"\"block_size\"",
+    b"\"eos_token_id\"",
+    b"\"tie_word_embeddings\"",
+    b"\"num_position_embeddings\"",
+    b"\"out_hidden_size\"",
+    b"18446744073709551615",
+    b"4294967296",
+    b"-1",
+    b"0",
+    b"1e309",
+    b"null",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+];
+
+/// Every file named `name` in the repository's checkpoint fixtures (the tiny checkpoints, the
+/// published configs' key sets, the probe's mlx-vlm exports, the vision configs).
+fn checkpoint_files(name: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for dir in [
+        "tests/fixtures",
+        "models",
+        "crates/mtp-engine/tests/configs",
+        "crates/mtp-detect/tests/fixtures",
+    ] {
+        let suffix = format!("/{name}");
+        out.extend(files(&repo().join(dir), &[suffix.as_str()]));
+    }
+    out
+}
+
+/// Every fixture `config.json`: targets of each family, quantized ones, a vision wrapper, and
+/// `qwen3_5_mtp` companion drafters.
+fn model_config_seeds() -> Vec<Vec<u8>> {
+    checkpoint_files("config.json")
+}
+
+fn preprocessor_seeds() -> Vec<Vec<u8>> {
+    let mut seeds = checkpoint_files("preprocessor_config.json");
+    // the two files of one folder, joined by a NUL
+    let dir = repo().join("tests/fixtures/vision-resize/configs");
+    for case in ["processor_override", "malformed_processor"] {
+        let pre = std::fs::read(dir.join(case).join("preprocessor_config.json"));
+        let pro = std::fs::read(dir.join(case).join("processor_config.json"));
+        if let (Ok(mut pre), Ok(pro)) = (pre, pro) {
+            pre.push(0);
+            pre.extend(pro);
+            seeds.push(pre);
+        }
+    }
+    seeds
+}
+
+fn tokenizer_config_seeds() -> Vec<Vec<u8>> {
+    let mut seeds = checkpoint_files("tokenizer_config.json");
+    let dir = repo().join("crates/mtp-chat/tests/templates");
+    let read = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+    let qwen = read("Qwen3.5-4B.jinja");
+    let llama = read("meta-llama-Llama-3.3-70B-Instruct.jinja");
+    for v in [
+        json!({"chat_template": qwen, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+               "bos_token": null}),
+        json!({"chat_template": [{"name": "default", "template": llama},
+                                 {"name": "tool_use", "template": qwen}],
+               "bos_token": {"content": "<|begin_of_text|>", "lstrip": false}}),
+        json!({"chat_template": null, "unk_token": {"content": 5}}),
+    ] {
+        seeds.push(v.to_string().into_bytes());
+    }
+    seeds
+}
+
+/// The state identity the `disk-cache` target's files are written and read under.
+const DISK_CACHE_IDENTITY: &str =
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const DISK_CACHE_IDENTITY_BYTES: &[u8] = DISK_CACHE_IDENTITY.as_bytes();
+
+/// A state as the disk cache stores it: the backend's bytes.
+struct RawState(Vec<u8>, usize);
+
+impl mtp_native::CacheState for RawState {
+    fn bytes(&self) -> usize {
+        self.0.len()
+    }
+    fn tokens(&self) -> usize {
+        self.1
+    }
+    fn to_bytes(&self) -> Option<Vec<u8>> {
+        Some(self.0.clone())
+    }
+}
+
+/// Checkpoint files written by the disk cache itself, in a folder of its own under the system's
+/// temporary directory (removed afterwards).
+fn disk_cache_seeds() -> Vec<Vec<u8>> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let root = std::env::temp_dir().join(format!(
+        "mtp-fuzz-disk-cache-{}-{nanos}",
+        std::process::id()
+    ));
+    let mut seeds = Vec::new();
+    if let Ok(mut cache) =
+        mtp_native::DiskCache::<RawState>::open(&root, DISK_CACHE_IDENTITY, 1 << 30, 8)
+    {
+        let state = |b: &[u8], n| std::sync::Arc::new(RawState(b.to_vec(), n));
+        cache.store("", vec![1], state(b"x", 1));
+        cache.store(
+            "key",
+            vec![1, 2, 3],
+            state(b"MTPSTATE\x01\0\0\0 three tokens", 3),
+        );
+        cache.store("é中文", (0..40).collect(), state(&[7; 300], 40));
+        cache.flush();
+        let dir = cache.dir().to_path_buf();
+        seeds = files(&dir, &[".state"]);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    seeds
 }
 
 // ---- GGUF ----

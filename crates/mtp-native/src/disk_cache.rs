@@ -595,8 +595,16 @@ impl<W: Write> Write for HashingWriter<W> {
 fn read_header(path: &Path, identity: &str) -> Result<(String, Vec<u32>, u64), FileError> {
     let f = File::open(path)?;
     let len = f.metadata()?.len();
-    let mut r = BufReader::new(f);
-    let (key, tokens, payload, header) = parse_header(&mut r, len, identity)?;
+    check_header(&mut BufReader::new(f), len, identity)
+}
+
+/// [`read_header`] of a file of `len` bytes read from `r`.
+fn check_header(
+    r: &mut impl Read,
+    len: u64,
+    identity: &str,
+) -> Result<(String, Vec<u32>, u64), FileError> {
+    let (key, tokens, payload, header) = parse_header(r, len, identity)?;
     if header + payload + 32 != len {
         return Err(bad(format!(
             "{len} bytes where its header says {} (torn write?)",
@@ -653,6 +661,12 @@ fn parse_header(
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let payload = u64::from_le_bytes(take(8, r)?.try_into().expect("8"));
+    // (a hostile length must not overflow the sums the callers check it with)
+    if payload > len - at {
+        return Err(bad(format!(
+            "a state of {payload} bytes after a header of {at} in a file of {len} bytes"
+        )));
+    }
     Ok((key, tokens, payload, at))
 }
 
@@ -664,7 +678,16 @@ fn read_checked(
     key: &str,
     tokens: &[u32],
 ) -> Result<Vec<u8>, FileError> {
-    let mut all = std::fs::read(path)?;
+    check_file(std::fs::read(path)?, identity, key, tokens)
+}
+
+/// [`read_checked`] of a file's bytes, `all`.
+fn check_file(
+    mut all: Vec<u8>,
+    identity: &str,
+    key: &str,
+    tokens: &[u32],
+) -> Result<Vec<u8>, FileError> {
     if all.len() < 32 {
         return Err(bad(format!("{} bytes", all.len())));
     }
@@ -685,6 +708,22 @@ fn read_checked(
     all.truncate(body);
     all.drain(..header as usize);
     Ok(all)
+}
+
+/// A checkpoint file's bytes read back as the cache reads a file of the model with `identity`:
+/// the header check [`DiskCache::open`] makes of every file, then, when it passes, the checked
+/// read of [`DiskCache::lookup`] with the key and tokens the header gave. `Ok`: the key, the
+/// tokens and the state's bytes; `Err`: why the file would be removed. (For `mtp-fuzz`'s
+/// `disk-cache` target; nothing else needs it.)
+#[doc(hidden)]
+pub fn read_checkpoint_bytes(
+    bytes: &[u8],
+    identity: &str,
+) -> Result<(String, Vec<u32>, Vec<u8>), String> {
+    let (key, tokens, _) =
+        check_header(&mut &bytes[..], bytes.len() as u64, identity).map_err(|e| e.to_string())?;
+    let state = check_file(bytes.to_vec(), identity, &key, &tokens).map_err(|e| e.to_string())?;
+    Ok((key, tokens, state))
 }
 
 #[cfg(test)]
@@ -780,6 +819,32 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let _c = open(&root, 1 << 20);
         assert_eq!(mode(&dir), 0o700);
+    }
+
+    /// A state length near 2^64 (found by `mtp-fuzz`'s `disk-cache` target: the header check
+    /// added it to the header's length and overflowed) is refused, in the header check on
+    /// opening and in the checked read, however the file is sealed.
+    #[test]
+    fn a_state_length_past_the_file_is_refused_not_overflowed() {
+        let mut file = MAGIC.to_vec();
+        file.extend(VERSION.to_le_bytes());
+        file.extend(ID.as_bytes());
+        file.extend(1u32.to_le_bytes());
+        file.extend(b"k");
+        file.extend(1u64.to_le_bytes());
+        file.extend(7u32.to_le_bytes());
+        for payload in [u64::MAX, u64::MAX - 31, u64::MAX - 100, 1 << 40] {
+            let mut f = file.clone();
+            f.extend(payload.to_le_bytes());
+            f.extend(b"state");
+            let digest = Sha256::digest(&f);
+            f.extend(digest);
+            let err = read_checkpoint_bytes(&f, ID).expect_err("a state past the file");
+            assert!(err.contains("a state of"), "{payload}: {err}");
+            let body = (f.len() - 32) as u64;
+            let err = check_file(f.clone(), ID, "k", &[7]).expect_err("checked read");
+            assert!(err.to_string().contains("a state of"), "{body}: {err}");
+        }
     }
 
     #[test]

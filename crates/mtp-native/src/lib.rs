@@ -14,6 +14,8 @@ mod provider;
 mod shared;
 
 pub use backend::{Backend, DrafterLane, Job, RenderedPrompt, RunOutput, TextDecoder};
+#[doc(hidden)]
+pub use disk_cache::read_checkpoint_bytes;
 pub use disk_cache::{DiskCache, DiskCacheError, DEFAULT_DISK_BUDGET_BYTES};
 pub use engine_backend::{EngineBackend, EngineState};
 pub use factory::{

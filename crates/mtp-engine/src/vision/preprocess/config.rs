@@ -59,21 +59,30 @@ impl Default for ImageProcessorConfig {
     }
 }
 
-/// Reads a JSON config file as mlx-vlm's `_load_qwen_vl_json` does: `None` when it does not
-/// exist; Python's `json.loads(...) or {}`, so a falsy document (`null`, `{}`, `[]`, `0`, `""`)
-/// is empty; any other non-object is an error, as the `.get` / `.update` on it would be.
-fn read_config_object(path: &Path) -> Result<Option<Map<String, Value>>, ImageError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(ImageError::Config {
-                path: path.to_path_buf(),
-                message: format!("cannot read: {e}"),
-            })
-        }
+/// The bytes of a config file, `None` when it does not exist.
+fn read_config_file(path: &Path) -> Result<Option<Vec<u8>>, ImageError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ImageError::Config {
+            path: path.to_path_buf(),
+            message: format!("cannot read: {e}"),
+        }),
+    }
+}
+
+/// Reads a JSON config file's bytes as mlx-vlm's `_load_qwen_vl_json` does: `None` when it
+/// does not exist; Python's `json.loads(...) or {}`, so a falsy document (`null`, `{}`, `[]`,
+/// `0`, `""`) is empty; any other non-object is an error, as the `.get` / `.update` on it would
+/// be.
+fn parse_config_object(
+    bytes: Option<&[u8]>,
+    path: &Path,
+) -> Result<Option<Map<String, Value>>, ImageError> {
+    let Some(bytes) = bytes else {
+        return Ok(None);
     };
-    let value: Value = serde_json::from_str(&text).map_err(|e| ImageError::Config {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ImageError::Config {
         path: path.to_path_buf(),
         message: format!("malformed JSON: {e}"),
     })?;
@@ -190,9 +199,50 @@ impl ImageProcessorConfig {
         let processor_path = dir.join("processor_config.json");
         let preprocessor_path = dir.join("preprocessor_config.json");
         // mlx-vlm reads processor_config.json first, so its error is the one reported first.
-        let processor = read_config_object(&processor_path)?;
-        let preprocessor = read_config_object(&preprocessor_path)?;
+        let processor = parse_config_object(
+            read_config_file(&processor_path)?.as_deref(),
+            &processor_path,
+        )?;
+        let preprocessor = parse_config_object(
+            read_config_file(&preprocessor_path)?.as_deref(),
+            &preprocessor_path,
+        )?;
+        Self::from_objects(preprocessor, processor, dir)
+    }
 
+    /// What [`ImageProcessorConfig::load`] reads from `dir`, from the files' bytes (`None`: the
+    /// file does not exist; `dir` is only used in errors and logs).
+    ///
+    /// ```
+    /// use mtp_engine::vision::preprocess::ImageProcessorConfig;
+    /// let cfg = ImageProcessorConfig::from_json(
+    ///     Some(br#"{"patch_size": 14, "size": {"longest_edge": 4096}}"#),
+    ///     Some(br#"{"image_processor": {"patch_size": 16}}"#),
+    ///     "model".as_ref(),
+    /// )?;
+    /// assert_eq!((cfg.patch_size, cfg.max_pixels), (16, 4096));
+    /// # Ok::<(), mtp_engine::vision::preprocess::ImageError>(())
+    /// ```
+    pub fn from_json(
+        preprocessor: Option<&[u8]>,
+        processor: Option<&[u8]>,
+        dir: &Path,
+    ) -> Result<Self, ImageError> {
+        let processor_path = dir.join("processor_config.json");
+        let preprocessor_path = dir.join("preprocessor_config.json");
+        let processor = parse_config_object(processor, &processor_path)?;
+        let preprocessor = parse_config_object(preprocessor, &preprocessor_path)?;
+        Self::from_objects(preprocessor, processor, dir)
+    }
+
+    /// The settings of the two files' objects (see [`ImageProcessorConfig::load`]).
+    fn from_objects(
+        preprocessor: Option<Map<String, Value>>,
+        processor: Option<Map<String, Value>>,
+        dir: &Path,
+    ) -> Result<Self, ImageError> {
+        let processor_path = dir.join("processor_config.json");
+        let preprocessor_path = dir.join("preprocessor_config.json");
         let mut raw: Vec<(String, Value, &Path)> = preprocessor
             .unwrap_or_default()
             .into_iter()
