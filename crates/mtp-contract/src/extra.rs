@@ -227,7 +227,7 @@ pub fn parse_flag(value: &str) -> Option<bool> {
 
 /// A lane's view of [`ProviderOptions::extra`](crate::ProviderOptions::extra): the keys were
 /// checked against the lane's list when it was made, and each accessor reads one key by the
-/// rule of its kind (see the [module documentation](self)). A key that is absent reads as
+/// rule of its kind (the rules of the `extra` module's documentation). A key that is absent reads as
 /// `None`: the lane's default applies.
 #[derive(Debug, Clone, Copy)]
 pub struct Extra<'a> {

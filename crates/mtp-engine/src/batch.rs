@@ -201,13 +201,13 @@ impl<'e> Batch<'e> {
 
     /// One step for every sequence: plan, run, commit.
     ///
-    /// 1. **plan** ([`Batch::plan`]): what each sequence puts in the step (a prompt chunk, its
+    /// 1. **plan** (`Batch::plan`): what each sequence puts in the step (a prompt chunk, its
     ///    next token, or a round of a chosen depth), from the sequences' states and the depth
     ///    model alone, before the model runs;
-    /// 2. **run** ([`Batch::run`]): the rounds draft together, then one target forward over
+    /// 2. **run** (`Batch::run`): the rounds draft together, then one target forward over
     ///    every row (prompt chunks, target tokens, verify rows), each sequence with its own
     ///    cache;
-    /// 3. **commit** ([`Batch::commit`]): each sequence takes its rows: picks, accepts, rolls
+    /// 3. **commit** (`Batch::commit`): each sequence takes its rows: picks, accepts, rolls
     ///    back, keeps states, emits.
     ///
     /// The invariant: every row is computed as it is alone (the forward groups sequences so no

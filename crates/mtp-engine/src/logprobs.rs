@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// The most alternatives a token's log probability may list (the contract's bound).
 pub const MAX_TOP_LOGPROBS: usize = mtp_contract::MAX_TOP_LOGPROBS as usize;
 
-/// Rows of prompt logits computed at once for [`Engine::prompt_logprobs`]: each row is a
+/// Rows of prompt logits computed at once for [`Engine::prompt_logprobs`](crate::Engine::prompt_logprobs): each row is a
 /// vocabulary of floats (about 1 MB on a 250k vocabulary), reduced to its log probabilities
 /// before the next block.
 pub(crate) const PROMPT_ROWS: usize = 16;
@@ -24,12 +24,12 @@ pub struct TokenLogprob {
     /// Its natural-log probability.
     pub logprob: f32,
     /// The `n` most likely tokens at its position with theirs, most likely first (ties: the
-    /// lower id first); `n` as asked for ([`GenerateOptions::logprobs`]).
+    /// lower id first); `n` as asked for ([`GenerateOptions::logprobs`](crate::GenerateOptions::logprobs)).
     pub top: Vec<(u32, f32)>,
 }
 
 /// Where a generation's log probabilities go as they are produced
-/// ([`GenerateOptions::on_logprobs`]): called with those of each chunk of tokens, just before
+/// ([`GenerateOptions::on_logprobs`](crate::GenerateOptions::on_logprobs)): called with those of each chunk of tokens, just before
 /// the chunk itself reaches the caller's callback (on the same thread), so a caller that
 /// queues them here finds them when the tokens arrive.
 #[derive(Clone)]

@@ -253,7 +253,7 @@ impl Sequence {
         self.finish.is_some()
     }
 
-    /// The state it kept after [`GenerateOptions::checkpoint_at`] prompt tokens, once
+    /// The state it kept after [`GenerateOptions::checkpoint_at`](crate::GenerateOptions::checkpoint_at) prompt tokens, once
     /// computed.
     pub(crate) fn kept_history(&self) -> Option<&PromptState> {
         self.kept.history.as_ref()
