@@ -4,9 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use mtp_contract::ProviderKind;
+use mtp_contract::{Provider, ProviderError, ProviderKind, ProviderOptions};
 
-use crate::registry::Factory;
+/// Builds a provider for a model. Registered under one or more names (the registry's type,
+/// defined here, below it: the registry starts from these built-in factories).
+pub type Factory =
+    Arc<dyn Fn(&str, &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> + Send + Sync>;
 
 pub(crate) fn register_builtins(map: &mut BTreeMap<String, Factory>) {
     for kind in ProviderKind::ALL {

@@ -5,9 +5,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use mtp_contract::{Provider, ProviderError, ProviderOptions};
 
-/// Builds a provider for a model. Registered under one or more names.
-pub type Factory =
-    Arc<dyn Fn(&str, &ProviderOptions) -> Result<Arc<dyn Provider>, ProviderError> + Send + Sync>;
+pub use crate::builtin::Factory;
 
 /// An error of the facade.
 #[derive(Debug, thiserror::Error)]
